@@ -1,0 +1,56 @@
+"""The ``analysis`` config block: where history lives and how runs are compared."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["AnalysisSettings", "ComparisonSettings", "RegressionSettings"]
+
+
+class ComparisonSettings(BaseModel):
+    """Which runs count as the same configuration when building a KPI's history."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ignored_labels: list[str] = Field(
+        default_factory=list,
+        description="Labels that may differ inside a history (platform versions, run ids...).",
+    )
+    compared_label: str | None = Field(
+        default=None,
+        description="The dimension under test (e.g. container_image); history ignores it.",
+    )
+
+
+class RegressionSettings(BaseModel):
+    """Regression verdict policy."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(default=True, description="Compute verdicts against the history.")
+    fail_on_regression: bool = Field(default=False, description="A regression fails the run.")
+    fail_on_improvement: bool = Field(
+        default=False, description="An improvement also fails the run (it needs a look too)."
+    )
+    min_history: int = Field(default=3, ge=3, description="Runs needed before any verdict.")
+
+
+class AnalysisSettings(BaseModel):
+    """Post-processing settings shared by every project."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    history_uri: str | None = Field(
+        default=None,
+        description="Parquet history: a local dir or s3://bucket/prefix. None: the user's data dir.",
+    )
+    mode: Literal["investigate", "cpt"] = Field(
+        default="investigate",
+        description="cpt: every LTS field is required and post-processing errors fail the run.",
+    )
+    strict: bool = Field(default=False, description="Post-processing failures fail the run.")
+    report: bool = Field(default=True, description="Render the Plotly HTML report.")
+    comparison: ComparisonSettings = Field(default_factory=ComparisonSettings)
+    regression: RegressionSettings = Field(default_factory=RegressionSettings)

@@ -1,0 +1,106 @@
+"""Safe YAML reading with line numbers, duplicate-key refusal and clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from analysis.errors import ConfigError
+
+__all__ = ["LineMap", "load_yaml", "load_yaml_text", "dump_yaml"]
+
+LineMap = dict[str, int]
+"""Dotted key path -> 1-based line where that key is written."""
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys (PyYAML silently keeps the last one)."""
+
+
+def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
+        line = key_node.start_mark.line + 1
+        if key in seen:
+            raise ConfigError(
+                f"duplicate key {key!r} (first written on line {seen[key]})",
+                file=getattr(loader, "_telltale_file", None),
+                line=line,
+            )
+        seen[key] = line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _line_map(node: yaml.Node | None, prefix: str, out: LineMap) -> None:
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            path = f"{prefix}.{key_node.value}" if prefix else str(key_node.value)
+            out[path] = key_node.start_mark.line + 1
+            _line_map(value_node, path, out)
+
+
+def load_yaml_text(text: str, *, source: str = "<string>") -> tuple[Any, LineMap]:
+    """Parse YAML text safely and map each dotted key path to its line.
+
+    Args:
+        text: The YAML document.
+        source: A name for error messages (a file path, ``--var x``...).
+
+    Returns:
+        The parsed data and its `LineMap`.
+
+    Raises:
+        ConfigError: Malformed YAML or a duplicate key, with the source and line.
+    """
+    loader = _Loader(text)
+    loader._telltale_file = source  # type: ignore[attr-defined]
+    try:
+        node = loader.get_single_node()
+        lines: LineMap = {}
+        _line_map(node, "", lines)
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else None
+        problem = exc.problem or exc.context or "malformed YAML"
+        raise ConfigError(f"malformed YAML: {problem}", file=source, line=line) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"malformed YAML: {exc}", file=source) from None
+    finally:
+        loader.dispose()
+    return data, lines
+
+
+def load_yaml(path: str | Path) -> tuple[Any, LineMap]:
+    """Read a YAML file safely; see `load_yaml_text`.
+
+    Raises:
+        ConfigError: The file is missing, unreadable or malformed.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError("file not found", file=str(path)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read: {exc}", file=str(path)) from None
+    return load_yaml_text(text, source=str(path))
+
+
+class _Dumper(yaml.SafeDumper):
+    """SafeDumper that never writes anchors/aliases (shared objects are written out again)."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def dump_yaml(data: Any) -> str:
+    """Serialise ``data`` as block-style YAML keeping key order, without aliases."""
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False,
+                     allow_unicode=True)

@@ -1,0 +1,1 @@
+"""Prefect flows (orchestrations) and their ``python -m flows.<name>`` command lines."""

@@ -1,0 +1,100 @@
+"""Shared command-line plumbing: config arguments, one-line errors, exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from analysis.errors import ConfigError, TelltaleError, UserError
+from projects.config import Config, load_vars_file, parse_override, parse_pr_args, resolve
+
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "add_config_arguments",
+    "default_artifact_dir",
+    "main_guard",
+    "overrides_from_args",
+    "resolve_from_args",
+]
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # one line, exit 2, like every other user error
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def make_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """Return an argument parser whose usage errors are one line with exit code 2."""
+    return _Parser(prog=prog, description=description)
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``--preset``, ``--var``, ``--vars-file`` and ``--pr-args``."""
+    parser.add_argument("--preset", action="append", default=[], metavar="NAME",
+                        help="apply a preset from ci_presets (repeatable, in order)")
+    parser.add_argument("--var", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key; VALUE is parsed as YAML (repeatable)")
+    parser.add_argument("--vars-file", action="append", default=[], metavar="FILE",
+                        help="YAML mapping of dotted key: value overrides")
+    parser.add_argument("--pr-args", metavar="FILE",
+                        help="PR comment text; its '/var key: value' lines become overrides")
+
+
+def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """Collect overrides in precedence order: vars files < PR comment < ``--var``."""
+    overrides: dict[str, Any] = {}
+    for path in args.vars_file:
+        overrides.update(load_vars_file(path))
+    if args.pr_args:
+        try:
+            text = Path(args.pr_args).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot read PR comment: {exc.strerror}", file=args.pr_args) from None
+        overrides.update(parse_pr_args(text, source=args.pr_args))
+    for item in args.var:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--var expects KEY=VALUE, got {item!r}")
+        overrides[key.strip()] = parse_override(key.strip(), value)
+    return overrides
+
+
+def resolve_from_args(project: str, args: argparse.Namespace) -> Config:
+    """Resolve the project config from parsed command-line arguments."""
+    return resolve(project, presets=args.preset, overrides=overrides_from_args(args))
+
+
+def default_artifact_dir(flow: str, root: str | Path = "runs") -> Path:
+    """Return a fresh ``runs/<date>-<flow>-<id>`` path (not created)."""
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    return Path(root) / f"{stamp}-{flow}-{uuid.uuid4().hex[:6]}"
+
+
+def main_guard(main: Callable[[Sequence[str] | None], int]) -> Callable[[Sequence[str] | None], int]:
+    """Wrap a CLI ``main``: user errors print one line on stderr and exit 2, no traceback."""
+
+    def guarded(argv: Sequence[str] | None = None) -> int:
+        try:
+            return main(argv)
+        except UserError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        except TelltaleError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            return 130
+
+    return guarded

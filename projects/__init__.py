@@ -1,0 +1,1 @@
+"""What a test *is*: the config engine, templates, matrix expansion, and one folder per project."""

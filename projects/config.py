@@ -1,0 +1,491 @@
+"""The config engine: base YAML → presets → overrides → environment → validation → `Config`.
+
+Precedence, lowest first (DESIGN §3), applied as an ordered list of sources:
+
+1. the project's base ``config.yaml``;
+2. presets from ``ci_presets``, in the order requested; ``extends: [a, b]`` inside a preset
+   applies ``a`` then ``b`` *at the position where ``extends`` appears*, recursively;
+3. overrides (``--var``, ``--vars-file``, PR-comment ``/var key: value`` lines), string values
+   parsed as YAML;
+4. environment variables ``TELLTALE__<dotted path with __ for .>``, values parsed as YAML
+   (``TELLTALE__tests__fine_tuning__test_settings__gpu=2``).
+
+Rules kept from the field: a preset or override never *creates* a key (the base must hold it,
+``null`` placeholders exist for that), but assigning a mapping replaces the whole subtree. Traps
+removed: a preset cycle is reported with its path, an unknown key names the closest valid
+ones, every error names the file, key path and line, and the result is validated by the
+project's pydantic model.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import copy
+import difflib
+import os
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from analysis.errors import ConfigError
+from analysis.redact import redact
+from analysis.yamlio import LineMap, dump_yaml, load_yaml, load_yaml_text
+from projects import registry
+
+__all__ = [
+    "ENV_PREFIX",
+    "Config",
+    "ConfigError",
+    "current_config",
+    "json_schema",
+    "load_vars_file",
+    "parse_override",
+    "parse_pr_args",
+    "resolve",
+    "use_config",
+]
+
+ENV_PREFIX = "TELLTALE__"
+"""Environment variables ``TELLTALE__a__b__c=value`` override config key ``a.b.c``."""
+
+_MISSING: Any = object()
+_PRESETS_KEY = "ci_presets"
+_EXTENDS = "extends"
+
+
+def _split(path: str) -> list[str]:
+    parts = path.split(".")
+    if not path or any(not p for p in parts):
+        raise ConfigError(f"invalid key path {path!r}")
+    return parts
+
+
+def _closest(word: str, choices: Iterable[str]) -> str:
+    names = sorted(str(c) for c in choices)
+    close = difflib.get_close_matches(word, names, n=3, cutoff=0.5)
+    if close:
+        return f"closest: {', '.join(close)}"
+    if len(names) <= 12:
+        return f"valid keys here: {', '.join(names) or '(none)'}"
+    return f"{len(names)} keys exist at this level"
+
+
+def _lookup(data: Any, parts: Sequence[str]) -> Any:
+    node = data
+    for part in parts:
+        if not isinstance(node, Mapping) or part not in node:
+            return _MISSING
+        node = node[part]
+    return node
+
+
+def parse_override(key: str, text: str) -> Any:
+    """Parse one override value as YAML (``"[2, 4]"`` → ``[2, 4]``, ``"4"`` → ``4``).
+
+    Args:
+        key: The dotted key, for error messages.
+        text: The raw value as typed.
+
+    Returns:
+        The parsed value; an empty string stays an empty string.
+
+    Raises:
+        ConfigError: The value is not valid YAML.
+    """
+    if text == "":
+        return ""
+    value, _ = load_yaml_text(text, source=f"value of {key}")
+    return value
+
+
+def parse_pr_args(text: str, *, source: str = "PR comment") -> dict[str, Any]:
+    """Extract ``/var key: value`` lines from a PR comment into overrides.
+
+    Other lines (``/test ...``, prose) are ignored; values are parsed as YAML.
+
+    Args:
+        text: The comment body.
+        source: Name used in error messages.
+
+    Returns:
+        Dotted key → value, in comment order (a later line wins).
+
+    Raises:
+        ConfigError: A ``/var`` line without ``key: value``, with its line number.
+    """
+    out: dict[str, Any] = {}
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line.startswith("/var"):
+            continue
+        rest = line[len("/var") :]
+        if rest and not rest[0].isspace():
+            continue  # e.g. "/variable" is not our command
+        key, sep, value = rest.strip().partition(":")
+        key = key.strip()
+        if not sep or not key or " " in key:
+            raise ConfigError(f"expected '/var key: value', got {line!r}", file=source, line=lineno)
+        out[key] = parse_override(key, value.strip())
+    return out
+
+
+def load_vars_file(path: str | Path) -> dict[str, Any]:
+    """Read a vars file: a YAML mapping of dotted key → value.
+
+    Raises:
+        ConfigError: Missing file, malformed YAML, or not a mapping.
+    """
+    data, _ = load_yaml(path)
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        raise ConfigError("a vars file must be a mapping of dotted key: value", file=str(path))
+    return {str(k): v for k, v in data.items()}
+
+
+def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in sorted(env):
+        if name.startswith(ENV_PREFIX) and len(name) > len(ENV_PREFIX):
+            key = name[len(ENV_PREFIX) :].replace("__", ".")
+            out[key] = parse_override(f"${name}", env[name])
+    return out
+
+
+class _Resolver:
+    """Applies sources to a working copy and records who set each key."""
+
+    def __init__(self, data: dict[str, Any], file: str, lines: LineMap) -> None:
+        self.data = data
+        self.file = file
+        self.lines = lines
+        self.sources: dict[str, str] = {}
+        self.presets_applied: list[str] = []
+
+    def assign(self, path: str, value: Any, source: str, *, where: str | None = None) -> None:
+        parts = _split(path)
+        node: Any = self.data
+        for depth, part in enumerate(parts):
+            if not isinstance(node, dict):
+                parent = ".".join(parts[:depth])
+                raise ConfigError(
+                    f"cannot set {path!r} from {source}: {parent!r} is a "
+                    f"{type(node).__name__}, not a mapping",
+                    file=self.file,
+                    key=where or path,
+                    line=self.lines.get(where or ""),
+                )
+            if part not in node:
+                parent = ".".join(parts[:depth]) or "the top level"
+                raise ConfigError(
+                    f"unknown key (set by {source}): no {part!r} under {parent} "
+                    f"({_closest(part, node.keys())}); presets and overrides cannot create keys",
+                    file=self.file,
+                    key=where or path,
+                    line=self.lines.get(where or ""),
+                )
+            if depth == len(parts) - 1:
+                node[part] = copy.deepcopy(value)
+            else:
+                node = node[part]
+        self.sources[path] = source
+
+    def presets(self) -> Mapping[str, Any]:
+        presets = self.data.get(_PRESETS_KEY) or {}
+        if not isinstance(presets, Mapping):
+            raise ConfigError("must be a mapping of preset name → settings", file=self.file,
+                              key=_PRESETS_KEY, line=self.lines.get(_PRESETS_KEY))
+        return presets
+
+    def apply_preset(self, name: str, stack: tuple[str, ...] = ()) -> None:
+        presets = self.presets()
+        if name in stack:
+            cycle = " -> ".join((*stack[stack.index(name) :], name))
+            raise ConfigError(f"preset cycle: {cycle}", file=self.file,
+                              key=f"{_PRESETS_KEY}.{stack[-1]}.{_EXTENDS}",
+                              line=self.lines.get(f"{_PRESETS_KEY}.{stack[-1]}.{_EXTENDS}"))
+        if name not in presets:
+            via = f" (extended by {stack[-1]!r})" if stack else ""
+            available = ", ".join(sorted(presets)) or "(none)"
+            raise ConfigError(f"unknown preset {name!r}{via}; available presets: {available}",
+                              file=self.file)
+        body = presets[name] or {}
+        base = f"{_PRESETS_KEY}.{name}"
+        if not isinstance(body, Mapping):
+            raise ConfigError("a preset must be a mapping of dotted key: value", file=self.file,
+                              key=base, line=self.lines.get(base))
+        # Child first, then its parents: the order the field records (and its run metadata).
+        self.presets_applied.append(name)
+        for key, value in body.items():
+            if key == _EXTENDS:
+                parents = [value] if isinstance(value, str) else value
+                if not isinstance(parents, list) or not all(isinstance(p, str) for p in parents):
+                    raise ConfigError("extends must be a preset name or a list of names",
+                                      file=self.file, key=f"{base}.{_EXTENDS}",
+                                      line=self.lines.get(f"{base}.{_EXTENDS}"))
+                for parent in parents:
+                    self.apply_preset(parent, (*stack, name))
+                continue
+            self.assign(str(key), value, f"preset {name!r}", where=f"{base}.{key}")
+
+
+class Config:
+    """A resolved, validated project configuration.
+
+    Read it with `get`; `set` is allowed only in the main thread before `freeze` (which the
+    flow calls before any fan-out), so concurrent steps always see the same values.
+
+    Attributes:
+        project: Project name, or ``None`` for a bare YAML file.
+        file: The base config file.
+        presets_applied: Presets in application order (child first, then parents).
+        overrides: Dotted key → value from vars, PR comments and the environment.
+        sources: Dotted key → the preset/override that last set it.
+    """
+
+    def __init__(
+        self,
+        data: dict[str, Any],
+        *,
+        project: str | None,
+        file: str,
+        presets_applied: Sequence[str],
+        overrides: Mapping[str, Any],
+        sources: Mapping[str, str],
+        model: type[BaseModel] | None,
+        lines: LineMap | None = None,
+    ) -> None:
+        self._data = data
+        self.project = project
+        self.file = file
+        self.presets_applied: tuple[str, ...] = tuple(presets_applied)
+        self.overrides: dict[str, Any] = dict(overrides)
+        self.sources: dict[str, str] = dict(sources)
+        self._model = model
+        self._lines = lines or {}
+        self._frozen = False
+        self.typed: BaseModel | None = self._validate(data)
+
+    def __repr__(self) -> str:
+        return (f"Config(project={self.project!r}, presets={list(self.presets_applied)!r}, "
+                f"frozen={self._frozen})")
+
+    def __getstate__(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+    def _validate(self, data: dict[str, Any]) -> BaseModel | None:
+        if self._model is None:
+            return None
+        try:
+            return self._model.model_validate(data)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            path = _data_path(data, err["loc"])
+            origin = self.sources.get(path)
+            if origin is None:  # a parent mapping may have been replaced as a whole
+                for key, src in self.sources.items():
+                    if path.startswith(key + "."):
+                        origin = src
+            hint = f" (set by {origin})" if origin else ""
+            more = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+            got = f"; got {err['input']!r}" if err["type"] != "missing" else ""
+            raise ConfigError(f"{err['msg']}{got}{hint}{more}", file=self.file, key=path,
+                              line=self._lines.get(path)) from None
+
+    @property
+    def frozen(self) -> bool:
+        """True once `freeze` was called; `set` then raises."""
+        return self._frozen
+
+    def get(self, path: str, default: Any = _MISSING) -> Any:
+        """Return the value at a dotted key path (a deep copy for mappings and lists).
+
+        Args:
+            path: Dotted key, e.g. ``"tests.fine_tuning.test_settings.gpu"``.
+            default: Returned when the key is absent; without it a missing key raises.
+
+        Raises:
+            ConfigError: The key does not exist and no default was given.
+        """
+        value = _lookup(self._data, _split(path))
+        if value is _MISSING:
+            if default is not _MISSING:
+                return default
+            parts = _split(path)
+            for depth in range(len(parts)):
+                node = _lookup(self._data, parts[:depth])
+                if not isinstance(node, Mapping) or parts[depth] not in node:
+                    hint = _closest(parts[depth], node.keys()) if isinstance(node, Mapping) else ""
+                    raise ConfigError(f"no such key ({hint})", file=self.file, key=path)
+        return copy.deepcopy(value) if isinstance(value, dict | list) else value
+
+    def set(self, path: str, value: Any) -> None:
+        """Set an existing key at run time, revalidating the whole config.
+
+        Raises:
+            ConfigError: Called outside the main thread, after `freeze`, on an unknown key,
+                or with a value the project's model refuses.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            raise ConfigError("Config.set is only allowed in the flow's main thread",
+                              key=path)
+        if self._frozen:
+            raise ConfigError("Config.set after freeze(): the config is shared by concurrent "
+                              "steps and can no longer change", key=path)
+        work = copy.deepcopy(self._data)
+        resolver = _Resolver(work, self.file, {})
+        resolver.assign(path, value, "Config.set")
+        self.typed = self._validate(work)
+        self._data = work
+        self.sources[path] = "Config.set"
+
+    def freeze(self) -> Config:
+        """Forbid further `set` calls (call before fanning out); returns ``self``."""
+        self._frozen = True
+        return self
+
+    def as_dict(self, *, redacted: bool = False) -> dict[str, Any]:
+        """Return a deep copy of the values, optionally with secrets masked."""
+        data = copy.deepcopy(self._data)
+        return redact(data) if redacted else data
+
+    def to_yaml(self, *, redacted: bool = True) -> str:
+        """Serialise the resolved config as YAML (secrets masked unless asked otherwise)."""
+        return dump_yaml(self.as_dict(redacted=redacted))
+
+    def save(self, directory: str | Path) -> Path:
+        """Write ``config.yaml``, ``presets_applied`` and ``variable_overrides.yaml``.
+
+        Args:
+            directory: Target directory, created if missing.
+
+        Returns:
+            The path of the written ``config.yaml``.
+        """
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        target = directory / "config.yaml"
+        _atomic_write(target, self.to_yaml())
+        _atomic_write(directory / "presets_applied", "".join(f"{p}\n" for p in self.presets_applied))
+        _atomic_write(directory / "variable_overrides.yaml", dump_yaml(redact(self.overrides)))
+        return target
+
+    def json_schema(self) -> dict[str, Any]:
+        """JSON schema of this project's config (empty mapping for a bare YAML file)."""
+        return self._model.model_json_schema() if self._model is not None else {}
+
+
+def _data_path(data: Any, loc: Sequence[Any]) -> str:
+    """Keep the parts of a pydantic error location that are real keys (not union tags)."""
+    parts: list[str] = []
+    node = data
+    for part in loc:
+        if isinstance(node, Mapping) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        elif isinstance(node, Mapping) and not parts[-1:] == [str(part)]:
+            parts.append(str(part))  # a missing required key: still part of the path
+            break
+        else:
+            continue
+        parts.append(str(part))
+    return ".".join(parts)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def resolve(
+    base: str | Path,
+    presets: Sequence[str] = (),
+    overrides: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    *,
+    model: type[BaseModel] | None = None,
+) -> Config:
+    """Resolve a project's configuration once: base → presets → overrides → env → validation.
+
+    Args:
+        base: A project name (``"fine_tuning"``) or a path to a YAML file.
+        presets: Preset names to apply, in order (later writes win).
+        overrides: Dotted key → value; string values are parsed as YAML.
+        env: Environment to read ``TELLTALE__*`` overrides from (``None``: ``os.environ``).
+        model: Validation model; defaults to the project's model (none for a bare file).
+
+    Returns:
+        The validated `Config`.
+
+    Raises:
+        ConfigError: Any user mistake, naming the file, key path and (when known) line.
+
+    Example:
+        >>> cfg = resolve("fine_tuning", presets=["light"], env={})
+        >>> cfg.get("tests.fine_tuning.test_settings.gpu")
+        0
+    """
+    project, path = registry.locate(base)
+    data, lines = load_yaml(path)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError("a config file must be a mapping at the top level", file=str(path))
+    if isinstance(presets, str):  # a lone name, not a sequence of characters
+        presets = [presets]
+    resolver = _Resolver(data, str(path), lines)
+    for name in presets:
+        resolver.apply_preset(name)
+    applied_overrides: dict[str, Any] = {}
+    for key, value in (overrides or {}).items():
+        parsed = parse_override(key, value) if isinstance(value, str) else value
+        resolver.assign(key, parsed, f"override {key}")
+        applied_overrides[key] = parsed
+    environ = os.environ if env is None else env
+    for key, value in _env_overrides(environ).items():
+        resolver.assign(key, value, f"environment {ENV_PREFIX}{key.replace('.', '__')}")
+        applied_overrides[key] = value
+    if model is None and project is not None:
+        model = registry.config_model(project)
+    return Config(resolver.data, project=project, file=str(path),
+                  presets_applied=resolver.presets_applied, overrides=applied_overrides,
+                  sources=resolver.sources, model=model, lines=lines)
+
+
+def json_schema(project: str) -> dict[str, Any]:
+    """Return the JSON schema of a project's config, for editors and docs."""
+    model = registry.config_model(project)
+    return model.model_json_schema() if model is not None else {}
+
+
+_CURRENT: contextvars.ContextVar[Config | None] = contextvars.ContextVar(
+    "telltale_config", default=None
+)
+
+
+def current_config() -> Config:
+    """Return the config set by `use_config` in this context.
+
+    Raises:
+        ConfigError: No config is active.
+    """
+    config = _CURRENT.get()
+    if config is None:
+        raise ConfigError("no active config: resolve() one and enter use_config(config)")
+    return config
+
+
+@contextmanager
+def use_config(config: Config) -> Iterator[Config]:
+    """Make ``config`` the active one for `current_config` and templates in this context."""
+    token = _CURRENT.set(config)
+    try:
+        yield config
+    finally:
+        _CURRENT.reset(token)

@@ -1,0 +1,69 @@
+"""The ``clusters`` block: platform choice, cluster creation and bare-metal leases."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["ClustersBlock", "CreateBlock", "QuadsLabBlock", "SutestBlock"]
+
+
+class QuadsLabBlock(BaseModel):
+    """A QUADS self-scheduling request."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(default=False, description="Lease hosts from QUADS first.")
+    count: int = Field(default=1, ge=1, le=10, description="Hosts to lease (≤ 10 per cloud).")
+    filters: dict[str, Any] = Field(
+        default_factory=dict, description="Host metadata filters, e.g. {model: R640}."
+    )
+    description: str = Field(default="telltale CPT run", description="Assignment description.")
+    wipe: bool = Field(default=True, description="Wipe the hosts before delivery.")
+    wait_hosts_minutes: int = Field(
+        default=60, ge=0, description="How long to wait for enough free hosts."
+    )
+    wait_delivery_minutes: int = Field(
+        default=240, ge=1, description="Deadline for provisioned+validated."
+    )
+
+
+class SutestBlock(BaseModel):
+    """The system-under-test cluster."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    is_metal: bool = Field(default=False, description="Bare-metal cluster (lease, install).")
+    lab: QuadsLabBlock = Field(default_factory=QuadsLabBlock)
+
+
+class CreateBlock(BaseModel):
+    """How to obtain a cluster when none is given."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["single", "ocp", "managed", "pool", "metal"] | None = Field(
+        default=None, description="None: use the given kubeconfig (or the local platform)."
+    )
+    name_prefix: str = Field(default="telltale", description="Prefix of created cluster names.")
+    ocp_version: str | None = Field(default=None, description="OpenShift version to install.")
+    region: str | None = Field(default=None, description="Cloud region (ocp/managed).")
+    worker_instance_type: str | None = Field(default=None, description="Worker machine type.")
+    worker_count: int = Field(default=2, ge=0, description="Worker nodes.")
+    pool: str | None = Field(default=None, description="Hive ClusterPool name (type: pool).")
+
+
+class ClustersBlock(BaseModel):
+    """Where the test runs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    platform: Literal["auto", "local", "kubernetes"] = Field(
+        default="auto", description="auto: kubernetes when a kubeconfig is found, else local."
+    )
+    kubeconfig: str | None = Field(default=None, description="Explicit kubeconfig path.")
+    keep: bool = Field(default=False, description="Keep leases, clusters and objects at the end.")
+    cleanup_on_exit: bool = Field(default=True, description="Run the cleanup phase.")
+    sutest: SutestBlock = Field(default_factory=SutestBlock)
+    create: CreateBlock = Field(default_factory=CreateBlock)

@@ -1,0 +1,40 @@
+"""The ``export_artifacts`` block: S3 and OpenSearch publication."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["ExportBlock", "OpenSearchExportBlock", "S3ExportBlock"]
+
+
+class S3ExportBlock(BaseModel):
+    """Artifact upload target (credentials come from a block or the secret dir)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    bucket: str | None = Field(default=None, description="Bucket name.")
+    prefix: str = Field(default="telltale", description="Key prefix.")
+    endpoint_url: str | None = Field(default=None, description="S3-protocol endpoint (MinIO...).")
+    region: str | None = Field(default=None, description="Region name.")
+
+
+class OpenSearchExportBlock(BaseModel):
+    """One document per run (and optionally one per KPI)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(default=False, description="Publish to OpenSearch.")
+    instance: str | None = Field(default=None, description="Instance name in the secret file.")
+    index: str = Field(default="fine-tuning", description="Run index (prefix added by block).")
+    kpi_index: str | None = Field(default=None, description="Per-KPI index for dashboards.")
+
+
+class ExportBlock(BaseModel):
+    """Where results are published."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(default=False, description="Publish results at the end of the run.")
+    fail_on_error: bool = Field(default=False, description="An export failure fails the run.")
+    s3: S3ExportBlock = Field(default_factory=S3ExportBlock)
+    opensearch: OpenSearchExportBlock = Field(default_factory=OpenSearchExportBlock)

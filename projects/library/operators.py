@@ -1,0 +1,60 @@
+"""The ``prepare`` block: operators installed through OLM before the test."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["GpuOperatorBlock", "NfdBlock", "PrepareBlock", "RhoaiBlock"]
+
+
+class RhoaiBlock(BaseModel):
+    """Red Hat OpenShift AI (with its service-mesh dependency)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(default=False, description="Install RHOAI and a DataScienceCluster.")
+    channel: str = Field(default="stable", description="OLM channel.")
+    version: str | None = Field(default=None, description="Pinned CSV version (manual approval).")
+    catalog_image: str | None = Field(default=None, description="Custom CatalogSource image.")
+    components: list[str] = Field(
+        default_factory=lambda: ["trainingoperator", "dashboard"],
+        description="DataScienceCluster components set to Managed.",
+    )
+    uninstall: bool = Field(default=False, description="Uninstall in cleanup.")
+
+
+class NfdBlock(BaseModel):
+    """Node Feature Discovery."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(default=False, description="Install NFD and a NodeFeatureDiscovery.")
+    channel: str = Field(default="stable", description="OLM channel.")
+
+
+class GpuOperatorBlock(BaseModel):
+    """NVIDIA GPU operator."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(default=False, description="Install the GPU operator + ClusterPolicy.")
+    channel: str = Field(default="stable", description="OLM channel.")
+    version: str | None = Field(default=None, description="Pinned CSV version.")
+    time_sharing_replicas: int | None = Field(
+        default=None, ge=2, description="GPU time-sharing replicas per GPU."
+    )
+    extended_dcgm_metrics: bool = Field(default=False, description="Enable extended DCGM metrics.")
+    tolerations: list[dict[str, str]] = Field(
+        default_factory=list, description="Tolerations added to the operator's DaemonSets."
+    )
+
+
+class PrepareBlock(BaseModel):
+    """Cluster preparation."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(default=True, description="Run the prepare phase.")
+    rhoai: RhoaiBlock = Field(default_factory=RhoaiBlock)
+    nfd: NfdBlock = Field(default_factory=NfdBlock)
+    gpu_operator: GpuOperatorBlock = Field(default_factory=GpuOperatorBlock)

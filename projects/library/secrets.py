@@ -1,0 +1,26 @@
+"""The ``secrets`` block: *where* secrets are, never the secrets themselves."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["SecretDirBlock", "SecretsBlock"]
+
+
+class SecretDirBlock(BaseModel):
+    """The secret directory, found through an environment variable."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    env_key: str = Field(description="Environment variable holding the secret dir path.")
+
+
+class SecretsBlock(BaseModel):
+    """File names inside the secret dir; their contents never reach config, logs or exports."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dir: SecretDirBlock
+    s3_credentials: str | None = Field(default=None, description="AWS-style env file name.")
+    opensearch_instances: str | None = Field(default=None, description="OpenSearch YAML file.")
+    quads_credentials: str | None = Field(default=None, description="QUADS login YAML file.")

@@ -1,0 +1,83 @@
+"""Plan mode: what a run would do, written to disk without touching any cluster."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from analysis.yamlio import dump_yaml
+from projects.config import Config
+from projects.matrix import Cell, expand
+
+__all__ = ["Plan", "build_plan", "cells_of", "format_plan", "write_plan"]
+
+
+class Plan(BaseModel):
+    """The resolved shape of a run."""
+
+    project: str | None = Field(description="Project name.")
+    presets_applied: list[str] = Field(description="Presets, child first then parents.")
+    platform: str = Field(description="Platform the run would use.")
+    cells: list[Cell] = Field(description="Matrix cells in run order.")
+    estimated_gpu_hours: float | None = Field(
+        default=None, description="From the history of matching runs; None without history."
+    )
+    extra: dict[str, Any] = Field(default_factory=dict, description="Platform-specific plan.")
+
+    @property
+    def runnable(self) -> list[Cell]:
+        """Cells that are not skipped."""
+        return [c for c in self.cells if c.skip_reason is None]
+
+
+def cells_of(config: Config, test: str = "fine_tuning") -> list[Cell]:
+    """Expand the matrix of ``tests.<test>`` from a resolved config."""
+    base = f"tests.{test}"
+    return expand(
+        config.get(f"{base}.test_settings"),
+        config.get(f"{base}.test_extra_settings", []),
+        config.get(f"{base}.skip_if", []),
+    )
+
+
+def build_plan(config: Config, platform: str, *, test: str = "fine_tuning") -> Plan:
+    """Resolve the plan of a run: its cells and platform."""
+    return Plan(project=config.project, presets_applied=list(config.presets_applied),
+                platform=platform, cells=cells_of(config, test))
+
+
+def write_plan(plan: Plan, config: Config, directory: str | Path) -> Path:
+    """Write ``config.yaml`` (+ presets, overrides) and ``plan.yaml`` into ``directory``."""
+    directory = Path(directory)
+    config.save(directory)
+    data = plan.model_dump(mode="json")
+    data["cells"] = [
+        {k: v for k, v in (("name", c.name), ("settings", c.settings),
+                           ("skip_reason", c.skip_reason)) if k != "skip_reason" or v}
+        for c in plan.cells
+    ]
+    target = directory / "plan.yaml"
+    target.write_text(dump_yaml(data), encoding="utf-8")
+    return target
+
+
+def format_plan(plan: Plan) -> str:
+    """Render a plan as a short human summary table."""
+    width = max([len(c.name) for c in plan.cells] + [4])
+    lines = [
+        f"project   {plan.project}",
+        f"presets   {', '.join(plan.presets_applied) or '(none)'}",
+        f"platform  {plan.platform}",
+        f"cells     {len(plan.cells)} ({len(plan.runnable)} to run, "
+        f"{len(plan.cells) - len(plan.runnable)} skipped)",
+    ]
+    if plan.estimated_gpu_hours is not None:
+        lines.append(f"estimate  {plan.estimated_gpu_hours:.3f} GPU-hours (from history)")
+    lines.append("")
+    lines.append(f"  {'#':>3}  {'cell':<{width}}  status")
+    for cell in plan.cells:
+        status = f"skip ({cell.skip_reason})" if cell.skip_reason else "run"
+        lines.append(f"  {cell.index:>3}  {cell.name:<{width}}  {status}")
+    return "\n".join(lines)

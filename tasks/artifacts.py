@@ -1,0 +1,282 @@
+"""The artifact directory tree and the `step` decorator that gives every task run its dir.
+
+``ARTIFACT_DIR`` is a context variable, never a global or an environment variable, so
+concurrent tasks (Prefect copies the context into its worker threads) never race on it.
+``NNN__name`` numbers are allocated under an exclusive ``flock`` on the parent directory,
+which serialises threads and processes alike.
+
+A step dir holds:
+
+- ``parameters.yaml``: the call's arguments, secrets redacted;
+- ``step.json``: start, end, duration, attempt state (``Completed`` / ``Failed``);
+- ``step.log``: every log record emitted while the step ran (in its own context);
+- ``FAILURE``: the traceback, when it failed.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import fcntl
+import functools
+import inspect
+import json
+import logging
+import os
+import re
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, ParamSpec, TypeVar
+
+from pydantic import BaseModel
+
+from analysis.errors import StepError, is_transient
+from analysis.redact import redact
+from analysis.yamlio import dump_yaml
+
+__all__ = [
+    "ARTIFACT_DIR",
+    "allocate_dir",
+    "artifact_dir",
+    "next_artifact_dir",
+    "retry_on_transient",
+    "step",
+    "use_artifact_dir",
+]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+ARTIFACT_DIR: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
+    "telltale_artifact_dir", default=None
+)
+_STEP_LOG: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
+    "telltale_step_log", default=None
+)
+_NUMBERED = re.compile(r"^(\d{3,})__")
+_LOCK_NAME = ".telltale-dirs.lock"
+
+
+def artifact_dir() -> Path:
+    """Return the current artifact dir.
+
+    Raises:
+        StepError: No artifact dir is active (enter `use_artifact_dir` first).
+    """
+    current = ARTIFACT_DIR.get()
+    if current is None:
+        raise StepError("no artifact dir is active: enter use_artifact_dir(path) first")
+    return current
+
+
+@contextmanager
+def use_artifact_dir(path: str | Path) -> Iterator[Path]:
+    """Make ``path`` (created if missing) the artifact dir for this context."""
+    resolved = Path(path).resolve()
+    resolved.mkdir(parents=True, exist_ok=True)
+    token = ARTIFACT_DIR.set(resolved)
+    try:
+        yield resolved
+    finally:
+        ARTIFACT_DIR.reset(token)
+
+
+def allocate_dir(parent: str | Path, name: str) -> Path:
+    """Create ``parent/NNN__name`` with the next free number, atomically.
+
+    Numbers are unique per parent across threads and processes: the scan and the ``mkdir``
+    happen under an exclusive ``flock`` of a lock file in ``parent``.
+
+    Args:
+        parent: Directory to allocate in (created if missing).
+        name: Suffix after ``NNN__``; ``/`` is not allowed.
+
+    Returns:
+        The created directory.
+    """
+    if not name or "/" in name or name in {".", ".."}:
+        raise StepError(f"invalid artifact dir name {name!r}")
+    parent = Path(parent)
+    parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(parent / _LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        highest = -1
+        with os.scandir(parent) as entries:
+            for entry in entries:
+                match = _NUMBERED.match(entry.name)
+                if match:
+                    highest = max(highest, int(match.group(1)))
+        path = parent / f"{highest + 1:03d}__{name}"
+        path.mkdir()
+        return path
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+@contextmanager
+def next_artifact_dir(name: str) -> Iterator[Path]:
+    """Allocate ``NNN__name`` in the current artifact dir and make it current inside the block."""
+    path = allocate_dir(artifact_dir(), name)
+    token = ARTIFACT_DIR.set(path)
+    try:
+        yield path
+    finally:
+        ARTIFACT_DIR.reset(token)
+
+
+class _StepLogHandler(logging.Handler):
+    """Writes each record to the log file of the step whose context emitted it."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.DEBUG)
+        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        target = _STEP_LOG.get()
+        if target is None:
+            return
+        try:
+            with open(target, "a", encoding="utf-8") as stream:
+                stream.write(self.format(record) + "\n")
+        except Exception:  # a log write must never fail the step
+            self.handleError(record)
+
+
+_HANDLER = _StepLogHandler()
+
+
+def _install_handler() -> None:
+    root = logging.getLogger()
+    if _HANDLER not in root.handlers:
+        root.addHandler(_HANDLER)
+
+
+def _plain(value: Any) -> Any:
+    """Turn arguments into YAML-safe data (models to dicts, paths to str, others to repr)."""
+    if isinstance(value, BaseModel):
+        return _plain(value.model_dump(mode="python"))
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_plain(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    # Secret-bearing objects (clients, credentials) must write their own safe repr.
+    return repr(value)
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+
+
+def retry_on_transient(task: Any, task_run: Any, state: Any) -> bool:
+    """Prefect ``retry_condition_fn``: retry only when the failure is transient."""
+    try:
+        exc = state.result(raise_on_failure=False)
+    except Exception as error:  # the state could not give back its exception
+        exc = error
+    return isinstance(exc, BaseException) and is_transient(exc)
+
+
+def _run_in_step_dir(group: str, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+    _install_handler()
+    try:
+        bound = inspect.signature(fn).bind(*args, **kwargs)
+        params = dict(bound.arguments)
+    except TypeError:
+        params = {"args": list(args), "kwargs": kwargs}
+    with next_artifact_dir(f"{group}__{fn.__name__}") as path:
+        (path / "parameters.yaml").write_text(dump_yaml(redact(_plain(params))), encoding="utf-8")
+        started = time.time()
+        meta: dict[str, Any] = {
+            "step": f"{group}.{fn.__name__}",
+            "start": datetime.fromtimestamp(started, UTC).isoformat(),
+            "state": "Running",
+        }
+        _write_json(path / "step.json", meta)
+        token = _STEP_LOG.set(path / "step.log")
+        try:
+            result = fn(*args, **kwargs)
+            meta["state"] = "Completed"
+            return result
+        except BaseException as exc:
+            meta["state"] = "Cancelled" if isinstance(exc, KeyboardInterrupt) else "Failed"
+            meta["error"] = f"{type(exc).__name__}: {exc}"
+            (path / "FAILURE").write_text(traceback.format_exc(), encoding="utf-8")
+            raise
+        finally:
+            _STEP_LOG.reset(token)
+            ended = time.time()
+            meta["end"] = datetime.fromtimestamp(ended, UTC).isoformat()
+            meta["duration_s"] = round(ended - started, 3)
+            _write_json(path / "step.json", meta)
+
+
+def step(
+    group: str,
+    *,
+    retries: int = 0,
+    retry_delay_seconds: float | list[float] = 2.0,
+    retry_jitter_factor: float | None = 0.5,
+    timeout_seconds: float | None = None,
+    prefect: bool = True,
+    **task_options: Any,
+) -> Callable[[Callable[P, R]], Any]:
+    """Turn a function into a Telltale step: a Prefect task with its own ``NNN__group__name`` dir.
+
+    Retries happen only on transient errors (`retry_on_transient`); each attempt gets its own
+    dir. ``timeout_seconds`` marks the task failed but cannot stop a blocked thread, so every
+    network or subprocess call inside a step still needs its own timeout.
+
+    Args:
+        group: Step group, the first word of its command-args key (``fine_tuning``).
+        retries: Attempts after the first, on transient errors only.
+        retry_delay_seconds: Delay (or list of delays, for backoff) between attempts.
+        retry_jitter_factor: Random extra delay, as a fraction of the delay.
+        timeout_seconds: Prefect task timeout.
+        prefect: False returns the plain wrapped function (for code that runs outside a flow,
+            e.g. inside worker processes).
+        **task_options: Passed to ``prefect.task``.
+
+    Returns:
+        A decorator.
+
+    Example:
+        >>> @step("cluster")  # doctest: +SKIP
+        ... def capture_environment(kubeconfig: str | None = None) -> dict: ...
+    """
+
+    def decorate(fn: Callable[P, R]) -> Any:
+        @functools.wraps(fn)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            return _run_in_step_dir(group, fn, *args, **kwargs)
+
+        wrapper.telltale_group = group  # type: ignore[attr-defined]
+        if not prefect:
+            return wrapper
+        from prefect import task  # heavy import, only where Prefect is used
+        from prefect.cache_policies import NO_CACHE
+
+        # Steps touch the world: never skip one because an earlier call had equal inputs
+        # (Prefect's default cache policy would), and never hash clients passed as arguments.
+        task_options.setdefault("cache_policy", NO_CACHE)
+        prefect_task = task(
+            wrapper,
+            name=f"{group}.{fn.__name__}",
+            retries=retries,
+            retry_delay_seconds=retry_delay_seconds,
+            retry_jitter_factor=retry_jitter_factor,
+            retry_condition_fn=retry_on_transient,
+            timeout_seconds=timeout_seconds,
+            **task_options,
+        )
+        prefect_task.telltale_group = group  # type: ignore[attr-defined]
+        return prefect_task
+
+    return decorate

@@ -1,0 +1,194 @@
+"""Run commands: argv lists without a shell, strings in a strict bash, always with a deadline.
+
+A string command runs as ``bash -c`` with ``errexit``, ``pipefail``, ``nounset`` and
+``errtrace`` set, so a failing stage of a pipeline or an unset variable fails the command
+instead of being ignored. Each call appends the command, its exit code and its output to
+``commands.log`` in the current artifact dir (when one is active).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from analysis.errors import StepError
+from tasks.artifacts import ARTIFACT_DIR
+
+__all__ = [
+    "BASH_SAFETY",
+    "CommandError",
+    "CommandResult",
+    "CommandTimeout",
+    "DEFAULT_TIMEOUT_S",
+    "run",
+    "run_and_catch",
+]
+
+logger = logging.getLogger("telltale.runner")
+
+BASH_SAFETY = "set -o errexit -o pipefail -o nounset -o errtrace"
+DEFAULT_TIMEOUT_S = 3600.0
+_TAIL = 2000
+
+
+class CommandError(StepError):
+    """A command exited non-zero.
+
+    Attributes:
+        command: The command as logged.
+        returncode: Its exit code.
+        stderr_tail: The end of its stderr.
+    """
+
+    def __init__(self, command: str, returncode: int, stderr_tail: str) -> None:
+        self.command = command
+        self.returncode = returncode
+        self.stderr_tail = stderr_tail
+        tail = f"\n--- stderr (tail) ---\n{stderr_tail}" if stderr_tail.strip() else ""
+        super().__init__(f"command failed with exit code {returncode}: {command}{tail}")
+
+
+class CommandTimeout(StepError, TimeoutError):
+    """A command ran past its deadline and was killed."""
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What a finished command gave back."""
+
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+    duration_s: float
+
+
+def _display(argv: Sequence[str], script: str | None) -> str:
+    return script if script is not None else shlex.join(argv)
+
+
+def _log(command: str, result: CommandResult | None, note: str = "") -> None:
+    directory = ARTIFACT_DIR.get()
+    if directory is None:
+        return
+    with open(directory / "commands.log", "a", encoding="utf-8") as stream:
+        stream.write(f"$ {command}\n")
+        if result is not None:
+            stream.write(f"# exit {result.returncode} in {result.duration_s:.2f}s\n")
+            if result.stdout:
+                stream.write(result.stdout if result.stdout.endswith("\n") else result.stdout + "\n")
+            if result.stderr:
+                stream.write("# stderr:\n" + result.stderr)
+                stream.write("" if result.stderr.endswith("\n") else "\n")
+        if note:
+            stream.write(f"# {note}\n")
+
+
+def run(
+    command: Sequence[str] | str,
+    *,
+    check: bool = True,
+    capture: bool = True,
+    timeout: float | None = DEFAULT_TIMEOUT_S,
+    cwd: str | Path | None = None,
+    stdin_file: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    log: bool = True,
+) -> CommandResult:
+    """Run a command and return its result.
+
+    Args:
+        command: An argv list (no shell involved) or a bash script string (strict mode).
+        check: Raise `CommandError` on a non-zero exit.
+        capture: Capture stdout/stderr (else they go to this process's streams).
+        timeout: Seconds before the command is killed (`CommandTimeout`); None: no limit.
+        cwd: Working directory.
+        stdin_file: File fed to the command's stdin (else stdin is closed).
+        env: Variables added to this process's environment.
+        log: Append the command and its output to ``commands.log`` in the artifact dir.
+
+    Returns:
+        The `CommandResult`.
+
+    Raises:
+        CommandError: Non-zero exit and ``check``.
+        CommandTimeout: The deadline passed.
+        StepError: The program does not exist.
+    """
+    script: str | None = None
+    if isinstance(command, str):
+        script = command
+        argv: tuple[str, ...] = ("bash", "-c", f"{BASH_SAFETY}\n{command}")
+    else:
+        argv = tuple(str(a) for a in command)
+        if not argv:
+            raise StepError("empty command")
+    display = _display(argv, script)
+    full_env = {**os.environ, **(env or {})} if env else None
+    stdin = open(stdin_file, "rb") if stdin_file is not None else subprocess.DEVNULL  # noqa: SIM115
+    started = time.monotonic()
+    try:
+        proc = subprocess.run(
+            argv,
+            cwd=cwd,
+            env=full_env,
+            stdin=stdin,
+            capture_output=capture,
+            text=True,
+            errors="replace",
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        if log:
+            _log(display, None, f"killed after {timeout}s timeout")
+        raise CommandTimeout(f"command timed out after {timeout}s: {display}") from exc
+    except FileNotFoundError as exc:
+        raise StepError(f"program not found: {argv[0]!r} (command: {display})") from exc
+    finally:
+        if stdin is not subprocess.DEVNULL:
+            stdin.close()
+    result = CommandResult(argv, proc.returncode, proc.stdout or "", proc.stderr or "",
+                           time.monotonic() - started)
+    if log:
+        _log(display, result)
+    logger.debug("%s -> exit %d (%.2fs)", display, result.returncode, result.duration_s)
+    if check and result.returncode != 0:
+        raise CommandError(display, result.returncode, result.stderr[-_TAIL:])
+    return result
+
+
+def run_and_catch(
+    exc: BaseException | None, fn: Callable[..., Any], *args: Any, **kwargs: Any
+) -> BaseException | None:
+    """Call ``fn`` and keep the first exception, so later cleanup steps still run.
+
+    Usage::
+
+        exc = None
+        exc = run_and_catch(exc, capture_state)
+        exc = run_and_catch(exc, delete_namespace)
+        if exc: raise exc
+
+    Args:
+        exc: The first exception seen so far (or None).
+        fn: The step to run.
+        *args: Positional arguments for ``fn``.
+        **kwargs: Keyword arguments for ``fn``.
+
+    Returns:
+        ``exc`` if it was set, else the exception ``fn`` raised, else None.
+    """
+    try:
+        fn(*args, **kwargs)
+    except Exception as error:
+        logger.error("%s failed: %s", getattr(fn, "__name__", fn), error)
+        return exc or error
+    return exc
