@@ -173,6 +173,7 @@ def from_config(
     extra: Mapping[str, Any] | None = None,
     *,
     config: Config | None = None,
+    template: str | Path | None = None,
 ) -> dict[str, Any]:
     """Build a step's keyword arguments from the command-args template.
 
@@ -182,6 +183,7 @@ def from_config(
         suffix: Optional key suffix (``cluster set_scale/gpu``).
         extra: Values merged over the template's (extra wins).
         config: The config to render over; defaults to `current_config`.
+        template: Template path; defaults to the project's ``command_args.yaml.j2``.
 
     Returns:
         Validated keyword arguments, ready for ``step(**kwargs)``.
@@ -192,8 +194,10 @@ def from_config(
     """
     config = config or current_config()
     key = step_key(step, prefix, suffix)
-    entries = render_command_args(config)
-    template = str(project_dir(config.project) / TEMPLATE_NAME) if config.project else None
+    if template is None and config.project is not None:
+        template = project_dir(config.project) / TEMPLATE_NAME
+    entries = render_command_args(config, template)
+    template = str(template) if template is not None else None
     if key not in entries:
         import difflib
 

@@ -188,6 +188,7 @@ def _run_in_step_dir(group: str, fn: Callable[P, R], *args: P.args, **kwargs: P.
     _install_handler()
     try:
         bound = inspect.signature(fn).bind(*args, **kwargs)
+        bound.apply_defaults()
         params = dict(bound.arguments)
     except TypeError:
         params = {"args": list(args), "kwargs": kwargs}
