@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from analysis.errors import ConfigError
+from analysis.matrix_utils import flatten_settings as flatten
 
 __all__ = ["Cell", "expand", "flatten", "unflatten"]
 
@@ -33,18 +34,6 @@ class Cell(BaseModel):
     group: int = Field(description="Index of the test_extra_settings group (0 when none).")
     settings: dict[str, Any] = Field(description="Fully expanded settings (no dimension left).")
     skip_reason: str | None = Field(default=None, description="Why the cell is skipped.")
-
-
-def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Flatten nested mappings into dotted keys (lists and scalars are leaves)."""
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            out.update(flatten(value, f"{path}."))
-        else:
-            out[path] = value
-    return out
 
 
 def unflatten(data: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,258 @@
+"""KPI history as a Parquet dataset on local disk or S3.
+
+Layout under the history URI::
+
+    part-<run_uuid>.parquet        one file per appended run (rewriting a run replaces it)
+    compacted-<stamp>-<rand>.parquet  many runs merged by `HistoryStore.compact`
+
+Guarantees:
+
+- *idempotent per run*: appending the same run again replaces its file, and readers keep only
+  the newest write of each run (``_written_at``), so nothing is duplicated;
+- *no lost rows under concurrency*: every append writes its own file (atomically: temp file +
+  rename locally, a single PUT on S3); compaction only deletes the part files it merged,
+  after the merged file exists;
+- *fast queries*: `HistoryStore.query` pushes label filters down to Arrow's scanner over a
+  few compacted files (appends compact automatically past `AUTO_COMPACT_PARTS` parts).
+
+S3 URIs (``s3://bucket/prefix``) go through ``pyarrow.fs.S3FileSystem``; the endpoint comes
+from ``?endpoint_override=host:port&scheme=http`` in the URI or ``$AWS_ENDPOINT_URL``,
+credentials from the usual AWS environment variables.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from analysis.errors import ResultsError
+from analysis.kpi import BASE_COLUMNS
+
+__all__ = ["AUTO_COMPACT_PARTS", "HistoryStore", "default_history_uri", "open_filesystem"]
+
+AUTO_COMPACT_PARTS = 64
+_WRITTEN_AT = "_written_at"
+_PART = "part-"
+_COMPACTED = "compacted-"
+
+
+def default_history_uri(project: str) -> str:
+    """Default history location: ``$TELLTALE_DATA_DIR`` or the user's data dir, per project."""
+    root = os.environ.get("TELLTALE_DATA_DIR")
+    if not root:
+        from platformdirs import user_data_dir
+
+        root = user_data_dir("telltale", appauthor=False)
+    return str(Path(root) / "history" / project)
+
+
+def open_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+    """Return (filesystem, base path inside it) for a local path or an ``s3://`` URI.
+
+    Raises:
+        ResultsError: An unsupported scheme or an S3 URI without a bucket.
+    """
+    parsed = urlparse(uri)
+    if parsed.scheme in ("", "file"):
+        path = Path(parsed.path if parsed.scheme == "file" else uri).expanduser().resolve()
+        return pafs.LocalFileSystem(), str(path)
+    if parsed.scheme != "s3":
+        raise ResultsError(f"unsupported history URI {uri!r}: use a local path or s3://")
+    if not parsed.netloc:
+        raise ResultsError(f"history URI {uri!r} has no bucket")
+    query = {k: v[-1] for k, v in parse_qs(parsed.query).items()}
+    endpoint = query.get("endpoint_override") or os.environ.get("AWS_ENDPOINT_URL_S3") or \
+        os.environ.get("AWS_ENDPOINT_URL")
+    options: dict[str, Any] = {
+        "region": query.get("region") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
+        "connect_timeout": 10,
+        "request_timeout": 60,
+    }
+    if endpoint:
+        scheme = query.get("scheme")
+        if "://" in endpoint:
+            scheme_part, endpoint = endpoint.split("://", 1)
+            scheme = scheme or scheme_part
+        options["endpoint_override"] = endpoint.rstrip("/")
+        options["scheme"] = scheme or "https"
+    return pafs.S3FileSystem(**options), f"{parsed.netloc}{parsed.path}".rstrip("/")
+
+
+class HistoryStore:
+    """Append-only, run-idempotent KPI history."""
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+        self.fs, self.base = open_filesystem(uri)
+
+    def __repr__(self) -> str:
+        return f"HistoryStore({self.uri.split('?', 1)[0]!r})"
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def _ensure_dir(self) -> None:
+        if isinstance(self.fs, pafs.LocalFileSystem):
+            self.fs.create_dir(self.base, recursive=True)
+
+    def _write_table(self, table: pa.Table, name: str) -> None:
+        self._ensure_dir()
+        target = f"{self.base}/{name}"
+        if isinstance(self.fs, pafs.LocalFileSystem):
+            tmp = f"{self.base}/.{name}.{uuid.uuid4().hex}.tmp"
+            pq.write_table(table, tmp, filesystem=self.fs, compression="zstd")
+            self.fs.move(tmp, target)  # atomic rename: readers never see half a file
+        else:
+            pq.write_table(table, target, filesystem=self.fs, compression="zstd")
+
+    def append(self, frame: pd.DataFrame) -> int:
+        """Append KPI rows (the tidy table); one file per run, replacing an earlier write.
+
+        Args:
+            frame: Rows with at least `BASE_COLUMNS`.
+
+        Returns:
+            The number of rows written.
+
+        Raises:
+            ResultsError: Missing columns.
+        """
+        missing = [c for c in BASE_COLUMNS if c not in frame.columns]
+        if missing:
+            raise ResultsError(f"history rows lack columns: {', '.join(missing)}")
+        if frame.empty:
+            return 0
+        now = time.time_ns()
+        for run_uuid, rows in frame.groupby("run_uuid", sort=False):
+            rows = rows.copy()
+            rows[_WRITTEN_AT] = now
+            table = pa.Table.from_pandas(rows, preserve_index=False)
+            self._write_table(table, f"{_PART}{_safe_name(str(run_uuid))}.parquet")
+        if len(self._files(_PART)) > AUTO_COMPACT_PARTS:
+            self.compact()
+        return len(frame)
+
+    def compact(self) -> int:
+        """Merge part files (and earlier compactions) into one file; returns files merged."""
+        files = self._files()
+        if len(files) <= 1:
+            return 0
+        frame = self._read_files(files)
+        if frame is None:
+            return 0
+        table = pa.Table.from_pandas(frame, preserve_index=False)
+        name = f"{_COMPACTED}{time.time_ns()}-{uuid.uuid4().hex[:8]}.parquet"
+        self._write_table(table, name)
+        for path in files:  # only what was merged: concurrent appends survive
+            try:
+                self.fs.delete_file(path)
+            except (FileNotFoundError, OSError):
+                pass
+        return len(files)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def _files(self, prefix: str | None = None) -> list[str]:
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(self.base, allow_not_found=True))
+        except OSError as exc:
+            raise ResultsError(f"cannot list history at {self!r}: {exc}") from None
+        names = []
+        for info in infos:
+            name = info.base_name
+            if info.type == pafs.FileType.File and name.endswith(".parquet") and (
+                name.startswith(prefix) if prefix else name.startswith((_PART, _COMPACTED))
+            ):
+                names.append(info.path)
+        return sorted(names)
+
+    def _read_files(self, files: list[str], filter_expr: Any = None,
+                    columns: list[str] | None = None) -> pd.DataFrame | None:
+        if not files:
+            return None
+        schemas = [pq.read_schema(f, filesystem=self.fs) for f in files]
+        schema = pa.unify_schemas(schemas, promote_options="permissive")
+        dataset = ds.dataset(files, schema=schema, format="parquet", filesystem=self.fs)
+        table = dataset.to_table(filter=filter_expr, columns=columns)
+        frame = table.to_pandas()
+        if frame.empty:
+            return frame
+        # Newest write of each run wins: re-appends and overlapping compactions collapse.
+        newest = frame.groupby("run_uuid")[_WRITTEN_AT].transform("max")
+        frame = frame[frame[_WRITTEN_AT] == newest]
+        return frame.drop_duplicates(subset=["run_uuid", "kpi"], keep="last")
+
+    def read(self, filter_expr: Any = None) -> pd.DataFrame:
+        """Read every row (optionally filtered by an Arrow expression), oldest first."""
+        for attempt in range(3):
+            try:
+                frame = self._read_files(self._files(), filter_expr)
+                break
+            except FileNotFoundError:  # a concurrent compaction removed a part: list again
+                if attempt == 2:
+                    raise
+        if frame is None:
+            return pd.DataFrame(columns=BASE_COLUMNS)
+        frame = frame.drop(columns=[_WRITTEN_AT]).sort_values("timestamp", kind="stable")
+        return frame.reset_index(drop=True)
+
+    def query(
+        self,
+        labels: Mapping[str, str | None],
+        *,
+        kpi: str | None = None,
+        compared_label: str | None = None,
+        ignored_labels: Iterable[str] = (),
+        exclude_runs: Iterable[str] = (),
+    ) -> pd.DataFrame:
+        """Rows of the runs whose labels match, ordered by time (oldest first).
+
+        Args:
+            labels: The configuration to match (a run's labels).
+            kpi: Only this KPI.
+            compared_label: The dimension under test; it may differ.
+            ignored_labels: Labels that may differ (platform versions, run ids...).
+            exclude_runs: Run uuids to leave out (e.g. the run being judged).
+
+        Returns:
+            Matching rows sorted by ``timestamp``.
+        """
+        skip = set(ignored_labels) | {compared_label} | set(BASE_COLUMNS)
+        files = self._files()
+        if not files:
+            return pd.DataFrame(columns=BASE_COLUMNS)
+        known = set(pa.unify_schemas([pq.read_schema(f, filesystem=self.fs) for f in files],
+                                     promote_options="permissive").names)
+        expr = None
+        for name, value in labels.items():
+            if name in skip:
+                continue
+            if name not in known:  # no stored run has this label: none can match a value
+                if value is None:
+                    continue
+                return pd.DataFrame(columns=BASE_COLUMNS)
+            term = pc.field(name).is_null() if value is None else pc.field(name) == str(value)
+            expr = term if expr is None else expr & term
+        if kpi is not None:
+            term = pc.field("kpi") == kpi
+            expr = term if expr is None else expr & term
+        frame = self.read(expr)
+        excluded = set(exclude_runs)
+        if excluded:
+            frame = frame[~frame["run_uuid"].isin(excluded)]
+        return frame.reset_index(drop=True)
+
+
+def _safe_name(run_uuid: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in run_uuid)[:200]

@@ -1,0 +1,167 @@
+"""KPIs: declarative definitions, computed values, OpenMetrics text and the tidy table.
+
+A `KpiDefinition` says what a KPI means (name, help, unit, direction, whether regression
+analysis ignores it, a divisor and a display format) and how to compute it from a parsed
+result. `compute_kpis` applies the definitions; a KPI whose inputs are missing is left out
+(and the run keeps its parse problems), never reported as zero.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+from pydantic import BaseModel, Field
+
+__all__ = [
+    "BASE_COLUMNS",
+    "Kpi",
+    "KpiDefinition",
+    "compute_kpis",
+    "kpi_table",
+    "to_openmetrics",
+]
+
+BASE_COLUMNS = ["run_uuid", "timestamp", "kpi", "value", "unit", "lower_better",
+                "ignored_for_regression"]
+
+
+@dataclass(frozen=True)
+class KpiDefinition:
+    """What a KPI is and how to compute it.
+
+    Attributes:
+        name: Metric name (``[a-zA-Z_][a-zA-Z0-9_]*``).
+        help: One-line meaning.
+        unit: Display unit (``tokens/s``).
+        lower_better: Direction: True when a lower value is better.
+        compute: Parsed result → raw value, or None when it cannot be computed.
+        ignored_for_regression: Reported but never judged (e.g. a dataset property).
+        divisor: The raw value is divided by this (e.g. 1e6 for "M tokens").
+        format: Display format for reports.
+    """
+
+    name: str
+    help: str
+    unit: str
+    lower_better: bool
+    compute: Callable[[Any], float | None]
+    ignored_for_regression: bool = False
+    divisor: float = 1.0
+    format: str = "{:.3f}"
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", self.name):
+            raise ValueError(f"invalid KPI name {self.name!r}")
+        if self.divisor == 0:
+            raise ValueError(f"KPI {self.name}: divisor must not be 0")
+
+
+class Kpi(BaseModel):
+    """One computed KPI value with its metadata and the run's labels."""
+
+    name: str
+    value: float
+    unit: str
+    help: str
+    lower_better: bool
+    ignored_for_regression: bool = False
+    format: str = "{:.3f}"
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    def display(self) -> str:
+        """The value formatted for humans."""
+        try:
+            return self.format.format(self.value)
+        except (ValueError, IndexError):
+            return str(self.value)
+
+
+def compute_kpis(definitions: Sequence[KpiDefinition], result: Any,
+                 labels: Mapping[str, str]) -> list[Kpi]:
+    """Compute every KPI that has its inputs; skip those that do not (or are not finite)."""
+    out: list[Kpi] = []
+    for definition in definitions:
+        try:
+            raw = definition.compute(result)
+        except (ArithmeticError, TypeError, ValueError):
+            raw = None
+        if raw is None:
+            continue
+        value = float(raw) / definition.divisor
+        if not math.isfinite(value):
+            continue
+        out.append(Kpi(name=definition.name, value=value, unit=definition.unit,
+                       help=definition.help, lower_better=definition.lower_better,
+                       ignored_for_regression=definition.ignored_for_regression,
+                       format=definition.format, labels=dict(labels)))
+    return out
+
+
+def _escape_label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _label_name(name: str) -> str:
+    clean = re.sub(r"[^a-zA-Z0-9_]", "_", name)
+    return clean if re.match(r"[a-zA-Z_]", clean) else f"_{clean}"
+
+
+def to_openmetrics(kpis: Iterable[Kpi], *, prefix: str = "") -> str:
+    """Render KPIs as OpenMetrics text (gauges with HELP, one sample per run, ``# EOF``)."""
+    by_name: dict[str, list[Kpi]] = {}
+    for kpi in kpis:
+        by_name.setdefault(kpi.name, []).append(kpi)
+    lines: list[str] = []
+    for name, group in by_name.items():
+        metric = f"{prefix}{name}"
+        first = group[0]
+        direction = "lower is better" if first.lower_better else "higher is better"
+        help_text = f"{first.help} [{first.unit}, {direction}]".replace("\\", "\\\\")
+        lines.append(f"# TYPE {metric} gauge")
+        lines.append(f"# HELP {metric} {help_text}")
+        for kpi in group:
+            labels = ",".join(f'{_label_name(k)}="{_escape_label(str(v))}"'
+                              for k, v in sorted(kpi.labels.items()))
+            lines.append(f"{metric}{{{labels}}} {kpi.value!r}" if labels
+                         else f"{metric} {kpi.value!r}")
+    lines.append("# EOF")
+    return "\n".join(lines) + "\n"
+
+
+def kpi_table(rows: Iterable[tuple[str, str | None, Sequence[Kpi]]]) -> pd.DataFrame:
+    """Build the tidy KPI table: one row per run × KPI, plus one column per label.
+
+    Args:
+        rows: ``(run_uuid, timestamp ISO string or None, kpis)`` per run.
+
+    Returns:
+        A DataFrame with `BASE_COLUMNS` then the label columns (strings, sorted).
+    """
+    records: list[dict[str, Any]] = []
+    for run_uuid, timestamp, kpis in rows:
+        for kpi in kpis:
+            clash = set(kpi.labels) & set(BASE_COLUMNS)
+            if clash:
+                raise ValueError(f"label names clash with table columns: {sorted(clash)}")
+            records.append({"run_uuid": run_uuid, "timestamp": timestamp, "kpi": kpi.name,
+                            "value": kpi.value, "unit": kpi.unit,
+                            "lower_better": kpi.lower_better,
+                            "ignored_for_regression": kpi.ignored_for_regression,
+                            **{k: str(v) for k, v in kpi.labels.items()}})
+    frame = pd.DataFrame.from_records(records)
+    if frame.empty:
+        frame = pd.DataFrame(columns=BASE_COLUMNS)
+    labels = sorted(c for c in frame.columns if c not in BASE_COLUMNS)
+    frame = frame[BASE_COLUMNS + labels]
+    frame["timestamp"] = pd.to_datetime(frame["timestamp"], utc=True, errors="coerce")
+    frame["value"] = frame["value"].astype("float64")
+    frame["lower_better"] = frame["lower_better"].astype(bool)
+    frame["ignored_for_regression"] = frame["ignored_for_regression"].astype(bool)
+    for column in ["run_uuid", "kpi", "unit", *labels]:
+        frame[column] = frame[column].astype("string")
+    return frame

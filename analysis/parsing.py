@@ -1,0 +1,329 @@
+"""The parsing contract and the parse cache.
+
+A project supplies a `ResultParser`: ``parse(result_dir, reader)`` returns a typed
+`ParsedResult` subclass. The parser reads files only through the `FileReader` it is given,
+which
+
+- degrades gracefully: a missing or corrupt file returns ``None`` and records a
+  `ParseProblem` (file, line, message) in the result, it never aborts the parse;
+- records every file (and glob) it touched, so the cache can fingerprint them.
+
+Cache: ``<result dir>/.telltale_parse_cache.json`` holds the parser name and version, the
+fingerprints (size, mtime) of every file read, and the result as JSON (never pickle). It is
+reused only when the parser version and every fingerprint still match; anything else
+re-parses. ``TELLTALE_FORCE_REPARSE=1`` (or ``force=True``) ignores it. Many dirs are parsed
+in parallel worker processes.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any, ClassVar, Protocol, TypeVar
+
+from pydantic import BaseModel, Field, ValidationError
+
+from analysis.discovery import ResultDir
+from analysis.errors import ConfigError
+from analysis.yamlio import load_yaml
+
+__all__ = [
+    "CACHE_FILE",
+    "FORCE_ENV",
+    "FileReader",
+    "ParseProblem",
+    "ParsedResult",
+    "ResultParser",
+    "parse_dirs",
+    "parse_one",
+]
+
+CACHE_FILE = ".telltale_parse_cache.json"
+FORCE_ENV = "TELLTALE_FORCE_REPARSE"
+_PARALLEL_MIN = 16  # below this many dirs, worker start-up costs more than it saves
+
+R = TypeVar("R", bound="ParsedResult")
+
+
+class ParseProblem(BaseModel):
+    """Something that could not be read; the fields it would have filled stay empty."""
+
+    file: str = Field(description="Path relative to the result dir.")
+    line: int | None = Field(default=None, description="1-based line, when known.")
+    message: str
+
+
+class ParsedResult(BaseModel):
+    """Base of every project's parsed result."""
+
+    path: str = Field(description="Absolute result dir path.")
+    rel_path: str = Field(description="Path relative to the results root.")
+    settings: dict[str, Any]
+    exit_code: int
+    parser: str
+    parser_version: str
+    problems: list[ParseProblem] = Field(default_factory=list)
+
+    @property
+    def failed(self) -> bool:
+        """True when the run itself failed (it is still parsed and reported)."""
+        return self.exit_code != 0
+
+
+class FileReader:
+    """Reads files of one result dir, records problems and fingerprints."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        self.problems: list[ParseProblem] = []
+        self.fingerprints: dict[str, Any] = {}
+
+    def _touch(self, rel: str) -> Path:
+        path = self.root / rel
+        try:
+            st = path.stat()
+            self.fingerprints[rel] = [st.st_size, st.st_mtime_ns]
+        except OSError:
+            self.fingerprints[rel] = None
+        return path
+
+    def problem(self, rel: str, message: str, line: int | None = None) -> None:
+        """Record a problem with a file (for parser-detected inconsistencies)."""
+        self.problems.append(ParseProblem(file=rel, line=line, message=message))
+
+    def glob(self, pattern: str) -> str | None:
+        """Return the last dir/file (sort order) matching a one-level pattern, or None.
+
+        The listing is fingerprinted: a new match invalidates the cache.
+        """
+        matches = sorted(n for n in _listdir(self.root) if fnmatch.fnmatch(n, pattern))
+        self.fingerprints[f"glob:{pattern}"] = matches
+        return matches[-1] if matches else None
+
+    def exists(self, rel: str) -> bool:
+        """Tell whether a file exists (recorded, so its later appearance re-parses)."""
+        return self.fingerprints.get(rel) is not None if rel in self.fingerprints else (
+            self._touch(rel).exists())
+
+    def text(self, rel: str, *, required: bool = True) -> str | None:
+        """Return a file's text, or None (and a problem when ``required``)."""
+        path = self._touch(rel)
+        try:
+            return path.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            if required:
+                self.problem(rel, "missing")
+        except OSError as exc:
+            self.problem(rel, f"unreadable: {exc.strerror}")
+        return None
+
+    def json(self, rel: str, *, required: bool = True) -> Any:
+        """Return a JSON file's data, or None (recording a problem with the line)."""
+        text = self.text(rel, required=required)
+        if text is None:
+            return None
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            self.problem(rel, f"invalid JSON: {exc.msg}", exc.lineno)
+            return None
+
+    def yaml(self, rel: str, *, required: bool = True) -> Any:
+        """Return a YAML file's data, or None (recording a problem with the line)."""
+        path = self._touch(rel)
+        if not path.exists():
+            if required:
+                self.problem(rel, "missing")
+            return None
+        try:
+            data, _ = load_yaml(path)
+            return data
+        except ConfigError as exc:
+            self.problem(rel, exc.reason, exc.line)
+            return None
+
+    def lines(self, rel: str, *, required: bool = True) -> Iterator[str] | None:
+        """Stream a text file line by line (never loads it whole), or None when missing."""
+        path = self._touch(rel)
+        try:
+            stream = open(path, encoding="utf-8", errors="replace", newline="")  # noqa: SIM115
+        except FileNotFoundError:
+            if required:
+                self.problem(rel, "missing")
+            return None
+        except OSError as exc:
+            self.problem(rel, f"unreadable: {exc.strerror}")
+            return None
+
+        def iterate() -> Iterator[str]:
+            with stream:
+                yield from stream
+
+        return iterate()
+
+
+def _listdir(path: Path) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+class ResultParser(Protocol):
+    """What a project supplies to turn a result dir into a typed result."""
+
+    name: ClassVar[str]
+    version: ClassVar[str]
+    result_model: ClassVar[type[ParsedResult]]
+
+    def parse(self, result: ResultDir, reader: FileReader) -> ParsedResult:
+        """Parse one result dir; read files only through ``reader``."""
+        ...
+
+
+def _fingerprints_match(root: Path, recorded: dict[str, Any]) -> bool:
+    for rel, expected in recorded.items():
+        if rel.startswith("glob:"):
+            pattern = rel[len("glob:"):]
+            if sorted(n for n in _listdir(root) if fnmatch.fnmatch(n, pattern)) != expected:
+                return False
+            continue
+        try:
+            st = (root / rel).stat()
+            current: Any = [st.st_size, st.st_mtime_ns]
+        except OSError:
+            current = None
+        if current != expected:
+            return False
+    return True
+
+
+def _load_cached(result: ResultDir, parser: ResultParser) -> ParsedResult | None:
+    root = Path(result.path)
+    try:
+        raw = (root / CACHE_FILE).read_bytes()
+        cached = json.loads(raw)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(cached, dict) or cached.get("parser") != parser.name or cached.get(
+        "version"
+    ) != parser.version:
+        return None
+    if cached.get("exit_code") != result.exit_code or cached.get("settings") != result.settings:
+        return None
+    if not _fingerprints_match(root, cached.get("fingerprints") or {}):
+        return None
+    try:
+        return parser.result_model.model_validate(cached["result"])
+    except (ValidationError, KeyError):
+        return None
+
+
+def _store_cache(result: ResultDir, parser: ResultParser, parsed: ParsedResult,
+                 fingerprints: dict[str, Any]) -> None:
+    root = Path(result.path)
+    payload = {
+        "parser": parser.name,
+        "version": parser.version,
+        "exit_code": result.exit_code,
+        "settings": result.settings,
+        "fingerprints": fingerprints,
+        "result": parsed.model_dump(mode="json"),
+    }
+    tmp = root / f".{CACHE_FILE}.{os.getpid()}"
+    try:
+        tmp.write_text(json.dumps(payload), encoding="utf-8")
+        os.replace(tmp, root / CACHE_FILE)
+    except OSError:  # a read-only results tree still parses, just without a cache
+        tmp.unlink(missing_ok=True)
+
+
+def _force_from_env() -> bool:
+    return os.environ.get(FORCE_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def parse_one(result: ResultDir, parser: ResultParser, *, force: bool = False,
+              use_cache: bool = True) -> ParsedResult:
+    """Parse one result dir, through the cache unless ``force``.
+
+    Args:
+        result: The dir, as discovered.
+        parser: The project's parser.
+        force: Ignore any cache (``TELLTALE_FORCE_REPARSE=1`` does the same).
+        use_cache: Read and write the cache at all.
+
+    Returns:
+        The typed result; problems inside it, never an exception for a bad file.
+    """
+    if use_cache and not (force or _force_from_env()):
+        cached = _load_cached(result, parser)
+        if cached is not None:
+            return cached
+    reader = FileReader(result.path)
+    parsed = parser.parse(result, reader)
+    if reader.problems:
+        parsed = parsed.model_copy(update={"problems": [*parsed.problems, *reader.problems]})
+    if use_cache:
+        _store_cache(result, parser, parsed, reader.fingerprints)
+    return parsed
+
+
+def _parse_chunk(project: str, results: list[ResultDir], force: bool,
+                 use_cache: bool) -> list[dict[str, Any]]:
+    from analysis.project import load_project  # in the worker process
+
+    parser = load_project(project).parser
+    return [parse_one(r, parser, force=force, use_cache=use_cache).model_dump(mode="json")
+            for r in results]
+
+
+def parse_dirs(results: Sequence[ResultDir], parser: ResultParser, *, project: str | None = None,
+               force: bool = False, use_cache: bool = True,
+               workers: int | None = None) -> list[ParsedResult]:
+    """Parse many result dirs, in parallel processes when there are enough of them.
+
+    Args:
+        results: Discovered dirs.
+        parser: The project's parser (used in this process).
+        project: Project name, so worker processes can load the same parser; without it
+            everything is parsed in this process.
+        force: Ignore caches.
+        use_cache: Read and write caches.
+        workers: Worker processes (default: CPU count).
+
+    Returns:
+        Results in the order of ``results``.
+    """
+    workers = workers or os.cpu_count() or 1
+    if project is None or workers <= 1 or len(results) < _PARALLEL_MIN:
+        return [parse_one(r, parser, force=force, use_cache=use_cache) for r in results]
+    # Warm dirs are cheap: serve them here and send only the cold ones to workers.
+    parsed: dict[int, ParsedResult] = {}
+    cold: list[int] = []
+    for index, result in enumerate(results):
+        cached = None if (force or _force_from_env() or not use_cache) else _load_cached(
+            result, parser)
+        if cached is not None:
+            parsed[index] = cached
+        else:
+            cold.append(index)
+    if len(cold) < _PARALLEL_MIN:
+        for index in cold:
+            parsed[index] = parse_one(results[index], parser, force=True, use_cache=use_cache)
+    else:
+        size = max(1, len(cold) // (workers * 4))
+        chunks = [cold[i:i + size] for i in range(0, len(cold), size)]
+        import multiprocessing
+
+        context = multiprocessing.get_context("fork" if os.name == "posix" else "spawn")
+        with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+            futures = [pool.submit(_parse_chunk, project, [results[i] for i in chunk], True,
+                                   use_cache) for chunk in chunks]
+            for chunk, future in zip(chunks, futures, strict=True):
+                for index, data in zip(chunk, future.result(), strict=True):
+                    parsed[index] = parser.result_model.model_validate(data)
+    return [parsed[i] for i in range(len(results))]

@@ -1,0 +1,264 @@
+"""Post-processing of a results tree: discover → parse → KPIs → LTS → history → verdicts.
+
+`postprocess` is what the ``python -m analysis`` CLI and the flows' post-process task call;
+it writes its outputs into ``out`` and returns a `PostprocessOutcome` describing them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import pandas as pd
+from pydantic import BaseModel, Field
+
+from analysis.discovery import Discovery, discover
+from analysis.errors import ResultsError
+from analysis.history import HistoryStore
+from analysis.kpi import Kpi, compute_kpis, kpi_table, to_openmetrics
+from analysis.lts import LtsKpi, LtsMetadata, LtsPayload, require_complete
+from analysis.parsing import ParsedResult, parse_dirs
+from analysis.project import AnalysisProject, load_project
+from analysis.regression import verdict
+from analysis.settings import AnalysisSettings
+from analysis.yamlio import dump_yaml
+
+__all__ = ["PostprocessOutcome", "RunAnalysis", "VerdictRow", "judge_runs", "postprocess"]
+
+
+class VerdictRow(BaseModel):
+    """One KPI of one run, judged against its history."""
+
+    run_uuid: str
+    test_path: str
+    kpi: str
+    unit: str
+    latest: float | None
+    baseline: float | None
+    change_pct: float | None
+    verdict: str
+    confidence: float
+    history_used: int
+    explanation: str
+
+
+class RunAnalysis(BaseModel):
+    """Everything computed for one result dir."""
+
+    result: ParsedResult
+    run_uuid: str
+    timestamp: str | None
+    labels: dict[str, str]
+    kpis: list[Kpi]
+    payload: LtsPayload
+
+
+class PostprocessOutcome(BaseModel):
+    """What post-processing produced."""
+
+    out_dir: str
+    runs: int = Field(description="Result dirs parsed (failed runs included).")
+    failed_runs: int = Field(description="Runs whose exit code is not 0.")
+    skipped: list[dict[str, str]] = Field(default_factory=list)
+    problems: int = Field(description="Parse problems over all runs.")
+    kpi_rows: int
+    verdicts: list[VerdictRow] = Field(default_factory=list)
+    verdict_counts: dict[str, int] = Field(default_factory=dict)
+    history_uri: str | None = None
+    report: str | None = None
+    files: dict[str, str] = Field(default_factory=dict)
+    gate_failures: list[str] = Field(default_factory=list,
+                                     description="Why the run fails the regression gate.")
+
+
+def _status(result: ParsedResult) -> Literal["success", "failed", "partial"]:
+    if result.exit_code != 0:
+        return "failed"
+    return "partial" if result.problems else "success"
+
+
+def _timestamp(start: str | None, result: ParsedResult) -> str:
+    if start:
+        return start
+    try:
+        mtime = (Path(result.path) / "exit_code").stat().st_mtime
+    except OSError:
+        mtime = datetime.now(UTC).timestamp()
+    return datetime.fromtimestamp(mtime, UTC).isoformat()
+
+
+def analyse_run(project: AnalysisProject, result: ParsedResult,
+                presets: Sequence[str] | None = None, config_text: str | None = None,
+                ) -> RunAnalysis:
+    """Compute labels, KPIs and the LTS payload of one parsed result."""
+    labels = project.labels(result)
+    kpis = compute_kpis(project.kpis, result, labels)
+    start, end = project.timestamps(result)
+    run_uuid = project.run_uuid(result)
+    parsed_presets = getattr(result, "presets", None)
+    metadata = LtsMetadata(
+        project=project.name, run_uuid=run_uuid, start=start, end=end,
+        presets=list(presets) if presets is not None else parsed_presets,
+        config=config_text if config_text is not None else getattr(result, "config_text", None),
+        settings=result.settings, exit_code=result.exit_code, status=_status(result),
+        test_path=result.rel_path,
+    )
+    payload = LtsPayload(
+        metadata=metadata, results=project.results_summary(result),
+        kpis={k.name: LtsKpi.from_kpi(k) for k in kpis},
+        problems=[f"{p.file}{f':{p.line}' if p.line else ''}: {p.message}"
+                  for p in result.problems],
+    )
+    return RunAnalysis(result=result, run_uuid=run_uuid, timestamp=_timestamp(start, result),
+                       labels=labels, kpis=kpis, payload=payload)
+
+
+def judge_runs(runs: Sequence[RunAnalysis], store: HistoryStore | None,
+               settings: AnalysisSettings) -> list[VerdictRow]:
+    """Judge each run's KPIs against the history of runs with matching labels."""
+    rows: list[VerdictRow] = []
+    for run in runs:
+        history = pd.DataFrame()
+        if store is not None:
+            history = store.query(run.labels,
+                                  compared_label=settings.comparison.compared_label,
+                                  ignored_labels=settings.comparison.ignored_labels,
+                                  exclude_runs=[run.run_uuid])
+            if not history.empty and run.timestamp:
+                stamp = pd.Timestamp(run.timestamp)
+                stamp = stamp.tz_localize("UTC") if stamp.tzinfo is None else stamp
+                history = history[history["timestamp"] < stamp]
+        for kpi in run.kpis:
+            if kpi.ignored_for_regression:
+                continue
+            values = (history.loc[history["kpi"] == kpi.name, "value"].tolist()
+                      if not history.empty else [])
+            direction = "lower_better" if kpi.lower_better else "higher_better"
+            judged = verdict(values, kpi.value, direction)
+            rows.append(VerdictRow(
+                run_uuid=run.run_uuid, test_path=run.result.rel_path, kpi=kpi.name,
+                unit=kpi.unit, latest=kpi.value, baseline=judged.baseline,
+                change_pct=round(judged.magnitude * 100, 3) if judged.baseline is not None
+                else None,
+                verdict=judged.kind, confidence=judged.confidence,
+                history_used=judged.history_used, explanation=judged.explanation))
+    return rows
+
+
+def _gate(rows: Sequence[VerdictRow], settings: AnalysisSettings) -> list[str]:
+    failures = []
+    for row in rows:
+        if row.verdict == "regression" and settings.regression.fail_on_regression:
+            failures.append(f"{row.test_path}: {row.kpi} regressed ({row.explanation})")
+        if row.verdict == "improvement" and settings.regression.fail_on_improvement:
+            failures.append(f"{row.test_path}: {row.kpi} improved ({row.explanation})")
+    return failures
+
+
+def postprocess(
+    results_dir: str | Path,
+    project: str | AnalysisProject,
+    out: str | Path,
+    *,
+    history_uri: str | None = None,
+    settings: AnalysisSettings | None = None,
+    presets: Sequence[str] | None = None,
+    config_text: str | None = None,
+    append_history: bool = True,
+    force: bool = False,
+    report: bool | None = None,
+) -> PostprocessOutcome:
+    """Post-process a results tree and write every output into ``out``.
+
+    Outputs: ``kpis.parquet`` (tidy table), ``kpis.prom`` (OpenMetrics), ``lts_payload.json``
+    (a list: one payload per run), ``regression.json`` + ``regression_summary.yaml`` and
+    ``report/index.html``.
+
+    Args:
+        results_dir: The tree to discover result dirs in.
+        project: Project name (registered plugin) or its hooks.
+        out: Output dir (created).
+        history_uri: Parquet history (local dir or s3://); None: no history, no verdicts.
+        settings: The project's ``analysis`` block (mode, comparison, regression policy).
+        presets: Presets of this run, for the LTS metadata.
+        config_text: The resolved config as YAML, for the LTS metadata.
+        append_history: Append this run's KPI rows to the history after judging them.
+        force: Re-parse, ignoring caches.
+        report: Render the HTML report (default: ``settings.report``).
+
+    Returns:
+        The `PostprocessOutcome`.
+
+    Raises:
+        ResultsError: No result dir at all, an unusable history, or (cpt mode) an
+            incomplete LTS payload.
+    """
+    settings = settings or AnalysisSettings()
+    hooks = load_project(project) if isinstance(project, str) else project
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    found: Discovery = discover(results_dir)
+    if not found.results:
+        reasons = "; ".join(f"{s.path}: {s.reason}" for s in found.skipped[:5])
+        raise ResultsError(f"no result dir (settings.yaml + exit_code) under {results_dir}"
+                           + (f" (skipped: {reasons})" if reasons else ""))
+    parsed = parse_dirs(found.results, hooks.parser, project=hooks.name, force=force)
+    runs = [analyse_run(hooks, r, presets, config_text) for r in parsed]
+    for run in runs:
+        require_complete(run.payload, settings.mode)
+
+    frame = kpi_table((r.run_uuid, r.timestamp, r.kpis) for r in runs)
+    files: dict[str, str] = {}
+    files["kpis"] = str(out_dir / "kpis.parquet")
+    frame.to_parquet(files["kpis"], index=False)
+    files["openmetrics"] = str(out_dir / "kpis.prom")
+    Path(files["openmetrics"]).write_text(to_openmetrics(k for r in runs for k in r.kpis),
+                                          encoding="utf-8")
+
+    store = HistoryStore(history_uri) if history_uri else None
+    verdicts = judge_runs(runs, store, settings) if settings.regression.enabled else []
+    by_run: dict[str, dict[str, Any]] = {}
+    for row in verdicts:
+        by_run.setdefault(row.run_uuid, {})[row.kpi] = row.model_dump(
+            include={"verdict", "baseline", "change_pct", "confidence", "history_used",
+                     "explanation"})
+    for run in runs:
+        run.payload.regression = by_run.get(run.run_uuid)
+    counts = dict(Counter(v.verdict for v in verdicts))
+    files["lts"] = str(out_dir / "lts_payload.json")
+    Path(files["lts"]).write_text(json.dumps([r.payload.model_dump(mode="json") for r in runs],
+                                             indent=1), encoding="utf-8")
+    files["regression"] = str(out_dir / "regression.json")
+    Path(files["regression"]).write_text(
+        json.dumps([v.model_dump(mode="json") for v in verdicts], indent=1), encoding="utf-8")
+    files["regression_summary"] = str(out_dir / "regression_summary.yaml")
+    Path(files["regression_summary"]).write_text(dump_yaml({
+        "counts": {k: counts.get(k, 0) for k in
+                   ("regression", "improvement", "no_change", "insufficient_history")},
+        "runs": len(runs),
+    }), encoding="utf-8")
+
+    history_frame = None
+    if store is not None:
+        if append_history:
+            store.append(frame)
+        history_frame = store.read()
+    outcome = PostprocessOutcome(
+        out_dir=str(out_dir), runs=len(runs),
+        failed_runs=sum(1 for r in parsed if r.exit_code != 0),
+        skipped=[s.model_dump() for s in found.skipped],
+        problems=sum(len(r.problems) for r in parsed), kpi_rows=len(frame),
+        verdicts=verdicts, verdict_counts=counts, history_uri=history_uri, files=files,
+        gate_failures=_gate(verdicts, settings),
+    )
+    if settings.report if report is None else report:
+        from analysis.report import render_report
+
+        outcome.report = str(render_report(out_dir / "report", hooks, runs, frame,
+                                           history_frame, verdicts, found))
+        outcome.files["report"] = outcome.report
+    return outcome

@@ -1,0 +1,148 @@
+"""fine_tuning KPIs and labels (DESIGN §6)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from analysis.kpi import KpiDefinition
+from projects.fine_tuning.parser import FineTuningResult
+
+__all__ = ["KPIS", "LTS_VERSION", "labels", "num_gpus", "results_summary"]
+
+LTS_VERSION = "1.0"
+
+
+def num_gpus(result: FineTuningResult) -> int:
+    """GPUs per pod; 0 (the local platform, CPU) counts as 1."""
+    try:
+        value = int(result.settings.get("gpu") or 0)
+    except (TypeError, ValueError):
+        value = 0
+    return value if value > 0 else 1
+
+
+def _summary(result: FineTuningResult, key: str) -> float | None:
+    return getattr(result.summary, key) if result.summary is not None else None
+
+
+def _dataset_tps(result: FineTuningResult) -> float | None:
+    runtime = _summary(result, "train_runtime")
+    total = result.dataset_stats.total_tokens if result.dataset_stats else None
+    if not runtime or total is None:
+        return None
+    return total / runtime
+
+
+def _per_gpu(value: float | None, result: FineTuningResult) -> float | None:
+    return None if value is None else value / num_gpus(result)
+
+
+def _train_tps(result: FineTuningResult) -> float | None:
+    value = _summary(result, "train_tokens_per_second")
+    return None if value is None else value * num_gpus(result)
+
+
+def _gpu_hours_per_mtok(result: FineTuningResult) -> float | None:
+    tps = _dataset_tps(result)
+    if not tps:
+        return None
+    return 1e6 / tps / 3600 * num_gpus(result)
+
+
+KPIS: list[KpiDefinition] = [
+    KpiDefinition("train_tokens_per_second", "Training throughput reported by the trainer, "
+                  "all GPUs of the pod", "tokens/s", False, _train_tps, format="{:,.1f}"),
+    KpiDefinition("dataset_tokens_per_second", "Dataset tokens divided by the training runtime",
+                  "tokens/s", False, _dataset_tps, format="{:,.1f}"),
+    KpiDefinition("dataset_tokens_per_second_per_gpu", "Dataset throughput per GPU",
+                  "tokens/s", False, lambda r: _per_gpu(_dataset_tps(r), r), format="{:,.1f}"),
+    KpiDefinition("train_tokens_per_gpu_per_second", "Trainer throughput per GPU",
+                  "tokens/s", False, lambda r: _per_gpu(_train_tps(r), r), format="{:,.1f}"),
+    KpiDefinition("gpu_hours_per_million_tokens", "GPU-hours needed to train one million "
+                  "dataset tokens", "h/Mtok", True, _gpu_hours_per_mtok, format="{:.4f}"),
+    KpiDefinition("train_samples_per_second", "Samples trained per second", "samples/s", False,
+                  lambda r: _summary(r, "train_samples_per_second")),
+    KpiDefinition("train_steps_per_second", "Optimizer steps per second", "steps/s", False,
+                  lambda r: _summary(r, "train_steps_per_second")),
+    KpiDefinition("train_runtime", "Training wall time", "s", True,
+                  lambda r: _summary(r, "train_runtime"), format="{:.2f}"),
+    KpiDefinition("avg_tokens_per_sample", "Average tokens per dataset sample", "tokens", False,
+                  lambda r: r.dataset_stats.avg_tokens_per_sample if r.dataset_stats else None,
+                  ignored_for_regression=True, format="{:.1f}"),
+]
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, list | tuple):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def labels(result: FineTuningResult) -> dict[str, str]:
+    """The run's identity: what must match for two runs to be compared."""
+    settings = result.settings
+    hp = settings.get("hyper_parameters") or {}
+    peft = str(hp.get("peft_method") or "none").lower()
+    lora = peft == "lora"
+    per_device = hp.get("per_device_train_batch_size")
+    accumulation = hp.get("gradient_accumulation_steps") or 1
+    replicas = settings.get("pod_count") or 1
+    gpus = int(settings.get("gpu") or 0)
+    try:
+        global_batch: Any = int(per_device) * int(accumulation) * int(replicas) * max(gpus, 1)
+    except (TypeError, ValueError):
+        global_batch = None
+    facts = result.platform
+    return {k: _text(v) for k, v in {
+        "lts_version": LTS_VERSION,
+        "platform": facts.platform,
+        "ocp_version": facts.ocp_version,
+        "rhoai_version": facts.rhoai_version,
+        "os_version": facts.os_version,
+        "python_version": facts.python_version,
+        "torch_version": facts.torch_version,
+        "transformers_version": facts.transformers_version,
+        "cpu_model": facts.cpu_model,
+        "instance_type": facts.instance_type,
+        "accelerator_type": facts.accelerator_type or ("cpu" if gpus == 0 else None),
+        "accelerator_count": gpus,
+        "model_name": settings.get("model_name"),
+        "tuning_method": "lora" if lora else ("full" if peft in ("none", "full") else peft),
+        "per_device_batch_size": per_device,
+        "global_batch_size": global_batch,
+        "max_seq_length": hp.get("max_seq_length"),
+        "num_epochs": hp.get("num_train_epochs"),
+        "max_steps": settings.get("max_steps"),
+        "container_image": settings.get("container_image") if facts.platform != "local" else "",
+        "replicas": replicas,
+        "accelerators_per_replica": gpus,
+        "lora_rank": hp.get("r") if lora else None,
+        "lora_alpha": hp.get("lora_alpha") if lora else None,
+        "lora_dropout": hp.get("lora_dropout") if lora else None,
+        "lora_modules": hp.get("target_modules") if lora else None,
+        "dataset_name": settings.get("dataset_name"),
+        "dataset_replication": settings.get("dataset_replication"),
+        "ci_engine": settings.get("ci_engine"),
+        "run_id": settings.get("run_id"),
+        "test_path": result.rel_path,
+        "urls": settings.get("urls"),
+    }.items()}
+
+
+def results_summary(result: FineTuningResult) -> dict[str, Any]:
+    """Flat parsed values for the LTS ``results`` block."""
+    out: dict[str, Any] = {}
+    if result.summary is not None:
+        out.update(result.summary.model_dump(exclude_none=True))
+    if result.dataset_stats is not None:
+        out.update({f"dataset_{k}": v for k, v in
+                    result.dataset_stats.model_dump(exclude_none=True).items()})
+    if result.progress:
+        losses = [p.loss for p in result.progress if p.loss is not None]
+        if losses:
+            out["first_loss"], out["last_loss"] = losses[0], losses[-1]
+    out["workload_exit_code"] = result.workload.exit_code
+    out["workload_finish_reason"] = result.workload.finish_reason
+    return {k: v for k, v in out.items() if v is not None}

@@ -1,0 +1,137 @@
+"""Parse the trainer's log lines (fms-hf-tuning image and the local workload alike).
+
+Three kinds of lines matter::
+
+    dataset stats: {"total_tokens": 51234, "total_samples": 400, ...}
+    {'loss': 2.91, 'grad_norm': 1.7, 'learning_rate': 4.5e-05, 'epoch': 0.5}
+    {'train_runtime': 41.2, 'train_samples_per_second': 9.7, ..., 'epoch': 1.0}
+
+Tolerated: values quoted as strings (transformers 5.x), ``nan``/``inf``, a missing
+``grad_norm``, ANSI colour codes, and progress bars glued before the dict (``\\r``-separated
+tqdm frames). transformers 5.x reports ``train_tokens_per_second`` on the periodic lines, not
+in the summary: the last periodic value is used when the summary lacks it.
+
+The file is streamed line by line: a multi-GB log never sits in memory (only the loss
+curve, one small record per logging step, is kept).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable
+
+from pydantic import BaseModel, Field
+
+__all__ = ["DatasetStats", "LogMetrics", "ProgressPoint", "TrainSummary", "parse_train_log"]
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+_PAIR = re.compile(r"'([A-Za-z_][A-Za-z0-9_]*)'\s*:\s*('?)([^',}]*)\2")
+_STATS = "dataset stats:"
+
+
+class DatasetStats(BaseModel):
+    """The dataset as the trainer saw it."""
+
+    total_tokens: float | None = None
+    total_samples: float | None = None
+    avg_tokens_per_sample: float | None = None
+    max_seq_token: float | None = None
+
+
+class ProgressPoint(BaseModel):
+    """One periodic training log line."""
+
+    step: int = Field(description="1-based position of the log line.")
+    loss: float | None = None
+    grad_norm: float | None = None
+    learning_rate: float | None = None
+    epoch: float | None = None
+    train_tokens_per_second: float | None = None
+
+
+class TrainSummary(BaseModel):
+    """The trainer's end-of-training summary."""
+
+    train_runtime: float | None = None
+    train_samples_per_second: float | None = None
+    train_steps_per_second: float | None = None
+    train_tokens_per_second: float | None = None
+    train_loss: float | None = None
+    epoch: float | None = None
+
+
+class LogMetrics(BaseModel):
+    """Everything the log told us, plus what looked wrong (line, message)."""
+
+    dataset_stats: DatasetStats | None = None
+    progress: list[ProgressPoint] = Field(default_factory=list)
+    summary: TrainSummary | None = None
+    problems: list[tuple[int, str]] = Field(default_factory=list)
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text.strip())
+    except ValueError:
+        return None
+
+
+def _dict_pairs(fragment: str) -> dict[str, float | None]:
+    return {key: _number(value) for key, _, value in _PAIR.findall(fragment)}
+
+
+def _fields(model: type[BaseModel], values: dict[str, float | None]) -> dict[str, float | None]:
+    return {k: v for k, v in values.items() if k in model.model_fields}
+
+
+def parse_train_log(lines: Iterable[str]) -> LogMetrics:
+    """Parse trainer log lines into dataset stats, the loss curve and the summary.
+
+    Args:
+        lines: The log, line by line (an open file works).
+
+    Returns:
+        The `LogMetrics`; malformed metric lines are listed in ``problems``.
+    """
+    out = LogMetrics()
+    summary: dict[str, float | None] = {}
+    last_tokens_rate: float | None = None
+    for lineno, raw in enumerate(lines, start=1):
+        if "{" not in raw:
+            continue
+        line = _ANSI.sub("", raw)
+        # Progress bars redraw with \r: the metrics are in the frame that holds a dict.
+        for frame in line.split("\r"):
+            start = frame.find("{")
+            if start < 0:
+                continue
+            if _STATS in frame[:start]:
+                try:
+                    data = json.loads(frame[start:].strip(), parse_constant=lambda c: math.nan)
+                    out.dataset_stats = DatasetStats(**_fields(DatasetStats, {
+                        k: _number(str(v)) for k, v in data.items()}))
+                except (ValueError, TypeError, AttributeError) as exc:
+                    out.problems.append((lineno, f"bad dataset stats line: {exc}"))
+                continue
+            fragment = frame[start:]
+            if "'" not in fragment:
+                continue
+            pairs = _dict_pairs(fragment)
+            if "loss" in pairs:
+                point = ProgressPoint(step=len(out.progress) + 1,
+                                      **_fields(ProgressPoint, pairs))
+                out.progress.append(point)
+                if pairs.get("train_tokens_per_second") is not None:
+                    last_tokens_rate = pairs["train_tokens_per_second"]
+            elif "train_runtime" in pairs:
+                summary.update({k: v for k, v in _fields(TrainSummary, pairs).items()
+                                if v is not None})
+            elif ("'loss'" in fragment or "'train_runtime'" in fragment):
+                out.problems.append((lineno, "unparsable metrics line"))
+    if summary:
+        if summary.get("train_tokens_per_second") is None and last_tokens_rate is not None:
+            summary["train_tokens_per_second"] = last_tokens_rate
+        out.summary = TrainSummary(**summary)
+    return out

@@ -1,0 +1,204 @@
+"""Parse one fine_tuning result dir, in Telltale's layout or the field's current tool's.
+
+Both layouts put the workload in ``*__fine_tuning__run_fine_tuning_job/`` (with
+``src/config_final.json``, ``artifacts/pod.log`` and ``artifacts/pod.json``, or
+``artifacts/process.json`` for a local process) and the capture in
+``*__cluster__capture_environment/`` (``nodes.json``, ``ocp_version.yml`` on a cluster;
+``machine.json`` on the local platform). The field's tool adds
+``*__rhods__capture_state/`` (``rhods.version``, ``rhods.createdAt``). The run dir holds
+``.uuid``, ``settings.yaml``, ``exit_code``, ``test_start_end.json`` and (in either the run
+dir or its parent) ``config.yaml`` and ``presets_applied``. When a glob matches several dirs,
+the last in sort order wins.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, Field
+
+from analysis.discovery import ResultDir
+from analysis.parsing import FileReader, ParsedResult
+from projects.fine_tuning.logparse import DatasetStats, ProgressPoint, TrainSummary, parse_train_log
+
+__all__ = ["FineTuningParser", "FineTuningResult", "PlatformFacts", "WorkloadState"]
+
+WORKLOAD_GLOB = "*__fine_tuning__run_fine_tuning_job"
+CAPTURE_GLOB = "*__cluster__capture_environment"
+RHODS_GLOB = "*__rhods__capture_state"
+
+
+class WorkloadState(BaseModel):
+    """How the workload container/process ended."""
+
+    exit_code: int | None = None
+    finish_reason: str | None = Field(default=None, description="Completed, Error, OOMKilled...")
+
+
+class PlatformFacts(BaseModel):
+    """Where it ran: a cluster's versions and nodes, or the local machine's facts."""
+
+    platform: str | None = Field(default=None, description="local or kubernetes.")
+    ocp_version: str | None = None
+    rhoai_version: str | None = None
+    rhoai_created_at: str | None = None
+    instance_type: str | None = None
+    accelerator_type: str | None = None
+    accelerator_count: int | None = None
+    os_version: str | None = None
+    python_version: str | None = None
+    torch_version: str | None = None
+    transformers_version: str | None = None
+    cpu_model: str | None = None
+    cpu_count: int | None = None
+    memory_gb: float | None = None
+
+
+class FineTuningResult(ParsedResult):
+    """A parsed fine_tuning run."""
+
+    run_uuid: str | None = None
+    start: str | None = None
+    end: str | None = None
+    presets: list[str] | None = None
+    config_text: str | None = None
+    trainer_config: dict[str, Any] | None = None
+    dataset_stats: DatasetStats | None = None
+    summary: TrainSummary | None = None
+    progress: list[ProgressPoint] = Field(default_factory=list)
+    workload: WorkloadState = Field(default_factory=WorkloadState)
+    platform: PlatformFacts = Field(default_factory=PlatformFacts)
+
+
+def _pod_state(pod: Any) -> WorkloadState:
+    try:
+        statuses = pod["status"].get("containerStatuses") or []
+        for status in statuses:
+            terminated = (status.get("state") or {}).get("terminated") or \
+                (status.get("lastState") or {}).get("terminated")
+            if terminated:
+                return WorkloadState(exit_code=terminated.get("exitCode"),
+                                     finish_reason=terminated.get("reason"))
+        return WorkloadState(finish_reason=pod["status"].get("phase"))
+    except (KeyError, TypeError, AttributeError):
+        return WorkloadState()
+
+
+def _nodes_facts(nodes: Any, facts: PlatformFacts) -> None:
+    items = nodes.get("items", []) if isinstance(nodes, dict) else []
+    for node in items:
+        labels = (node.get("metadata") or {}).get("labels") or {}
+        gpus = labels.get("nvidia.com/gpu.count")
+        if gpus or facts.instance_type is None:
+            facts.instance_type = labels.get("node.kubernetes.io/instance-type",
+                                             facts.instance_type)
+        if gpus:
+            facts.accelerator_type = labels.get("nvidia.com/gpu.product")
+            try:
+                facts.accelerator_count = int(gpus)
+            except ValueError:
+                pass
+
+
+def _first_line(text: str | None) -> str | None:
+    if text is None:
+        return None
+    stripped = text.strip()
+    return stripped.splitlines()[0].strip() if stripped else None
+
+
+class FineTuningParser:
+    """`analysis.parsing.ResultParser` for fine_tuning runs."""
+
+    name: ClassVar[str] = "fine_tuning"
+    version: ClassVar[str] = "1.1"
+    result_model: ClassVar[type[ParsedResult]] = FineTuningResult
+
+    def parse(self, result: ResultDir, reader: FileReader) -> FineTuningResult:
+        """Parse one result dir; missing or corrupt files become problems, not exceptions."""
+        out = FineTuningResult(path=result.path, rel_path=result.rel_path,
+                               settings=result.settings, exit_code=result.exit_code,
+                               parser=self.name, parser_version=self.version)
+        out.run_uuid = _first_line(reader.text(".uuid", required=False))
+        if out.run_uuid is None:
+            # Deterministic fallback so re-importing the same dir stays idempotent.
+            out.run_uuid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"telltale:{result.path}"))
+            reader.problem(".uuid", "missing; derived a uuid from the path")
+        times = reader.json("test_start_end.json", required=False)
+        if isinstance(times, dict):
+            out.start, out.end = times.get("start"), times.get("end")
+        for rel in ("config.yaml", "../config.yaml"):
+            if reader.exists(rel):
+                out.config_text = reader.text(rel)
+                break
+        for rel in ("presets_applied", "../presets_applied"):
+            if reader.exists(rel):
+                text = reader.text(rel) or ""
+                out.presets = [p.strip() for p in text.splitlines() if p.strip()]
+                break
+        self._workload(reader, out)
+        self._capture(reader, out)
+        return out
+
+    def _workload(self, reader: FileReader, out: FineTuningResult) -> None:
+        job = reader.glob(WORKLOAD_GLOB)
+        if job is None:
+            reader.problem(WORKLOAD_GLOB, "no workload dir")
+            return
+        config = reader.json(f"{job}/src/config_final.json")
+        if isinstance(config, dict):
+            out.trainer_config = config
+        lines = reader.lines(f"{job}/artifacts/pod.log")
+        if lines is not None:
+            metrics = parse_train_log(lines)
+            out.dataset_stats = metrics.dataset_stats
+            out.summary = metrics.summary
+            out.progress = metrics.progress
+            for line, message in metrics.problems:
+                reader.problem(f"{job}/artifacts/pod.log", message, line)
+            if metrics.summary is None and out.exit_code == 0:
+                reader.problem(f"{job}/artifacts/pod.log", "no training summary line")
+        if reader.exists(f"{job}/artifacts/pod.json"):
+            pod = reader.json(f"{job}/artifacts/pod.json")
+            if pod is not None:
+                out.workload = _pod_state(pod)
+        elif reader.exists(f"{job}/artifacts/process.json"):
+            proc = reader.json(f"{job}/artifacts/process.json")
+            if isinstance(proc, dict):
+                out.workload = WorkloadState(exit_code=proc.get("exit_code"),
+                                             finish_reason=proc.get("finish_reason"))
+        else:
+            reader.problem(f"{job}/artifacts/pod.json", "missing (no pod.json nor process.json)")
+
+    def _capture(self, reader: FileReader, out: FineTuningResult) -> None:
+        facts = out.platform
+        capture = reader.glob(CAPTURE_GLOB)
+        if capture is not None:
+            machine = reader.json(f"{capture}/machine.json", required=False)
+            if isinstance(machine, dict):
+                facts.platform = "local"
+                for key in ("os_version", "python_version", "torch_version",
+                            "transformers_version", "cpu_model", "cpu_count", "memory_gb",
+                            "accelerator_type", "accelerator_count"):
+                    if machine.get(key) is not None:
+                        setattr(facts, key, machine[key])
+                facts.instance_type = machine.get("instance_type") or "local"
+            else:
+                facts.platform = "kubernetes"
+                nodes = reader.json(f"{capture}/nodes.json")
+                if nodes is not None:
+                    _nodes_facts(nodes, facts)
+                version = reader.yaml(f"{capture}/ocp_version.yml", required=False)
+                if isinstance(version, dict):
+                    facts.ocp_version = str(version.get("openshiftVersion") or
+                                            version.get("version") or "") or None
+                elif version is not None:
+                    facts.ocp_version = str(version)
+        else:
+            reader.problem(CAPTURE_GLOB, "no capture dir")
+        rhods = reader.glob(RHODS_GLOB)
+        if rhods is not None:
+            facts.rhoai_version = _first_line(reader.text(f"{rhods}/rhods.version"))
+            facts.rhoai_created_at = _first_line(reader.text(f"{rhods}/rhods.createdAt",
+                                                             required=False))

@@ -1,0 +1,185 @@
+"""The local fine-tuning workload: the cluster image's trainer stack in miniature.
+
+    python -m projects.fine_tuning.workload.train_local CONFIG_JSON
+
+``CONFIG_JSON`` is the same ``config.json`` the cluster ConfigMap carries (base trainer config
+merged with ``hyper_parameters``) plus a ``telltale_local_model`` spec. The script:
+
+1. reads the dataset (JSON lines, ``instruction/input/output``) and replicates it;
+2. trains a byte-level BPE tokenizer on it locally (nothing is downloaded);
+3. builds a tiny, randomly initialised causal LM from the spec (seeded);
+4. wraps it with LoRA through peft when ``peft_method: lora``;
+5. trains with the Hugging Face Trainer, token counting on.
+
+It prints the lines the fms-hf-tuning image prints, so one parser reads both::
+
+    dataset stats: {"total_tokens": ..., "total_samples": ..., "avg_tokens_per_sample": ...,
+                    "max_seq_token": ...}
+    {'loss': ..., 'grad_norm': ..., 'learning_rate': ..., 'epoch': ...}
+    {'train_runtime': ..., 'train_samples_per_second': ..., ..., 'train_loss': ..., 'epoch': ...}
+
+transformers 5.x prints the values quoted and has no ``train_tokens_per_second`` in its final
+summary; the Trainer's own ``num_input_tokens_seen`` count divided by ``train_runtime`` gives
+the figure, which this script adds to the summary line when the Trainer left it out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+_PROMPT = "### Instruction:\n{instruction}\n{given}### Response:\n{output}"
+
+
+def _read_samples(path: Path, replication: int) -> list[str]:
+    texts = []
+    with path.open(encoding="utf-8") as stream:
+        for lineno, line in enumerate(stream, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                given = f"Input: {row['input']}\n" if row.get("input") else ""
+                texts.append(_PROMPT.format(instruction=row["instruction"], given=given,
+                                            output=row["output"]))
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise SystemExit(f"{path}:{lineno}: bad dataset line: {exc}") from None
+    if not texts:
+        raise SystemExit(f"{path}: the dataset is empty")
+    return texts * max(1, replication)
+
+
+def _build_tokenizer(texts: list[str], vocab_size: int, max_len: int) -> Any:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
+                                  special_tokens=["<pad>", "<s>", "</s>", "<unk>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>",
+                                   unk_token="<unk>", pad_token="<pad>", model_max_length=max_len)
+
+
+def _build_model(spec: dict[str, Any], vocab_size: int, max_len: int, tokenizer: Any) -> Any:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(int(spec.get("seed", 42)))
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=int(spec["hidden_size"]),
+        intermediate_size=int(spec["intermediate_size"]),
+        num_hidden_layers=int(spec["num_hidden_layers"]),
+        num_attention_heads=int(spec["num_attention_heads"]),
+        num_key_value_heads=int(spec["num_attention_heads"]),
+        max_position_embeddings=max_len,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    return LlamaForCausalLM(config)
+
+
+def _apply_peft(model: Any, cfg: dict[str, Any]) -> Any:
+    method = str(cfg.get("peft_method") or "none").lower()
+    if method in ("none", "full", ""):
+        return model
+    if method != "lora":
+        raise SystemExit(f"peft_method {method!r} is not supported locally (lora or none)")
+    from peft import LoraConfig, get_peft_model
+
+    lora = LoraConfig(r=int(cfg.get("r", 8)), lora_alpha=int(cfg.get("lora_alpha", 16)),
+                      lora_dropout=float(cfg.get("lora_dropout", 0.0)),
+                      target_modules=list(cfg.get("target_modules") or ["q_proj", "v_proj"]),
+                      task_type="CAUSAL_LM")
+    return get_peft_model(model, lora)
+
+
+class _TokenDataset:
+    """Pre-tokenised samples for the Trainer (a plain sequence of dicts)."""
+
+    def __init__(self, encodings: list[list[int]]) -> None:
+        self.encodings = encodings
+
+    def __len__(self) -> int:
+        return len(self.encodings)
+
+    def __getitem__(self, index: int) -> dict[str, list[int]]:
+        return {"input_ids": self.encodings[index]}
+
+
+def _format_summary(metrics: dict[str, Any]) -> str:
+    """Print the final summary the way the Trainer prints its log dicts (a Python dict repr)."""
+    keys = ["train_runtime", "train_samples_per_second", "train_steps_per_second",
+            "train_tokens_per_second", "train_loss", "epoch"]
+    return repr({k: metrics[k] for k in keys if k in metrics})
+
+
+def main(argv: list[str]) -> int:
+    """Train according to the config file named in ``argv[0]``; returns the exit code."""
+    if len(argv) != 1:
+        print("usage: python -m projects.fine_tuning.workload.train_local CONFIG_JSON",
+              file=sys.stderr)
+        return 2
+    cfg = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is ever downloaded
+
+    import torch
+    from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_warning()
+    torch.set_num_threads(max(1, int(cfg.get("torch_threads") or os.cpu_count() or 1)))
+    max_len = int(cfg.get("max_seq_length", 256))
+    texts = _read_samples(Path(cfg["training_data_path"]), int(cfg.get("dataset_replication", 1)))
+    spec = cfg["telltale_local_model"]
+    tokenizer = _build_tokenizer(texts, int(spec.get("vocab_size", 512)), max_len)
+    encodings = [tokenizer(t, truncation=True, max_length=max_len)["input_ids"] +
+                 [tokenizer.eos_token_id] for t in texts]
+    encodings = [e[:max_len] for e in encodings]
+    lengths = [len(e) for e in encodings]
+    stats = {"total_tokens": sum(lengths), "total_samples": len(lengths),
+             "avg_tokens_per_sample": round(sum(lengths) / len(lengths)),
+             "max_seq_token": max(lengths)}
+    print(f"dataset stats: {json.dumps(stats)}", flush=True)
+
+    model = _apply_peft(_build_model(spec, len(tokenizer), max_len, tokenizer), cfg)
+    max_steps = cfg.get("max_steps")
+    args = TrainingArguments(
+        output_dir=str(cfg.get("output_dir", "output")),
+        per_device_train_batch_size=int(cfg.get("per_device_train_batch_size", 4)),
+        gradient_accumulation_steps=int(cfg.get("gradient_accumulation_steps", 1)),
+        learning_rate=float(cfg.get("learning_rate", 3e-4)),
+        num_train_epochs=float(cfg.get("num_train_epochs", 1)),
+        max_steps=int(max_steps) if max_steps else -1,
+        logging_steps=int(cfg.get("logging_steps", 5)),
+        include_num_input_tokens_seen="all",
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        seed=int(spec.get("seed", 42)),
+        dataloader_num_workers=0,
+    )
+    collator = DataCollatorForLanguageModeling(tokenizer=tokenizer, mlm=False)
+    trainer = Trainer(model=model, args=args, train_dataset=_TokenDataset(encodings),
+                      data_collator=collator)
+    result = trainer.train()
+    metrics = dict(result.metrics)
+    if "train_tokens_per_second" not in metrics and metrics.get("train_runtime"):
+        # transformers 5.x: the Trainer counted the tokens but left the rate out of the summary.
+        metrics["train_tokens_per_second"] = round(
+            trainer.state.num_input_tokens_seen / float(metrics["train_runtime"]), 3)
+    print(_format_summary(metrics), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,157 @@
+"""Generate realistic fine_tuning result dirs for tests and benchmarks.
+
+Two layouts: Telltale's own (``NNN__cell`` with step dirs) and the field's current tool's
+(``*__fine_tuning__run_fine_tuning_job``, ``*__cluster__capture_environment``,
+``*__rhods__capture_state`` next to ``.uuid``/``config.yaml``/``test_start_end.json``).
+Logs look like the trainer's: progress bars, ANSI colours, transformers 4.x bare values or
+5.x quoted strings. Everything is generated here; nothing is copied from other projects.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+DEFAULT_SETTINGS: dict[str, Any] = {
+    "name": "fine-tuning",
+    "model_name": "tiny-llama",
+    "dataset_name": "alpaca_mini.jsonl",
+    "dataset_replication": 1,
+    "gpu": 0,
+    "pod_count": 1,
+    "container_image": "quay.io/modh/fms-hf-tuning:v2.2.1",
+    "max_steps": None,
+    "hyper_parameters": {"num_train_epochs": 1, "per_device_train_batch_size": 4,
+                         "gradient_accumulation_steps": 1, "learning_rate": 0.0003,
+                         "max_seq_length": 256, "peft_method": "lora", "r": 8,
+                         "lora_alpha": 16, "lora_dropout": 0.05,
+                         "target_modules": ["q_proj", "v_proj"]},
+}
+
+
+def _fmt(value: float, quoted: bool) -> str:
+    text = f"{value:.4g}"
+    return f"'{text}'" if quoted else text
+
+
+def train_log(*, tokens_per_second: float = 1200.0, runtime: float = 40.0, steps: int = 50,
+              total_tokens: int = 51234, samples: int = 400, generation: int = 4,
+              noise_lines: int = 0, summary: bool = True, seed: int = 0) -> str:
+    """Return a trainer log (dataset stats, periodic lines, summary) with optional noise."""
+    rng = random.Random(seed)
+    quoted = generation >= 5
+    lines = ["\x1b[32mINFO\x1b[0m starting fine-tuning",
+             f"dataset stats: {json.dumps({'total_tokens': total_tokens, 'total_samples': samples, 'avg_tokens_per_sample': total_tokens // samples, 'max_seq_token': 256})}"]
+    loss = 3.0
+    per_noise = max(1, noise_lines // max(steps, 1)) if noise_lines else 0
+    for step in range(1, steps + 1):
+        for _ in range(per_noise):
+            done = int(step / steps * 20)
+            lines.append(f"{int(step / steps * 100):3d}%|{'█' * done}{' ' * (20 - done)}| "
+                         f"{step}/{steps} [00:{step:02d}<00:10, {rng.uniform(1, 3):.2f}it/s]")
+        loss *= 0.98
+        parts = [f"'loss': {_fmt(loss, quoted)}"]
+        if step % 7:
+            parts.append(f"'grad_norm': {_fmt(rng.uniform(0.5, 2), quoted)}")
+        parts += [f"'learning_rate': {_fmt(3e-4 * (1 - step / steps), quoted)}",
+                  f"'epoch': {_fmt(step / steps, quoted)}"]
+        if quoted:
+            parts.append(f"'train_tokens_per_second': {_fmt(tokens_per_second, True)}")
+        bar = f"\r{int(step / steps * 100):3d}%|███| {step}/{steps} [00:01<00:00]\r" if step % 5 == 0 else ""
+        lines.append(bar + "{" + ", ".join(parts) + "}")
+    if summary:
+        parts = [f"'train_runtime': {_fmt(runtime, quoted)}",
+                 f"'train_samples_per_second': {_fmt(samples / runtime, quoted)}",
+                 f"'train_steps_per_second': {_fmt(steps / runtime, quoted)}"]
+        if not quoted:
+            parts.append(f"'train_tokens_per_second': {_fmt(tokens_per_second, False)}")
+        parts += [f"'train_loss': {_fmt(loss * 1.1, quoted)}", f"'epoch': {_fmt(1.0, quoted)}"]
+        lines.append("{" + ", ".join(parts) + "}")
+    return "\n".join(lines) + "\n"
+
+
+def _pod(exit_code: int) -> dict[str, Any]:
+    reason = "Completed" if exit_code == 0 else "Error"
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "fine-tuning-master-0", "namespace": "fine-tuning-testing"},
+            "status": {"phase": "Succeeded" if exit_code == 0 else "Failed",
+                       "containerStatuses": [{"name": "pytorch", "state": {"terminated": {
+                           "exitCode": exit_code, "reason": reason}}}]}}
+
+
+def _nodes() -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "List", "items": [
+        {"metadata": {"name": "worker-0", "labels": {
+            "node.kubernetes.io/instance-type": "p4d.24xlarge",
+            "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB", "nvidia.com/gpu.count": "8"}}},
+        {"metadata": {"name": "master-0", "labels": {
+            "node.kubernetes.io/instance-type": "m6i.2xlarge"}}}]}
+
+
+def make_result_dir(
+    root: Path,
+    name: str = "000__cell",
+    *,
+    layout: Literal["telltale", "topsail"] = "telltale",
+    settings: dict[str, Any] | None = None,
+    exit_code: int | str | None = 0,
+    tokens_per_second: float = 1200.0,
+    runtime: float = 40.0,
+    generation: int = 4,
+    start: datetime | None = None,
+    run_uuid: str | None = None,
+    noise_lines: int = 0,
+    broken: set[str] | None = None,
+    seed: int = 0,
+) -> Path:
+    """Write one result dir and return its path.
+
+    ``broken`` may hold: ``config_json`` (invalid JSON), ``pod_json`` (truncated),
+    ``log`` (no log), ``summary`` (log without summary), ``capture`` (no capture dir),
+    ``uuid`` (no .uuid).
+    """
+    broken = broken or set()
+    run = root / name
+    run.mkdir(parents=True, exist_ok=True)
+    settings = {**DEFAULT_SETTINGS, **(settings or {})}
+    (run / "settings.yaml").write_text(yaml.safe_dump(settings, sort_keys=False))
+    if exit_code is not None:
+        (run / "exit_code").write_text(f"{exit_code}\n")
+    if "uuid" not in broken:
+        (run / ".uuid").write_text((run_uuid or str(uuid.UUID(int=random.Random(
+            f"{root}/{name}/{seed}").getrandbits(128)))) + "\n")
+    start = start or datetime(2026, 1, 1, tzinfo=UTC)
+    (run / "test_start_end.json").write_text(json.dumps({
+        "start": start.isoformat(), "end": (start + timedelta(seconds=runtime + 30)).isoformat()}))
+    prefix = "002" if layout == "topsail" else "001"
+    job = run / f"{prefix}__fine_tuning__run_fine_tuning_job"
+    (job / "src").mkdir(parents=True, exist_ok=True)
+    (job / "artifacts").mkdir(parents=True, exist_ok=True)
+    config = json.dumps({"model_name_or_path": settings["model_name"],
+                         **settings["hyper_parameters"]})
+    (job / "src" / "config_final.json").write_text(config[:-5] if "config_json" in broken
+                                                   else config)
+    if "log" not in broken:
+        (job / "artifacts" / "pod.log").write_text(train_log(
+            tokens_per_second=tokens_per_second, runtime=runtime, generation=generation,
+            noise_lines=noise_lines, summary="summary" not in broken, seed=seed))
+    pod = json.dumps(_pod(exit_code if isinstance(exit_code, int) else 1))
+    (job / "artifacts" / "pod.json").write_text(pod[:40] if "pod_json" in broken else pod)
+    if "capture" not in broken:
+        capture = run / "000__cluster__capture_environment"
+        capture.mkdir(exist_ok=True)
+        (capture / "nodes.json").write_text(json.dumps(_nodes()))
+        (capture / "ocp_version.yml").write_text("openshiftVersion: 4.16.3\n")
+    if layout == "topsail":
+        (run / "config.yaml").write_text("tests:\n  fine_tuning:\n    test_settings: {}\n")
+        rhods = run / "001__rhods__capture_state"
+        rhods.mkdir(exist_ok=True)
+        (rhods / "rhods.version").write_text("2.13.0\n")
+        (rhods / "rhods.createdAt").write_text("2026-01-01T00:00:00Z\n")
+    return run
