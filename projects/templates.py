@@ -67,6 +67,9 @@ def _environment(search_dir: Path) -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,  # renders YAML, never HTML
+        # No constant folding: it would run log_warning/raise_exception at compile time,
+        # even inside a branch that is never taken.
+        optimized=False,
     )
     env.filters.update(or_env=_or_env, raise_exception=_raise_exception, log_warning=_log_warning)
     env.globals.update(raise_exception=_raise_exception, log_warning=_log_warning)

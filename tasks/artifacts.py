@@ -153,6 +153,9 @@ def _install_handler() -> None:
     root = logging.getLogger()
     if _HANDLER not in root.handlers:
         root.addHandler(_HANDLER)
+    ours = logging.getLogger("telltale")
+    if ours.level == logging.NOTSET:  # step logs keep INFO even when the root says WARNING
+        ours.setLevel(logging.INFO)
 
 
 def _plain(value: Any) -> Any:

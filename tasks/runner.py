@@ -8,8 +8,10 @@ instead of being ignored. Each call appends the command, its exit code and its o
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import shlex
 import subprocess
 import time
@@ -100,6 +102,8 @@ def run(
     cwd: str | Path | None = None,
     stdin_file: str | Path | None = None,
     env: Mapping[str, str] | None = None,
+    output_file: str | Path | None = None,
+    pid_file: str | Path | None = None,
     log: bool = True,
 ) -> CommandResult:
     """Run a command and return its result.
@@ -112,6 +116,10 @@ def run(
         cwd: Working directory.
         stdin_file: File fed to the command's stdin (else stdin is closed).
         env: Variables added to this process's environment.
+        output_file: Stream stdout and stderr, interleaved, into this file instead of memory
+            (for long workloads; the stderr tail of an error is then read from the file).
+        pid_file: Write ``pid`` of the command (started in its own session, so its whole
+            process group can be stopped by a cleanup running elsewhere) to this file.
         log: Append the command and its output to ``commands.log`` in the artifact dir.
 
     Returns:
@@ -119,7 +127,7 @@ def run(
 
     Raises:
         CommandError: Non-zero exit and ``check``.
-        CommandTimeout: The deadline passed.
+        CommandTimeout: The deadline passed (the command was killed).
         StepError: The program does not exist.
     """
     script: str | None = None
@@ -132,37 +140,72 @@ def run(
             raise StepError("empty command")
     display = _display(argv, script)
     full_env = {**os.environ, **(env or {})} if env else None
-    stdin = open(stdin_file, "rb") if stdin_file is not None else subprocess.DEVNULL  # noqa: SIM115
-    started = time.monotonic()
-    try:
-        proc = subprocess.run(
-            argv,
-            cwd=cwd,
-            env=full_env,
-            stdin=stdin,
-            capture_output=capture,
-            text=True,
-            errors="replace",
-            timeout=timeout,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as exc:
-        if log:
-            _log(display, None, f"killed after {timeout}s timeout")
-        raise CommandTimeout(f"command timed out after {timeout}s: {display}") from exc
-    except FileNotFoundError as exc:
-        raise StepError(f"program not found: {argv[0]!r} (command: {display})") from exc
-    finally:
-        if stdin is not subprocess.DEVNULL:
-            stdin.close()
-    result = CommandResult(argv, proc.returncode, proc.stdout or "", proc.stderr or "",
+    with contextlib.ExitStack() as stack:
+        stdin: Any = (stack.enter_context(open(stdin_file, "rb")) if stdin_file is not None
+                      else subprocess.DEVNULL)
+        if output_file is not None:
+            stdout: Any = stack.enter_context(open(output_file, "ab"))
+            stderr: Any = subprocess.STDOUT
+        elif capture:
+            stdout = stderr = subprocess.PIPE
+        else:
+            stdout = stderr = None
+        started = time.monotonic()
+        try:
+            proc = subprocess.Popen(argv, cwd=cwd, env=full_env, stdin=stdin, stdout=stdout,
+                                    stderr=stderr, start_new_session=pid_file is not None)
+        except FileNotFoundError as exc:
+            raise StepError(f"program not found: {argv[0]!r} (command: {display})") from exc
+        if pid_file is not None:
+            Path(pid_file).write_text(f"{proc.pid}\n", encoding="utf-8")
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            _stop(proc, group=pid_file is not None)
+            if log:
+                _log(display, None, f"killed after {timeout}s timeout")
+            raise CommandTimeout(f"command timed out after {timeout}s: {display}") from exc
+        except BaseException:  # Ctrl-C, cancellation: never leave the child running
+            _stop(proc, group=pid_file is not None)
+            raise
+    def _decode(data: bytes | None) -> str:
+        return data.decode("utf-8", errors="replace") if data else ""
+
+    stderr_text = _decode(err)
+    if output_file is not None:
+        stderr_text = _tail_of(Path(output_file))
+    result = CommandResult(argv, proc.returncode, _decode(out), stderr_text,
                            time.monotonic() - started)
     if log:
-        _log(display, result)
+        _log(display, result if output_file is None else
+             CommandResult(argv, proc.returncode, f"(output in {output_file})\n", "",
+                           result.duration_s))
     logger.debug("%s -> exit %d (%.2fs)", display, result.returncode, result.duration_s)
     if check and result.returncode != 0:
         raise CommandError(display, result.returncode, result.stderr[-_TAIL:])
     return result
+
+
+def _stop(proc: subprocess.Popen[bytes], *, group: bool) -> None:
+    """Kill a child (its whole session when it has one) and reap it."""
+    try:
+        if group:
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            proc.kill()
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def _tail_of(path: Path, size: int = _TAIL) -> str:
+    try:
+        with open(path, "rb") as stream:
+            stream.seek(0, os.SEEK_END)
+            stream.seek(max(0, stream.tell() - size))
+            return stream.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
 
 
 def run_and_catch(

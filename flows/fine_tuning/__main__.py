@@ -18,6 +18,7 @@ from flows.cli import (
     add_config_arguments,
     default_artifact_dir,
     main_guard,
+    prefect_defaults,
     make_parser,
     overrides_from_args,
     resolve_from_args,
@@ -68,22 +69,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
     requested = args.platform or config.get("clusters.platform")
     platform, kubeconfig = select_platform(requested, config.get("clusters.kubeconfig"))
-    artifact_dir = Path(args.artifact_dir) if args.artifact_dir else default_artifact_dir(PROJECT)
     if args.plan:
         from flows.fine_tuning.planning import plan_run
 
+        artifact_dir = Path(args.artifact_dir or default_artifact_dir(PROJECT))
         plan = plan_run(config, platform, artifact_dir)
         print(format_plan(plan))
         print(f"\nplan written to {artifact_dir}/plan.yaml")
         return EXIT_OK
 
+    prefect_defaults()
     from flows.fine_tuning.flow import run_from_cli
 
     return run_from_cli(
         presets=list(args.preset),
         overrides=overrides_from_args(args),
         platform=platform,
-        artifact_dir=artifact_dir,
+        artifact_dir=Path(args.artifact_dir) if args.artifact_dir else None,
     )
 
 

@@ -1,0 +1,277 @@
+"""The ``fine-tuning`` Prefect flow: prepare → test → post-process → cleanup.
+
+One flow serves the CLI (``python -m flows.fine_tuning``), Prefect deployments (typed
+parameters render as the UI form) and nightly schedules. The config is resolved once, saved
+in the artifact dir, and frozen before any step runs. Cleanup runs in every outcome: a normal
+end, a failed step, Ctrl-C (``finally``), a crash or a cancellation (flow hooks, driven by
+the run's parameters since Prefect runs them in another process).
+
+Exit code (``RunOutcome.exit_code``): 0 when every cell passed and post-processing did its
+job; 1 when a cell failed, a regression gate tripped, or post-processing failed in strict
+mode.
+
+Note: no ``from __future__ import annotations`` here: ``flow.serve()`` validates parameters
+from real annotations (DESIGN §12).
+"""
+
+import hashlib
+import json
+import logging
+import os
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from prefect import flow, get_run_logger
+from prefect.runtime import flow_run as runtime_flow_run
+from prefect.task_runners import ThreadPoolTaskRunner
+from pydantic import BaseModel, Field
+
+from analysis.errors import TelltaleError
+from analysis.history import default_history_uri
+from analysis.yamlio import dump_yaml
+from flows.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from projects.config import Config, resolve, use_config
+from projects.matrix import Cell
+from projects.plan import build_plan, write_plan
+from projects.registry import project_dir
+from projects.templates import from_config
+from tasks import local_platform
+from tasks.artifacts import next_artifact_dir, use_artifact_dir
+from tasks.platform import select_platform
+from tasks.postprocess import postprocess_results
+from tasks.publish import publish_results, start_progress, update_progress
+
+__all__ = ["RunOutcome", "fine_tuning", "run_from_cli"]
+
+PROJECT = "fine_tuning"
+FLOW_NAME = "fine-tuning"
+CELL_FILE = "cell.json"
+
+logger = logging.getLogger("telltale.flows.fine_tuning")
+
+
+class CellOutcome(BaseModel):
+    """What happened to one matrix cell."""
+
+    name: str
+    status: Literal["passed", "failed", "skipped", "resumed", "not_run"]
+    exit_code: int | None = None
+    dir: str | None = None
+    reason: str | None = None
+
+
+class RunOutcome(BaseModel):
+    """The result of one fine-tuning run."""
+
+    artifact_dir: str = Field(description="Where everything was written.")
+    exit_code: int = Field(description="0 success, 1 failed cell/gate/strict post-process.")
+    platform: str
+    cells: list[CellOutcome] = Field(default_factory=list)
+    report: str | None = Field(default=None, description="HTML report index.")
+    verdict_counts: dict[str, int] = Field(default_factory=dict)
+    failures: list[str] = Field(default_factory=list, description="Why the run failed.")
+
+
+def _settings_hash(settings: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _finished_cells(root: Path) -> dict[str, Path]:
+    """Cell dirs of an earlier run into the same artifact dir: settings hash → dir (passed)."""
+    finished: dict[str, Path] = {}
+    for meta_file in sorted(root.glob(f"*__cell/{CELL_FILE}")):
+        cell_dir = meta_file.parent
+        try:
+            meta = json.loads(meta_file.read_text(encoding="utf-8"))
+            code = int((cell_dir / "exit_code").read_text().strip())
+        except (OSError, ValueError):
+            code = None
+            meta = {}
+        if (cell_dir / "skip").exists():
+            continue
+        if code == 0:
+            finished[meta.get("settings_hash", "")] = cell_dir
+        else:  # an earlier failed attempt: keep it for reading, hide it from discovery
+            (cell_dir / "skip").write_text("superseded by a re-run\n", encoding="utf-8")
+    return finished
+
+
+def _default_artifact_dir() -> Path:
+    run_id = str(runtime_flow_run.get_id() or uuid.uuid4())
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{stamp}-{PROJECT}-{run_id[:8]}"
+
+
+def _run_cell(cell: Cell, config: Config, platform: str, run_id: str) -> CellOutcome:
+    log = get_run_logger()
+    with next_artifact_dir("cell") as cell_dir:
+        settings = {**cell.settings, "ci_engine": os.environ.get("TELLTALE_CI_ENGINE",
+                                                                 "prefect"),
+                    "run_id": run_id}
+        (cell_dir / "settings.yaml").write_text(dump_yaml(settings), encoding="utf-8")
+        (cell_dir / ".uuid").write_text(f"{uuid.uuid4()}\n", encoding="utf-8")
+        (cell_dir / CELL_FILE).write_text(json.dumps({
+            "name": cell.name, "index": cell.index,
+            "settings_hash": _settings_hash(cell.settings)}) + "\n", encoding="utf-8")
+        start = datetime.now(UTC).isoformat()
+        code, reason = 1, None
+        try:
+            if platform != "local":
+                raise TelltaleError(f"platform {platform!r} is not available in this build")
+            local_platform.capture_environment()
+            args = from_config(local_platform.run_fine_tuning_job, suffix="local",
+                               extra={"settings": cell.settings,
+                                      "data_dir": str(project_dir(PROJECT) / "data")},
+                               config=config)
+            outcome = local_platform.run_fine_tuning_job(**args)
+            code, reason = outcome.exit_code, outcome.finish_reason
+        except Exception as exc:  # the cell failed; the matrix and post-processing go on
+            reason = f"{type(exc).__name__}: {exc}"
+            log.error("cell %s failed: %s", cell.name, reason)
+        finally:
+            (cell_dir / "test_start_end.json").write_text(json.dumps({
+                "start": start, "end": datetime.now(UTC).isoformat()}) + "\n",
+                encoding="utf-8")
+            (cell_dir / "exit_code").write_text(f"{code}\n", encoding="utf-8")
+        status: Literal["passed", "failed"] = "passed" if code == 0 else "failed"
+        log.info("cell %d/%s %s (exit %d)", cell.index, cell.name, status, code)
+        return CellOutcome(name=cell.name, status=status, exit_code=code, dir=str(cell_dir),
+                           reason=None if code == 0 else reason)
+
+
+def _cleanup_hook(flow_obj: Any, flow_run: Any, state: Any) -> None:
+    """Crash/cancellation hook: stop leftovers of this run (runs in another process)."""
+    params = getattr(flow_run, "parameters", {}) or {}
+    target = params.get("artifact_dir")
+    roots = [Path(target)] if target else sorted(
+        Path("runs").glob(f"*-{PROJECT}-{str(flow_run.id)[:8]}"))
+    for root in roots:
+        if root.is_dir():
+            local_platform.cleanup_local(root)
+
+
+@flow(name=FLOW_NAME, log_prints=True, task_runner=ThreadPoolTaskRunner(max_workers=4),
+      on_cancellation=[_cleanup_hook], on_crashed=[_cleanup_hook])
+def fine_tuning(
+    presets: list[str] = ["light"],  # noqa: B006 (Prefect needs a literal default for the UI)
+    overrides: dict[str, Any] | None = None,
+    platform: Literal["auto", "local", "kubernetes"] = "auto",
+    artifact_dir: str | None = None,
+) -> RunOutcome:
+    """Fine-tune a model for each cell of the test matrix and judge the KPIs.
+
+    Args:
+        presets: Presets from ``ci_presets`` of projects/fine_tuning/config.yaml, in order.
+        overrides: Dotted config key → value (strings are parsed as YAML).
+        platform: auto (a kubeconfig selects kubernetes, else local), local or kubernetes.
+        artifact_dir: Where to write artifacts (default: runs/<date>-fine_tuning-<run id>);
+            reusing one resumes its finished cells.
+    """
+    log = get_run_logger()
+    config = resolve(PROJECT, presets=presets, overrides=overrides or {})
+    chosen, _kubeconfig = select_platform(
+        platform if platform != "auto" else config.get("clusters.platform"),
+        config.get("clusters.kubeconfig"))
+    root = Path(artifact_dir) if artifact_dir else _default_artifact_dir()
+    run_id = str(runtime_flow_run.get_id() or root.name)
+    with use_artifact_dir(root) as root, use_config(config):
+        plan = build_plan(config, chosen)
+        write_plan(plan, config, root)
+        config.freeze()
+        log.info("artifacts in %s; %d cell(s) on %s", root, len(plan.cells), chosen)
+        outcome = RunOutcome(artifact_dir=str(root), exit_code=EXIT_OK, platform=chosen)
+        try:
+            outcome.cells = _test_phase(plan.cells, config, chosen, run_id, root)
+            _postprocess_phase(outcome, config, root)
+        finally:
+            if config.get("clusters.cleanup_on_exit"):
+                local_platform.cleanup(str(root))
+        failed = [c for c in outcome.cells if c.status == "failed"]
+        outcome.failures = [f"cell {c.name} failed: {c.reason}" for c in failed] + \
+            outcome.failures
+        if outcome.failures:
+            outcome.exit_code = EXIT_FAILED
+        (root / "outcome.json").write_text(outcome.model_dump_json(indent=2), encoding="utf-8")
+    return outcome
+
+
+def _test_phase(cells: list[Cell], config: Config, platform: str, run_id: str,
+                root: Path) -> list[CellOutcome]:
+    log = get_run_logger()
+    finished = _finished_cells(root)
+    progress = start_progress(f"{len(cells)} cell(s)")
+    results: list[CellOutcome] = []
+    stop = False
+    for done, cell in enumerate(cells, start=1):
+        if cell.skip_reason:
+            results.append(CellOutcome(name=cell.name, status="skipped", reason=cell.skip_reason))
+        elif stop:
+            results.append(CellOutcome(name=cell.name, status="not_run",
+                                       reason="stop_on_error after an earlier failure"))
+        elif _settings_hash(cell.settings) in finished:
+            previous = finished[_settings_hash(cell.settings)]
+            log.info("cell %s already passed in %s: resumed", cell.name, previous.name)
+            results.append(CellOutcome(name=cell.name, status="resumed", exit_code=0,
+                                       dir=str(previous)))
+        else:
+            result = _run_cell(cell, config, platform, run_id)
+            results.append(result)
+            stop = result.status == "failed" and bool(config.get(
+                "tests.fine_tuning.stop_on_error"))
+        update_progress(progress, done, len(cells))
+    return results
+
+
+def _postprocess_phase(outcome: RunOutcome, config: Config, root: Path) -> None:
+    log = get_run_logger()
+    settings = config.get("analysis")
+    strict = settings.get("strict") or settings.get("mode") == "cpt"
+    history = settings.get("history_uri") or default_history_uri(PROJECT)
+    try:
+        post = postprocess_results(str(root), PROJECT, history, settings,
+                                   list(config.presets_applied), config.to_yaml())
+    except Exception as exc:
+        message = f"post-processing failed: {type(exc).__name__}: {exc}"
+        log.error(message)
+        if strict:
+            outcome.failures.append(message)
+        return
+    outcome.report = post.report
+    outcome.verdict_counts = post.verdict_counts
+    outcome.failures.extend(post.gate_failures)
+    if post.report:
+        index = Path(post.report)
+        (root / "report.html").write_text(
+            "<!DOCTYPE html><meta http-equiv='refresh' content='0; url="
+            f"{index.relative_to(root)}'><a href='{index.relative_to(root)}'>report</a>\n",
+            encoding="utf-8")
+    try:
+        publish_results(FLOW_NAME, post, [c.model_dump() for c in outcome.cells], root)
+    except Exception as exc:  # artifacts are a convenience; the files are the record
+        log.warning("could not publish Prefect artifacts: %s", exc)
+
+
+def run_from_cli(presets: list[str], overrides: dict[str, Any], platform: str,
+                 artifact_dir: Path | None) -> int:
+    """Run the flow for the command line and print where to look; returns the exit code."""
+    try:
+        outcome = fine_tuning(presets=presets, overrides=overrides, platform=platform,
+                              artifact_dir=str(artifact_dir) if artifact_dir else None)
+    except TelltaleError as exc:
+        print(f"error: {exc}")
+        return EXIT_USAGE if isinstance(exc, ValueError) else EXIT_FAILED
+    print()
+    print(f"artifacts : {outcome.artifact_dir}")
+    for cell in outcome.cells:
+        print(f"  cell {cell.name:<40} {cell.status}"
+              + (f" (exit {cell.exit_code})" if cell.exit_code not in (None, 0) else ""))
+    if outcome.verdict_counts:
+        print("verdicts  : " + ", ".join(f"{k}={v}" for k, v in
+                                         sorted(outcome.verdict_counts.items())))
+    if outcome.report:
+        print(f"report    : {outcome.report}")
+    for failure in outcome.failures:
+        print(f"FAILED    : {failure}")
+    return outcome.exit_code

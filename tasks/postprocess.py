@@ -1,0 +1,36 @@
+"""The post-process step: a thin task around `analysis.pipeline.postprocess`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from analysis.pipeline import PostprocessOutcome, postprocess
+from analysis.settings import AnalysisSettings
+from tasks.artifacts import artifact_dir, step
+
+__all__ = ["postprocess_results"]
+
+
+@step("analysis")
+def postprocess_results(results_dir: str, project: str, history_uri: str | None,
+                        settings: dict[str, Any], presets: Sequence[str],
+                        config_text: str | None = None) -> PostprocessOutcome:
+    """Parse the run's result dirs, compute KPIs and verdicts, append history, render report.
+
+    Outputs land in this step's artifact dir (``report/index.html``, ``kpis.parquet``...).
+
+    Args:
+        results_dir: The run's artifact dir.
+        project: Registered project name.
+        history_uri: Parquet history location (local dir or s3://).
+        settings: The config's ``analysis`` block.
+        presets: Presets applied, for the LTS metadata.
+        config_text: Resolved config YAML (redacted), for the LTS metadata.
+
+    Returns:
+        The `PostprocessOutcome`.
+    """
+    return postprocess(results_dir, project, artifact_dir(), history_uri=history_uri,
+                       settings=AnalysisSettings.model_validate(settings), presets=presets,
+                       config_text=config_text)

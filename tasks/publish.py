@@ -1,0 +1,83 @@
+"""Prefect artifacts of a run: progress, markdown summary, KPI/verdict table, report link.
+
+Artifact keys allow lowercase letters, digits and dashes only; tables stay small (one row
+per KPI and run) and link to the full data in the artifact dir.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+from analysis.pipeline import PostprocessOutcome
+
+__all__ = ["artifact_key", "publish_results", "start_progress", "update_progress"]
+
+
+def artifact_key(*parts: str) -> str:
+    """Build a valid Prefect artifact key from free text."""
+    key = re.sub(r"[^a-z0-9-]+", "-", "-".join(parts).lower()).strip("-")
+    return re.sub(r"-{2,}", "-", key)[:100] or "telltale"
+
+
+def start_progress(description: str) -> UUID | None:
+    """Create a progress artifact at 0 %; returns its id (None outside a Prefect run)."""
+    from prefect.artifacts import create_progress_artifact
+
+    return create_progress_artifact(progress=0.0, description=description)  # type: ignore[return-value]
+
+
+def update_progress(artifact_id: UUID | None, done: int, total: int) -> None:
+    """Set the progress artifact to ``done / total``."""
+    if artifact_id is None or total <= 0:
+        return
+    from prefect.artifacts import update_progress_artifact
+
+    update_progress_artifact(artifact_id=artifact_id, progress=round(100.0 * done / total, 1))
+
+
+def _fmt(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.{digits}g}"
+    return str(value)
+
+
+def publish_results(flow: str, outcome: PostprocessOutcome, cells: Sequence[dict[str, Any]],
+                    artifact_dir: Path) -> None:
+    """Publish the markdown summary, the KPI table with verdicts, and the report link."""
+    from prefect.artifacts import (
+        create_link_artifact,
+        create_markdown_artifact,
+        create_table_artifact,
+    )
+
+    rows = [{"run": v.test_path, "kpi": v.kpi, "value": _fmt(v.latest), "unit": v.unit,
+             "baseline": _fmt(v.baseline), "change %": _fmt(v.change_pct, 3),
+             "verdict": v.verdict, "confidence": _fmt(v.confidence, 2)}
+            for v in outcome.verdicts]
+    create_table_artifact(table=rows, key=artifact_key(flow, "kpis"),
+                          description=f"KPIs and regression verdicts ({len(rows)} rows)")
+    counts = ", ".join(f"{k}: {n}" for k, n in sorted(outcome.verdict_counts.items())) or "none"
+    lines = [f"# {flow} — {artifact_dir.name}", "",
+             f"- cells: {len(cells)} "
+             f"({sum(1 for c in cells if c['status'] == 'failed')} failed, "
+             f"{sum(1 for c in cells if c['status'] in ('skipped', 'resumed'))} skipped/resumed)",
+             f"- runs parsed: {outcome.runs}, parse problems: {outcome.problems}",
+             f"- verdicts: {counts}",
+             f"- artifacts: `{artifact_dir}`",
+             f"- report: `{outcome.report}`" if outcome.report else "- report: (not rendered)",
+             "", "| cell | status | exit code |", "|---|---|---|"]
+    lines += [f"| {c['name']} | {c['status']} | {c.get('exit_code', '')} |" for c in cells]
+    if outcome.gate_failures:
+        lines += ["", "## Gate failures", *[f"- {f}" for f in outcome.gate_failures]]
+    create_markdown_artifact(markdown="\n".join(lines), key=artifact_key(flow, "summary"),
+                             description="Run summary")
+    if outcome.report:
+        create_link_artifact(link=Path(outcome.report).resolve().as_uri(),
+                             link_text="HTML report", key=artifact_key(flow, "report"),
+                             description="Plotly report (open from the machine that ran it)")
