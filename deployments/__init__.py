@@ -1,0 +1,1 @@
+"""Prefect deployment definitions (``prefect.yaml``) and work-pool job templates."""

@@ -1,0 +1,99 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from analysis.discovery import discover
+from analysis.parsing import parse_dirs
+from analysis.pipeline import analyse_run, postprocess
+from analysis.project import load_project
+from analysis.report import ReportContext, shape_errors, shape_kpi_table, shape_loss_curve
+from tests.factories import make_result_dir
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "analysis", *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_cli_writes_every_output(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    make_result_dir(results, "000__cell")
+    make_result_dir(results, "001__cell", exit_code=2, broken={"summary"})
+    out = tmp_path / "out"
+    proc = run_cli(str(results), "--project", "fine_tuning", "--out", str(out),
+                   "--history", str(tmp_path / "hist"))
+    assert proc.returncode == 0, proc.stderr
+    assert "2 run(s) parsed (1 failed" in proc.stdout
+    frame = pd.read_parquet(out / "kpis.parquet")
+    assert set(frame["kpi"]) >= {"train_tokens_per_second", "train_runtime"}
+    payloads = json.loads((out / "lts_payload.json").read_text())
+    assert [p["metadata"]["status"] for p in payloads] == ["success", "failed"]
+    assert (out / "kpis.prom").read_text().endswith("# EOF\n")
+    summary = yaml.safe_load((out / "regression_summary.yaml").read_text())
+    assert summary["counts"]["insufficient_history"] > 0
+    index = (out / "report" / "index.html").read_text()
+    assert "2 run(s), 1 failed" in index
+    page = next((out / "report").glob("*_loss_curve.html")).read_text()
+    assert "Plotly.newPlot" in page and page.count("plotly.js v") == 1  # embedded once
+
+
+def test_cli_user_errors_exit_2(tmp_path: Path) -> None:
+    proc = run_cli(str(tmp_path / "nope"), "--project", "fine_tuning", "--out", str(tmp_path))
+    assert proc.returncode == 2 and "results dir not found" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    (tmp_path / "empty").mkdir()
+    proc = run_cli(str(tmp_path / "empty"), "--project", "fine_tuning", "--out", str(tmp_path))
+    assert proc.returncode == 2 and "no result dir" in proc.stderr
+    proc = run_cli(str(tmp_path), "--project", "nope", "--out", str(tmp_path))
+    assert proc.returncode == 2 and "unknown project 'nope'" in proc.stderr
+
+
+def test_strict_mode_refuses_incomplete_payload(tmp_path: Path) -> None:
+    make_result_dir(tmp_path / "r", "000__cell", broken={"summary"})
+    proc = run_cli(str(tmp_path / "r"), "--project", "fine_tuning", "--out",
+                   str(tmp_path / "o"), "--strict")
+    assert proc.returncode == 2 and "incomplete" in proc.stderr
+
+
+def test_history_gives_verdicts_and_regression_is_flagged(tmp_path: Path) -> None:
+    hist = str(tmp_path / "hist")
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    for i in range(8):  # a stable history
+        make_result_dir(tmp_path / f"h{i}", "000__cell", start=start + timedelta(days=i),
+                        tokens_per_second=1000 + (i % 3), runtime=40 + (i % 2) * 0.1, seed=i)
+        postprocess(tmp_path / f"h{i}", "fine_tuning", tmp_path / f"o{i}", history_uri=hist,
+                    report=False)
+    for j, tps in enumerate((800, 790)):  # two slow runs: the second is confirmed
+        make_result_dir(tmp_path / f"s{j}", "000__cell", start=start + timedelta(days=20 + j),
+                        tokens_per_second=tps, runtime=40, seed=100 + j)
+        outcome = postprocess(tmp_path / f"s{j}", "fine_tuning", tmp_path / f"so{j}",
+                              history_uri=hist)
+    verdicts = {v.kpi: v for v in outcome.verdicts}
+    assert verdicts["train_tokens_per_second"].verdict == "regression"
+    assert verdicts["train_tokens_per_second"].change_pct < -15
+    assert verdicts["train_runtime"].verdict == "no_change"
+    assert "avg_tokens_per_sample" not in verdicts  # ignored for regression
+    regression_page = next((tmp_path / "so1" / "report").glob("*_regression.html")).read_text()
+    assert "regression" in regression_page
+
+
+def test_report_shapes(tmp_path: Path) -> None:
+    make_result_dir(tmp_path, "000__cell", settings={"gpu": 1})
+    make_result_dir(tmp_path, "001__cell", settings={"gpu": 2}, exit_code=1,
+                    broken={"pod_json"})
+    project = load_project("fine_tuning")
+    found = discover(tmp_path)
+    runs = [analyse_run(project, r) for r in parse_dirs(found.results, project.parser)]
+    ctx = ReportContext(project, runs, pd.DataFrame(), None, [], found)
+    table = shape_kpi_table(ctx)
+    assert list(table["gpu"]) == [1, 2] and "hyper_parameters.r" not in table.columns
+    assert set(shape_loss_curve(ctx)["run"]) == {"000__cell", "001__cell"}
+    errors = shape_errors(ctx)
+    assert set(errors["kind"]) == {"failed run", "parse problem"}

@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from analysis.discovery import discover
+from analysis.errors import ResultsError
+
+
+def _dir(root: Path, rel: str, settings: str | None = "a: 1\n", code: str | None = "0") -> Path:
+    path = root / rel
+    path.mkdir(parents=True, exist_ok=True)
+    if settings is not None:
+        (path / "settings.yaml").write_text(settings)
+    if code is not None:
+        (path / "exit_code").write_text(code)
+    return path
+
+
+def test_rules(tmp_path: Path) -> None:
+    _dir(tmp_path, ".", settings="shared: root\nlevel: 0\n", code=None)
+    _dir(tmp_path, "a", settings="level: 1\nnested: {x: 1, y: 1}\n")
+    _dir(tmp_path, "a/b", settings="level: 2\nnested: {y: 2}\n", code="3")
+    hidden = _dir(tmp_path, "c")
+    (hidden / "skip").write_text("")
+    _dir(tmp_path, "c/d")
+    _dir(tmp_path, "e", code="oops")
+    _dir(tmp_path, "f", code=None)
+    _dir(tmp_path, "g", settings="[unclosed\n")
+    found = discover(tmp_path)
+    rels = {r.rel_path: r for r in found.results}
+    assert sorted(rels) == ["a", "a/b", "c/d"]
+    assert rels["a/b"].settings == {"shared": "root", "level": 2, "nested": {"x": 1, "y": 2}}
+    assert rels["a/b"].exit_code == 3  # failed runs are kept
+    reasons = {Path(s.path).name: s.reason for s in found.skipped}
+    assert "not an integer" in reasons["e"]
+    assert reasons["f"] == "no exit_code file"
+    assert "malformed YAML" in reasons["g"]
+    assert "." not in rels  # root has settings but no exit_code: skipped, recorded
+    assert "no exit_code" in reasons[tmp_path.name]
+
+
+def test_missing_root() -> None:
+    with pytest.raises(ResultsError, match="results dir not found"):
+        discover("/nonexistent/telltale")

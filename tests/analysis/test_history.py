@@ -1,0 +1,119 @@
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from analysis.errors import ResultsError
+from analysis.history import HistoryStore, default_history_uri
+from analysis.kpi import Kpi, kpi_table
+
+
+def rows(run: str, ts: str, value: float, **labels: str) -> pd.DataFrame:
+    base = {"model": "m1", "image": "img:1", "os": "fedora"}
+    base.update(labels)
+    kpis = [Kpi(name=n, value=value * f, unit="u", help="h", lower_better=False, labels=base)
+            for n, f in (("tps", 1.0), ("runtime", 2.0))]
+    return kpi_table([(run, ts, kpis)])
+
+
+def fill(store: HistoryStore) -> None:
+    store.append(rows("r3", "2026-01-03T00:00:00Z", 3.0))
+    store.append(rows("r1", "2026-01-01T00:00:00Z", 1.0))
+    store.append(rows("r2", "2026-01-02T00:00:00Z", 2.0, image="img:2"))
+    store.append(rows("r4", "2026-01-04T00:00:00Z", 4.0, model="m2"))
+    store.append(rows("r5", "2026-01-05T00:00:00Z", 5.0, os="rhel"))
+
+
+def check_queries(store: HistoryStore) -> None:
+    labels = {"model": "m1", "image": "img:1", "os": "fedora"}
+    exact = store.query(labels, kpi="tps")
+    assert exact["run_uuid"].tolist() == ["r1", "r3"]  # ordered by time, not by write
+    loose = store.query(labels, kpi="tps", compared_label="image", ignored_labels=["os"])
+    assert loose["run_uuid"].tolist() == ["r1", "r2", "r3", "r5"]
+    assert store.query(labels, kpi="tps", exclude_runs=["r1"])["run_uuid"].tolist() == ["r3"]
+    assert store.query({**labels, "unknown_label": "x"}).empty
+
+
+def test_local_store(tmp_path: Path) -> None:
+    store = HistoryStore(str(tmp_path / "hist"))
+    assert store.read().empty
+    fill(store)
+    check_queries(store)
+    assert len(store.read()) == 10
+
+
+def test_append_is_idempotent_per_run(tmp_path: Path) -> None:
+    store = HistoryStore(str(tmp_path / "hist"))
+    store.append(rows("r1", "2026-01-01T00:00:00Z", 1.0))
+    store.append(rows("r1", "2026-01-01T00:00:00Z", 1.5))
+    frame = store.read()
+    assert len(frame) == 2 and sorted(frame["value"]) == [1.5, 3.0]
+    store.append(rows("r2", "2026-01-02T00:00:00Z", 2.0))
+    assert store.compact() == 2
+    store.append(rows("r1", "2026-01-01T00:00:00Z", 7.0))  # re-append after compaction
+    frame = store.read()
+    assert len(frame) == 4
+    assert frame.loc[(frame.run_uuid == "r1") & (frame.kpi == "tps"), "value"].tolist() == [7.0]
+
+
+def test_schema_evolution_new_label(tmp_path: Path) -> None:
+    store = HistoryStore(str(tmp_path / "hist"))
+    store.append(rows("r1", "2026-01-01T00:00:00Z", 1.0))
+    store.append(rows("r2", "2026-01-02T00:00:00Z", 2.0, gpu="a100"))
+    assert store.query({"model": "m1", "gpu": "a100"}, kpi="tps")["run_uuid"].tolist() == ["r2"]
+    assert len(store.read()) == 4
+
+
+def _append_many(uri: str, worker: int) -> None:
+    store = HistoryStore(uri)
+    for i in range(40):
+        store.append(rows(f"w{worker}-{i}", f"2026-01-01T00:{i:02d}:00Z", float(i)))
+
+
+def test_two_processes_appending_lose_no_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("analysis.history.AUTO_COMPACT_PARTS", 16)  # compactions race too
+    uri = str(tmp_path / "hist")
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_append_many, args=(uri, w)) for w in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    frame = HistoryStore(uri).read()
+    assert len(frame) == 2 * 40 * 2
+    assert frame["run_uuid"].nunique() == 80
+
+
+def test_s3_store(s3_bucket: str) -> None:
+    store = HistoryStore(f"s3://{s3_bucket}/history/fine_tuning")
+    fill(store)
+    check_queries(store)
+    store.append(rows("r1", "2026-01-01T00:00:00Z", 9.0))
+    assert store.compact() >= 2
+    frame = store.read()
+    assert len(frame) == 10
+    assert frame.loc[(frame.run_uuid == "r1") & (frame.kpi == "tps"), "value"].tolist() == [9.0]
+
+
+def test_s3_endpoint_in_uri(s3_server: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    host = s3_server.split("://", 1)[1]
+    store = HistoryStore(f"s3://{s3_bucket}/h?endpoint_override={host}&scheme=http")
+    store.append(rows("r1", "2026-01-01T00:00:00Z", 1.0))
+    assert len(store.read()) == 2
+
+
+def test_bad_uris() -> None:
+    with pytest.raises(ResultsError, match="unsupported history URI"):
+        HistoryStore("gs://bucket/x")
+    with pytest.raises(ResultsError, match="no bucket"):
+        HistoryStore("s3:///x")
+
+
+def test_default_uri(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("TELLTALE_DATA_DIR", str(tmp_path))
+    assert default_history_uri("fine_tuning") == str(tmp_path / "history" / "fine_tuning")

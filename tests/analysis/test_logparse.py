@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+import math
+
+from projects.fine_tuning.logparse import parse_train_log
+from tests.factories import train_log
+
+
+def test_transformers_4_log() -> None:
+    metrics = parse_train_log(train_log(tokens_per_second=1234.0, runtime=40, steps=20,
+                                        noise_lines=100, generation=4).splitlines(True))
+    assert metrics.summary is not None
+    assert metrics.summary.train_tokens_per_second == 1234.0
+    assert metrics.summary.train_runtime == 40
+    assert len(metrics.progress) == 20
+    assert metrics.dataset_stats and metrics.dataset_stats.total_tokens == 51234
+    assert metrics.progress[6].grad_norm is None  # grad_norm missing on some lines
+    assert not metrics.problems
+
+
+def test_transformers_5_quoted_values_and_periodic_tokens() -> None:
+    metrics = parse_train_log(train_log(tokens_per_second=987.0, generation=5).splitlines())
+    assert metrics.summary is not None
+    assert metrics.summary.train_tokens_per_second == 987.0  # from the periodic lines
+    assert metrics.summary.train_loss is not None
+
+
+def test_noise_nan_inf_ansi_progress_bars() -> None:
+    lines = [
+        "\x1b[1m\x1b[32m 40%|████      | 4/10 [00:01<00:01]\r{'loss': nan, 'learning_rate': 1e-05, 'epoch': 0.4}\n",
+        "garbage {not a dict\n",
+        "{'loss': 'inf', 'grad_norm': '-inf', 'epoch': '0.5'}\n",
+        "\x1b[0m{'train_runtime': 10.0, 'train_samples_per_second': 5.0, 'train_loss': 1.5, 'epoch': 1.0}\n",
+        "dataset stats: {\"total_tokens\": 1000, \"total_samples\": 10, \"avg_tokens_per_sample\": 100, \"max_seq_token\": 128}\n",
+    ]
+    metrics = parse_train_log(lines)
+    assert math.isnan(metrics.progress[0].loss)
+    assert metrics.progress[1].loss == math.inf and metrics.progress[1].grad_norm == -math.inf
+    assert metrics.summary.train_runtime == 10.0 and metrics.summary.train_tokens_per_second is None
+    assert metrics.dataset_stats.total_samples == 10
+
+
+def test_bad_stats_line_is_a_problem_with_line() -> None:
+    metrics = parse_train_log(["ok\n", "dataset stats: {\"total_tokens\": \n"])
+    assert metrics.problems and metrics.problems[0][0] == 2

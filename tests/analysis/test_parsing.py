@@ -1,0 +1,101 @@
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from analysis.discovery import discover
+from analysis.parsing import CACHE_FILE, parse_dirs, parse_one
+from projects.fine_tuning.parser import FineTuningParser, FineTuningResult
+from tests.factories import make_result_dir
+
+PARSER = FineTuningParser()
+
+
+def _only(root: Path):
+    found = discover(root)
+    assert len(found.results) == 1
+    return found.results[0]
+
+
+def test_telltale_layout(tmp_path: Path) -> None:
+    make_result_dir(tmp_path, "000__cell", tokens_per_second=1500, run_uuid="u-1")
+    result = parse_one(_only(tmp_path), PARSER)
+    assert isinstance(result, FineTuningResult)
+    assert result.run_uuid == "u-1"
+    assert result.summary.train_tokens_per_second == 1500
+    assert result.workload.exit_code == 0 and result.workload.finish_reason == "Completed"
+    assert result.platform.ocp_version == "4.16.3"
+    assert result.platform.accelerator_type == "NVIDIA-A100-SXM4-40GB"
+    assert result.trainer_config["peft_method"] == "lora"
+    assert result.problems == []
+
+
+def test_field_tool_layout(tmp_path: Path) -> None:
+    make_result_dir(tmp_path, "run", layout="topsail", generation=5)
+    result = parse_one(_only(tmp_path), PARSER)
+    assert result.platform.rhoai_version == "2.13.0"
+    assert result.config_text and "fine_tuning" in result.config_text
+    assert result.summary.train_tokens_per_second == 1200
+    assert result.problems == []
+
+
+def test_broken_files_degrade_gracefully(tmp_path: Path) -> None:
+    make_result_dir(tmp_path, "bad", exit_code=1,
+                    broken={"config_json", "pod_json", "summary", "capture", "uuid"})
+    result = parse_one(_only(tmp_path), PARSER)
+    files = {p.file.split("/")[-1] for p in result.problems}
+    assert {"config_final.json", "pod.json", ".uuid", "*__cluster__capture_environment"} <= files
+    bad_json = next(p for p in result.problems if p.file.endswith("config_final.json"))
+    assert "invalid JSON" in bad_json.message and bad_json.line == 1
+    assert result.trainer_config is None and result.summary is None
+    assert result.progress  # the log itself still parsed
+    assert result.failed
+
+
+def test_cache_hits_and_invalidates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = make_result_dir(tmp_path, "000__cell", tokens_per_second=100)
+    result_dir = _only(tmp_path)
+    first = parse_one(result_dir, PARSER)
+    cache = json.loads((run / CACHE_FILE).read_text())
+    assert cache["version"] == PARSER.version and "001__fine_tuning__run_fine_tuning_job/artifacts/pod.log" in cache["fingerprints"]
+    # a poisoned cache value proves the second parse read the cache
+    cache["result"]["summary"]["train_runtime"] = 999.0
+    (run / CACHE_FILE).write_text(json.dumps(cache))
+    assert parse_one(result_dir, PARSER).summary.train_runtime == 999.0
+    # the env var forces a re-parse
+    monkeypatch.setenv("TELLTALE_FORCE_REPARSE", "1")
+    assert parse_one(result_dir, PARSER).summary.train_runtime == first.summary.train_runtime
+    monkeypatch.delenv("TELLTALE_FORCE_REPARSE")
+    # a changed file invalidates
+    log = run / "001__fine_tuning__run_fine_tuning_job/artifacts/pod.log"
+    log.write_text(log.read_text().replace("'train_runtime': 40", "'train_runtime': 41"))
+    os.utime(log, ns=(1, 1))
+    assert parse_one(result_dir, PARSER).summary.train_runtime == 41
+    # a newly appearing file that was missing invalidates too
+    (run / ".uuid").unlink()
+    parse_one(result_dir, PARSER)
+    (run / ".uuid").write_text("fresh\n")
+    assert parse_one(result_dir, PARSER).run_uuid == "fresh"
+
+
+def test_stale_parser_version_rebuilds(tmp_path: Path) -> None:
+    run = make_result_dir(tmp_path, "000__cell")
+    parse_one(_only(tmp_path), PARSER)
+    cache = json.loads((run / CACHE_FILE).read_text())
+    cache["version"] = "0.0"
+    cache["result"]["run_uuid"] = "stale"
+    (run / CACHE_FILE).write_text(json.dumps(cache))
+    assert parse_one(_only(tmp_path), PARSER).run_uuid != "stale"
+
+
+def test_parallel_parse_matches_serial(tmp_path: Path) -> None:
+    for i in range(24):
+        make_result_dir(tmp_path, f"{i:03d}__cell", tokens_per_second=100 + i, seed=i)
+    found = discover(tmp_path).results
+    parallel = parse_dirs(found, PARSER, project="fine_tuning", workers=2, use_cache=False)
+    serial = parse_dirs(found, PARSER, use_cache=False)
+    assert [r.model_dump() for r in parallel] == [r.model_dump() for r in serial]
+    assert [r.summary.train_tokens_per_second for r in parallel] == [100 + i for i in range(24)]

@@ -1,0 +1,140 @@
+"""Whole-flow runs of fine-tuning on the local platform (real training, real Prefect)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+pytestmark = pytest.mark.slow
+
+FAST = {"tests.fine_tuning.test_settings.max_steps": 12,
+        "tests.fine_tuning.test_settings.dataset_replication": 1}
+
+
+def _cli_env(tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["TELLTALE_DATA_DIR"] = str(tmp_path / "data")
+    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+    return env
+
+
+def test_cli_light_preset_end_to_end(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "flows.fine_tuning", "--preset", "light",
+                           "--artifact-dir", str(run_dir)], capture_output=True, text=True,
+                          env=_cli_env(tmp_path), timeout=300)
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert elapsed < 120, f"light preset took {elapsed:.0f}s"
+    # layout
+    for name in ("config.yaml", "plan.yaml", "presets_applied", "outcome.json", "report.html"):
+        assert (run_dir / name).is_file(), name
+    cell = run_dir / "000__cell"
+    job = cell / "001__fine_tuning__run_fine_tuning_job"
+    assert (cell / "exit_code").read_text().strip() == "0"
+    assert (cell / "000__cluster__capture_environment" / "machine.json").is_file()
+    assert json.loads((job / "src" / "config_final.json").read_text())["peft_method"] == "lora"
+    log = (job / "artifacts" / "pod.log").read_text()
+    assert "dataset stats:" in log and "'train_runtime'" in log
+    assert not (job / "scratch").exists()  # cleanup removed the trainer's scratch dir
+    # KPIs parsed from the log this run produced
+    post = next(run_dir.glob("*__analysis__postprocess_results"))
+    kpis = pd.read_parquet(post / "kpis.parquet").set_index("kpi")["value"]
+    for name in ("train_tokens_per_second", "dataset_tokens_per_second", "train_runtime",
+                 "train_samples_per_second", "gpu_hours_per_million_tokens"):
+        assert math.isfinite(kpis[name]) and kpis[name] > 0, name
+    runtime_in_log = [line for line in log.splitlines() if "'train_runtime'" in line][-1]
+    assert f"{kpis['train_runtime']:.4g}"[:3] in runtime_in_log
+    assert (post / "report" / "index.html").is_file()
+    assert "report    :" in proc.stdout
+
+
+def test_successive_runs_build_history_and_verdicts(tmp_path: Path, prefect_harness) -> None:
+    from flows.fine_tuning.flow import fine_tuning
+
+    overrides = {**FAST, "analysis.history_uri": str(tmp_path / "history")}
+    outcomes = [fine_tuning(presets=["light"], overrides=overrides,
+                            artifact_dir=str(tmp_path / f"run{i}")) for i in range(4)]
+    assert all(o.exit_code == 0 for o in outcomes), [o.failures for o in outcomes]
+    assert outcomes[0].verdict_counts == {"insufficient_history": 8}
+    last = outcomes[-1].verdict_counts
+    assert last.get("insufficient_history", 0) == 0 and sum(last.values()) == 8
+    history = pd.read_parquet(tmp_path / "history")
+    assert history["run_uuid"].nunique() == 4
+    verdicts = json.loads(next((tmp_path / "run3").glob("*__analysis__*/regression.json"))
+                          .read_text())
+    assert all(v["history_used"] >= 3 for v in verdicts)
+
+
+def test_failing_cell_does_not_stop_the_matrix_and_cleanup_runs(tmp_path: Path,
+                                                                prefect_harness) -> None:
+    from flows.fine_tuning.flow import fine_tuning
+
+    overrides = {**FAST, "analysis.history_uri": str(tmp_path / "history"),
+                 "tests.fine_tuning.test_extra_settings": [
+                     {"hyper_parameters.peft_method": "prefix"},  # unsupported: exits 1
+                     {"hyper_parameters.peft_method": "lora"}]}
+    outcome = fine_tuning(presets=["light"], overrides=overrides,
+                          artifact_dir=str(tmp_path / "run"))
+    assert [c.status for c in outcome.cells] == ["failed", "passed"]
+    assert outcome.exit_code == 1 and "failed" in outcome.failures[0]
+    root = tmp_path / "run"
+    failed_log = (root / "000__cell" / "001__fine_tuning__run_fine_tuning_job" / "artifacts"
+                  / "pod.log").read_text()
+    assert "not supported locally" in failed_log
+    cleanup = next(root.glob("*__cleanup__cleanup"))
+    assert json.loads((cleanup / "step.json").read_text())["state"] == "Completed"
+    payloads = json.loads(next(root.glob("*__analysis__*/lts_payload.json")).read_text())
+    assert [p["metadata"]["status"] for p in payloads] == ["failed", "success"]
+
+    stop = fine_tuning(presets=["light"], overrides={
+        **overrides, "tests.fine_tuning.stop_on_error": True},
+        artifact_dir=str(tmp_path / "stop"))
+    assert [c.status for c in stop.cells] == ["failed", "not_run"]
+
+
+def test_rerun_into_same_dir_resumes_finished_cells(tmp_path: Path, prefect_harness) -> None:
+    from flows.fine_tuning.flow import fine_tuning
+
+    overrides = {**FAST, "analysis.history_uri": str(tmp_path / "history")}
+    first = fine_tuning(presets=["light"], overrides=overrides, artifact_dir=str(tmp_path / "r"))
+    assert [c.status for c in first.cells] == ["passed"]
+    second = fine_tuning(presets=["light"], overrides=overrides, artifact_dir=str(tmp_path / "r"))
+    assert [c.status for c in second.cells] == ["resumed"]
+    assert len(list((tmp_path / "r").glob("*__cell"))) == 1
+
+
+def test_ctrl_c_stops_the_workload_and_cleans_up(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "flows.fine_tuning", "--preset", "light",
+                             "--var", "tests.fine_tuning.test_settings.dataset_replication=20",
+                             "--artifact-dir", str(run_dir)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=_cli_env(tmp_path))
+    pid_file = None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and pid_file is None:
+        pid_file = next(run_dir.glob("*__cell/*__run_fine_tuning_job/workload.pid"), None)
+        time.sleep(0.2)
+    assert pid_file is not None, "the workload never started"
+    workload_pid = int(pid_file.read_text())
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    with pytest.raises(ProcessLookupError):
+        os.kill(workload_pid, 0)
+    cleanup = next(run_dir.glob("*__cleanup__cleanup"), None)
+    assert cleanup is not None, output[-3000:]
+    cell_meta = yaml.safe_load((run_dir / "plan.yaml").read_text())
+    assert cell_meta["cells"][0]["name"] == "base"

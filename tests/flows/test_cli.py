@@ -1,0 +1,86 @@
+"""The fine_tuning command line, through a subprocess as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "flows.fine_tuning", *args],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, **(env or {})})
+
+
+def test_plan_writes_config_and_cells(tmp_path: Path) -> None:
+    proc = cli("--preset", "sweep", "--plan", "--artifact-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    plan = yaml.safe_load((tmp_path / "plan.yaml").read_text())
+    assert len(plan["cells"]) == 4
+    skipped = [c for c in plan["cells"] if "skip_reason" in c]
+    assert len(skipped) == 1 and skipped[0]["skip_reason"].startswith("skip_if[0]")
+    assert all({"name", "settings"} <= set(c) for c in plan["cells"])
+    assert (tmp_path / "config.yaml").is_file()
+    assert (tmp_path / "presets_applied").read_text().split() == ["sweep", "light", "not_metal"]
+    assert "cells     4 (3 to run, 1 skipped)" in proc.stdout
+
+
+def test_plan_does_not_import_prefect(tmp_path: Path) -> None:
+    code = ("import sys; from flows.fine_tuning.__main__ import main; "
+            f"main(['--preset', 'light', '--plan', '--artifact-dir', {str(tmp_path)!r}]); "
+            "print('prefect' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60).stdout
+    assert out.strip().endswith("False")
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--preset", "nope"], "unknown preset 'nope'; available presets:"),
+    (["--var", "tests.fine_tuning.test_settings.gpuu=1"], "closest: gpu"),
+    (["--var", "tests.fine_tuning.test_settings.gpu=[1"], "malformed YAML"),
+    (["--var", "clusters.platform=moon"], "clusters.platform"),
+    (["--var", "novalue"], "--var expects KEY=VALUE"),
+    (["--vars-file", "/nonexistent/vars.yaml"], "file not found"),
+    (["--platform", "moon"], "invalid choice"),
+])
+def test_user_errors_are_one_line_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
+    proc = cli(*args, "--plan", "--artifact-dir", str(tmp_path))
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_preset_cycle_is_reported(tmp_path: Path) -> None:
+    config = tmp_path / "cycle.yaml"
+    config.write_text("ci_presets:\n  a: {extends: [b]}\n  b: {extends: [a]}\nx: 1\n")
+    code = ("from projects.config import resolve\n"
+            f"resolve({str(config)!r}, ['a'], env={{}})\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert "preset cycle: a -> b -> a" in proc.stderr
+
+
+def test_pr_args_vars_file_and_env(tmp_path: Path) -> None:
+    pr = tmp_path / "comment.txt"
+    pr.write_text("/test fine_tuning\n/var tests.fine_tuning.test_settings.gpu: 2\n")
+    vars_file = tmp_path / "vars.yaml"
+    vars_file.write_text("tests.fine_tuning.test_settings.pod_count: 3\n"
+                         "tests.fine_tuning.test_settings.gpu: 1\n")
+    proc = cli("--vars-file", str(vars_file), "--pr-args", str(pr), "--show-config",
+               env={"TELLTALE__tests__fine_tuning__test_settings__dataset_replication": "5"})
+    assert proc.returncode == 0, proc.stderr
+    settings = yaml.safe_load(proc.stdout)["tests"]["fine_tuning"]["test_settings"]
+    assert (settings["gpu"], settings["pod_count"], settings["dataset_replication"]) == (2, 3, 5)
+
+
+def test_list_presets_and_schema() -> None:
+    listed = cli("--list-presets")
+    assert "light  (extends not_metal)" in listed.stdout
+    schema = json.loads(cli("--show-schema").stdout)
+    assert "tests" in schema["properties"]
