@@ -143,6 +143,25 @@ class HistoryStore:
             self.compact()
         return len(frame)
 
+    def bulk_append(self, frame: pd.DataFrame) -> int:
+        """Append many runs as one file (seeding a history from imported results).
+
+        Same semantics as `append` (newest write of a run wins), one file instead of one
+        per run.
+
+        Returns:
+            The number of rows written.
+        """
+        missing = [c for c in BASE_COLUMNS if c not in frame.columns]
+        if missing:
+            raise ResultsError(f"history rows lack columns: {', '.join(missing)}")
+        if frame.empty:
+            return 0
+        table = pa.Table.from_pandas(frame.assign(**{_WRITTEN_AT: time.time_ns()}),
+                                     preserve_index=False)
+        self._write_table(table, f"{_COMPACTED}{time.time_ns()}-{uuid.uuid4().hex[:8]}.parquet")
+        return len(frame)
+
     def compact(self) -> int:
         """Merge part files (and earlier compactions) into one file; returns files merged."""
         files = self._files()

@@ -185,15 +185,17 @@ class ResultParser(Protocol):
         ...
 
 
-def _fingerprints_match(root: Path, recorded: dict[str, Any]) -> bool:
+def _fingerprints_match(root: str, recorded: dict[str, Any]) -> bool:
+    names: list[str] | None = None  # listed once, for every glob of this dir
     for rel, expected in recorded.items():
         if rel.startswith("glob:"):
-            pattern = rel[len("glob:"):]
-            if sorted(n for n in _listdir(root) if fnmatch.fnmatch(n, pattern)) != expected:
+            if names is None:
+                names = _listdir(Path(root))
+            if sorted(fnmatch.filter(names, rel[len("glob:"):])) != expected:
                 return False
             continue
         try:
-            st = (root / rel).stat()
+            st = os.stat(f"{root}/{rel}")
             current: Any = [st.st_size, st.st_mtime_ns]
         except OSError:
             current = None
@@ -203,40 +205,42 @@ def _fingerprints_match(root: Path, recorded: dict[str, Any]) -> bool:
 
 
 def _load_cached(result: ResultDir, parser: ResultParser) -> ParsedResult | None:
-    root = Path(result.path)
+    """Return the cached result when it is still valid, else None.
+
+    The cache file is two JSON lines: a small header (parser, version, inputs, fingerprints)
+    checked first, then the result, validated straight from JSON by pydantic.
+    """
     try:
-        raw = (root / CACHE_FILE).read_bytes()
-        cached = json.loads(raw)
-    except (OSError, ValueError):
-        return None
-    if not isinstance(cached, dict) or cached.get("parser") != parser.name or cached.get(
-        "version"
-    ) != parser.version:
-        return None
-    if cached.get("exit_code") != result.exit_code or cached.get("settings") != result.settings:
-        return None
-    if not _fingerprints_match(root, cached.get("fingerprints") or {}):
-        return None
-    try:
-        return parser.result_model.model_validate(cached["result"])
-    except (ValidationError, KeyError):
+        with open(f"{result.path}/{CACHE_FILE}", "rb") as stream:
+            header_line = stream.readline()
+            header = json.loads(header_line)
+            if not isinstance(header, dict) or header.get("parser") != parser.name or \
+                    header.get("version") != parser.version:
+                return None
+            if header.get("exit_code") != result.exit_code or \
+                    header.get("settings") != result.settings:
+                return None
+            if not _fingerprints_match(result.path, header.get("fingerprints") or {}):
+                return None
+            return parser.result_model.model_validate_json(stream.read())
+    except (OSError, ValueError, ValidationError):
         return None
 
 
 def _store_cache(result: ResultDir, parser: ResultParser, parsed: ParsedResult,
                  fingerprints: dict[str, Any]) -> None:
     root = Path(result.path)
-    payload = {
+    header = {
         "parser": parser.name,
         "version": parser.version,
         "exit_code": result.exit_code,
         "settings": result.settings,
         "fingerprints": fingerprints,
-        "result": parsed.model_dump(mode="json"),
     }
     tmp = root / f".{CACHE_FILE}.{os.getpid()}"
     try:
-        tmp.write_text(json.dumps(payload), encoding="utf-8")
+        tmp.write_text(json.dumps(header) + "\n" + parsed.model_dump_json() + "\n",
+                       encoding="utf-8")
         os.replace(tmp, root / CACHE_FILE)
     except OSError:  # a read-only results tree still parses, just without a cache
         tmp.unlink(missing_ok=True)

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -81,6 +81,8 @@ class DetectorSettings:
         z_threshold: Validation threshold of a step, in standard errors.
         min_magnitude: Smallest relative step reported.
         outlier_z: Distance from the local median (noise units) that marks an outlier.
+        full_z_threshold: Threshold of a step measured over the whole neighbouring segments
+            (used when they are longer than ``window``; 0 disables).
         drift_z: A within-segment slope counts as drift (and is corrected for) beyond this
             many standard errors.
         min_history: Historical points needed for a verdict.
@@ -97,6 +99,7 @@ class DetectorSettings:
     min_magnitude: float = 0.02
     outlier_z: float = 4.0
     drift_z: float = 2.0
+    full_z_threshold: float = 8.0
     min_history: int = 3
     verdict_z: float = 3.0
     baseline_window: int = 30
@@ -266,11 +269,20 @@ def _refine(y: np.ndarray, cps: list[int], s: DetectorSettings) -> list[int]:
 
 def _validate(y: np.ndarray, cps: list[int], sigma: float, s: DetectorSettings) -> list[int]:
     cps = list(cps)
+    whole = replace(s, window=len(y))
     while cps:
         bounds = [0, *cps, len(y)]
         scores = []
         for i, t in enumerate(cps):
             step, z, before = _step_stats(y, t, bounds[i], bounds[i + 2], sigma, s)
+            # A small step between long segments shows only over the whole segments: accept
+            # it there too, against a stricter threshold.
+            if s.full_z_threshold and (t - bounds[i] > s.window or bounds[i + 2] - t > s.window):
+                full_step, full_z, full_before = _step_stats(y, t, bounds[i], bounds[i + 2],
+                                                             sigma, whole)
+                if full_z / s.full_z_threshold > z / s.z_threshold:
+                    step, before = full_step, full_before
+                    z = full_z * s.z_threshold / s.full_z_threshold
             rel = abs(step) / abs(before) if before != 0 else (math.inf if step else 0.0)
             ok = z >= s.z_threshold and rel >= s.min_magnitude
             scores.append((ok, min(z / s.z_threshold, rel / s.min_magnitude)))

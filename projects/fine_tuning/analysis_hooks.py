@@ -28,8 +28,9 @@ def _timestamps(result: ParsedResult) -> tuple[str | None, str | None]:
 
 
 def _loss_curve(result: ParsedResult) -> list[dict[str, float]]:
-    return [{"step": p.step, "loss": p.loss} for p in _as_ft(result).progress
-            if p.loss is not None]
+    losses = _as_ft(result).progress.loss
+    return [{"step": step, "loss": loss} for step, loss in enumerate(losses, start=1)
+            if loss is not None]
 
 
 PROJECT = AnalysisProject(

@@ -139,8 +139,8 @@ def results_summary(result: FineTuningResult) -> dict[str, Any]:
     if result.dataset_stats is not None:
         out.update({f"dataset_{k}": v for k, v in
                     result.dataset_stats.model_dump(exclude_none=True).items()})
-    if result.progress:
-        losses = [p.loss for p in result.progress if p.loss is not None]
+    if len(result.progress):
+        losses = [loss for loss in result.progress.loss if loss is not None]
         if losses:
             out["first_loss"], out["last_loss"] = losses[0], losses[-1]
     out["workload_exit_code"] = result.workload.exit_code

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel, Field
 
-__all__ = ["DatasetStats", "LogMetrics", "ProgressPoint", "TrainSummary", "parse_train_log"]
+__all__ = ["DatasetStats", "LogMetrics", "Progress", "TrainSummary", "parse_train_log"]
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _PAIR = re.compile(r"'([A-Za-z_][A-Za-z0-9_]*)'\s*:\s*('?)([^',}]*)\2")
@@ -40,15 +40,29 @@ class DatasetStats(BaseModel):
     max_seq_token: float | None = None
 
 
-class ProgressPoint(BaseModel):
-    """One periodic training log line."""
+class Progress(BaseModel):
+    """The periodic training log lines, column by column (one entry per line).
 
-    step: int = Field(description="1-based position of the log line.")
-    loss: float | None = None
-    grad_norm: float | None = None
-    learning_rate: float | None = None
-    epoch: float | None = None
-    train_tokens_per_second: float | None = None
+    Columnar on purpose: a long run logs thousands of lines, and one list per metric keeps
+    the parse cache small and fast to load.
+    """
+
+    loss: list[float | None] = Field(default_factory=list)
+    grad_norm: list[float | None] = Field(default_factory=list)
+    learning_rate: list[float | None] = Field(default_factory=list)
+    epoch: list[float | None] = Field(default_factory=list)
+    train_tokens_per_second: list[float | None] = Field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.loss)
+
+    def append(self, values: dict[str, float | None]) -> None:
+        """Add one log line's values (missing metrics become None)."""
+        for name in _PROGRESS_FIELDS:
+            getattr(self, name).append(values.get(name))
+
+
+_PROGRESS_FIELDS = ("loss", "grad_norm", "learning_rate", "epoch", "train_tokens_per_second")
 
 
 class TrainSummary(BaseModel):
@@ -66,7 +80,7 @@ class LogMetrics(BaseModel):
     """Everything the log told us, plus what looked wrong (line, message)."""
 
     dataset_stats: DatasetStats | None = None
-    progress: list[ProgressPoint] = Field(default_factory=list)
+    progress: Progress = Field(default_factory=Progress)
     summary: TrainSummary | None = None
     problems: list[tuple[int, str]] = Field(default_factory=list)
 
@@ -120,9 +134,7 @@ def parse_train_log(lines: Iterable[str]) -> LogMetrics:
                 continue
             pairs = _dict_pairs(fragment)
             if "loss" in pairs:
-                point = ProgressPoint(step=len(out.progress) + 1,
-                                      **_fields(ProgressPoint, pairs))
-                out.progress.append(point)
+                out.progress.append(pairs)
                 if pairs.get("train_tokens_per_second") is not None:
                     last_tokens_rate = pairs["train_tokens_per_second"]
             elif "train_runtime" in pairs:

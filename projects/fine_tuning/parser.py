@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 
 from analysis.discovery import ResultDir
 from analysis.parsing import FileReader, ParsedResult
-from projects.fine_tuning.logparse import DatasetStats, ProgressPoint, TrainSummary, parse_train_log
+from projects.fine_tuning.logparse import DatasetStats, Progress, TrainSummary, parse_train_log
 
 __all__ = ["FineTuningParser", "FineTuningResult", "PlatformFacts", "WorkloadState"]
 
@@ -66,7 +66,7 @@ class FineTuningResult(ParsedResult):
     trainer_config: dict[str, Any] | None = None
     dataset_stats: DatasetStats | None = None
     summary: TrainSummary | None = None
-    progress: list[ProgressPoint] = Field(default_factory=list)
+    progress: Progress = Field(default_factory=Progress)
     workload: WorkloadState = Field(default_factory=WorkloadState)
     platform: PlatformFacts = Field(default_factory=PlatformFacts)
 
@@ -112,7 +112,7 @@ class FineTuningParser:
     """`analysis.parsing.ResultParser` for fine_tuning runs."""
 
     name: ClassVar[str] = "fine_tuning"
-    version: ClassVar[str] = "1.1"
+    version: ClassVar[str] = "1.2"
     result_model: ClassVar[type[ParsedResult]] = FineTuningResult
 
     def parse(self, result: ResultDir, reader: FileReader) -> FineTuningResult:

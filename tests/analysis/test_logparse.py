@@ -14,7 +14,7 @@ def test_transformers_4_log() -> None:
     assert metrics.summary.train_runtime == 40
     assert len(metrics.progress) == 20
     assert metrics.dataset_stats and metrics.dataset_stats.total_tokens == 51234
-    assert metrics.progress[6].grad_norm is None  # grad_norm missing on some lines
+    assert metrics.progress.grad_norm[6] is None  # grad_norm missing on some lines
     assert not metrics.problems
 
 
@@ -34,8 +34,8 @@ def test_noise_nan_inf_ansi_progress_bars() -> None:
         "dataset stats: {\"total_tokens\": 1000, \"total_samples\": 10, \"avg_tokens_per_sample\": 100, \"max_seq_token\": 128}\n",
     ]
     metrics = parse_train_log(lines)
-    assert math.isnan(metrics.progress[0].loss)
-    assert metrics.progress[1].loss == math.inf and metrics.progress[1].grad_norm == -math.inf
+    assert math.isnan(metrics.progress.loss[0])
+    assert metrics.progress.loss[1] == math.inf and metrics.progress.grad_norm[1] == -math.inf
     assert metrics.summary.train_runtime == 10.0 and metrics.summary.train_tokens_per_second is None
     assert metrics.dataset_stats.total_samples == 10
 

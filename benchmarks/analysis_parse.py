@@ -1,0 +1,132 @@
+"""Post-processing speed: parse 1 000 result dirs cold and warm, query a 1 M-row history.
+
+    python benchmarks/analysis_parse.py [--dirs 1000] [--log-mb 1.0] [--rows 1000000]
+
+Goals (issue #3): cold >= 200 dirs/s on 2 cores; warm >= 20x faster than cold; a filtered
+history query for one configuration over 1 M rows < 1 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from analysis.discovery import discover  # noqa: E402
+from analysis.history import HistoryStore  # noqa: E402
+from analysis.parsing import parse_dirs  # noqa: E402
+from analysis.project import load_project  # noqa: E402
+from tests.factories import make_result_dir, train_log  # noqa: E402
+
+
+def build_tree(root: Path, dirs: int, log_mb: float) -> None:
+    steps = 200
+    # progress-bar noise brings each log to ~log_mb MB, like a real multi-hour run's log
+    noise = int(log_mb * 1024 * 1024 / 75)
+    template = make_result_dir(root, "000__cell", noise_lines=noise, seed=0)
+    log = template / "001__fine_tuning__run_fine_tuning_job" / "artifacts" / "pod.log"
+    texts = [train_log(tokens_per_second=1000 + i, steps=steps, noise_lines=noise, seed=i)
+             for i in range(8)]
+    for i in range(1, dirs):
+        target = root / f"{i:04d}__cell"
+        shutil.copytree(template, target)
+        (target / ".uuid").write_text(f"run-{i}\n")
+        (target / "001__fine_tuning__run_fine_tuning_job" / "artifacts" / "pod.log").write_text(
+            texts[i % len(texts)])
+    print(f"tree: {dirs} dirs, log {log.stat().st_size / 1e6:.2f} MB each")
+
+
+def bench_parse(root: Path) -> tuple[float, float, float]:
+    """Return (discovery, cold parse, warm parse) seconds; parse uses 2 worker processes."""
+    project = load_project("fine_tuning")
+    t0 = time.perf_counter()
+    found = discover(root).results
+    t_discover = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    cold = parse_dirs(found, project.parser, project="fine_tuning", force=True)
+    t_cold = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    warm = parse_dirs(found, project.parser, project="fine_tuning")
+    t_warm = time.perf_counter() - t0
+    assert [r.run_uuid for r in cold] == [r.run_uuid for r in warm]
+    assert all(r.summary is not None for r in warm)
+    return t_discover, t_cold, t_warm
+
+
+def bench_query(uri: str, rows: int) -> tuple[float, int]:
+    rng = np.random.default_rng(0)
+    kpis = ["train_tokens_per_second", "dataset_tokens_per_second", "train_runtime",
+            "train_samples_per_second", "train_steps_per_second", "gpu_hours_per_million_tokens",
+            "dataset_tokens_per_second_per_gpu", "train_tokens_per_gpu_per_second",
+            "avg_tokens_per_sample"]
+    runs = rows // len(kpis)
+    models = [f"model-{i}" for i in range(40)]
+    frame = pd.DataFrame({
+        "run_uuid": np.repeat([f"run-{i:07d}" for i in range(runs)], len(kpis)),
+        "timestamp": np.repeat(pd.date_range("2024-01-01", periods=runs, freq="min",
+                                             tz="UTC"), len(kpis)),
+        "kpi": np.tile(kpis, runs),
+        "value": rng.normal(1000, 50, runs * len(kpis)),
+        "unit": "tokens/s", "lower_better": False, "ignored_for_regression": False,
+        "model_name": np.repeat(rng.choice(models, runs), len(kpis)),
+        "accelerator_count": np.repeat(rng.choice(["1", "2", "4", "8"], runs), len(kpis)),
+        "tuning_method": np.repeat(rng.choice(["lora", "full"], runs), len(kpis)),
+        "container_image": np.repeat(rng.choice([f"img:{i}" for i in range(20)], runs),
+                                     len(kpis)),
+        "ocp_version": np.repeat(rng.choice(["4.15", "4.16", "4.17"], runs), len(kpis)),
+        "per_device_batch_size": "4", "max_seq_length": "1024", "platform": "kubernetes",
+    })
+    for column in ("run_uuid", "kpi", "unit", "model_name", "accelerator_count",
+                   "tuning_method", "container_image", "ocp_version",
+                   "per_device_batch_size", "max_seq_length", "platform"):
+        frame[column] = frame[column].astype("string")
+    store = HistoryStore(uri)
+    store.bulk_append(frame)
+    labels = {"model_name": "model-7", "accelerator_count": "8", "tuning_method": "lora",
+              "container_image": "img:3", "ocp_version": "4.16", "per_device_batch_size": "4",
+              "max_seq_length": "1024", "platform": "kubernetes"}
+    store.query(labels, kpi="train_tokens_per_second", ignored_labels=["ocp_version"])
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        result = store.query(labels, kpi="train_tokens_per_second",
+                             compared_label="container_image", ignored_labels=["ocp_version"])
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times)), len(result)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dirs", type=int, default=1000)
+    parser.add_argument("--log-mb", type=float, default=1.0)
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "results"
+        build_tree(root, args.dirs, args.log_mb)
+        t_disc, t_cold, t_warm = bench_parse(root)
+        print(f"discovery  : {t_disc:6.2f} s  {args.dirs / t_disc:8.0f} dirs/s")
+        print(f"parse cold : {t_cold:6.2f} s  {args.dirs / t_cold:8.0f} dirs/s   (goal >= 200)")
+        print(f"parse warm : {t_warm:6.2f} s  {args.dirs / t_warm:8.0f} dirs/s   "
+              f"cache speed-up x{t_cold / t_warm:.1f} (goal >= 20)")
+        total_cold, total_warm = t_disc + t_cold, t_disc + t_warm
+        print(f"end to end : cold {total_cold:.2f} s, warm {total_warm:.2f} s "
+              f"(x{total_cold / total_warm:.1f} with discovery included)")
+        shutil.rmtree(root)
+        t_query, n = bench_query(str(Path(tmp) / "history"), args.rows)
+        print(f"query      : {t_query * 1000:6.0f} ms over {args.rows:,} rows -> {n} rows "
+              f"(goal < 1000 ms)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
