@@ -44,7 +44,8 @@ class AnalysisSettings(BaseModel):
 
     history_uri: str | None = Field(
         default=None,
-        description="Parquet history: a local dir or s3://bucket/prefix. None: the user's data dir.",
+        description=("Parquet history: a local dir or s3://bucket/prefix. "
+                     "None: the user's data dir."),
     )
     mode: Literal["investigate", "cpt"] = Field(
         default="investigate",

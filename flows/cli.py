@@ -62,7 +62,8 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
         try:
             text = Path(args.pr_args).read_text(encoding="utf-8")
         except OSError as exc:
-            raise ConfigError(f"cannot read PR comment: {exc.strerror}", file=args.pr_args) from None
+            raise ConfigError(f"cannot read PR comment: {exc.strerror}",
+                              file=args.pr_args) from None
         overrides.update(parse_pr_args(text, source=args.pr_args))
     for item in args.var:
         key, sep, value = item.partition("=")
@@ -94,7 +95,10 @@ def prefect_defaults() -> None:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "60")
 
 
-def main_guard(main: Callable[[Sequence[str] | None], int]) -> Callable[[Sequence[str] | None], int]:
+Main = Callable[[Sequence[str] | None], int]
+
+
+def main_guard(main: Main) -> Main:
     """Wrap a CLI ``main``: user errors print one line on stderr and exit 2, no traceback."""
 
     def guarded(argv: Sequence[str] | None = None) -> int:

@@ -370,7 +370,8 @@ class Config:
         directory.mkdir(parents=True, exist_ok=True)
         target = directory / "config.yaml"
         _atomic_write(target, self.to_yaml())
-        _atomic_write(directory / "presets_applied", "".join(f"{p}\n" for p in self.presets_applied))
+        presets = "".join(f"{p}\n" for p in self.presets_applied)
+        _atomic_write(directory / "presets_applied", presets)
         _atomic_write(directory / "variable_overrides.yaml", dump_yaml(redact(self.overrides)))
         return target
 

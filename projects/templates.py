@@ -44,7 +44,11 @@ class _TemplateAbort(Exception):
     """Raised by ``raise_exception`` inside a template."""
 
 
-def _or_env(value: Any, env_name: str) -> Any:
+# pass_context marks the helpers as impure: Jinja then never evaluates them at compile time
+# (it folds filters over constants even with optimized=False), so a warning or an error
+# inside a branch that is not taken stays silent, and or_env reads the environment at render.
+@jinja2.pass_context
+def _or_env(context: Any, value: Any, env_name: str) -> Any:
     if value not in (None, ""):
         return value
     if env_name in os.environ:
@@ -52,11 +56,13 @@ def _or_env(value: Any, env_name: str) -> Any:
     raise _TemplateAbort(f"value is not set and ${env_name} is not in the environment")
 
 
-def _raise_exception(message: str) -> typing.NoReturn:
+@jinja2.pass_context
+def _raise_exception(context: Any, message: str) -> typing.NoReturn:
     raise _TemplateAbort(str(message))
 
 
-def _log_warning(message: str) -> str:
+@jinja2.pass_context
+def _log_warning(context: Any, message: str) -> str:
     logger.warning("%s", message)
     return ""
 
@@ -67,9 +73,6 @@ def _environment(search_dir: Path) -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,  # renders YAML, never HTML
-        # No constant folding: it would run log_warning/raise_exception at compile time,
-        # even inside a branch that is never taken.
-        optimized=False,
     )
     env.filters.update(or_env=_or_env, raise_exception=_raise_exception, log_warning=_log_warning)
     env.globals.update(raise_exception=_raise_exception, log_warning=_log_warning)

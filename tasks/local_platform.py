@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -26,7 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from analysis.errors import StepError
+from analysis.errors import ConfigError, StepError
 from tasks.artifacts import artifact_dir, step
 from tasks.runner import CommandTimeout, run
 
@@ -35,6 +36,7 @@ __all__ = [
     "capture_environment",
     "cleanup_local",
     "machine_facts",
+    "prepare_local",
     "run_fine_tuning_job",
     "trainer_config",
 ]
@@ -117,7 +119,7 @@ def machine_facts() -> dict[str, Any]:
     }
 
 
-@step("cluster")
+@step("cluster", timeout_seconds=120)
 def capture_environment() -> dict[str, Any]:
     """Capture the local machine's facts into ``machine.json`` of the step dir.
 
@@ -128,6 +130,47 @@ def capture_environment() -> dict[str, Any]:
     (artifact_dir() / "machine.json").write_text(json.dumps(facts, indent=2) + "\n",
                                                  encoding="utf-8")
     return facts
+
+
+_LOCAL_EXTRA = ("torch", "transformers", "peft", "accelerate", "tokenizers")
+
+
+@step("prepare", timeout_seconds=60)
+def prepare_local(cells: list[dict[str, Any]], local_models: dict[str, dict[str, Any]],
+                  data_dir: str) -> dict[str, Any]:
+    """Check, before anything runs, that every cell can run on this machine.
+
+    Args:
+        cells: Settings of the cells that will run.
+        local_models: Tiny model specs by name.
+        data_dir: Directory holding the datasets.
+
+    Returns:
+        What was checked (datasets, models, library versions).
+
+    Raises:
+        ConfigError: A cell names a dataset or model that does not exist, or the local
+            workload's libraries are not installed (the ``[local]`` extra).
+    """
+    missing = [name for name in _LOCAL_EXTRA if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ConfigError(f"the local workload needs {', '.join(missing)}: "
+                          "pip install torch==2.13.0 && pip install -e '.[local]'")
+    datasets = sorted({str(c["dataset_name"]) for c in cells})
+    for name in datasets:
+        if not (Path(data_dir) / name).is_file():
+            available = sorted(p.name for p in Path(data_dir).glob("*.json*"))
+            raise ConfigError(f"dataset {name!r} not found in {data_dir}; available: "
+                              f"{', '.join(available) or '(none)'}",
+                              key="tests.fine_tuning.test_settings.dataset_name")
+    models = sorted({str(c["model_name"]) for c in cells})
+    for name in models:
+        if name not in local_models:
+            raise ConfigError(f"model {name!r} has no local spec; defined: "
+                              f"{', '.join(sorted(local_models)) or '(none)'}",
+                              key="tests.fine_tuning.test_settings.model_name")
+    return {"datasets": datasets, "models": models,
+            "versions": {name: _version(name) for name in _LOCAL_EXTRA}}
 
 
 def trainer_config(settings: dict[str, Any], data_file: Path, output_dir: Path,
@@ -242,7 +285,7 @@ def cleanup_local(root: str | Path) -> dict[str, Any]:
     return {"stopped_pids": stopped, "removed": removed}
 
 
-@step("cleanup")
+@step("cleanup", timeout_seconds=300)
 def cleanup(root: str) -> dict[str, Any]:
     """Cleanup phase on the local platform (see `cleanup_local`)."""
     summary = cleanup_local(root)

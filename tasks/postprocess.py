@@ -12,7 +12,8 @@ from tasks.artifacts import artifact_dir, step
 __all__ = ["postprocess_results"]
 
 
-@step("analysis")
+# Retries cover transient history-store faults (S3); the timeout bounds a runaway parse.
+@step("analysis", retries=2, retry_delay_seconds=[5, 30], timeout_seconds=1800)
 def postprocess_results(results_dir: str, project: str, history_uri: str | None,
                         settings: dict[str, Any], presets: Sequence[str],
                         config_text: str | None = None) -> PostprocessOutcome:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
 import shlex
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -85,7 +85,8 @@ def _log(command: str, result: CommandResult | None, note: str = "") -> None:
         if result is not None:
             stream.write(f"# exit {result.returncode} in {result.duration_s:.2f}s\n")
             if result.stdout:
-                stream.write(result.stdout if result.stdout.endswith("\n") else result.stdout + "\n")
+                stream.write(result.stdout if result.stdout.endswith("\n")
+                             else result.stdout + "\n")
             if result.stderr:
                 stream.write("# stderr:\n" + result.stderr)
                 stream.write("" if result.stderr.endswith("\n") else "\n")

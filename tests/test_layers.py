@@ -37,3 +37,11 @@ def test_importing_analysis_does_not_import_prefect() -> None:
     code = "import analysis.pipeline, analysis.report, sys; print('prefect' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "False"
+
+
+def test_ruff_is_clean() -> None:
+    ruff = shutil.which("ruff", path=str(Path(sys.executable).parent))
+    assert ruff, "ruff is part of the [dev] extra"
+    proc = subprocess.run([ruff, "check", "."], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:]

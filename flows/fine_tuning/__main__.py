@@ -1,8 +1,8 @@
 """Command line of the fine_tuning flow.
 
-    python -m flows.fine_tuning [--preset NAME]... [--var KEY=VALUE]... [--vars-file F]
-        [--pr-args F] [--artifact-dir D] [--platform auto|local|kubernetes]
-        [--plan] [--list-presets] [--show-config] [--show-schema]
+python -m flows.fine_tuning [--preset NAME]... [--var KEY=VALUE]... [--vars-file F]
+[--pr-args F] [--artifact-dir D] [--platform auto|local|kubernetes]
+[--plan] [--list-presets] [--show-config] [--show-schema]
 """
 
 from __future__ import annotations
@@ -12,15 +12,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-
 from flows.cli import (
     EXIT_OK,
     add_config_arguments,
     default_artifact_dir,
     main_guard,
-    prefect_defaults,
     make_parser,
     overrides_from_args,
+    prefect_defaults,
     resolve_from_args,
 )
 from projects.config import json_schema, resolve

@@ -18,6 +18,7 @@ import hashlib
 import json
 import logging
 import os
+import sys
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,7 +29,7 @@ from prefect.runtime import flow_run as runtime_flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import BaseModel, Field
 
-from analysis.errors import TelltaleError
+from analysis.errors import ConfigError, TelltaleError
 from analysis.history import default_history_uri
 from analysis.yamlio import dump_yaml
 from flows.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE
@@ -125,7 +126,10 @@ def _run_cell(cell: Cell, config: Config, platform: str, run_id: str) -> CellOut
                                extra={"settings": cell.settings,
                                       "data_dir": str(project_dir(PROJECT) / "data")},
                                config=config)
-            outcome = local_platform.run_fine_tuning_job(**args)
+            # Prefect's timeout backs up the subprocess deadline (which kills the trainer).
+            job = local_platform.run_fine_tuning_job.with_options(
+                timeout_seconds=args["timeout_minutes"] * 60 + 120)
+            outcome = job(**args)
             code, reason = outcome.exit_code, outcome.finish_reason
         except Exception as exc:  # the cell failed; the matrix and post-processing go on
             reason = f"{type(exc).__name__}: {exc}"
@@ -183,6 +187,7 @@ def fine_tuning(
         log.info("artifacts in %s; %d cell(s) on %s", root, len(plan.cells), chosen)
         outcome = RunOutcome(artifact_dir=str(root), exit_code=EXIT_OK, platform=chosen)
         try:
+            _prepare_phase(plan.runnable, config, chosen)
             outcome.cells = _test_phase(plan.cells, config, chosen, run_id, root)
             _postprocess_phase(outcome, config, root)
         finally:
@@ -195,6 +200,17 @@ def fine_tuning(
             outcome.exit_code = EXIT_FAILED
         (root / "outcome.json").write_text(outcome.model_dump_json(indent=2), encoding="utf-8")
     return outcome
+
+
+def _prepare_phase(cells: list[Cell], config: Config, platform: str) -> None:
+    """Fail fast, before any cell runs, on what would fail every cell."""
+    if platform != "local":
+        raise ConfigError(f"platform {platform!r} is not available in this build yet; "
+                          "use --platform local")
+    if cells:
+        local_platform.prepare_local([c.settings for c in cells],
+                                     config.get("tests.fine_tuning.local_models"),
+                                     str(project_dir(PROJECT) / "data"))
 
 
 def _test_phase(cells: list[Cell], config: Config, platform: str, run_id: str,
@@ -256,11 +272,21 @@ def _postprocess_phase(outcome: RunOutcome, config: Config, root: Path) -> None:
 def run_from_cli(presets: list[str], overrides: dict[str, Any], platform: str,
                  artifact_dir: Path | None) -> int:
     """Run the flow for the command line and print where to look; returns the exit code."""
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        temporary_settings,
+    )
+
+    # Heartbeats let a server notice a crashed run; with the temporary server of a CLI run,
+    # which dies with this process, they only cost ~1 s at flow exit (a thread join).
+    updates = {} if PREFECT_API_URL.value() else {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
     try:
-        outcome = fine_tuning(presets=presets, overrides=overrides, platform=platform,
-                              artifact_dir=str(artifact_dir) if artifact_dir else None)
+        with temporary_settings(updates=updates):
+            outcome = fine_tuning(presets=presets, overrides=overrides, platform=platform,
+                                  artifact_dir=str(artifact_dir) if artifact_dir else None)
     except TelltaleError as exc:
-        print(f"error: {exc}")
+        print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE if isinstance(exc, ValueError) else EXIT_FAILED
     print()
     print(f"artifacts : {outcome.artifact_dir}")

@@ -1,4 +1,4 @@
-"""Parse the trainer's log lines (fms-hf-tuning image and the local workload alike).
+r"""Parse the trainer's log lines (fms-hf-tuning image and the local workload alike).
 
 Three kinds of lines matter::
 
@@ -7,7 +7,7 @@ Three kinds of lines matter::
     {'train_runtime': 41.2, 'train_samples_per_second': 9.7, ..., 'epoch': 1.0}
 
 Tolerated: values quoted as strings (transformers 5.x), ``nan``/``inf``, a missing
-``grad_norm``, ANSI colour codes, and progress bars glued before the dict (``\\r``-separated
+``grad_norm``, ANSI colour codes, and progress bars glued before the dict (``\r``-separated
 tqdm frames). transformers 5.x reports ``train_tokens_per_second`` on the periodic lines, not
 in the summary: the last periodic value is used when the summary lacks it.
 

@@ -40,10 +40,11 @@ def test_cli_light_preset_end_to_end(tmp_path: Path) -> None:
     # layout
     for name in ("config.yaml", "plan.yaml", "presets_applied", "outcome.json", "report.html"):
         assert (run_dir / name).is_file(), name
-    cell = run_dir / "000__cell"
-    job = cell / "001__fine_tuning__run_fine_tuning_job"
+    assert (next(run_dir.glob("*__prepare__prepare_local")) / "step.json").is_file()
+    cell = next(run_dir.glob("*__cell"))
+    job = next(cell.glob("*__fine_tuning__run_fine_tuning_job"))
     assert (cell / "exit_code").read_text().strip() == "0"
-    assert (cell / "000__cluster__capture_environment" / "machine.json").is_file()
+    assert (next(cell.glob("*__cluster__capture_environment")) / "machine.json").is_file()
     assert json.loads((job / "src" / "config_final.json").read_text())["peft_method"] == "lora"
     log = (job / "artifacts" / "pod.log").read_text()
     assert "dataset stats:" in log and "'train_runtime'" in log
@@ -90,7 +91,8 @@ def test_failing_cell_does_not_stop_the_matrix_and_cleanup_runs(tmp_path: Path,
     assert [c.status for c in outcome.cells] == ["failed", "passed"]
     assert outcome.exit_code == 1 and "failed" in outcome.failures[0]
     root = tmp_path / "run"
-    failed_log = (root / "000__cell" / "001__fine_tuning__run_fine_tuning_job" / "artifacts"
+    first_cell = sorted(root.glob("*__cell"))[0]
+    failed_log = (next(first_cell.glob("*__run_fine_tuning_job")) / "artifacts"
                   / "pod.log").read_text()
     assert "not supported locally" in failed_log
     cleanup = next(root.glob("*__cleanup__cleanup"))
@@ -138,3 +140,17 @@ def test_ctrl_c_stops_the_workload_and_cleans_up(tmp_path: Path) -> None:
     assert cleanup is not None, output[-3000:]
     cell_meta = yaml.safe_load((run_dir / "plan.yaml").read_text())
     assert cell_meta["cells"][0]["name"] == "base"
+
+
+def test_missing_dataset_fails_in_prepare_with_exit_2(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "flows.fine_tuning", "--preset", "light",
+                           "--var", "tests.fine_tuning.test_settings.dataset_name=nope.jsonl",
+                           "--artifact-dir", str(run_dir)], capture_output=True, text=True,
+                          env=_cli_env(tmp_path), timeout=300)
+    assert proc.returncode == 2
+    assert "error: tests.fine_tuning.test_settings.dataset_name: dataset 'nope.jsonl' not found" \
+        in proc.stderr
+    assert not list(run_dir.glob("*__cell"))  # nothing ran
+    assert list(run_dir.glob("*__cleanup__cleanup"))  # cleanup still did
+    assert (run_dir / "config.yaml").is_file()  # what was made is kept

@@ -106,3 +106,13 @@ def test_signature_validation(setup) -> None:
     write(template, "app other:\n  a: 1\n")
     with pytest.raises(ConfigError, match="no entry 'app deploy'"):
         from_config(deploy, config=config, template=template)
+
+
+def test_helpers_in_untaken_branches_stay_silent(setup, caplog, monkeypatch) -> None:
+    config, template = setup
+    write(template, "{% if app.replicas > 5 %}{{ 'never' | log_warning }}"
+                    "{{ raise_exception('never') }}{% endif %}"
+                    "app deploy:\n  namespace: {{ 'fixed' | or_env('NS_LATE') }}\n  replicas: 1\n")
+    monkeypatch.setenv("NS_LATE", "late")
+    assert from_config(deploy, config=config, template=template)["namespace"] == "fixed"
+    assert "never" not in caplog.text

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
+from analysis.errors import StepError
 from tasks.artifacts import use_artifact_dir
 from tasks.runner import CommandError, CommandTimeout, run, run_and_catch
-from analysis.errors import StepError
 
 
 def test_argv_runs_without_shell() -> None:
