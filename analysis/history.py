@@ -27,7 +27,7 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import parse_qs, urlparse
 
 import pandas as pd
@@ -40,12 +40,32 @@ import pyarrow.parquet as pq
 from analysis.errors import ResultsError
 from analysis.kpi import BASE_COLUMNS
 
-__all__ = ["AUTO_COMPACT_PARTS", "HistoryStore", "default_history_uri", "open_filesystem"]
+__all__ = [
+    "AUTO_COMPACT_PARTS",
+    "HistorySource",
+    "HistoryStore",
+    "default_history_uri",
+    "open_filesystem",
+]
 
 AUTO_COMPACT_PARTS = 64
 _WRITTEN_AT = "_written_at"
 _PART = "part-"
 _COMPACTED = "compacted-"
+
+
+class HistorySource(Protocol):
+    """What regression judging needs from a history: label-matched rows, oldest first.
+
+    `HistoryStore` (Parquet) implements it; so does ``tasks.opensearch_export.
+    OpenSearchHistory``, which this layer never imports.
+    """
+
+    def query(self, labels: Mapping[str, str | None], *, kpi: str | None = None,
+              compared_label: str | None = None, ignored_labels: Iterable[str] = (),
+              exclude_runs: Iterable[str] = ()) -> pd.DataFrame:
+        """Rows of the runs whose labels match, ordered by time."""
+        ...
 
 
 def default_history_uri(project: str) -> str:

@@ -204,7 +204,8 @@ def _fingerprints_match(root: str, recorded: dict[str, Any]) -> bool:
     return True
 
 
-def _load_cached(result: ResultDir, parser: ResultParser) -> ParsedResult | None:
+def _load_cached(result: ResultDir, parser: ResultParser,
+                 trust: bool = False) -> ParsedResult | None:
     """Return the cached result when it is still valid, else None.
 
     The cache file is two JSON lines: a small header (parser, version, inputs, fingerprints)
@@ -220,7 +221,8 @@ def _load_cached(result: ResultDir, parser: ResultParser) -> ParsedResult | None
             if header.get("exit_code") != result.exit_code or \
                     header.get("settings") != result.settings:
                 return None
-            if not _fingerprints_match(result.path, header.get("fingerprints") or {}):
+            if not trust and not _fingerprints_match(result.path,
+                                                     header.get("fingerprints") or {}):
                 return None
             return parser.result_model.model_validate_json(stream.read())
     except (OSError, ValueError, ValidationError):
@@ -251,7 +253,7 @@ def _force_from_env() -> bool:
 
 
 def parse_one(result: ResultDir, parser: ResultParser, *, force: bool = False,
-              use_cache: bool = True) -> ParsedResult:
+              use_cache: bool = True, trust_cache: bool = False) -> ParsedResult:
     """Parse one result dir, through the cache unless ``force``.
 
     Args:
@@ -259,12 +261,14 @@ def parse_one(result: ResultDir, parser: ResultParser, *, force: bool = False,
         parser: The project's parser.
         force: Ignore any cache (``TELLTALE_FORCE_REPARSE=1`` does the same).
         use_cache: Read and write the cache at all.
+        trust_cache: Accept a cache of the right parser version without checking the
+            fingerprints (the source files may be absent, e.g. after a cache-only download).
 
     Returns:
         The typed result; problems inside it, never an exception for a bad file.
     """
     if use_cache and not (force or _force_from_env()):
-        cached = _load_cached(result, parser)
+        cached = _load_cached(result, parser, trust_cache)
         if cached is not None:
             return cached
     reader = FileReader(result.path)
@@ -287,7 +291,7 @@ def _parse_chunk(project: str, results: list[ResultDir], force: bool,
 
 def parse_dirs(results: Sequence[ResultDir], parser: ResultParser, *, project: str | None = None,
                force: bool = False, use_cache: bool = True,
-               workers: int | None = None) -> list[ParsedResult]:
+               workers: int | None = None, trust_cache: bool = False) -> list[ParsedResult]:
     """Parse many result dirs, in parallel processes when there are enough of them.
 
     Args:
@@ -298,19 +302,21 @@ def parse_dirs(results: Sequence[ResultDir], parser: ResultParser, *, project: s
         force: Ignore caches.
         use_cache: Read and write caches.
         workers: Worker processes (default: CPU count).
+        trust_cache: See `parse_one`.
 
     Returns:
         Results in the order of ``results``.
     """
     workers = workers or os.cpu_count() or 1
     if project is None or workers <= 1 or len(results) < _PARALLEL_MIN:
-        return [parse_one(r, parser, force=force, use_cache=use_cache) for r in results]
+        return [parse_one(r, parser, force=force, use_cache=use_cache, trust_cache=trust_cache)
+                for r in results]
     # Warm dirs are cheap: serve them here and send only the cold ones to workers.
     parsed: dict[int, ParsedResult] = {}
     cold: list[int] = []
     for index, result in enumerate(results):
         cached = None if (force or _force_from_env() or not use_cache) else _load_cached(
-            result, parser)
+            result, parser, trust_cache)
         if cached is not None:
             parsed[index] = cached
         else:

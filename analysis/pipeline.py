@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 
 from analysis.discovery import Discovery, discover
 from analysis.errors import ResultsError
-from analysis.history import HistoryStore
+from analysis.history import HistorySource, HistoryStore
 from analysis.kpi import Kpi, compute_kpis, kpi_table, to_openmetrics
 from analysis.lts import LtsKpi, LtsMetadata, LtsPayload, require_complete
 from analysis.parsing import ParsedResult, parse_dirs
@@ -27,7 +27,14 @@ from analysis.regression import verdict
 from analysis.settings import AnalysisSettings
 from analysis.yamlio import dump_yaml
 
-__all__ = ["PostprocessOutcome", "RunAnalysis", "VerdictRow", "judge_runs", "postprocess"]
+__all__ = [
+    "PostprocessOutcome",
+    "RunAnalysis",
+    "VerdictRow",
+    "judge_runs",
+    "postprocess",
+    "runs_table",
+]
 
 
 class VerdictRow(BaseModel):
@@ -117,7 +124,7 @@ def analyse_run(project: AnalysisProject, result: ParsedResult,
                        labels=labels, kpis=kpis, payload=payload)
 
 
-def judge_runs(runs: Sequence[RunAnalysis], store: HistoryStore | None,
+def judge_runs(runs: Sequence[RunAnalysis], store: HistorySource | None,
                settings: AnalysisSettings) -> list[VerdictRow]:
     """Judge each run's KPIs against the history of runs with matching labels."""
     rows: list[VerdictRow] = []
@@ -149,6 +156,16 @@ def judge_runs(runs: Sequence[RunAnalysis], store: HistoryStore | None,
     return rows
 
 
+def runs_table(runs: Sequence[RunAnalysis]) -> pd.DataFrame:
+    """One row per run: identity, timing, status and where it lives."""
+    return pd.DataFrame([{
+        "run_uuid": r.run_uuid, "start": r.payload.metadata.start,
+        "end": r.payload.metadata.end, "status": r.payload.metadata.status,
+        "exit_code": r.result.exit_code, "test_path": r.result.rel_path,
+        "presets": ",".join(r.payload.metadata.presets or []),
+        "problems": len(r.result.problems), **r.labels} for r in runs])
+
+
 def _gate(rows: Sequence[VerdictRow], settings: AnalysisSettings) -> list[str]:
     failures = []
     for row in rows:
@@ -171,6 +188,8 @@ def postprocess(
     append_history: bool = True,
     force: bool = False,
     report: bool | None = None,
+    history: HistorySource | None = None,
+    trust_cache: bool = False,
 ) -> PostprocessOutcome:
     """Post-process a results tree and write every output into ``out``.
 
@@ -189,6 +208,10 @@ def postprocess(
         append_history: Append this run's KPI rows to the history after judging them.
         force: Re-parse, ignoring caches.
         report: Render the HTML report (default: ``settings.report``).
+        history: Another history to judge against (e.g. OpenSearch); it wins over
+            ``history_uri`` for verdicts, and is not appended to here.
+        trust_cache: Use parse caches even when the files they came from are absent (a
+            replot from exported caches only).
 
     Returns:
         The `PostprocessOutcome`.
@@ -206,7 +229,8 @@ def postprocess(
         reasons = "; ".join(f"{s.path}: {s.reason}" for s in found.skipped[:5])
         raise ResultsError(f"no result dir (settings.yaml + exit_code) under {results_dir}"
                            + (f" (skipped: {reasons})" if reasons else ""))
-    parsed = parse_dirs(found.results, hooks.parser, project=hooks.name, force=force)
+    parsed = parse_dirs(found.results, hooks.parser, project=hooks.name, force=force,
+                        trust_cache=trust_cache)
     runs = [analyse_run(hooks, r, presets, config_text) for r in parsed]
     for run in runs:
         require_complete(run.payload, settings.mode)
@@ -219,8 +243,12 @@ def postprocess(
     Path(files["openmetrics"]).write_text(to_openmetrics(k for r in runs for k in r.kpis),
                                           encoding="utf-8")
 
+    files["runs"] = str(out_dir / "runs.parquet")
+    runs_table(runs).to_parquet(files["runs"], index=False)
+
     store = HistoryStore(history_uri) if history_uri else None
-    verdicts = judge_runs(runs, store, settings) if settings.regression.enabled else []
+    source: HistorySource | None = history if history is not None else store
+    verdicts = judge_runs(runs, source, settings) if settings.regression.enabled else []
     by_run: dict[str, dict[str, Any]] = {}
     for row in verdicts:
         by_run.setdefault(row.run_uuid, {})[row.kpi] = row.model_dump(

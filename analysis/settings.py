@@ -52,6 +52,10 @@ class AnalysisSettings(BaseModel):
         description="cpt: every LTS field is required and post-processing errors fail the run.",
     )
     strict: bool = Field(default=False, description="Post-processing failures fail the run.")
+    history_source: Literal["parquet", "opensearch"] = Field(
+        default="parquet",
+        description="Judge against the Parquet history or the OpenSearch run index.",
+    )
     report: bool = Field(default=True, description="Render the Plotly HTML report.")
     comparison: ComparisonSettings = Field(default_factory=ComparisonSettings)
     regression: RegressionSettings = Field(default_factory=RegressionSettings)

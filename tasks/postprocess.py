@@ -7,7 +7,9 @@ from typing import Any
 
 from analysis.pipeline import PostprocessOutcome, postprocess
 from analysis.settings import AnalysisSettings
+from blocks.opensearch import OpenSearchInstance
 from tasks.artifacts import artifact_dir, step
+from tasks.opensearch_export import OpenSearchHistory
 
 __all__ = ["postprocess_results"]
 
@@ -16,7 +18,9 @@ __all__ = ["postprocess_results"]
 @step("analysis", retries=2, retry_delay_seconds=[5, 30], timeout_seconds=1800)
 def postprocess_results(results_dir: str, project: str, history_uri: str | None,
                         settings: dict[str, Any], presets: Sequence[str],
-                        config_text: str | None = None) -> PostprocessOutcome:
+                        config_text: str | None = None,
+                        opensearch: OpenSearchInstance | None = None,
+                        opensearch_index: str | None = None) -> PostprocessOutcome:
     """Parse the run's result dirs, compute KPIs and verdicts, append history, render report.
 
     Outputs land in this step's artifact dir (``report/index.html``, ``kpis.parquet``...).
@@ -28,10 +32,15 @@ def postprocess_results(results_dir: str, project: str, history_uri: str | None,
         settings: The config's ``analysis`` block.
         presets: Presets applied, for the LTS metadata.
         config_text: Resolved config YAML (redacted), for the LTS metadata.
+        opensearch: Judge against this instance's run index instead of the Parquet history
+            (``analysis.history_source: opensearch``); the Parquet history is still appended.
+        opensearch_index: The run index name (without the instance's prefix).
 
     Returns:
         The `PostprocessOutcome`.
     """
+    history = (OpenSearchHistory(opensearch, opensearch_index or project)
+               if opensearch is not None else None)
     return postprocess(results_dir, project, artifact_dir(), history_uri=history_uri,
                        settings=AnalysisSettings.model_validate(settings), presets=presets,
-                       config_text=config_text)
+                       config_text=config_text, history=history)

@@ -31,6 +31,7 @@ from pydantic import BaseModel, Field
 
 from analysis.errors import ConfigError, TelltaleError
 from analysis.history import default_history_uri
+from analysis.pipeline import PostprocessOutcome
 from analysis.yamlio import dump_yaml
 from flows.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from projects.config import Config, resolve, use_config
@@ -40,6 +41,7 @@ from projects.registry import project_dir
 from projects.templates import from_config
 from tasks import local_platform
 from tasks.artifacts import next_artifact_dir, use_artifact_dir
+from tasks.export import opensearch_instance, publish_opensearch, s3_target, upload_run
 from tasks.platform import select_platform
 from tasks.postprocess import postprocess_results
 from tasks.publish import publish_results, start_progress, update_progress
@@ -72,6 +74,7 @@ class RunOutcome(BaseModel):
     cells: list[CellOutcome] = Field(default_factory=list)
     report: str | None = Field(default=None, description="HTML report index.")
     verdict_counts: dict[str, int] = Field(default_factory=dict)
+    export_url: str | None = Field(default=None, description="Where the run was exported.")
     failures: list[str] = Field(default_factory=list, description="Why the run failed.")
 
 
@@ -245,9 +248,14 @@ def _postprocess_phase(outcome: RunOutcome, config: Config, root: Path) -> None:
     settings = config.get("analysis")
     strict = settings.get("strict") or settings.get("mode") == "cpt"
     history = settings.get("history_uri") or default_history_uri(PROJECT)
+    export = config.get("export_artifacts")
+    instance = None
     try:
+        if settings.get("history_source") == "opensearch":
+            instance = opensearch_instance(export, config.get("secrets"))
         post = postprocess_results(str(root), PROJECT, history, settings,
-                                   list(config.presets_applied), config.to_yaml())
+                                   list(config.presets_applied), config.to_yaml(),
+                                   instance, export["opensearch"]["index"])
     except Exception as exc:
         message = f"post-processing failed: {type(exc).__name__}: {exc}"
         log.error(message)
@@ -267,6 +275,33 @@ def _postprocess_phase(outcome: RunOutcome, config: Config, root: Path) -> None:
         publish_results(FLOW_NAME, post, [c.model_dump() for c in outcome.cells], root)
     except Exception as exc:  # artifacts are a convenience; the files are the record
         log.warning("could not publish Prefect artifacts: %s", exc)
+    _export_phase(outcome, config, root, post)
+
+
+def _export_phase(outcome: RunOutcome, config: Config, root: Path,
+                  post: PostprocessOutcome) -> None:
+    """Upload to S3 and publish to OpenSearch; a failure is reported, local files stay."""
+    log = get_run_logger()
+    export = config.get("export_artifacts")
+    if not export.get("enabled"):
+        return
+    secrets = config.get("secrets")
+    valid = not any(c.status == "failed" for c in outcome.cells)
+    run_id = str(runtime_flow_run.get_id() or root.name)
+    try:
+        if (export.get("s3") or {}).get("bucket"):
+            result = upload_run(str(root), s3_target(export, secrets), FLOW_NAME, run_id,
+                                valid, post.files.get("kpis"), PROJECT)
+            outcome.export_url = result.url
+        if (export.get("opensearch") or {}).get("enabled"):
+            publish_opensearch(opensearch_instance(export, secrets), post.files["lts"],
+                               export["opensearch"]["index"], export["opensearch"]["kpi_index"],
+                               valid)
+    except Exception as exc:
+        message = f"export failed: {type(exc).__name__}: {exc} (local artifacts kept in {root})"
+        log.error(message)
+        if export.get("fail_on_error"):
+            outcome.failures.append(message)
 
 
 def run_from_cli(presets: list[str], overrides: dict[str, Any], platform: str,
@@ -298,6 +333,8 @@ def run_from_cli(presets: list[str], overrides: dict[str, Any], platform: str,
                                          sorted(outcome.verdict_counts.items())))
     if outcome.report:
         print(f"report    : {outcome.report}")
+    if outcome.export_url:
+        print(f"exported  : {outcome.export_url}")
     for failure in outcome.failures:
         print(f"FAILED    : {failure}")
     return outcome.exit_code

@@ -84,3 +84,9 @@ def test_list_presets_and_schema() -> None:
     assert "light  (extends not_metal)" in listed.stdout
     schema = json.loads(cli("--show-schema").stdout)
     assert "tests" in schema["properties"]
+
+
+def test_replot_cli_refuses_missing_source(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "flows.replot", "--from",
+                           str(tmp_path / "nope")], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "no such directory" in proc.stderr

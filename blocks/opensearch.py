@@ -1,0 +1,58 @@
+"""OpenSearch instance block: where one LTS document per run is published."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from prefect.blocks.core import Block
+from pydantic import Field, SecretStr
+
+__all__ = ["OpenSearchInstance"]
+
+
+class OpenSearchInstance(Block):
+    """An OpenSearch (or Elasticsearch-compatible) endpoint and its credentials.
+
+    Example:
+        ```python
+        from blocks.opensearch import OpenSearchInstance
+        instance = OpenSearchInstance(url="https://opensearch.example:9200", user="cpt")
+        with instance.client() as http:
+            http.get("/")
+        ```
+    """
+
+    _block_type_name = "Telltale OpenSearch Instance"
+    _description = "OpenSearch URL, credentials and index prefix for Telltale exports."
+
+    url: str = Field(description="Base URL, e.g. https://opensearch.example:9200.")
+    user: str | None = Field(default=None, description="Basic-auth user.")
+    password: SecretStr | None = Field(default=None, description="Basic-auth password.")
+    index_prefix: str = Field(default="telltale-", description="Prefix added to index names.")
+    verify_certs: bool = Field(default=True, description="Verify the server's TLS certificate.")
+    ca_bundle: str | None = Field(default=None, description="CA bundle file for TLS.")
+    timeout_s: float = Field(default=30.0, gt=0, description="Per-request timeout.")
+
+    def __repr__(self) -> str:  # never show the password
+        return f"OpenSearchInstance(url={self.url!r}, user={self.user!r})"
+
+    def index(self, name: str) -> str:
+        """Full index name: prefix + name."""
+        return f"{self.index_prefix}{name}"
+
+    @contextmanager
+    def client(self) -> Iterator[Any]:
+        """Yield an ``httpx.Client`` bound to the instance (auth, TLS, timeouts)."""
+        import httpx
+
+        auth = None
+        if self.user is not None:
+            auth = httpx.BasicAuth(self.user, self.password.get_secret_value()
+                                   if self.password else "")
+        verify: bool | str = self.ca_bundle if (self.ca_bundle and self.verify_certs) else \
+            self.verify_certs
+        with httpx.Client(base_url=self.url.rstrip("/"), auth=auth, verify=verify,
+                          timeout=httpx.Timeout(self.timeout_s, connect=10.0)) as client:
+            yield client

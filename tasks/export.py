@@ -1,0 +1,111 @@
+"""Publish a run: S3 upload of the artifact dir + KPI history, OpenSearch documents.
+
+Targets come from the config's ``export_artifacts`` block plus, for credentials, the secret
+dir (``secrets.s3_credentials`` as ``KEY=VALUE`` lines, ``secrets.opensearch_instances`` as
+YAML ``{name: {url, user, password, ...}}``), falling back to the AWS environment / a saved
+Prefect block of the instance's name. A failure never touches the local artifacts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from analysis.errors import ConfigError
+from analysis.history import HistoryStore
+from analysis.lts import LtsPayload
+from blocks.opensearch import OpenSearchInstance
+from blocks.s3 import S3Target
+from tasks.artifacts import step
+from tasks.opensearch_export import export_payloads
+from tasks.s3_export import ExportResult, upload_dir
+from tasks.secrets import read_env_file, read_yaml_secret, secret_file
+
+__all__ = ["opensearch_instance", "publish_opensearch", "s3_target", "upload_run"]
+
+logger = logging.getLogger("telltale.export")
+
+
+def s3_target(export: dict[str, Any], secrets: dict[str, Any]) -> S3Target:
+    """Build the S3 target from ``export_artifacts.s3`` and the secret dir.
+
+    Raises:
+        ConfigError: No bucket configured, or an unreadable credentials file.
+    """
+    s3 = export.get("s3") or {}
+    if not s3.get("bucket"):
+        raise ConfigError("export needs a bucket", key="export_artifacts.s3.bucket")
+    creds: dict[str, Any] = {}
+    path = secret_file(secrets["dir"]["env_key"], secrets.get("s3_credentials"))
+    if path is not None:
+        values = read_env_file(path)
+        creds = {"access_key_id": values.get("AWS_ACCESS_KEY_ID"),
+                 "secret_access_key": values.get("AWS_SECRET_ACCESS_KEY")}
+    return S3Target(bucket=s3["bucket"], prefix=s3.get("prefix") or "telltale",
+                    endpoint_url=s3.get("endpoint_url"), region=s3.get("region"), **creds)
+
+
+def opensearch_instance(export: dict[str, Any], secrets: dict[str, Any]) -> OpenSearchInstance:
+    """Build the OpenSearch instance from the secret file, or load a saved Prefect block.
+
+    Raises:
+        ConfigError: No instance name, or the name is in neither place.
+    """
+    name = (export.get("opensearch") or {}).get("instance")
+    if not name:
+        raise ConfigError("OpenSearch export needs an instance name",
+                          key="export_artifacts.opensearch.instance")
+    path = secret_file(secrets["dir"]["env_key"], secrets.get("opensearch_instances"))
+    if path is not None:
+        instances = read_yaml_secret(path)
+        if name not in instances:
+            raise ConfigError(f"instance {name!r} is not in the secret file; it has: "
+                              f"{', '.join(sorted(instances)) or '(none)'}",
+                              key="export_artifacts.opensearch.instance")
+        return OpenSearchInstance(**instances[name])
+    try:
+        return OpenSearchInstance.load(name)
+    except (ValueError, RuntimeError) as exc:
+        raise ConfigError(f"no OpenSearch instance {name!r}: set "
+                          f"${secrets['dir']['env_key']} with "
+                          f"{secrets.get('opensearch_instances')} or save a "
+                          f"'{OpenSearchInstance.get_block_type_slug()}' block ({exc})",
+                          key="export_artifacts.opensearch.instance") from None
+
+
+# No Prefect-level retries on the export steps: boto3 (standard mode) and the OpenSearch
+# RetryPolicy already retry each request with backoff; a second layer would multiply waits.
+@step("export", timeout_seconds=3600)
+def upload_run(root: str, target: S3Target, flow: str, run_id: str, valid: bool,
+               kpis_file: str | None, project: str) -> ExportResult:
+    """Upload the artifact dir and append its KPI rows to the S3 history dataset.
+
+    Args:
+        root: The run's artifact dir.
+        target: The S3 target.
+        flow: Flow name (key level).
+        run_id: Run id (key level).
+        valid: False when the test failed (the export is marked invalid).
+        kpis_file: The post-process ``kpis.parquet`` to append to the history.
+        project: Project name (history dataset).
+
+    Returns:
+        The `ExportResult`.
+    """
+    result = upload_dir(root, target, flow, run_id, valid=valid)
+    if kpis_file and Path(kpis_file).is_file() and valid:
+        HistoryStore(target.history_uri(project)).append(pd.read_parquet(kpis_file))
+    return result
+
+
+@step("export", timeout_seconds=600)
+def publish_opensearch(instance: OpenSearchInstance, lts_file: str, index: str,
+                       kpi_index: str | None, valid: bool) -> dict[str, int]:
+    """Publish one document per run (and per KPI) from the post-process ``lts_payload.json``."""
+    payloads = [LtsPayload.model_validate(p) for p in
+                json.loads(Path(lts_file).read_text(encoding="utf-8"))]
+    return export_payloads(instance, payloads, index=index, kpi_index=kpi_index, valid=valid)

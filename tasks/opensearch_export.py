@@ -1,0 +1,279 @@
+"""OpenSearch export: one document per run, per-KPI documents, and a history query.
+
+One document per run (``_id`` = run uuid), optional per-KPI documents, and a label-filtered,
+paginated history query.
+
+Endpoints used (and implemented by the test server): ``HEAD /<index>``, ``PUT /<index>``
+(explicit mappings), ``POST /_bulk`` (NDJSON ``index`` actions), ``POST /<index>/_search``
+(``bool.filter`` of ``term`` clauses, ``sort``, ``size``, ``search_after``).
+
+Re-exporting a run overwrites its document (same ``_id``), never duplicates it. Transient
+faults (5xx, 429, connection errors, timeouts) are retried with backoff; anything else fails at
+once with the server's reason. The history query never downloads a whole index: it filters by
+the run's labels and KPI and pages through the matches.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+
+from analysis.errors import PermanentServiceError, TransientServiceError
+from analysis.kpi import BASE_COLUMNS
+from analysis.lts import LtsPayload
+from blocks.opensearch import OpenSearchInstance
+from tasks.retry import RetryPolicy, call_with_retries
+
+__all__ = [
+    "KPI_MAPPINGS",
+    "RUN_MAPPINGS",
+    "OpenSearchHistory",
+    "bulk_index",
+    "ensure_index",
+    "export_payloads",
+    "kpi_documents",
+    "run_document",
+]
+
+logger = logging.getLogger("telltale.opensearch")
+
+_LABELS_AS_KEYWORDS = [{"labels": {"path_match": "*labels.*", "match_mapping_type": "string",
+                                   "mapping": {"type": "keyword"}}}]
+RUN_MAPPINGS: dict[str, Any] = {
+    "dynamic_templates": _LABELS_AS_KEYWORDS,
+    "properties": {
+        "metadata": {"properties": {
+            "run_uuid": {"type": "keyword"}, "start": {"type": "date"},
+            "end": {"type": "date"}, "status": {"type": "keyword"},
+            "exit_code": {"type": "integer"}, "presets": {"type": "keyword"},
+            "project": {"type": "keyword"}, "schema_version": {"type": "keyword"},
+            "config": {"type": "text", "index": False},
+            "settings": {"type": "object", "enabled": False},
+        }},
+        "labels": {"type": "object"},
+        "results": {"type": "object"},
+        "kpis": {"type": "object"},
+        "regression": {"type": "object", "enabled": False},
+        "valid": {"type": "boolean"},
+    },
+}
+KPI_MAPPINGS: dict[str, Any] = {
+    "dynamic_templates": _LABELS_AS_KEYWORDS,
+    "properties": {
+        "run_uuid": {"type": "keyword"}, "timestamp": {"type": "date"},
+        "kpi": {"type": "keyword"}, "value": {"type": "double"}, "unit": {"type": "keyword"},
+        "lower_better": {"type": "boolean"}, "ignored_for_regression": {"type": "boolean"},
+        "verdict": {"type": "keyword"}, "labels": {"type": "object"},
+        "valid": {"type": "boolean"},
+    },
+}
+
+
+def _request(client: Any, method: str, url: str, policy: RetryPolicy, **kwargs: Any) -> Any:
+    import httpx
+
+    def once() -> httpx.Response:
+        try:
+            response = client.request(method, url, **kwargs)
+        except (httpx.TransportError, httpx.TimeoutException) as exc:
+            raise TransientServiceError(f"{method} {url}: {exc}", service="opensearch") from exc
+        if response.status_code >= 500 or response.status_code == 429:
+            raise TransientServiceError(f"{method} {url}: {response.text[:256]}",
+                                        service="opensearch", status=response.status_code)
+        return response
+
+    return call_with_retries(once, policy, what=f"opensearch {method} {url}")
+
+
+def _fail(response: Any, what: str) -> None:
+    if response.status_code >= 400:
+        raise PermanentServiceError(f"{what}: {response.text[:256]}", service="opensearch",
+                                    status=response.status_code)
+
+
+def ensure_index(client: Any, index: str, mappings: Mapping[str, Any],
+                 policy: RetryPolicy = RetryPolicy()) -> bool:
+    """Create ``index`` with explicit mappings when it does not exist; True when created."""
+    head = _request(client, "HEAD", f"/{index}", policy)
+    if head.status_code == 200:
+        return False
+    if head.status_code != 404:
+        _fail(head, f"check index {index}")
+    created = _request(client, "PUT", f"/{index}", policy, json={"mappings": mappings})
+    if created.status_code == 400 and "already_exists" in created.text:
+        return False  # created concurrently: fine
+    _fail(created, f"create index {index}")
+    return True
+
+
+def bulk_index(client: Any, index: str, documents: Iterable[tuple[str, dict[str, Any]]],
+               policy: RetryPolicy = RetryPolicy(), chunk: int = 500) -> int:
+    """Index documents with ``_bulk`` (``index`` action: same ``_id`` overwrites).
+
+    Returns:
+        Documents indexed.
+
+    Raises:
+        PermanentServiceError: An item was refused (mapping error...), with its reason.
+        TransientServiceError: The server kept answering 5xx/429 or was unreachable.
+    """
+    batch: list[str] = []
+    count = 0
+
+    def flush() -> None:
+        nonlocal count
+        if not batch:
+            return
+        body = "".join(batch)
+        response = _request(client, "POST", "/_bulk", policy, content=body.encode(),
+                            headers={"Content-Type": "application/x-ndjson"})
+        _fail(response, f"bulk index into {index}")
+        result = response.json()
+        if result.get("errors"):
+            failed = [item.get("index", {}) for item in result.get("items", [])
+                      if item.get("index", {}).get("status", 200) >= 300]
+            statuses = {f.get("status") for f in failed}
+            reason = json.dumps(failed[0].get("error"))[:256] if failed else "unknown"
+            error_type = TransientServiceError if statuses <= {429, 503} else \
+                PermanentServiceError
+            raise error_type(f"{len(failed)} document(s) refused by {index}: {reason}",
+                             service="opensearch", status=max(statuses) if statuses else None)
+        count += len(batch) // 2
+        batch.clear()
+
+    for doc_id, body in documents:
+        batch.append(json.dumps({"index": {"_index": index, "_id": doc_id}}) + "\n")
+        batch.append(json.dumps(body, default=str) + "\n")
+        if len(batch) >= 2 * chunk:
+            flush()
+    flush()
+    return count
+
+
+def _labels(payload: LtsPayload) -> dict[str, str]:
+    for kpi in payload.kpis.values():
+        return dict(kpi.labels)
+    return {}
+
+
+def run_document(payload: LtsPayload, *, valid: bool) -> dict[str, Any]:
+    """The run's document: the LTS payload plus top-level labels and validity."""
+    body = payload.model_dump(mode="json")
+    body["labels"] = _labels(payload)
+    body["valid"] = valid
+    return body
+
+
+def kpi_documents(payload: LtsPayload, *, valid: bool) -> list[tuple[str, dict[str, Any]]]:
+    """One document per KPI (for dashboards): ``_id`` = ``<run uuid>-<kpi>``."""
+    run_uuid = payload.metadata.run_uuid or "unknown"
+    verdicts = payload.regression or {}
+    return [(f"{run_uuid}-{name}", {
+        "run_uuid": run_uuid, "timestamp": payload.metadata.start, "kpi": name,
+        "value": kpi.value, "unit": kpi.unit, "lower_better": kpi.lower_better,
+        "ignored_for_regression": kpi.ignored_for_regression,
+        "verdict": (verdicts.get(name) or {}).get("verdict"), "labels": kpi.labels,
+        "valid": valid}) for name, kpi in payload.kpis.items()]
+
+
+def export_payloads(instance: OpenSearchInstance, payloads: Sequence[LtsPayload], *,
+                    index: str, kpi_index: str | None = None, valid: bool = True,
+                    policy: RetryPolicy = RetryPolicy()) -> dict[str, int]:
+    """Publish one document per run (and per KPI when ``kpi_index`` is set).
+
+    Returns:
+        Documents written per index.
+    """
+    written: dict[str, int] = {}
+    with instance.client() as client:
+        run_index = instance.index(index)
+        ensure_index(client, run_index, RUN_MAPPINGS, policy)
+        written[run_index] = bulk_index(client, run_index, (
+            (p.metadata.run_uuid or "unknown", run_document(p, valid=valid)) for p in payloads),
+            policy)
+        if kpi_index:
+            full = instance.index(kpi_index)
+            ensure_index(client, full, KPI_MAPPINGS, policy)
+            written[full] = bulk_index(client, full, (
+                doc for p in payloads for doc in kpi_documents(p, valid=valid)), policy)
+    logger.info("published to OpenSearch: %s", written)
+    return written
+
+
+class OpenSearchHistory:
+    """KPI history read from the run index, filtered by labels, paginated.
+
+    Implements the history interface post-processing uses (`query`; appending happens
+    through `export_payloads`).
+    """
+
+    def __init__(self, instance: OpenSearchInstance, index: str, *, page_size: int = 500,
+                 max_runs: int = 5000, policy: RetryPolicy = RetryPolicy()) -> None:
+        self.instance = instance
+        self.index = instance.index(index)
+        self.page_size = page_size
+        self.max_runs = max_runs
+        self.policy = policy
+
+    def __repr__(self) -> str:
+        return f"OpenSearchHistory({self.instance!r}, index={self.index!r})"
+
+    def query(self, labels: Mapping[str, str | None], *, kpi: str | None = None,
+              compared_label: str | None = None, ignored_labels: Iterable[str] = (),
+              exclude_runs: Iterable[str] = ()) -> pd.DataFrame:
+        """Rows (one per run × KPI) of the runs whose labels match, oldest first."""
+        skip = set(ignored_labels) | {compared_label} | set(BASE_COLUMNS)
+        filters: list[dict[str, Any]] = [{"term": {f"labels.{name}": value}}
+                                         for name, value in labels.items()
+                                         if name not in skip and value not in (None, "")]
+        filters.append({"term": {"valid": True}})
+        if kpi is not None:
+            filters.append({"exists": {"field": f"kpis.{kpi}.value"}})
+        excluded = set(exclude_runs)
+        rows: list[dict[str, Any]] = []
+        search_after: list[Any] | None = None
+        seen = 0
+        with self.instance.client() as client:
+            while seen < self.max_runs:
+                body: dict[str, Any] = {
+                    "size": self.page_size,
+                    "query": {"bool": {"filter": filters}},
+                    "sort": [{"metadata.start": "asc"}, {"metadata.run_uuid": "asc"}],
+                    "_source": ["metadata.run_uuid", "metadata.start", "kpis", "labels"],
+                }
+                if search_after is not None:
+                    body["search_after"] = search_after
+                response = _request(client, "POST", f"/{self.index}/_search", self.policy,
+                                    json=body)
+                if response.status_code == 404:
+                    break  # no index yet: no history
+                _fail(response, f"search {self.index}")
+                hits = response.json().get("hits", {}).get("hits", [])
+                for hit in hits:
+                    source = hit.get("_source", {})
+                    meta = source.get("metadata", {})
+                    if meta.get("run_uuid") in excluded:
+                        continue
+                    for name, value in (source.get("kpis") or {}).items():
+                        if kpi is not None and name != kpi:
+                            continue
+                        rows.append({"run_uuid": meta.get("run_uuid"),
+                                     "timestamp": meta.get("start"), "kpi": name,
+                                     "value": value.get("value"), "unit": value.get("unit"),
+                                     "lower_better": value.get("lower_better"),
+                                     "ignored_for_regression": value.get(
+                                         "ignored_for_regression", False),
+                                     **(source.get("labels") or {})})
+                seen += len(hits)
+                if len(hits) < self.page_size:
+                    break
+                search_after = hits[-1].get("sort")
+        frame = pd.DataFrame(rows, columns=None if rows else BASE_COLUMNS)
+        if not frame.empty:
+            frame["timestamp"] = pd.to_datetime(frame["timestamp"], utc=True, errors="coerce")
+            frame = frame.sort_values("timestamp", kind="stable").reset_index(drop=True)
+        return frame

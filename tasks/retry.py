@@ -1,0 +1,70 @@
+"""One retry policy value for service calls (S3 has boto's own; OpenSearch and QUADS use this).
+
+Like urllib3's ``Retry``: a frozen value, exponential backoff with jitter and a cap, retries
+only what `analysis.errors.is_transient` calls transient, every attempt logged with its number
+and whether it will retry; exhaustion re-raises the last error.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from analysis.errors import is_transient
+
+__all__ = ["RetryPolicy", "call_with_retries"]
+
+T = TypeVar("T")
+logger = logging.getLogger("telltale.retry")
+
+
+class RetryPolicy(BaseModel):
+    """How often and how patiently to retry a transient failure."""
+
+    model_config = ConfigDict(frozen=True)
+
+    attempts: int = Field(default=5, ge=1, description="Total attempts, the first included.")
+    backoff_base_s: float = Field(default=0.5, ge=0, description="Delay before the 2nd attempt.")
+    backoff_max_s: float = Field(default=30.0, ge=0, description="Cap of one delay.")
+    jitter: float = Field(default=0.2, ge=0, le=1, description="Random extra, as a fraction.")
+
+    def delay(self, attempt: int) -> float:
+        """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
+        base = min(self.backoff_max_s, self.backoff_base_s * 2 ** (attempt - 1))
+        return base * (1 + random.uniform(0, self.jitter))
+
+
+def call_with_retries(fn: Callable[[], T], policy: RetryPolicy, *, what: str,
+                      transient: Callable[[BaseException], bool] = is_transient,
+                      sleep: Callable[[float], None] = time.sleep) -> T:
+    """Call ``fn``, retrying transient failures according to ``policy``.
+
+    Args:
+        fn: The call (no arguments; bind them with a lambda or functools.partial).
+        policy: The retry policy.
+        what: Name of the call, for the log lines.
+        transient: Decides whether an exception is worth retrying.
+        sleep: Injected for tests.
+
+    Returns:
+        What ``fn`` returned.
+
+    Raises:
+        Exception: The last error, when it is permanent or the attempts are exhausted.
+    """
+    for attempt in range(1, policy.attempts + 1):
+        try:
+            return fn()
+        except Exception as exc:
+            retry = transient(exc) and attempt < policy.attempts
+            logger.warning("%s: attempt %d/%d failed (%s)%s", what, attempt, policy.attempts,
+                           exc, "; retrying" if retry else "; giving up")
+            if not retry:
+                raise
+            sleep(policy.delay(attempt))
+    raise AssertionError("unreachable")  # the loop returns or raises

@@ -1,0 +1,262 @@
+"""Export a run's artifact dir to S3, with a sha256 manifest, and fetch it back safely.
+
+Upload layout: ``s3://<bucket>/<prefix>/<flow>/<run id>/<relative path>``. The manifest
+(``manifest.json``, uploaded last) lists every file with its size and sha256, and says whether
+the run is *valid* (a failed test still exports, marked invalid). ``export.url`` in the local
+artifact dir records where it went.
+
+Speed: files are uploaded by a thread pool (many small files dominate artifact dirs) and big
+files in multipart chunks by boto3's transfer manager. Faults: boto3's *standard* retry mode
+retries 5xx, throttling and connection errors with backoff; what still fails becomes a
+`TransientServiceError` (5xx/throttling/connection) or `PermanentServiceError` (4xx).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from analysis.errors import PermanentServiceError, ResultsError, TransientServiceError
+from blocks.s3 import S3Target
+
+__all__ = [
+    "DOWNLOAD_MODES",
+    "ExportResult",
+    "download_run",
+    "iter_files",
+    "map_s3_error",
+    "safe_target",
+    "upload_dir",
+    "upload_tree",
+]
+
+logger = logging.getLogger("telltale.s3")
+
+MANIFEST = "manifest.json"
+EXPORT_URL = "export.url"
+_SKIP = {".telltale-dirs.lock", "workload.pid"}
+_CHUNK = 8 * 1024 * 1024
+DOWNLOAD_MODES = ("cache", "important", "all")
+# What "important" fetches: everything post-processing reads, not the bulky rest.
+_IMPORTANT_SUFFIXES = (".yaml", ".yml", ".json", ".log", ".uuid", ".version", ".createdAt",
+                       "exit_code", "presets_applied", "skip")
+
+
+class ExportResult(BaseModel):
+    """What an upload did."""
+
+    url: str
+    files: int
+    bytes: int
+    seconds: float
+    valid: bool
+    manifest_key: str = Field(description="Key of the uploaded manifest.")
+
+
+def map_s3_error(exc: BaseException, what: str) -> Exception:
+    """Translate a botocore/boto3 error into Telltale's transient/permanent errors."""
+    from boto3.exceptions import S3UploadFailedError
+    from botocore.exceptions import (
+        BotoCoreError,
+        ClientError,
+        EndpointConnectionError,
+        ReadTimeoutError,
+    )
+    from botocore.exceptions import (
+        ConnectionError as BotoConnectionError,
+    )
+
+    if isinstance(exc, S3UploadFailedError):  # boto3 wraps the ClientError it caught
+        inner = exc.__cause__ or exc.__context__
+        if inner is not None:
+            return map_s3_error(inner, what)
+        return TransientServiceError(f"{what}: {exc}", service="s3")
+    if isinstance(exc, ClientError):
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        code = exc.response.get("Error", {}).get("Code", "")
+        message = f"{what}: {code} {exc.response.get('Error', {}).get('Message', '')}".strip()
+        if (status or 0) >= 500 or code in ("SlowDown", "Throttling", "RequestTimeout"):
+            return TransientServiceError(message, service="s3", status=status)
+        return PermanentServiceError(message, service="s3", status=status)
+    if isinstance(exc, EndpointConnectionError | BotoConnectionError | ReadTimeoutError):
+        return TransientServiceError(f"{what}: {exc}", service="s3")
+    if isinstance(exc, BotoCoreError):
+        return PermanentServiceError(f"{what}: {exc}", service="s3")
+    return exc if isinstance(exc, Exception) else RuntimeError(str(exc))
+
+
+def iter_files(root: Path) -> Iterator[Path]:
+    """Every regular file under ``root`` to export (lock and pid files excluded), sorted."""
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and not path.is_symlink() and path.name not in _SKIP \
+                and not path.name.startswith(".telltale_parse_cache.json."):
+            yield path
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        for block in iter(lambda: stream.read(1024 * 1024), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def upload_dir(root: str | Path, target: S3Target, flow: str, run_id: str, *,
+               valid: bool = True, workers: int = 8) -> ExportResult:
+    """Upload ``root`` under ``<prefix>/<flow>/<run_id>/`` with a manifest; write export.url.
+
+    Args:
+        root: The run's artifact dir.
+        target: Bucket, prefix, endpoint and credentials.
+        flow: Flow name (first path level under the prefix).
+        run_id: Run id (second level).
+        valid: False when the test failed: the export is kept but marked invalid.
+        workers: Files uploaded at once.
+
+    Returns:
+        The `ExportResult`.
+
+    Raises:
+        TransientServiceError: The server kept failing (5xx, throttling, unreachable).
+        PermanentServiceError: A 4xx (bad bucket, credentials...).
+    """
+    return upload_tree(root, target, target.uri(flow, run_id), valid=valid, workers=workers,
+                       meta={"flow": flow, "run_id": run_id})
+
+
+def upload_tree(root: str | Path, target: S3Target, url: str, *, valid: bool = True,
+                workers: int = 8, meta: dict[str, str] | None = None) -> ExportResult:
+    """Upload every file under ``root`` to ``url`` (``s3://bucket/key/prefix``) + manifest.
+
+    See `upload_dir`; this is the same for any destination prefix (e.g. a replot's
+    ``<run>/plot``). The bucket comes from ``url``; endpoint and credentials from ``target``.
+    """
+    from boto3.s3.transfer import TransferConfig
+
+    base = Path(root)
+    started = time.monotonic()
+    files = [p for p in iter_files(base) if p.name not in (MANIFEST, EXPORT_URL)]
+    bucket, _, key_root = url[len("s3://"):].partition("/")
+    key_root = key_root.strip("/")
+    config = TransferConfig(multipart_threshold=_CHUNK, multipart_chunksize=_CHUNK,
+                            max_concurrency=4, use_threads=True)
+    entries: list[dict[str, Any]] = []
+
+    def put(path: Path, client: Any) -> dict[str, Any]:
+        rel = path.relative_to(base).as_posix()
+        digest = _sha256(path)
+        key = f"{key_root}/{rel}"
+        # mtime travels along so a download restores it and the parse caches stay valid.
+        metadata = {"sha256": digest, "mtime-ns": str(path.stat().st_mtime_ns)}
+        try:
+            client.upload_file(str(path), bucket, key, Config=config,
+                               ExtraArgs={"Metadata": metadata})
+        except Exception as exc:
+            raise map_s3_error(exc, f"upload {rel}") from exc
+        return {"path": rel, "size": path.stat().st_size, "sha256": digest}
+
+    with target.client() as client, ThreadPoolExecutor(max_workers=workers) as pool:
+        for entry in pool.map(lambda p: put(p, client), files):
+            entries.append(entry)
+        manifest = {
+            **(meta or {}), "valid": valid,
+            "exported_at": datetime.now(UTC).isoformat(),
+            "files": entries, "bytes": sum(e["size"] for e in entries),
+        }
+        (base / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+        try:
+            client.upload_file(str(base / MANIFEST), bucket, f"{key_root}/{MANIFEST}")
+        except Exception as exc:
+            raise map_s3_error(exc, "upload manifest") from exc
+    url = f"s3://{bucket}/{key_root}/"
+    (base / EXPORT_URL).write_text(url + "\n", encoding="utf-8")
+    result = ExportResult(url=url, files=len(entries), bytes=manifest["bytes"],
+                          seconds=time.monotonic() - started, valid=valid,
+                          manifest_key=f"{key_root}/{MANIFEST}")
+    logger.info("exported %d files (%.1f MB) to %s in %.1fs%s", result.files,
+                result.bytes / 1e6, url, result.seconds, "" if valid else " (marked invalid)")
+    return result
+
+
+def safe_target(root: Path, relative: str) -> Path:
+    """Resolve ``relative`` under ``root``, refusing anything that would escape it.
+
+    Raises:
+        ResultsError: Absolute paths, ``..`` components, or a resolved path outside ``root``.
+    """
+    pure = PurePosixPath(relative)
+    if not relative or pure.is_absolute() or ".." in pure.parts or "\\" in relative \
+            or any(part in ("", ".") for part in relative.split("/")):
+        raise ResultsError(f"refusing key {relative!r}: it would escape {root}")
+    target = (root / pure).resolve()
+    if not target.is_relative_to(root.resolve()):
+        raise ResultsError(f"refusing key {relative!r}: it would escape {root}")
+    return target
+
+
+def _wanted(rel: str, mode: Literal["cache", "important", "all"]) -> bool:
+    name = rel.rsplit("/", 1)[-1]
+    if mode == "all":
+        return True
+    if mode == "cache":  # enough to re-run post-processing from the parse caches
+        return name in ("settings.yaml", "exit_code", "skip", ".uuid",
+                        ".telltale_parse_cache.json", "config.yaml", "presets_applied")
+    return name.endswith(_IMPORTANT_SUFFIXES) or name == ".telltale_parse_cache.json"
+
+
+def download_run(url: str, dest: str | Path, *, mode: Literal["cache", "important", "all"],
+                 target: S3Target) -> list[str]:
+    """Fetch an exported run (``s3://bucket/prefix/flow/run-id``) into ``dest``.
+
+    Every key is checked with `safe_target` first: a key that would land outside ``dest``
+    stops the download with an error, before anything is written.
+
+    Returns:
+        The relative paths fetched.
+    """
+    if mode not in DOWNLOAD_MODES:
+        raise ResultsError(f"unknown download mode {mode!r}; choose {', '.join(DOWNLOAD_MODES)}")
+    if not url.startswith("s3://"):
+        raise ResultsError(f"not an s3:// URL: {url}")
+    bucket, _, prefix = url[len("s3://"):].partition("/")
+    prefix = prefix.strip("/") + "/"
+    root = Path(dest)
+    root.mkdir(parents=True, exist_ok=True)
+    fetched: list[str] = []
+    with target.client() as client:
+        try:
+            pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket,
+                                                                      Prefix=prefix)
+            keys = [obj["Key"] for page in pages for obj in page.get("Contents", [])]
+        except Exception as exc:
+            raise map_s3_error(exc, f"list {url}") from exc
+        if not keys:
+            raise ResultsError(f"nothing exported under {url}")
+        plan = [(key, key[len(prefix):]) for key in keys]
+        targets = {rel: safe_target(root, rel) for _, rel in plan}  # all checked up front
+        for key, rel in plan:
+            if not _wanted(rel, mode):
+                continue
+            path = targets[rel]
+            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                client.download_file(bucket, key, str(path))
+                head = client.head_object(Bucket=bucket, Key=key)
+            except Exception as exc:
+                raise map_s3_error(exc, f"download {rel}") from exc
+            mtime = (head.get("Metadata") or {}).get("mtime-ns")
+            if mtime and mtime.isdigit():
+                os.utime(path, ns=(int(mtime), int(mtime)))
+            fetched.append(rel)
+    os.utime(root)
+    return fetched

@@ -1,0 +1,104 @@
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import boto3
+import pytest
+
+from analysis.errors import PermanentServiceError, ResultsError, TransientServiceError
+from blocks.s3 import S3Target
+from tasks.s3_export import download_run, safe_target, upload_dir
+from tests.servers.fault_proxy import fault_proxy
+
+
+def make_run(root: Path) -> Path:
+    (root / "000__cell" / "artifacts").mkdir(parents=True)
+    (root / "000__cell" / "settings.yaml").write_text("gpu: 0\n")
+    (root / "000__cell" / "exit_code").write_text("0\n")
+    (root / "000__cell" / "artifacts" / "pod.log").write_text("x" * 1000)
+    (root / "big.bin").write_bytes(bytes(range(256)) * (40 * 1024 * 4))  # 40 MiB: multipart
+    (root / ".telltale-dirs.lock").write_text("")
+    return root
+
+
+def target(endpoint: str, bucket: str, **kwargs) -> S3Target:
+    return S3Target(bucket=bucket, endpoint_url=endpoint, region="us-east-1",
+                    access_key_id="testing", secret_access_key="testing", **kwargs)
+
+
+def test_upload_with_manifest_and_export_url(tmp_path: Path, s3_server: str, s3_bucket: str) -> None:
+    run = make_run(tmp_path / "run")
+    result = upload_dir(run, target(s3_server, s3_bucket), "fine-tuning", "run-1", valid=False)
+    assert result.url == f"s3://{s3_bucket}/telltale/fine-tuning/run-1/"
+    assert (run / "export.url").read_text().strip() == result.url
+    s3 = boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1")
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket=s3_bucket)["Contents"]}
+    assert "telltale/fine-tuning/run-1/000__cell/artifacts/pod.log" in keys
+    assert "telltale/fine-tuning/run-1/manifest.json" in keys
+    assert not any(k.endswith(".telltale-dirs.lock") for k in keys)
+    manifest = json.loads(s3.get_object(Bucket=s3_bucket, Key=result.manifest_key)["Body"].read())
+    assert manifest["valid"] is False
+    big = next(f for f in manifest["files"] if f["path"] == "big.bin")
+    assert big["sha256"] == hashlib.sha256((run / "big.bin").read_bytes()).hexdigest()
+    body = s3.get_object(Bucket=s3_bucket, Key="telltale/fine-tuning/run-1/big.bin")["Body"].read()
+    assert hashlib.sha256(body).hexdigest() == big["sha256"]
+
+
+def test_5xx_then_success_is_retried(tmp_path: Path, s3_server: str, s3_bucket: str) -> None:
+    run = make_run(tmp_path / "run")
+    with fault_proxy(s3_server) as (url, faults):
+        faults.fail_next(3, 503)
+        upload_dir(run, target(url, s3_bucket), "f", "r")
+        assert faults.injected == 3
+    s3 = boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1")
+    assert s3.head_object(Bucket=s3_bucket, Key="telltale/f/r/big.bin")["ContentLength"] == \
+        (run / "big.bin").stat().st_size
+
+
+def test_persistent_5xx_is_transient_and_4xx_permanent(tmp_path: Path, s3_server: str,
+                                                      s3_bucket: str) -> None:
+    run = make_run(tmp_path / "run")
+    with fault_proxy(s3_server) as (url, faults):
+        faults.fail_next(500, 500)
+        with pytest.raises(TransientServiceError) as info:
+            upload_dir(run, target(url, s3_bucket, max_attempts=2), "f", "r", workers=1)
+        assert info.value.status == 500
+    with pytest.raises(PermanentServiceError) as info:
+        upload_dir(run, target(s3_server, "no-such-bucket"), "f", "r")
+    assert info.value.status == 404
+    assert (run / "000__cell" / "exit_code").exists()  # local artifacts untouched
+
+
+def test_download_modes_and_mtime(tmp_path: Path, s3_server: str, s3_bucket: str) -> None:
+    run = make_run(tmp_path / "run")
+    t = target(s3_server, s3_bucket)
+    upload_dir(run, t, "f", "r")
+    url = f"s3://{s3_bucket}/telltale/f/r"
+    important = download_run(url, tmp_path / "imp", mode="important", target=t)
+    assert "000__cell/settings.yaml" in important and "big.bin" not in important
+    cache = download_run(url, tmp_path / "cache", mode="cache", target=t)
+    assert "000__cell/artifacts/pod.log" not in cache
+    everything = download_run(url, tmp_path / "all", mode="all", target=t)
+    assert "big.bin" in everything
+    original = (run / "000__cell" / "settings.yaml").stat().st_mtime_ns
+    assert (tmp_path / "all" / "000__cell" / "settings.yaml").stat().st_mtime_ns == original
+
+
+def test_malicious_keys_are_refused(tmp_path: Path, s3_server: str, s3_bucket: str) -> None:
+    s3 = boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1")
+    s3.put_object(Bucket=s3_bucket, Key="telltale/f/evil/ok.txt", Body=b"fine")
+    s3.put_object(Bucket=s3_bucket, Key="telltale/f/evil/../../escape.txt", Body=b"bad")
+    with pytest.raises(ResultsError, match="refusing key"):
+        download_run(f"s3://{s3_bucket}/telltale/f/evil", tmp_path / "dest", mode="all",
+                     target=target(s3_server, s3_bucket))
+    assert not (tmp_path / "dest" / "ok.txt").exists()  # checked before anything is written
+    assert not (tmp_path / "escape.txt").exists()
+
+
+@pytest.mark.parametrize("key", ["../x", "/etc/passwd", "a/../../x", "a//b", "a\\..\\x", ""])
+def test_safe_target_refuses(tmp_path: Path, key: str) -> None:
+    with pytest.raises(ResultsError):
+        safe_target(tmp_path, key)
+    assert safe_target(tmp_path, "a/b.txt") == (tmp_path / "a" / "b.txt").resolve()
