@@ -43,9 +43,25 @@ def cells_of(config: Config, test: str = "fine_tuning") -> list[Cell]:
 
 
 def build_plan(config: Config, platform: str, *, test: str = "fine_tuning") -> Plan:
-    """Resolve the plan of a run: its cells and platform."""
+    """Resolve the plan of a run: its cells, platform, and (bare metal) the lease request."""
+    extra: dict[str, Any] = {}
+    lab = config.get("clusters.sutest.lab", {})
+    if lab.get("enabled"):
+        extra["lease"] = {
+            "service": "QUADS self-scheduling (/api/v3/assignments/self)",
+            "count": lab["count"], "filters": lab["filters"],
+            "description": lab["description"], "wipe": lab["wipe"], "ticket": lab["ticket"],
+            "lease_days": lab["lease_days"],
+            "wait_hosts_minutes": lab["wait_hosts_minutes"],
+            "wait_delivery_minutes": lab["wait_delivery_minutes"],
+            "release": ("kept (clusters.keep)" if config.get("clusters.keep")
+                        else "released at the end, in every outcome"),
+        }
+    create = config.get("clusters.create.type", None)
+    if create:
+        extra["cluster"] = {"create": create}
     return Plan(project=config.project, presets_applied=list(config.presets_applied),
-                platform=platform, cells=cells_of(config, test))
+                platform=platform, cells=cells_of(config, test), extra=extra)
 
 
 def write_plan(plan: Plan, config: Config, directory: str | Path) -> Path:
@@ -73,6 +89,13 @@ def format_plan(plan: Plan) -> str:
         f"cells     {len(plan.cells)} ({len(plan.runnable)} to run, "
         f"{len(plan.cells) - len(plan.runnable)} skipped)",
     ]
+    lease = plan.extra.get("lease")
+    if lease:
+        filters = ", ".join(f"{k}={v}" for k, v in lease["filters"].items()) or "any host"
+        lines.append(f"lease     QUADS: {lease['count']} host(s) [{filters}], "
+                     f"wipe={lease['wipe']}, {lease['lease_days']} days, {lease['release']}")
+    if plan.extra.get("cluster"):
+        lines.append(f"cluster   create: {plan.extra['cluster']['create']}")
     if plan.estimated_gpu_hours is not None:
         lines.append(f"estimate  {plan.estimated_gpu_hours:.3f} GPU-hours (from history)")
     lines.append("")

@@ -34,13 +34,16 @@ def find_kubeconfig(env: Mapping[str, str] | None = None, home: Path | None = No
 
 
 def select_platform(requested: str, kubeconfig: str | None = None,
-                    env: Mapping[str, str] | None = None) -> tuple[Platform, str | None]:
+                    env: Mapping[str, str] | None = None, *,
+                    creates_cluster: bool = False) -> tuple[Platform, str | None]:
     """Pick the platform: ``auto`` means kubernetes when a kubeconfig is found, else local.
 
     Args:
         requested: ``auto``, ``local`` or ``kubernetes``.
         kubeconfig: An explicit kubeconfig path (config ``clusters.kubeconfig``).
         env: Environment to look in (default ``os.environ``).
+        creates_cluster: The run creates its cluster (``clusters.create.type``): kubernetes
+            needs no kubeconfig up front, the creation step provides it.
 
     Returns:
         The platform and the kubeconfig to use (None on local).
@@ -52,6 +55,8 @@ def select_platform(requested: str, kubeconfig: str | None = None,
         raise ConfigError(f"unknown platform {requested!r}; choose auto, local or kubernetes")
     if requested == "local":
         return "local", None
+    if requested == "kubernetes" and creates_cluster and not kubeconfig:
+        return "kubernetes", None
     found = kubeconfig if kubeconfig else find_kubeconfig(env)
     if kubeconfig and not Path(kubeconfig).expanduser().is_file():
         raise ConfigError(f"kubeconfig not found: {kubeconfig}", key="clusters.kubeconfig")

@@ -67,7 +67,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(config.to_yaml())
         return EXIT_OK
     requested = args.platform or config.get("clusters.platform")
-    platform, kubeconfig = select_platform(requested, config.get("clusters.kubeconfig"))
+    platform, kubeconfig = select_platform(
+        requested, config.get("clusters.kubeconfig"),
+        creates_cluster=bool(config.get("clusters.create.type")))
     if args.plan:
         from flows.fine_tuning.planning import plan_run
 

@@ -21,6 +21,8 @@ class QuadsLabBlock(BaseModel):
     )
     description: str = Field(default="telltale CPT run", description="Assignment description.")
     wipe: bool = Field(default=True, description="Wipe the hosts before delivery.")
+    ticket: str | None = Field(default=None, description="Ticket attached to the assignment.")
+    lease_days: int = Field(default=5, ge=1, description="Days the hosts are asked for.")
     wait_hosts_minutes: int = Field(
         default=60, ge=0, description="How long to wait for enough free hosts."
     )

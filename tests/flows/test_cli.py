@@ -90,3 +90,20 @@ def test_replot_cli_refuses_missing_source(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "flows.replot", "--from",
                            str(tmp_path / "nope")], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "no such directory" in proc.stderr
+
+
+def test_metal_quads_plan_shows_the_lease_request(tmp_path: Path) -> None:
+    proc = cli("--preset", "metal_quads", "--plan", "--artifact-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "lease     QUADS: 3 host(s) [model=R650, disks.disk_type=nvme]" in proc.stdout
+    lease = yaml.safe_load((tmp_path / "plan.yaml").read_text())["extra"]["lease"]
+    assert lease["count"] == 3 and lease["release"].startswith("released at the end")
+    kept = cli("--preset", "metal_quads", "--preset", "keep", "--plan", "--artifact-dir",
+               str(tmp_path / "k"))
+    assert "kept (clusters.keep)" in kept.stdout
+
+
+def test_kubernetes_without_kubeconfig_is_a_clear_error(tmp_path: Path) -> None:
+    proc = cli("--preset", "gpu", "--plan", "--artifact-dir", str(tmp_path),
+               env={"KUBECONFIG": str(tmp_path / "none"), "HOME": str(tmp_path)})
+    assert proc.returncode == 2 and "needs a kubeconfig" in proc.stderr

@@ -231,7 +231,7 @@ def test_project_config_validates_blocks() -> None:
 def test_project_presets_all_resolve() -> None:
     presets = resolve("fine_tuning", env={}).get("ci_presets")
     for name in ["light", "gpu", "metal", "not_metal", "keep", "single", "fms", "gating",
-                 "sweep", "scale_test"]:
+                 "sweep", "scale_test", "metal_quads"]:
         assert name in presets
         resolve("fine_tuning", [name], env={})
 

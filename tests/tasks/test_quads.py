@@ -1,0 +1,177 @@
+"""QUADS client and lease lifecycle against a QUADS-API test server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+from pydantic import SecretStr
+
+from analysis.errors import StepError
+from blocks.quads import QuadsCredentials
+from tasks.quads import QuadsClient, QuadsError, QuadsValidationFailed
+from tasks.quads_lease import LeaseRequest, leased, release_from_file
+from tasks.retry import RetryPolicy
+from tests.servers.quads import quads_server
+
+FAST = RetryPolicy(attempts=4, backoff_base_s=0, jitter=0)
+NO_SLEEP = {"sleep": lambda s: None, "poll_s": 0}
+
+
+@pytest.fixture()
+def quads():
+    with quads_server() as (url, state):
+        httpx.post(f"{url}/register", json={"email": "perf@example.com", "password": "pw"})
+        creds = QuadsCredentials(url=url, email="perf@example.com", password="pw")
+        with QuadsClient.from_credentials(creds, policy=FAST) as client:
+            yield client, state
+
+
+def window() -> tuple[datetime, datetime]:
+    start = datetime.now(UTC)
+    return start, start + timedelta(days=5)
+
+
+def test_available_filters_and_operators(quads) -> None:
+    client, _ = quads
+    assert len(client.available(*window())) == 10
+    assert len(client.available(*window(), {"model": "R650"})) == 6
+    nvme_r650 = client.available(*window(), {"model": "R650", "disks.disk_type": "nvme"})
+    assert nvme_r650 == ["host00.example.com", "host02.example.com", "host04.example.com"]
+    assert len(client.available(*window(), {"model__ne": "R650"})) == 4
+    assert len(client.available(*window(), {"interfaces.speed__gte": 100})) == 10
+    assert client.available(*window(), {"interfaces.vendor__ilike": "%mellanox%"})
+    with pytest.raises(QuadsError, match="unknown filter operator"):
+        client.available(*window(), {"model__between": "x"})
+    assert client.is_available("host01.example.com") is True
+
+
+def test_lease_lifecycle_releases_and_frees_hosts(quads, tmp_path: Path) -> None:
+    client, state = quads
+    state.auto_deliver_after = 3
+    request = LeaseRequest(count=2, filters={"model": "R650"}, ticket="T-1")
+    with leased(client, request, root=tmp_path, **NO_SLEEP) as lease:
+        assert lease.hosts == ["host00.example.com", "host01.example.com"]
+        assert client.is_available("host00.example.com") is False
+        saved = json.loads((tmp_path / "lease.json").read_text())
+        assert saved["state"] == "delivered" and saved["cloud"] == lease.cloud
+    assert json.loads((tmp_path / "lease.json").read_text())["state"] == "released"
+    assert client.is_available("host00.example.com") is True
+    assert state.assignments[lease.assignment_id]["active"] is False
+
+
+def test_crash_after_lease_still_terminates(quads, tmp_path: Path) -> None:
+    client, state = quads
+    state.auto_deliver_after = 1
+    with pytest.raises(RuntimeError, match="workload exploded"):
+        with leased(client, LeaseRequest(count=1), root=tmp_path, **NO_SLEEP):
+            raise RuntimeError("workload exploded")
+    assert all(not a["active"] for a in state.assignments.values())
+
+
+def test_keep_leaves_the_assignment(quads, tmp_path: Path) -> None:
+    client, state = quads
+    state.auto_deliver_after = 1
+    with leased(client, LeaseRequest(count=1), keep=True, root=tmp_path, **NO_SLEEP) as lease:
+        pass
+    assert state.assignments[lease.assignment_id]["active"] is True
+    assert json.loads((tmp_path / "lease.json").read_text())["state"] == "kept"
+    assert release_from_file(client, tmp_path) is False  # kept means kept
+
+
+def test_relogin_on_401_during_the_wait(quads, tmp_path: Path) -> None:
+    client, state = quads
+    polls = {"n": 0}
+
+    def sleep(_: float) -> None:  # the token expires in the middle of the wait
+        polls["n"] += 1
+        if polls["n"] == 2:
+            state.expire_tokens()
+        if polls["n"] == 3:
+            state.deliver(1)
+
+    with leased(client, LeaseRequest(count=1), root=tmp_path, sleep=sleep, poll_s=0):
+        pass
+    assert state.logins == 2  # logged in again when the expired token got a 401
+    assert not state.assignments[1]["active"]
+
+
+def test_503_bursts_are_retried(quads) -> None:
+    client, state = quads
+    state.fail_next(3, 503)
+    assert len(client.available(*window())) == 10
+    state.fail_next(10, 503)
+    with pytest.raises(Exception, match="503|Service"):
+        client.available(*window())
+
+
+def test_validation_failure_releases(quads, tmp_path: Path) -> None:
+    client, state = quads
+    calls = {"n": 0}
+
+    def sleep(_: float) -> None:
+        calls["n"] += 1
+        state.deliver(1, fail=True)
+
+    with pytest.raises(QuadsValidationFailed, match="validation failed"):
+        with leased(client, LeaseRequest(count=2), root=tmp_path, sleep=sleep, poll_s=0):
+            pytest.fail("must not get here")
+    assert not state.assignments[1]["active"]
+    assert json.loads((tmp_path / "lease.json").read_text())["state"] == "released"
+
+
+def test_business_errors_quote_the_server(quads) -> None:
+    client, state = quads
+    with pytest.raises(QuadsError, match="No active assignment for cloud cloud99") as info:
+        client.schedule("cloud99", "host00.example.com")
+    assert info.value.status == 400
+    for _ in range(3):
+        client.request_assignment(description="x")
+    with pytest.raises(QuadsError, match="limit reached") as info:
+        client.request_assignment(description="x")
+    assert info.value.status == 403
+
+
+def test_500_on_self_assignment_is_reported_not_retried(quads) -> None:
+    client, state = quads
+    state.ticket_autocreate = False
+    before = len(state.requests)
+    with pytest.raises(QuadsError, match="server fault") as info:
+        client.request_assignment(description="x")
+    assert info.value.status == 500
+    assert len([r for r in state.requests[before:] if "assignments/self" in r[1]]) == 1
+    assert client.request_assignment(description="x", ticket="T-9").ticket == "T-9"
+
+
+def test_too_few_hosts_waits_then_fails_without_assigning(quads, tmp_path: Path) -> None:
+    client, state = quads
+    request = LeaseRequest(count=3, filters={"model": "R999"}, wait_hosts_minutes=0)
+    with pytest.raises(StepError, match="only 0 free host"):
+        with leased(client, request, root=tmp_path, **NO_SLEEP):
+            pass
+    assert not state.assignments and not (tmp_path / "lease.json").exists()
+
+
+def test_release_from_file_after_a_crash(quads, tmp_path: Path) -> None:
+    client, state = quads
+    state.auto_deliver_after = 1
+    from tasks.quads_lease import acquire_lease
+
+    lease = acquire_lease(client, LeaseRequest(count=1), root=tmp_path, **NO_SLEEP)
+    # ... the flow process dies here; a crash hook in another process sees only the dir:
+    assert release_from_file(client, tmp_path) is True
+    assert not state.assignments[lease.assignment_id]["active"]
+    assert release_from_file(client, tmp_path) is False
+
+
+def test_bad_credentials_and_secret_hygiene() -> None:
+    with quads_server() as (url, _):
+        client = QuadsClient(url, "nobody@example.com", SecretStr("hunter2"), policy=FAST)
+        with pytest.raises(QuadsError) as info:
+            client.request_assignment(description="x")
+        assert info.value.status == 401
+        assert "hunter2" not in repr(client) and "hunter2" not in str(info.value)
+        assert "hunter2" not in repr(QuadsCredentials(url=url, email="a@b", password="hunter2"))
