@@ -10,9 +10,11 @@ import http.client
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import urlparse
+
+from tests.servers import serve
 
 _HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
         "proxy-authorization", "proxy-authenticate"}
@@ -102,11 +104,5 @@ def fault_proxy(upstream_url: str) -> Iterator[tuple[str, FaultState]]:
     state = FaultState()
     handler = type("Handler", (_Handler,), {"state": state,
                                             "upstream": (parsed.hostname, parsed.port)})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", state
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve(handler) as port:
+        yield f"http://127.0.0.1:{port}", state

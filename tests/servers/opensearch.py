@@ -23,8 +23,10 @@ import json
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from tests.servers import serve
 
 
 def _get(source: dict[str, Any], path: str) -> Any:
@@ -239,11 +241,5 @@ def opensearch_server(user: str | None = None,
     """Run the server on 127.0.0.1 (free port) in a thread; yields (url, state)."""
     state = OpenSearchState(user, password)
     handler = type("Handler", (_Handler,), {"state": state})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", state
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve(handler) as port:
+        yield f"http://127.0.0.1:{port}", state

@@ -24,9 +24,11 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from email.utils import formatdate
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qsl, urlparse
+
+from tests.servers import serve
 
 
 def _now() -> str:
@@ -349,11 +351,5 @@ def quads_server(hosts: dict[str, dict[str, Any]] | None = None,
         } for i in range(10)}
     state = QuadsState(hosts, **kwargs)
     handler = type("Handler", (_Handler,), {"state": state})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/api/v3", state
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve(handler) as port:
+        yield f"http://127.0.0.1:{port}/api/v3", state
