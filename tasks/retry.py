@@ -62,8 +62,11 @@ def call_with_retries(fn: Callable[[], T], policy: RetryPolicy, *, what: str,
             return fn()
         except Exception as exc:
             retry = transient(exc) and attempt < policy.attempts
-            logger.warning("%s: attempt %d/%d failed (%s)%s", what, attempt, policy.attempts,
-                           exc, "; retrying" if retry else "; giving up")
+            # A permanent error on the first attempt is the caller's to report (a 404 is
+            # often expected); retries and exhaustion are worth a warning here.
+            level = logging.WARNING if retry or attempt > 1 else logging.DEBUG
+            logger.log(level, "%s: attempt %d/%d failed (%s)%s", what, attempt,
+                       policy.attempts, exc, "; retrying" if retry else "; giving up")
             if not retry:
                 raise
             sleep(policy.delay(attempt))

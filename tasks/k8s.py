@@ -1,0 +1,351 @@
+"""Kubernetes helpers on the official client: apply, wait, logs, delete — labelled by run.
+
+Every object Telltale creates carries ``telltale.io/run-id=<run id>`` and
+``app.kubernetes.io/managed-by=telltale``, so cleanup and the leak janitor find them by
+label. Calls go through ``kubernetes.client.ApiClient`` (real HTTP, the user's kubeconfig
+auth) with a client-side timeout on every request; transient faults (5xx, 429, connection
+errors) are retried with backoff, everything else raises at once with the API's message.
+
+`Kube.wait` follows an object with a *watch* (not polling) until a readiness predicate holds,
+a fail-fast predicate names a reason (ImagePullBackOff, CrashLoopBackOff, Error...), or the
+deadline passes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from analysis.errors import PermanentServiceError, StepError, TransientServiceError
+from tasks.retry import RetryPolicy, call_with_retries
+
+__all__ = [
+    "KINDS",
+    "MANAGED_BY",
+    "RUN_ID_LABEL",
+    "Kind",
+    "Kube",
+    "api_client",
+    "map_api_error",
+]
+
+logger = logging.getLogger("telltale.k8s")
+
+RUN_ID_LABEL = "telltale.io/run-id"
+MANAGED_BY = ("app.kubernetes.io/managed-by", "telltale")
+
+
+@dataclass(frozen=True)
+class Kind:
+    """Where a kind lives in the API (our own small REST mapper: no discovery round-trips)."""
+
+    api_version: str
+    kind: str
+    plural: str
+    namespaced: bool
+
+    def path(self, namespace: str | None = None, name: str | None = None,
+             sub: str | None = None) -> str:
+        """The resource URL path."""
+        group_version = self.api_version
+        base = f"/api/{group_version}" if "/" not in group_version else f"/apis/{group_version}"
+        if self.namespaced:
+            if not namespace:
+                raise StepError(f"{self.kind} is namespaced: a namespace is required")
+            base += f"/namespaces/{namespace}"
+        base += f"/{self.plural}"
+        if name:
+            base += f"/{name}"
+        if sub:
+            base += f"/{sub}"
+        return base
+
+
+KINDS: dict[tuple[str, str], Kind] = {(k.api_version, k.kind): k for k in [
+    Kind("v1", "Namespace", "namespaces", False),
+    Kind("v1", "Node", "nodes", False),
+    Kind("v1", "Pod", "pods", True),
+    Kind("v1", "ConfigMap", "configmaps", True),
+    Kind("v1", "Secret", "secrets", True),
+    Kind("v1", "PersistentVolumeClaim", "persistentvolumeclaims", True),
+    Kind("v1", "Service", "services", True),
+    Kind("v1", "ServiceAccount", "serviceaccounts", True),
+    Kind("batch/v1", "Job", "jobs", True),
+    Kind("apps/v1", "Deployment", "deployments", True),
+    Kind("apps/v1", "DaemonSet", "daemonsets", True),
+    Kind("kubeflow.org/v1", "PyTorchJob", "pytorchjobs", True),
+    Kind("operators.coreos.com/v1alpha1", "Subscription", "subscriptions", True),
+    Kind("operators.coreos.com/v1alpha1", "ClusterServiceVersion", "clusterserviceversions",
+         True),
+    Kind("operators.coreos.com/v1alpha1", "InstallPlan", "installplans", True),
+    Kind("operators.coreos.com/v1alpha1", "CatalogSource", "catalogsources", True),
+    Kind("operators.coreos.com/v1", "OperatorGroup", "operatorgroups", True),
+    Kind("datasciencecluster.opendatahub.io/v1", "DataScienceCluster", "datascienceclusters",
+         False),
+    Kind("nvidia.com/v1", "ClusterPolicy", "clusterpolicies", False),
+    Kind("nfd.openshift.io/v1", "NodeFeatureDiscovery", "nodefeaturediscoveries", True),
+    Kind("config.openshift.io/v1", "ClusterVersion", "clusterversions", False),
+    Kind("hive.openshift.io/v1", "ClusterClaim", "clusterclaims", True),
+]}
+
+
+def _kind(api_version: str, kind: str) -> Kind:
+    try:
+        return KINDS[(api_version, kind)]
+    except KeyError:
+        raise StepError(f"unknown kind {api_version}/{kind}; add it to tasks.k8s.KINDS") \
+            from None
+
+
+def map_api_error(exc: BaseException, what: str) -> Exception:
+    """Translate a kubernetes/urllib3 error into a transient or permanent Telltale error."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError as Urllib3Error
+
+    if isinstance(exc, ApiException):
+        message = exc.reason or ""
+        try:
+            message = json.loads(exc.body or "{}").get("message") or message
+        except (ValueError, AttributeError):
+            message = (str(exc.body) or message)[:256]
+        status = exc.status or None
+        if status is None or status >= 500 or status == 429:
+            return TransientServiceError(f"{what}: {message}", service="kubernetes",
+                                         status=status)
+        return PermanentServiceError(f"{what}: {message}", service="kubernetes", status=status)
+    if isinstance(exc, Urllib3Error | ConnectionError | TimeoutError):
+        return TransientServiceError(f"{what}: {exc}", service="kubernetes")
+    return exc if isinstance(exc, Exception) else RuntimeError(str(exc))
+
+
+def api_client(kubeconfig: str | None) -> Any:
+    """An ``ApiClient`` for a kubeconfig path, ``"in-cluster"``, or the default kubeconfig."""
+    from kubernetes import client, config
+
+    if kubeconfig == "in-cluster":
+        config.load_incluster_config()
+        return client.ApiClient()
+    return config.new_client_from_config(config_file=kubeconfig)
+
+
+class Kube:
+    """Typed-enough access to the API for Telltale's steps.
+
+    Args:
+        api: A ``kubernetes.client.ApiClient``.
+        run_id: Labels every applied object (``telltale.io/run-id``).
+        request_timeout_s: Client-side timeout of every request.
+        policy: Retries of transient faults.
+    """
+
+    def __init__(self, api: Any, run_id: str | None = None, *, request_timeout_s: float = 30.0,
+                 policy: RetryPolicy = RetryPolicy()) -> None:
+        self.api = api
+        self.run_id = run_id
+        self.request_timeout_s = request_timeout_s
+        self.policy = policy
+
+    def __repr__(self) -> str:
+        return f"Kube(host={self.api.configuration.host!r}, run_id={self.run_id!r})"
+
+    # -- transport ---------------------------------------------------------------------------
+
+    def _call(self, method: str, path: str, *, body: Any = None,
+              query: Iterable[tuple[str, Any]] = (), content_type: str = "application/json",
+              what: str, preload: bool = True, timeout: float | None = None) -> Any:
+        def once() -> Any:
+            from kubernetes.client.exceptions import ApiException
+
+            try:
+                verb, url, headers, payload, post = self.api.param_serialize(
+                    method=method, resource_path=path, query_params=list(query),
+                    header_params={"Accept": "application/json", "Content-Type": content_type},
+                    body=body, auth_settings=["BearerToken"])
+                response = self.api.call_api(verb, url, header_params=headers, body=payload,
+                                             post_params=post,
+                                             _request_timeout=timeout or self.request_timeout_s)
+                if response.status >= 400:
+                    response.read()
+                    raise ApiException(http_resp=response)
+                if not preload:
+                    return response.response  # urllib3 response, for streaming
+                data = response.read()
+                if "json" not in (response.getheader("Content-Type") or ""):
+                    return data.decode("utf-8", errors="replace")
+                return json.loads(data) if data else None
+            except Exception as exc:
+                raise map_api_error(exc, what) from exc
+
+        return call_with_retries(once, self.policy, what=what)
+
+    # -- verbs -------------------------------------------------------------------------------
+
+    def get(self, api_version: str, kind: str, name: str,
+            namespace: str | None = None) -> dict[str, Any] | None:
+        """The object, or None when it does not exist."""
+        info = _kind(api_version, kind)
+        try:
+            return self._call("GET", info.path(namespace, name), what=f"get {kind} {name}")
+        except PermanentServiceError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def list(self, api_version: str, kind: str, namespace: str | None = None, *,
+             labels: str | None = None, fields: str | None = None) -> list[dict[str, Any]]:
+        """Objects of a kind (in a namespace, or all of them), filtered by selectors."""
+        info = _kind(api_version, kind)
+        path = info.path(namespace) if (namespace or not info.namespaced) else \
+            f"/apis/{info.api_version}/{info.plural}" if "/" in info.api_version else \
+            f"/api/{info.api_version}/{info.plural}"
+        query = [(k, v) for k, v in (("labelSelector", labels), ("fieldSelector", fields)) if v]
+        body = self._call("GET", path, query=query, what=f"list {kind}")
+        return list(body.get("items") or [])
+
+    def _labelled(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
+        obj = json.loads(json.dumps(manifest))
+        labels = obj.setdefault("metadata", {}).setdefault("labels", {})
+        labels.setdefault(*MANAGED_BY)
+        if self.run_id:
+            labels[RUN_ID_LABEL] = self.run_id
+        return obj
+
+    def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
+        """Create the object, or merge-patch it when it exists (idempotent); labelled by run.
+
+        Returns:
+            The object as the API stored it.
+        """
+        obj = self._labelled(manifest)
+        info = _kind(obj["apiVersion"], obj["kind"])
+        meta = obj["metadata"]
+        namespace = meta.get("namespace")
+        what = f"apply {info.kind} {meta['name']}"
+        if self.get(info.api_version, info.kind, meta["name"], namespace) is None:
+            try:
+                return self._call("POST", info.path(namespace), body=obj, what=what)
+            except PermanentServiceError as exc:
+                if exc.status != 409:  # created meanwhile: patch it below
+                    raise
+        patch = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "status")}
+        return self._call("PATCH", info.path(namespace, meta["name"]), body=patch,
+                          content_type="application/merge-patch+json", what=what)
+
+    def patch_status(self, api_version: str, kind: str, name: str, status: Mapping[str, Any],
+                     namespace: str | None = None) -> dict[str, Any]:
+        """Merge-patch an object's status subresource."""
+        info = _kind(api_version, kind)
+        return self._call("PATCH", info.path(namespace, name, "status"),
+                          body={"status": dict(status)},
+                          content_type="application/merge-patch+json",
+                          what=f"patch status of {kind} {name}")
+
+    def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None, *,
+               propagation: str = "Foreground") -> bool:
+        """Delete an object and (by default) its dependents; False when it was already gone."""
+        info = _kind(api_version, kind)
+        try:
+            self._call("DELETE", info.path(namespace, name),
+                       body={"kind": "DeleteOptions", "apiVersion": "v1",
+                             "propagationPolicy": propagation}, what=f"delete {kind} {name}")
+        except PermanentServiceError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    def pod_log(self, name: str, namespace: str, container: str | None = None) -> str:
+        """A pod's log (text)."""
+        query = [("container", container)] if container else []
+        return str(self._call("GET", _kind("v1", "Pod").path(namespace, name, "log"),
+                              query=query, what=f"log of pod {name}"))
+
+    def wait(self, api_version: str, kind: str, name: str, namespace: str | None = None, *,
+             ready: Callable[[dict[str, Any]], bool],
+             fail: Callable[[dict[str, Any]], str | None] = lambda obj: None,
+             deadline_s: float, what: str | None = None,
+             progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Follow an object through a watch until ``ready`` holds.
+
+        Args:
+            api_version: The object's apiVersion.
+            kind: Its kind.
+            name: Its name.
+            namespace: Its namespace (namespaced kinds).
+            ready: True when done.
+            fail: A reason string when the object can no longer become ready.
+            deadline_s: Give up after this many seconds.
+            what: Description for errors and logs.
+            progress: Called with every version of the object seen.
+
+        Returns:
+            The object, ready.
+
+        Raises:
+            StepError: ``fail`` gave a reason, or the deadline passed.
+        """
+        info = _kind(api_version, kind)
+        label = what or f"{kind} {namespace + '/' if namespace else ''}{name}"
+        deadline = time.monotonic() + deadline_s
+        last: dict[str, Any] | None = None
+
+        def check(obj: dict[str, Any] | None) -> dict[str, Any] | None:
+            if obj is None:
+                return None
+            if progress is not None:
+                progress(obj)
+            reason = fail(obj)
+            if reason:
+                raise StepError(f"{label} failed: {reason}")
+            return obj if ready(obj) else None
+
+        while True:
+            current = self.get(api_version, kind, name, namespace)
+            last = current or last
+            done = check(current)
+            if done is not None:
+                return done
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                state = json.dumps((last or {}).get("status"))[:300]
+                raise StepError(f"{label} not ready after {deadline_s:g}s (last status: {state})")
+            version = (current or {}).get("metadata", {}).get("resourceVersion", "")
+            watch_seconds = max(1, min(int(remaining), 60))
+            response = self._call(
+                "GET", info.path(namespace), preload=False, what=f"watch {label}",
+                query=[("watch", "true"), ("fieldSelector", f"metadata.name={name}"),
+                       ("resourceVersion", version), ("timeoutSeconds", watch_seconds),
+                       ("allowWatchBookmarks", "false")],
+                timeout=watch_seconds + 10)
+            try:
+                for line in _lines(response):
+                    event = json.loads(line)
+                    if event.get("type") == "ERROR":
+                        break  # e.g. 410 Gone: re-read and watch again
+                    obj = event.get("object") or {}
+                    if event.get("type") == "DELETED":
+                        continue
+                    last = obj
+                    done = check(obj)
+                    if done is not None:
+                        return done
+                    if time.monotonic() >= deadline:
+                        break
+            finally:
+                response.release_conn()
+
+
+def _lines(response: Any) -> Iterable[str]:
+    buffer = b""
+    for chunk in response.stream(4096, decode_content=False):
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            if line.strip():
+                yield line.decode("utf-8")
+    if buffer.strip():
+        yield buffer.decode("utf-8")

@@ -1,0 +1,604 @@
+"""A stateful Kubernetes API server for tests, on 127.0.0.1, for the official client.
+
+It keeps objects of the kinds Telltale touches (core, batch, apps, Kubeflow PyTorchJob, OLM,
+RHOAI, GPU operator, NFD, OpenShift ClusterVersion, Hive) and implements what the real API
+does for them:
+
+- create (201; 409 ``AlreadyExists``; 404 when the namespace is missing), get (404
+  ``NotFound`` Status), list with ``labelSelector`` (``=``, ``==``, ``!=``, ``in``, ``notin``,
+  exists, ``!``) and ``fieldSelector`` (``metadata.name``, ``metadata.namespace``,
+  ``status.phase``), replace (PUT, ``resourceVersion`` conflicts → 409), patch
+  (merge-patch, strategic-merge treated as merge, JSON patch), the ``status`` subresource
+  (writes to the main resource keep the stored status), delete with ``propagationPolicy``
+  (dependents found through ``ownerReferences``), delete-collection by selector, namespace
+  deletion removing its objects;
+- metadata: ``uid``, ``resourceVersion``, ``creationTimestamp``, ``generation``; list bodies
+  carry ``kind``/``apiVersion``/``metadata.resourceVersion``;
+- watch (``?watch=true``): chunked JSON lines, initial ``ADDED`` events when no
+  ``resourceVersion`` is given, selectors honoured, ``timeoutSeconds`` honoured;
+- ``pods/<name>/log`` (text the test sets), ``/version``;
+- unknown resources answer 404, like an undeclared CRD.
+
+Tests drive the cluster through `KubeState`: ``set_status``, ``set_log``, ``fail_next``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+from tests.servers import serve
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One resource type: where it lives and what it is called."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+
+RESOURCES = [Resource(*r) for r in [
+    ("", "v1", "namespaces", "Namespace", False),
+    ("", "v1", "nodes", "Node", False),
+    ("", "v1", "pods", "Pod", True),
+    ("", "v1", "configmaps", "ConfigMap", True),
+    ("", "v1", "secrets", "Secret", True),
+    ("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", True),
+    ("", "v1", "services", "Service", True),
+    ("", "v1", "serviceaccounts", "ServiceAccount", True),
+    ("", "v1", "events", "Event", True),
+    ("batch", "v1", "jobs", "Job", True),
+    ("apps", "v1", "deployments", "Deployment", True),
+    ("apps", "v1", "daemonsets", "DaemonSet", True),
+    ("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob", True),
+    ("operators.coreos.com", "v1alpha1", "subscriptions", "Subscription", True),
+    ("operators.coreos.com", "v1alpha1", "clusterserviceversions", "ClusterServiceVersion",
+     True),
+    ("operators.coreos.com", "v1alpha1", "installplans", "InstallPlan", True),
+    ("operators.coreos.com", "v1alpha1", "catalogsources", "CatalogSource", True),
+    ("operators.coreos.com", "v1", "operatorgroups", "OperatorGroup", True),
+    ("datasciencecluster.opendatahub.io", "v1", "datascienceclusters", "DataScienceCluster",
+     False),
+    ("nvidia.com", "v1", "clusterpolicies", "ClusterPolicy", False),
+    ("nfd.openshift.io", "v1", "nodefeaturediscoveries", "NodeFeatureDiscovery", True),
+    ("config.openshift.io", "v1", "clusterversions", "ClusterVersion", False),
+    ("hive.openshift.io", "v1", "clusterclaims", "ClusterClaim", True),
+]]
+_BY_PATH = {(r.group, r.version, r.plural): r for r in RESOURCES}
+_BY_KIND = {(r.api_version, r.kind): r for r in RESOURCES}
+
+Key = tuple[str, str, str, str, str]  # group, version, plural, namespace, name
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _status(code: int, reason: str, message: str, details: dict[str, Any] | None = None
+            ) -> dict[str, Any]:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": message, "reason": reason, "code": code, "details": details or {}}
+
+
+def _merge(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = _merge(result.get(key), value)
+    return result
+
+
+def _json_patch(doc: Any, ops: list[dict[str, Any]]) -> Any:
+    doc = copy.deepcopy(doc)
+    for op in ops:
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        parent = doc
+        for part in parts[:-1]:
+            parent = parent[int(part)] if isinstance(parent, list) else parent.setdefault(part, {})
+        last = parts[-1]
+        if op["op"] in ("add", "replace"):
+            if isinstance(parent, list):
+                index = len(parent) if last == "-" else int(last)
+                if op["op"] == "add":
+                    parent.insert(index, op["value"])
+                else:
+                    parent[index] = op["value"]
+            else:
+                parent[last] = op["value"]
+        elif op["op"] == "remove":
+            del parent[int(last) if isinstance(parent, list) else last]
+        else:
+            raise ValueError(f"unsupported JSON patch op {op['op']}")
+    return doc
+
+
+_SEL = re.compile(r"^\s*(!?)([\w./-]+)\s*(?:(==|=|!=)\s*([\w./-]*)|\s+(in|notin)\s*\(([^)]*)\))?\s*$")
+
+
+def _split_selector(text: str) -> list[str]:
+    parts, depth, current = [], 0, ""
+    for char in text:
+        depth += char == "("
+        depth -= char == ")"
+        if char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    return [p for p in [*parts, current] if p.strip()]
+
+
+def label_matches(labels: dict[str, str], selector: str) -> bool:
+    """Evaluate a Kubernetes label selector string."""
+    for term in _split_selector(selector):
+        match = _SEL.match(term)
+        if match is None:
+            raise ValueError(f"unable to parse requirement: {term!r}")
+        negate, key, op, value, set_op, values = match.groups()
+        if set_op:
+            options = {v.strip() for v in values.split(",")}
+            ok = (labels.get(key) in options) if set_op == "in" else (
+                key not in labels or labels[key] not in options)
+        elif op in ("=", "=="):
+            ok = labels.get(key) == value
+        elif op == "!=":
+            ok = labels.get(key) != value
+        else:
+            ok = (key in labels) != bool(negate)
+        if not ok:
+            return False
+    return True
+
+
+def _field(obj: dict[str, Any], path: str) -> Any:
+    node: Any = obj
+    for part in path.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def field_matches(obj: dict[str, Any], selector: str) -> bool:
+    """Evaluate a field selector (``=``, ``==``, ``!=`` on dotted paths)."""
+    for term in _split_selector(selector):
+        key, op, value = re.match(r"\s*([\w.]+)\s*(==|=|!=)\s*(.*)\s*$", term).groups()  # type: ignore[union-attr]
+        current = str(_field(obj, key) or "")
+        if (op == "!=") == (current == value):
+            return False
+    return True
+
+
+class KubeState:
+    """Objects, resource versions, watch events, pod logs and fault switches."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Condition()
+        self.objects: dict[Key, dict[str, Any]] = {}
+        self.rv = 100
+        self.events: list[tuple[int, str, Key, dict[str, Any]]] = []
+        self.logs: dict[tuple[str, str], str] = {}
+        self.failures: list[tuple[int, str | None]] = []
+        self.requests: list[tuple[str, str, int]] = []
+        for name in ("default", "kube-system"):
+            self.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+
+    # -- test driver ---------------------------------------------------------------------------
+
+    def _resource(self, obj: dict[str, Any]) -> Resource:
+        return _BY_KIND[(obj["apiVersion"], obj["kind"])]
+
+    def key_of(self, resource: Resource, namespace: str | None, name: str) -> Key:
+        return (resource.group, resource.version, resource.plural,
+                namespace if resource.namespaced else "", name)
+
+    def put(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Create or replace an object directly (bypassing the API), emitting an event."""
+        resource = self._resource(obj)
+        meta = obj.setdefault("metadata", {})
+        key = self.key_of(resource, meta.get("namespace"), meta["name"])
+        with self.lock:
+            existing = self.objects.get(key)
+            self._stamp(obj, existing)
+            self.objects[key] = obj
+            self._event("MODIFIED" if existing else "ADDED", key, obj)
+        return obj
+
+    def get(self, api_version: str, kind: str, name: str,
+            namespace: str | None = None) -> dict[str, Any] | None:
+        """The stored object, or None."""
+        resource = _BY_KIND[(api_version, kind)]
+        return copy.deepcopy(self.objects.get(self.key_of(resource, namespace, name)))
+
+    def list(self, api_version: str, kind: str) -> list[dict[str, Any]]:
+        """Every stored object of a kind."""
+        resource = _BY_KIND[(api_version, kind)]
+        return [copy.deepcopy(o) for k, o in self.objects.items()
+                if k[:3] == (resource.group, resource.version, resource.plural)]
+
+    def set_status(self, api_version: str, kind: str, name: str, status: dict[str, Any],
+                   namespace: str | None = None) -> None:
+        """Replace an object's status (what a controller would do), emitting MODIFIED."""
+        resource = _BY_KIND[(api_version, kind)]
+        key = self.key_of(resource, namespace, name)
+        with self.lock:
+            obj = copy.deepcopy(self.objects[key])
+            obj["status"] = status
+            self._stamp(obj, self.objects[key])
+            self.objects[key] = obj
+            self._event("MODIFIED", key, obj)
+
+    def set_log(self, namespace: str, pod: str, text: str) -> None:
+        """Set what ``pods/<pod>/log`` returns."""
+        self.logs[(namespace, pod)] = text
+
+    def fail_next(self, count: int, status: int = 503, path: str | None = None) -> None:
+        """Answer the next ``count`` requests (whose path contains ``path``) with ``status``."""
+        with self.lock:
+            self.failures.extend([(status, path)] * count)
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _stamp(self, obj: dict[str, Any], existing: dict[str, Any] | None) -> None:
+        self.rv += 1
+        meta = obj.setdefault("metadata", {})
+        old = (existing or {}).get("metadata", {})
+        meta["uid"] = old.get("uid") or str(uuid.uuid4())
+        meta["creationTimestamp"] = old.get("creationTimestamp") or _now()
+        meta["resourceVersion"] = str(self.rv)
+        spec_changed = existing is None or existing.get("spec") != obj.get("spec")
+        meta["generation"] = int(old.get("generation", 0)) + (1 if spec_changed else 0)
+
+    def _event(self, kind: str, key: Key, obj: dict[str, Any]) -> None:
+        self.events.append((self.rv, kind, key, copy.deepcopy(obj)))
+        self.lock.notify_all()
+
+    def delete_key(self, key: Key, propagation: str) -> dict[str, Any] | None:
+        with self.lock:
+            obj = self.objects.pop(key, None)
+            if obj is None:
+                return None
+            self.rv += 1
+            obj["metadata"]["resourceVersion"] = str(self.rv)
+            self._event("DELETED", key, obj)
+            uid = obj["metadata"]["uid"]
+            dependents = [k for k, o in self.objects.items() if any(
+                ref.get("uid") == uid for ref in o["metadata"].get("ownerReferences", []))]
+            if key[2] == "namespaces":
+                dependents += [k for k in self.objects if k[3] == key[4]]
+        for dep in dependents:
+            if propagation == "Orphan":
+                with self.lock:
+                    refs = self.objects[dep]["metadata"].get("ownerReferences", [])
+                    self.objects[dep]["metadata"]["ownerReferences"] = [
+                        r for r in refs if r.get("uid") != uid]
+            else:
+                self.delete_key(dep, propagation)
+        return obj
+
+
+class _Handler(BaseHTTPRequestHandler):
+    state: KubeState
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def _send(self, status: int, body: Any, content_type: str = "application/json") -> None:
+        data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+        self.state.requests.append((self.command, self.path, status))
+
+    def _body(self) -> Any:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        return json.loads(raw) if raw else None
+
+    def _route(self) -> tuple[Resource, str | None, str | None, str | None, dict[str, str]] | None:
+        url = urlparse(self.path)
+        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        parts = [p for p in url.path.split("/") if p]
+        if parts[:2] == ["api", "v1"]:
+            group, version, rest = "", "v1", parts[2:]
+        elif parts[:1] == ["apis"] and len(parts) >= 3:
+            group, version, rest = parts[1], parts[2], parts[3:]
+        else:
+            return None
+        namespace = None
+        if len(rest) >= 2 and rest[0] == "namespaces" and (len(rest) > 2 or False):
+            namespace, rest = rest[1], rest[2:]
+        plural = rest[0] if rest else ""
+        name = rest[1] if len(rest) > 1 else None
+        sub = rest[2] if len(rest) > 2 else None
+        resource = _BY_PATH.get((group, version, plural))
+        if resource is None:
+            self._send(404, _status(404, "NotFound", "the server could not find the requested "
+                                    f"resource ({plural})"))
+            return None
+        return resource, namespace, name, sub, query
+
+    def _fault(self) -> bool:
+        with self.state.lock:
+            for index, (_, path) in enumerate(self.state.failures):
+                if path is None or path in self.path:
+                    status = self.state.failures.pop(index)[0]
+                    break
+            else:
+                return False
+        self._body()
+        self._send(status, _status(status, "InternalError" if status >= 500 else "BadRequest",
+                                   "injected fault"))
+        return True
+
+    # -- verbs -----------------------------------------------------------------------------------
+
+    def do_GET(self) -> None:  # noqa: N802
+        if self._fault():
+            return
+        if self.path.startswith("/version"):
+            self._send(200, {"major": "1", "minor": "30", "gitVersion": "v1.30.0+telltale"})
+            return
+        route = self._route()
+        if route is None:
+            if self.path in ("/api", "/apis"):
+                self._send(200, {"kind": "APIVersions", "versions": ["v1"]})
+            return
+        resource, namespace, name, sub, query = route
+        if name is None:
+            if query.get("watch") in ("true", "True", "1"):
+                self._watch(resource, namespace, query)
+            else:
+                self._list(resource, namespace, query)
+            return
+        key = self.state.key_of(resource, namespace, name)
+        obj = self.state.objects.get(key)
+        if sub == "log":
+            if obj is None:
+                self._send(404, _status(404, "NotFound", f'pods "{name}" not found'))
+            elif (namespace, name) not in self.state.logs:
+                self._send(400, _status(400, "BadRequest", f'container in pod "{name}" is '
+                                        "waiting to start: ContainerCreating"))
+            else:
+                self._send(200, self.state.logs[(namespace or "", name)], "text/plain")
+            return
+        if obj is None:
+            self._send(404, _status(404, "NotFound", f'{resource.plural} "{name}" not found',
+                                    {"name": name, "kind": resource.plural}))
+            return
+        self._send(200, obj)
+
+    def _selected(self, resource: Resource, namespace: str | None,
+                  query: dict[str, str]) -> list[tuple[Key, dict[str, Any]]]:
+        labels, fields = query.get("labelSelector", ""), query.get("fieldSelector", "")
+        out = []
+        for key, obj in sorted(self.state.objects.items()):
+            if key[:3] != (resource.group, resource.version, resource.plural):
+                continue
+            if namespace and key[3] != namespace:
+                continue
+            if labels and not label_matches(obj["metadata"].get("labels") or {}, labels):
+                continue
+            if fields and not field_matches(obj, fields):
+                continue
+            out.append((key, obj))
+        return out
+
+    def _list(self, resource: Resource, namespace: str | None, query: dict[str, str]) -> None:
+        try:
+            items = [o for _, o in self._selected(resource, namespace, query)]
+        except ValueError as exc:
+            self._send(400, _status(400, "BadRequest", str(exc)))
+            return
+        self._send(200, {"kind": f"{resource.kind}List", "apiVersion": resource.api_version,
+                         "metadata": {"resourceVersion": str(self.state.rv)}, "items": items})
+
+    def _watch(self, resource: Resource, namespace: str | None, query: dict[str, str]) -> None:
+        timeout = float(query.get("timeoutSeconds") or 300)
+        deadline = time.monotonic() + timeout
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+        def emit(kind: str, obj: dict[str, Any]) -> None:
+            line = json.dumps({"type": kind, "object": obj}).encode() + b"\n"
+            self.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
+            self.wfile.flush()
+
+        def wanted(key: Key, obj: dict[str, Any]) -> bool:
+            if key[:3] != (resource.group, resource.version, resource.plural):
+                return False
+            if namespace and key[3] != namespace:
+                return False
+            labels = query.get("labelSelector")
+            if labels and not label_matches(obj["metadata"].get("labels") or {}, labels):
+                return False
+            fields = query.get("fieldSelector")
+            return not (fields and not field_matches(obj, fields))
+
+        try:
+            with self.state.lock:
+                since = query.get("resourceVersion")
+                if since in (None, "", "0"):
+                    initial = [o for k, o in sorted(self.state.objects.items()) if wanted(k, o)]
+                    position = self.state.rv
+                else:
+                    initial, position = [], int(since)
+            for obj in initial:
+                emit("ADDED", obj)
+            while time.monotonic() < deadline:
+                with self.state.lock:
+                    pending = [e for e in self.state.events if e[0] > position]
+                    if not pending:
+                        self.state.lock.wait(timeout=min(0.5, max(0.0, deadline -
+                                                                  time.monotonic())))
+                        continue
+                for rv, kind, key, obj in pending:
+                    position = rv
+                    if wanted(key, obj):
+                        emit(kind, obj)
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        self.state.requests.append((self.command, self.path, 200))
+
+    def do_POST(self) -> None:  # noqa: N802
+        if self._fault():
+            return
+        route = self._route()
+        if route is None:
+            return
+        resource, namespace, _, _, _ = route
+        obj = self._body() or {}
+        meta = obj.setdefault("metadata", {})
+        if not meta.get("name"):
+            if meta.get("generateName"):
+                meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+            else:
+                self._send(422, _status(422, "Invalid", "metadata.name: Required value"))
+                return
+        obj.setdefault("apiVersion", resource.api_version)
+        obj.setdefault("kind", resource.kind)
+        if resource.namespaced:
+            meta["namespace"] = namespace
+            ns_key = ("", "v1", "namespaces", "", namespace or "")
+            if ns_key not in self.state.objects:
+                self._send(404, _status(404, "NotFound", f'namespaces "{namespace}" not found'))
+                return
+        key = self.state.key_of(resource, namespace, meta["name"])
+        with self.state.lock:
+            if key in self.state.objects:
+                self._send(409, _status(409, "AlreadyExists", f'{resource.plural} '
+                                        f'"{meta["name"]}" already exists'))
+                return
+            if resource.kind == "Namespace":
+                obj.setdefault("status", {"phase": "Active"})
+            self.state._stamp(obj, None)
+            self.state.objects[key] = obj
+            self.state._event("ADDED", key, obj)
+        self._send(201, obj)
+
+    def _write(self, update: Any) -> None:
+        route = self._route()
+        if route is None:
+            return
+        resource, namespace, name, sub, _ = route
+        key = self.state.key_of(resource, namespace, name or "")
+        with self.state.lock:
+            current = self.state.objects.get(key)
+            if current is None:
+                self._send(404, _status(404, "NotFound", f'{resource.plural} "{name}" not found'))
+                return
+            try:
+                new = update(copy.deepcopy(current))
+            except (ValueError, KeyError, IndexError, TypeError) as exc:
+                self._send(422, _status(422, "Invalid", f"patch failed: {exc}"))
+                return
+            wanted_rv = (new.get("metadata") or {}).get("resourceVersion")
+            if self.command == "PUT" and wanted_rv and wanted_rv != \
+                    current["metadata"]["resourceVersion"]:
+                self._send(409, _status(409, "Conflict", "the object has been modified"))
+                return
+            if sub == "status":  # only the status changes through the subresource
+                merged = copy.deepcopy(current)
+                merged["status"] = new.get("status")
+            else:  # the main resource never writes the status
+                merged = new
+                merged["status"] = current.get("status")
+                if merged["status"] is None:
+                    merged.pop("status")
+            merged.setdefault("metadata", {})["name"] = current["metadata"]["name"]
+            if "namespace" in current["metadata"]:
+                merged["metadata"]["namespace"] = current["metadata"]["namespace"]
+            self.state._stamp(merged, current)
+            self.state.objects[key] = merged
+            self.state._event("MODIFIED", key, merged)
+        self._send(200, merged)
+
+    def do_PUT(self) -> None:  # noqa: N802
+        if self._fault():
+            return
+        body = self._body()
+        self._write(lambda current: body)
+
+    def do_PATCH(self) -> None:  # noqa: N802
+        if self._fault():
+            return
+        body = self._body()
+        kind = self.headers.get("Content-Type", "")
+        if "json-patch" in kind:
+            self._write(lambda current: _json_patch(current, body))
+        else:
+            self._write(lambda current: _merge(current, body))
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        if self._fault():
+            return
+        body = self._body() or {}
+        route = self._route()
+        if route is None:
+            return
+        resource, namespace, name, _, query = route
+        propagation = body.get("propagationPolicy") or query.get("propagationPolicy") or \
+            "Background"
+        if name is None:  # delete collection
+            for key, _ in self._selected(resource, namespace, query):
+                self.state.delete_key(key, propagation)
+            self._send(200, {"kind": "Status", "apiVersion": "v1", "status": "Success",
+                             "metadata": {}})
+            return
+        deleted = self.state.delete_key(self.state.key_of(resource, namespace, name),
+                                        propagation)
+        if deleted is None:
+            self._send(404, _status(404, "NotFound", f'{resource.plural} "{name}" not found'))
+            return
+        self._send(200, deleted)
+
+
+@contextmanager
+def kube_server() -> Iterator[tuple[str, KubeState]]:
+    """Run the API server on 127.0.0.1 in a thread; yields (URL, state)."""
+    state = KubeState()
+    handler = type("Handler", (_Handler,), {"state": state})
+    with serve(handler) as port:
+        yield f"http://127.0.0.1:{port}", state
+
+
+def write_kubeconfig(path: Any, url: str, namespace: str = "default") -> str:
+    """Write a kubeconfig for the test server (token auth) and return its path."""
+    config = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "test",
+        "clusters": [{"name": "test", "cluster": {"server": url}}],
+        "users": [{"name": "test", "user": {"token": "test-token"}}],
+        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test",
+                                                  "namespace": namespace}}],
+    }
+    path.write_text(json.dumps(config))
+    return str(path)

@@ -1,0 +1,152 @@
+"""Kubernetes helpers against a stateful API server, through the official client over HTTP."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from analysis.errors import PermanentServiceError, StepError
+from tasks.k8s import RUN_ID_LABEL, Kube, api_client
+from tasks.retry import RetryPolicy
+from tests.servers.kubernetes import kube_server, label_matches, write_kubeconfig
+
+FAST = RetryPolicy(attempts=4, backoff_base_s=0, jitter=0)
+
+
+@pytest.fixture()
+def kube(tmp_path: Path):
+    with kube_server() as (url, state):
+        api = api_client(write_kubeconfig(tmp_path / "kubeconfig", url))
+        kube = Kube(api, run_id="run-1", policy=FAST, request_timeout_s=10)
+        kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ft"}})
+        yield kube, state
+
+
+def pod(name: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "ft"},
+            "spec": {"containers": [{"name": "trainer", "image": "quay.io/x/y:1"}]}}
+
+
+def later(*steps) -> threading.Thread:
+    def run() -> None:
+        for delay, action in steps:
+            time.sleep(delay)
+            action()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def phase(value: str):
+    return lambda obj: (obj.get("status") or {}).get("phase") == value
+
+
+def test_apply_is_idempotent_and_labels_by_run(kube) -> None:
+    k, state = kube
+    manifest = {"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "cfg", "namespace": "ft"}, "data": {"a": "1"}}
+    first = k.apply(manifest)
+    second = k.apply({**manifest, "data": {"a": "2"}})
+    assert first["metadata"]["uid"] == second["metadata"]["uid"]
+    assert second["data"] == {"a": "2"}
+    assert second["metadata"]["labels"][RUN_ID_LABEL] == "run-1"
+    again = k.apply({**manifest, "data": {"a": "2"}})
+    assert again["metadata"]["generation"] == second["metadata"]["generation"]
+    assert [o["metadata"]["name"] for o in k.list("v1", "ConfigMap",
+                                                  labels=f"{RUN_ID_LABEL}=run-1")] == ["cfg"]
+
+
+def test_wait_follows_a_driven_lifecycle(kube) -> None:
+    k, state = kube
+    k.apply(pod("p"))
+    seen: list[str] = []
+    later((0.3, lambda: state.set_status("v1", "Pod", "p", {"phase": "Pending"}, "ft")),
+          (0.3, lambda: state.set_status("v1", "Pod", "p", {"phase": "Running"}, "ft")),
+          (0.3, lambda: state.set_status("v1", "Pod", "p", {"phase": "Succeeded"}, "ft")))
+    obj = k.wait("v1", "Pod", "p", "ft", ready=phase("Succeeded"), deadline_s=10,
+                 progress=lambda o: seen.append((o.get("status") or {}).get("phase", "")))
+    assert obj["status"]["phase"] == "Succeeded"
+    assert seen[-3:] == ["Pending", "Running", "Succeeded"]
+
+
+def test_fail_fast_on_image_pull_backoff(kube) -> None:
+    k, state = kube
+    k.apply(pod("p"))
+    later((0.3, lambda: state.set_status("v1", "Pod", "p", {"phase": "Pending",
+          "containerStatuses": [{"name": "trainer", "state": {"waiting": {
+              "reason": "ImagePullBackOff", "message": "Back-off pulling image"}}}]}, "ft")))
+
+    def fail(obj: dict) -> str | None:
+        for status in (obj.get("status") or {}).get("containerStatuses") or []:
+            waiting = (status.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") in ("ImagePullBackOff", "ErrImagePull",
+                                         "CrashLoopBackOff"):
+                return f"{waiting['reason']}: {waiting.get('message', '')}"
+        return None
+
+    started = time.monotonic()
+    with pytest.raises(StepError, match="ImagePullBackOff: Back-off pulling image"):
+        k.wait("v1", "Pod", "p", "ft", ready=phase("Succeeded"), fail=fail, deadline_s=60)
+    assert time.monotonic() - started < 5
+
+
+def test_deadline_reports_the_last_status(kube) -> None:
+    k, state = kube
+    k.apply(pod("p"))
+    state.set_status("v1", "Pod", "p", {"phase": "Pending"}, "ft")
+    with pytest.raises(StepError, match=r"not ready after 1s .*Pending"):
+        k.wait("v1", "Pod", "p", "ft", ready=phase("Succeeded"), deadline_s=1)
+
+
+def test_transient_faults_retry_and_refusals_do_not(kube) -> None:
+    k, state = kube
+    state.fail_next(2, 503)
+    assert k.get("v1", "Namespace", "ft") is not None
+    before = len(state.requests)
+    state.fail_next(1, 403)
+    with pytest.raises(PermanentServiceError) as info:
+        k.get("v1", "Namespace", "ft")
+    assert info.value.status == 403 and len(state.requests) == before + 1
+
+
+def test_logs_and_propagated_delete(kube) -> None:
+    k, state = kube
+    job = k.apply({"apiVersion": "batch/v1", "kind": "Job",
+                   "metadata": {"name": "stage", "namespace": "ft"},
+                   "spec": {"template": {"spec": {"containers": [{"name": "c", "image": "i"}],
+                                                  "restartPolicy": "Never"}}}})
+    owned = pod("stage-abc")
+    owned["metadata"]["ownerReferences"] = [{"apiVersion": "batch/v1", "kind": "Job",
+                                             "name": "stage", "uid": job["metadata"]["uid"]}]
+    k.apply(owned)
+    state.set_log("ft", "stage-abc", "copied 3 files\n")
+    assert k.pod_log("stage-abc", "ft") == "copied 3 files\n"
+    assert k.delete("batch/v1", "Job", "stage", "ft") is True
+    assert k.get("v1", "Pod", "stage-abc", "ft") is None  # dependents go with it
+    assert k.delete("batch/v1", "Job", "stage", "ft") is False
+
+
+def test_custom_resources_and_status_subresource(kube) -> None:
+    k, state = kube
+    job = k.apply({"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+                   "metadata": {"name": "ft", "namespace": "ft"},
+                   "spec": {"pytorchReplicaSpecs": {}}})
+    assert job["metadata"]["uid"]
+    k.patch_status("kubeflow.org/v1", "PyTorchJob", "ft", {"conditions": [
+        {"type": "Succeeded", "status": "True"}]}, "ft")
+    k.apply({**job, "spec": {"pytorchReplicaSpecs": {"Master": {}}}})  # keeps the status
+    stored = k.get("kubeflow.org/v1", "PyTorchJob", "ft", "ft")
+    assert stored["status"]["conditions"][0]["type"] == "Succeeded"
+    assert stored["spec"]["pytorchReplicaSpecs"] == {"Master": {}}
+
+
+@pytest.mark.parametrize(("selector", "expected"), [
+    ("a=1", True), ("a==1,b!=3", True), ("a in (1, 2)", True), ("a notin (1)", False),
+    ("c", False), ("!c", True), ("b", True),
+])
+def test_label_selectors(selector: str, expected: bool) -> None:
+    assert label_matches({"a": "1", "b": "2"}, selector) is expected
