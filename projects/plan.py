@@ -94,6 +94,8 @@ def format_plan(plan: Plan) -> str:
         filters = ", ".join(f"{k}={v}" for k, v in lease["filters"].items()) or "any host"
         lines.append(f"lease     QUADS: {lease['count']} host(s) [{filters}], "
                      f"wipe={lease['wipe']}, {lease['lease_days']} days, {lease['release']}")
+    if plan.extra.get("manifests"):
+        lines.append(f"manifests {plan.extra['manifests']} written under manifests/")
     if plan.extra.get("cluster"):
         lines.append(f"cluster   create: {plan.extra['cluster']['create']}")
     if plan.estimated_gpu_hours is not None:

@@ -28,6 +28,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from analysis.errors import ConfigError, StepError
+from projects.fine_tuning.trainer import trainer_config
 from tasks.artifacts import artifact_dir, step
 from tasks.runner import CommandTimeout, run
 
@@ -38,7 +39,6 @@ __all__ = [
     "machine_facts",
     "prepare_local",
     "run_fine_tuning_job",
-    "trainer_config",
 ]
 
 logger = logging.getLogger("telltale.local")
@@ -173,23 +173,6 @@ def prepare_local(cells: list[dict[str, Any]], local_models: dict[str, dict[str,
             "versions": {name: _version(name) for name in _LOCAL_EXTRA}}
 
 
-def trainer_config(settings: dict[str, Any], data_file: Path, output_dir: Path,
-                   local_model: dict[str, Any], logging_steps: int) -> dict[str, Any]:
-    """Build ``config_final.json``: base trainer config merged with the hyper-parameters."""
-    hyper = dict(settings.get("hyper_parameters") or {})
-    config: dict[str, Any] = {
-        "model_name_or_path": settings["model_name"],
-        "training_data_path": str(data_file),
-        "output_dir": str(output_dir),
-        "dataset_replication": settings.get("dataset_replication", 1),
-        "logging_steps": logging_steps,
-        "max_steps": settings.get("max_steps"),
-        **hyper,
-        "telltale_local_model": local_model,
-    }
-    return config
-
-
 @step("fine_tuning")
 def run_fine_tuning_job(job_name: str, settings: dict[str, Any], timeout_minutes: int,
                         local_models: dict[str, dict[str, Any]], data_dir: str,
@@ -220,8 +203,8 @@ def run_fine_tuning_job(job_name: str, settings: dict[str, Any], timeout_minutes
     here = artifact_dir()
     (here / "src").mkdir(exist_ok=True)
     (here / "artifacts").mkdir(exist_ok=True)
-    config = trainer_config(settings, data_file, here / SCRATCH_DIR, local_models[model],
-                            logging_steps)
+    config = trainer_config(settings, str(data_file), str(here / SCRATCH_DIR),
+                            local_model=local_models[model], logging_steps=logging_steps)
     config_file = here / "src" / "config_final.json"
     config_file.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     log_file = here / "artifacts" / "pod.log"

@@ -67,9 +67,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(config.to_yaml())
         return EXIT_OK
     requested = args.platform or config.get("clusters.platform")
-    platform, kubeconfig = select_platform(
-        requested, config.get("clusters.kubeconfig"),
-        creates_cluster=bool(config.get("clusters.create.type")))
+    if args.plan:  # a plan touches no cluster: it needs no kubeconfig
+        platform = requested if requested != "auto" else select_platform(
+            "auto", config.get("clusters.kubeconfig"))[0]
+    else:
+        platform, _ = select_platform(
+            requested, config.get("clusters.kubeconfig"),
+            creates_cluster=bool(config.get("clusters.create.type")))
     if args.plan:
         from flows.fine_tuning.planning import plan_run
 

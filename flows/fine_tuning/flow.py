@@ -20,6 +20,9 @@ import logging
 import os
 import sys
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -39,9 +42,11 @@ from projects.matrix import Cell
 from projects.plan import build_plan, write_plan
 from projects.registry import project_dir
 from projects.templates import from_config
-from tasks import local_platform
+from tasks import k8s_workload, local_platform
 from tasks.artifacts import next_artifact_dir, use_artifact_dir
+from tasks.cluster_lock import cluster_lock
 from tasks.export import opensearch_instance, publish_opensearch, s3_target, upload_run
+from tasks.k8s import Kube, api_client
 from tasks.platform import select_platform
 from tasks.postprocess import postprocess_results
 from tasks.publish import publish_results, start_progress, update_progress
@@ -78,6 +83,15 @@ class RunOutcome(BaseModel):
     failures: list[str] = Field(default_factory=list, description="Why the run failed.")
 
 
+@dataclass(frozen=True)
+class Target:
+    """Where the cells run."""
+
+    platform: str
+    kubeconfig: str | None
+    run_id: str
+
+
 def _settings_hash(settings: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -108,12 +122,12 @@ def _default_artifact_dir() -> Path:
     return Path("runs") / f"{stamp}-{PROJECT}-{run_id[:8]}"
 
 
-def _run_cell(cell: Cell, config: Config, platform: str, run_id: str) -> CellOutcome:
+def _run_cell(cell: Cell, config: Config, target: Target) -> CellOutcome:
     log = get_run_logger()
     with next_artifact_dir("cell") as cell_dir:
         settings = {**cell.settings, "ci_engine": os.environ.get("TELLTALE_CI_ENGINE",
                                                                  "prefect"),
-                    "run_id": run_id}
+                    "run_id": target.run_id}
         (cell_dir / "settings.yaml").write_text(dump_yaml(settings), encoding="utf-8")
         (cell_dir / ".uuid").write_text(f"{uuid.uuid4()}\n", encoding="utf-8")
         (cell_dir / CELL_FILE).write_text(json.dumps({
@@ -122,8 +136,9 @@ def _run_cell(cell: Cell, config: Config, platform: str, run_id: str) -> CellOut
         start = datetime.now(UTC).isoformat()
         code, reason = 1, None
         try:
-            if platform != "local":
-                raise TelltaleError(f"platform {platform!r} is not available in this build")
+            if target.platform == "kubernetes":
+                code, reason = _run_cell_kubernetes(cell, config, target)
+                return _finish_cell(cell, cell_dir, start, code, reason)
             local_platform.capture_environment()
             args = from_config(local_platform.run_fine_tuning_job, suffix="local",
                                extra={"settings": cell.settings,
@@ -137,15 +152,36 @@ def _run_cell(cell: Cell, config: Config, platform: str, run_id: str) -> CellOut
         except Exception as exc:  # the cell failed; the matrix and post-processing go on
             reason = f"{type(exc).__name__}: {exc}"
             log.error("cell %s failed: %s", cell.name, reason)
-        finally:
-            (cell_dir / "test_start_end.json").write_text(json.dumps({
-                "start": start, "end": datetime.now(UTC).isoformat()}) + "\n",
-                encoding="utf-8")
-            (cell_dir / "exit_code").write_text(f"{code}\n", encoding="utf-8")
-        status: Literal["passed", "failed"] = "passed" if code == 0 else "failed"
-        log.info("cell %d/%s %s (exit %d)", cell.index, cell.name, status, code)
-        return CellOutcome(name=cell.name, status=status, exit_code=code, dir=str(cell_dir),
-                           reason=None if code == 0 else reason)
+        return _finish_cell(cell, cell_dir, start, code, reason)
+
+
+def _run_cell_kubernetes(cell: Cell, config: Config,
+                         target: Target) -> tuple[int, str | None]:
+    """Capture the cluster, run the PyTorchJob; a failure is an exit code and a reason."""
+    log = get_run_logger()
+    block = config.get("tests.fine_tuning.kubernetes")
+    try:
+        k8s_workload.capture_environment(target.kubeconfig, block.get("prometheus_url"))
+        k8s_workload.capture_state(target.kubeconfig)
+        outcome = k8s_workload.run_fine_tuning_job(
+            target.kubeconfig, target.run_id, config.get("tests.fine_tuning.namespace"),
+            cell.settings, cell.index, block, config.get("tests.fine_tuning.timeout_minutes"))
+        return outcome.exit_code, outcome.finish_reason
+    except Exception as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+        log.error("cell %s failed: %s", cell.name, reason)
+        return 1, reason
+
+
+def _finish_cell(cell: Cell, cell_dir: Path, start: str, code: int,
+                 reason: str | None) -> CellOutcome:
+    (cell_dir / "test_start_end.json").write_text(json.dumps({
+        "start": start, "end": datetime.now(UTC).isoformat()}) + "\n", encoding="utf-8")
+    (cell_dir / "exit_code").write_text(f"{code}\n", encoding="utf-8")
+    status: Literal["passed", "failed"] = "passed" if code == 0 else "failed"
+    get_run_logger().info("cell %d/%s %s (exit %d)", cell.index, cell.name, status, code)
+    return CellOutcome(name=cell.name, status=status, exit_code=code, dir=str(cell_dir),
+                       reason=None if code == 0 else reason)
 
 
 def _cleanup_hook(flow_obj: Any, flow_run: Any, state: Any) -> None:
@@ -178,7 +214,7 @@ def fine_tuning(
     """
     log = get_run_logger()
     config = resolve(PROJECT, presets=presets, overrides=overrides or {})
-    chosen, _kubeconfig = select_platform(
+    chosen, kubeconfig = select_platform(
         platform if platform != "auto" else config.get("clusters.platform"),
         config.get("clusters.kubeconfig"))
     root = Path(artifact_dir) if artifact_dir else _default_artifact_dir()
@@ -189,13 +225,18 @@ def fine_tuning(
         config.freeze()
         log.info("artifacts in %s; %d cell(s) on %s", root, len(plan.cells), chosen)
         outcome = RunOutcome(artifact_dir=str(root), exit_code=EXIT_OK, platform=chosen)
+        target = Target(platform=chosen, kubeconfig=kubeconfig, run_id=run_id)
         try:
-            _prepare_phase(plan.runnable, config, chosen)
-            outcome.cells = _test_phase(plan.cells, config, chosen, run_id, root)
+            _prepare_phase(plan.runnable, config, target)
+            with _cluster_slot(target):
+                outcome.cells = _test_phase(plan.cells, config, target, root)
             _postprocess_phase(outcome, config, root)
         finally:
             if config.get("clusters.cleanup_on_exit"):
                 local_platform.cleanup(str(root))
+                if target.platform == "kubernetes":
+                    k8s_workload.cleanup_k8s(target.kubeconfig, run_id,
+                                             bool(config.get("clusters.keep")))
         failed = [c for c in outcome.cells if c.status == "failed"]
         outcome.failures = [f"cell {c.name} failed: {c.reason}" for c in failed] + \
             outcome.failures
@@ -205,18 +246,32 @@ def fine_tuning(
     return outcome
 
 
-def _prepare_phase(cells: list[Cell], config: Config, platform: str) -> None:
+@contextmanager
+def _cluster_slot(target: Target) -> Iterator[None]:
+    """One run per cluster at a time (a Prefect global concurrency limit)."""
+    if target.platform != "kubernetes":
+        yield
+        return
+    host = Kube(api_client(target.kubeconfig)).api.configuration.host
+    with cluster_lock(host):
+        yield
+
+
+def _prepare_phase(cells: list[Cell], config: Config, target: Target) -> None:
     """Fail fast, before any cell runs, on what would fail every cell."""
-    if platform != "local":
-        raise ConfigError(f"platform {platform!r} is not available in this build yet; "
-                          "use --platform local")
+    if target.platform == "kubernetes":
+        kube = Kube(api_client(target.kubeconfig))
+        if kube.get("v1", "Namespace", "default") is None:
+            raise ConfigError("the cluster answers but has no 'default' namespace: is the "
+                              "kubeconfig pointing at a Kubernetes API?")
+        return
     if cells:
         local_platform.prepare_local([c.settings for c in cells],
                                      config.get("tests.fine_tuning.local_models"),
                                      str(project_dir(PROJECT) / "data"))
 
 
-def _test_phase(cells: list[Cell], config: Config, platform: str, run_id: str,
+def _test_phase(cells: list[Cell], config: Config, target: Target,
                 root: Path) -> list[CellOutcome]:
     log = get_run_logger()
     finished = _finished_cells(root)
@@ -235,7 +290,7 @@ def _test_phase(cells: list[Cell], config: Config, platform: str, run_id: str,
             results.append(CellOutcome(name=cell.name, status="resumed", exit_code=0,
                                        dir=str(previous)))
         else:
-            result = _run_cell(cell, config, platform, run_id)
+            result = _run_cell(cell, config, target)
             results.append(result)
             stop = result.status == "failed" and bool(config.get(
                 "tests.fine_tuning.stop_on_error"))

@@ -12,6 +12,7 @@ from projects.library import ClustersBlock, ExportBlock, PrepareBlock, SecretsBl
 __all__ = [
     "ConfigModel",
     "FineTuningTest",
+    "KubernetesWorkloadBlock",
     "LocalModelSpec",
     "MultiUserBlock",
     "TestSettings",
@@ -61,6 +62,26 @@ class MultiUserBlock(BaseModel):
     need_all_success: bool = Field(default=False, description="k < N successes fails the test.")
 
 
+class KubernetesWorkloadBlock(BaseModel):
+    """How the workload runs on a cluster (``tests.fine_tuning.kubernetes``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    pvc_name: str = Field(default="fine-tuning-storage", description="Data/model volume.")
+    pvc_size: str = Field(default="200Gi", description="Volume size.")
+    storage_class: str | None = Field(default=None, description="StorageClass (default: the "
+                                                                "cluster's).")
+    staging_image: str = Field(default="registry.access.redhat.com/ubi9/python-311:latest",
+                               description="Image of the data/model staging job.")
+    dataset_url: str | None = Field(default=None, description="Where staging fetches the "
+                                                              "dataset (https:// or s3://).")
+    model_url: str | None = Field(default=None, description="Where staging fetches the model.")
+    image_pull_deadline_minutes: int = Field(default=15, ge=1,
+                                             description="Deadline to pull the image.")
+    prometheus_url: str | None = Field(default=None, description="Prometheus to snapshot "
+                                                                 "(absence is recorded).")
+
+
 class FineTuningTest(BaseModel):
     """``tests.fine_tuning``: what the test runs and how the matrix is walked."""
 
@@ -80,6 +101,7 @@ class FineTuningTest(BaseModel):
         default_factory=dict, description="Tiny models for the local platform."
     )
     multi_user: MultiUserBlock = Field(default_factory=MultiUserBlock)
+    kubernetes: KubernetesWorkloadBlock = Field(default_factory=KubernetesWorkloadBlock)
 
 
 class TestsBlock(BaseModel):

@@ -104,6 +104,18 @@ def test_metal_quads_plan_shows_the_lease_request(tmp_path: Path) -> None:
 
 
 def test_kubernetes_without_kubeconfig_is_a_clear_error(tmp_path: Path) -> None:
-    proc = cli("--preset", "gpu", "--plan", "--artifact-dir", str(tmp_path),
+    proc = cli("--preset", "gpu", "--artifact-dir", str(tmp_path),
                env={"KUBECONFIG": str(tmp_path / "none"), "HOME": str(tmp_path)})
     assert proc.returncode == 2 and "needs a kubeconfig" in proc.stderr
+
+
+def test_gpu_plan_writes_every_manifest_without_a_cluster(tmp_path: Path) -> None:
+    proc = cli("--preset", "gpu", "--plan", "--artifact-dir", str(tmp_path),
+               env={"KUBECONFIG": str(tmp_path / "none"), "HOME": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    kinds = sorted(p.name.split("-")[1] for p in (tmp_path / "manifests").rglob("*.yaml"))
+    assert kinds == ["configmap", "job", "namespace", "persistentvolumeclaim", "pytorchjob"]
+    job = yaml.safe_load(next((tmp_path / "manifests").rglob("*pytorchjob*.yaml")).read_text())
+    container = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert "manifests 5 written" in proc.stdout
