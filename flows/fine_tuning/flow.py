@@ -42,7 +42,7 @@ from projects.matrix import Cell
 from projects.plan import build_plan, write_plan
 from projects.registry import project_dir
 from projects.templates import from_config
-from tasks import k8s_workload, local_platform
+from tasks import k8s_workload, local_platform, prepare_cluster
 from tasks.artifacts import next_artifact_dir, use_artifact_dir
 from tasks.cluster_lock import cluster_lock
 from tasks.export import opensearch_instance, publish_opensearch, s3_target, upload_run
@@ -235,8 +235,10 @@ def fine_tuning(
             if config.get("clusters.cleanup_on_exit"):
                 local_platform.cleanup(str(root))
                 if target.platform == "kubernetes":
-                    k8s_workload.cleanup_k8s(target.kubeconfig, run_id,
-                                             bool(config.get("clusters.keep")))
+                    keep = bool(config.get("clusters.keep"))
+                    k8s_workload.cleanup_k8s(target.kubeconfig, run_id, keep)
+                    if config.get("prepare.rhoai.uninstall") and not keep:
+                        prepare_cluster.uninstall_rhoai(target.kubeconfig)
         failed = [c for c in outcome.cells if c.status == "failed"]
         outcome.failures = [f"cell {c.name} failed: {c.reason}" for c in failed] + \
             outcome.failures
@@ -264,6 +266,19 @@ def _prepare_phase(cells: list[Cell], config: Config, target: Target) -> None:
         if kube.get("v1", "Namespace", "default") is None:
             raise ConfigError("the cluster answers but has no 'default' namespace: is the "
                               "kubeconfig pointing at a Kubernetes API?")
+        prepare = config.get("prepare")
+        if not prepare["enabled"]:
+            return
+        # Independent stacks install concurrently; each is a no-op on a prepared cluster.
+        futures = []
+        if prepare["rhoai"]["enabled"]:
+            futures.append(prepare_cluster.deploy_rhoai.submit(target.kubeconfig,
+                                                               prepare["rhoai"]))
+        if prepare["gpu_operator"]["enabled"]:
+            futures.append(prepare_cluster.deploy_gpu_operator.submit(
+                target.kubeconfig, prepare["gpu_operator"], prepare["nfd"]))
+        for future in futures:
+            future.result()  # raises the step's error
         return
     if cells:
         local_platform.prepare_local([c.settings for c in cells],

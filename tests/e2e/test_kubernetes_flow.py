@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.servers.fake_operators import TrainingOperator, seed_cluster
+from tests.servers.fake_operators import OlmController, TrainingOperator, seed_cluster
 from tests.servers.kubernetes import kube_server, write_kubeconfig
 
 pytestmark = pytest.mark.slow
@@ -19,9 +19,11 @@ def _run(tmp_path: Path, scenario: str, name: str):
     from flows.fine_tuning.flow import fine_tuning
 
     with kube_server() as (url, state):
-        seed_cluster(state)
+        seed_cluster(state, rhoai=None)  # the gpu preset installs RHOAI itself
         operator = TrainingOperator(state, scenario)  # type: ignore[arg-type]
         operator.start()
+        olm = OlmController(state)
+        olm.start()
         try:
             kubeconfig = write_kubeconfig(tmp_path / f"{name}.kubeconfig", url)
             started = time.monotonic()
@@ -32,6 +34,7 @@ def _run(tmp_path: Path, scenario: str, name: str):
             elapsed = time.monotonic() - started
         finally:
             operator.stop()
+            olm.stop()
         return outcome, state, elapsed
 
 
@@ -44,7 +47,13 @@ def test_flow_runs_green_against_the_api_server(tmp_path: Path, prefect_harness)
     assert json.loads((capture / "nodes.json").read_text())["items"]
     assert "4.16.3" in (capture / "ocp_version.yml").read_text()
     assert (next(cell.glob("*__rhods__capture_state")) / "rhods.version").read_text().strip() \
-        == "2.13.0"
+        == "1.0.0"
+    # prepare installed the operators through OLM, concurrently, before the cell ran
+    assert state.get("datasciencecluster.opendatahub.io/v1", "DataScienceCluster",
+                     "default-dsc")["status"]["phase"] == "Ready"
+    assert state.get("nvidia.com/v1", "ClusterPolicy", "gpu-cluster-policy")
+    assert list(root.glob("*__rhods__deploy_rhoai")) and list(
+        root.glob("*__gpu_operator__deploy_gpu_operator"))
     job_dir = next(cell.glob("*__fine_tuning__run_fine_tuning_job"))
     assert json.loads((job_dir / "artifacts" / "pod.json").read_text())["status"]["phase"] == \
         "Succeeded"

@@ -110,3 +110,77 @@ class TrainingOperator(threading.Thread):
     def _image(job: dict[str, Any]) -> str:
         return job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"][
             "containers"][0]["image"]
+
+
+class OlmController(threading.Thread):
+    """What OLM and the operators do: Subscription → (InstallPlan) → CSV Succeeded; operator
+    CRs become ready; the GPU operator's DaemonSets become available."""
+
+    def __init__(self, state: KubeState, *, fail_package: str | None = None) -> None:
+        super().__init__(daemon=True)
+        self.state = state
+        self.fail_package = fail_package
+        self.stopped = threading.Event()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.join(5)
+
+    def _csv(self, sub: dict[str, Any]) -> str:
+        return sub["spec"].get("startingCSV") or f"{sub['spec']['name']}.v1.0.0"
+
+    def _install(self, sub: dict[str, Any]) -> None:
+        ns, csv = sub["metadata"]["namespace"], self._csv(sub)
+        failed = sub["spec"]["name"] == self.fail_package
+        self.state.put({"apiVersion": "operators.coreos.com/v1alpha1",
+                        "kind": "ClusterServiceVersion",
+                        "metadata": {"name": csv, "namespace": ns},
+                        "spec": {"version": csv.split(".v", 1)[-1]},
+                        "status": {"phase": "Failed" if failed else "Succeeded",
+                                   "message": "install strategy failed" if failed else ""}})
+        self.state.set_status("operators.coreos.com/v1alpha1", "Subscription",
+                              sub["metadata"]["name"], {**(sub.get("status") or {}),
+                              "currentCSV": csv, "installedCSV": csv,
+                              "state": "AtLatestKnown"}, ns)
+
+    def run(self) -> None:  # noqa: C901 (one reconcile loop for a few kinds)
+        while not self.stopped.wait(0.05):
+            for sub in self.state.list("operators.coreos.com/v1alpha1", "Subscription"):
+                status, ns = sub.get("status") or {}, sub["metadata"]["namespace"]
+                if status.get("installedCSV"):
+                    continue
+                if sub["spec"].get("installPlanApproval") == "Manual":
+                    if not status.get("installPlanRef"):
+                        plan = f"install-{sub['metadata']['name'][:5]}"
+                        self.state.put({"apiVersion": "operators.coreos.com/v1alpha1",
+                                        "kind": "InstallPlan",
+                                        "metadata": {"name": plan, "namespace": ns},
+                                        "spec": {"approved": False, "approval": "Manual",
+                                                 "clusterServiceVersionNames": [self._csv(sub)]}})
+                        self.state.set_status("operators.coreos.com/v1alpha1", "Subscription",
+                                              sub["metadata"]["name"], {
+                                                  "installPlanRef": {"name": plan},
+                                                  "state": "UpgradePending"}, ns)
+                    else:
+                        plan = self.state.get("operators.coreos.com/v1alpha1", "InstallPlan",
+                                              status["installPlanRef"]["name"], ns)
+                        if plan and plan["spec"].get("approved"):
+                            self._install(sub)
+                else:
+                    self._install(sub)
+            for dsc in self.state.list("datasciencecluster.opendatahub.io/v1",
+                                       "DataScienceCluster"):
+                if not dsc.get("status"):
+                    self.state.set_status("datasciencecluster.opendatahub.io/v1",
+                                          "DataScienceCluster", dsc["metadata"]["name"],
+                                          {"phase": "Ready"})
+            for policy in self.state.list("nvidia.com/v1", "ClusterPolicy"):
+                if not policy.get("status"):
+                    for name in ("nvidia-driver-daemonset", "nvidia-device-plugin-daemonset"):
+                        self.state.put({"apiVersion": "apps/v1", "kind": "DaemonSet",
+                                        "metadata": {"name": name,
+                                                     "namespace": "nvidia-gpu-operator"},
+                                        "spec": {}, "status": {"desiredNumberScheduled": 1,
+                                                               "numberAvailable": 1}})
+                    self.state.set_status("nvidia.com/v1", "ClusterPolicy",
+                                          policy["metadata"]["name"], {"state": "ready"})
