@@ -27,17 +27,28 @@ from pydantic import BaseModel
 from analysis.yamlio import dump_yaml
 from projects.fine_tuning.manifests import DATA_SOURCE_LABEL, cell_manifests
 from tasks.artifacts import artifact_dir, step
-from tasks.k8s import RUN_ID_LABEL, Kube, api_client
+from tasks.k8s import MANAGED_BY, RUN_ID_LABEL, Kube, api_client
 
-__all__ = ["CLEANUP_KINDS", "FAIL_FAST", "K8sWorkloadOutcome", "capture_environment",
-           "capture_state", "cleanup_cluster", "cleanup_k8s", "pod_failure",
-           "run_fine_tuning_job"]
+__all__ = [
+    "CLEANUP_KINDS",
+    "FAIL_FAST",
+    "KEEP_LABEL",
+    "K8sWorkloadOutcome",
+    "capture_environment",
+    "capture_state",
+    "cleanup_cluster",
+    "cleanup_k8s",
+    "find_leaks",
+    "pod_failure",
+    "run_fine_tuning_job",
+]
 
 logger = logging.getLogger("telltale.k8s")
 
 FAIL_FAST = {"ImagePullBackOff", "ErrImagePull", "CrashLoopBackOff", "InvalidImageName",
              "CreateContainerConfigError", "CreateContainerError"}
 # Kinds a run creates, deleted (by run-id label) in cleanup, dependents first.
+KEEP_LABEL = "telltale.io/keep"
 CLEANUP_KINDS = [("kubeflow.org/v1", "PyTorchJob"), ("batch/v1", "Job"), ("v1", "Pod"),
                  ("v1", "ConfigMap")]
 
@@ -212,8 +223,9 @@ def cleanup_cluster(kubeconfig: str | None, run_id: str, *, keep: bool = False,
                     dry_run: bool = False) -> list[str]:
     """Delete every object labelled with ``run_id`` (dependents too); returns what went.
 
-    ``keep`` leaves everything in place (and says so). Shared objects (Namespace, PVC) are
-    never labelled with a run id, so they survive for the next run.
+    ``keep`` leaves everything in place and labels it ``telltale.io/keep=true`` so the leak
+    janitor leaves it alone too. Shared objects (Namespace, PVC) are never labelled with a run
+    id, so they survive for the next run.
     """
     kube = Kube(api_client(kubeconfig))
     removed: list[str] = []
@@ -222,12 +234,40 @@ def cleanup_cluster(kubeconfig: str | None, run_id: str, *, keep: bool = False,
             meta = obj["metadata"]
             label = f"{kind}/{meta.get('namespace', '')}/{meta['name']}"
             if keep:
+                kube.apply({"apiVersion": api_version, "kind": kind, "metadata": {
+                    "name": meta["name"], "namespace": meta.get("namespace"),
+                    "labels": {KEEP_LABEL: "true"}}} if meta.get("namespace") else {
+                    "apiVersion": api_version, "kind": kind, "metadata": {
+                        "name": meta["name"], "labels": {KEEP_LABEL: "true"}}})
                 logger.info("keeping %s (clusters.keep)", label)
                 continue
             if not dry_run:
                 kube.delete(api_version, kind, meta["name"], meta.get("namespace"))
             removed.append(label)
     return removed
+
+
+def find_leaks(kubeconfig: str | None, older_than_s: float,
+               now: float | None = None) -> list[tuple[str, str, str, str | None, str]]:
+    """Objects of any run (not kept) older than ``older_than_s``.
+
+    Returns:
+        ``(api_version, kind, name, namespace, run id)`` for each leak.
+    """
+    from datetime import datetime
+
+    kube = Kube(api_client(kubeconfig))
+    now = time.time() if now is None else now
+    selector = f"{MANAGED_BY[0]}={MANAGED_BY[1]},{RUN_ID_LABEL},!{KEEP_LABEL}"
+    leaks = []
+    for api_version, kind in CLEANUP_KINDS:
+        for obj in kube.list(api_version, kind, labels=selector):
+            meta = obj["metadata"]
+            created = datetime.fromisoformat(meta["creationTimestamp"].replace("Z", "+00:00"))
+            if now - created.timestamp() >= older_than_s:
+                leaks.append((api_version, kind, meta["name"], meta.get("namespace"),
+                              meta["labels"][RUN_ID_LABEL]))
+    return leaks
 
 
 @step("cleanup", timeout_seconds=600)

@@ -150,3 +150,30 @@ def test_custom_resources_and_status_subresource(kube) -> None:
 ])
 def test_label_selectors(selector: str, expected: bool) -> None:
     assert label_matches({"a": "1", "b": "2"}, selector) is expected
+
+
+def test_workload_stages_data_once(tmp_path: Path) -> None:
+    from tasks.artifacts import use_artifact_dir
+    from tasks.k8s_workload import run_fine_tuning_job
+    from tests.servers.fake_operators import TrainingOperator
+
+    block = {"pvc_name": "storage", "pvc_size": "10Gi", "storage_class": None,
+             "staging_image": "ubi", "dataset_url": "https://example.com/d.json",
+             "model_url": None, "image_pull_deadline_minutes": 1, "prometheus_url": None}
+    settings = {"name": "ft", "model_name": "m", "dataset_name": "d.json", "gpu": 1,
+                "pod_count": 1, "container_image": "img:1", "hyper_parameters": {"r": 4}}
+    with kube_server() as (url, state):
+        operator = TrainingOperator(state, step_s=0.05)
+        operator.start()
+        kubeconfig = write_kubeconfig(tmp_path / "kc", url)
+        try:
+            with use_artifact_dir(tmp_path / "a"):
+                first = run_fine_tuning_job.fn(kubeconfig, "run-a", "ft", settings, 0, block, 5)
+            with use_artifact_dir(tmp_path / "b"):
+                second = run_fine_tuning_job.fn(kubeconfig, "run-b", "ft", settings, 1, block, 5)
+        finally:
+            operator.stop()
+        assert first.staged is True and second.staged is False  # the PVC carries the source
+        assert first.exit_code == 0 and first.finish_reason == "Completed"
+        staging_jobs = [j["metadata"]["name"] for j in state.list("batch/v1", "Job")]
+        assert staging_jobs == ["ft-000-staging"]

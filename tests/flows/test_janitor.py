@@ -1,0 +1,77 @@
+"""The leak janitor and one-run-per-cluster, against the Kubernetes API test server."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from analysis.errors import ConfigError
+from flows.cleanup import parse_age
+from tasks.k8s import Kube, api_client
+from tasks.k8s_workload import KEEP_LABEL, cleanup_cluster, find_leaks
+from tests.servers.kubernetes import kube_server, write_kubeconfig
+
+
+def _objects(kube: Kube, run: str) -> None:
+    kube.run_id = run
+    kube.apply({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": f"{run}-cfg", "namespace": "default"}})
+    kube.apply({"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+                "metadata": {"name": f"{run}-job", "namespace": "default"},
+                "spec": {"pytorchReplicaSpecs": {}}})
+
+
+def test_janitor_finds_old_leaks_and_spares_kept_runs(tmp_path: Path, prefect_harness) -> None:
+    from flows.cleanup import janitor
+
+    with kube_server() as (url, state):
+        kubeconfig = write_kubeconfig(tmp_path / "kc", url)
+        kube = Kube(api_client(kubeconfig))
+        _objects(kube, "crashed")
+        _objects(kube, "kept")
+        cleanup_cluster(kubeconfig, "kept", keep=True)
+        kept = state.get("v1", "ConfigMap", "kept-cfg", "default")
+        assert kept["metadata"]["labels"][KEEP_LABEL] == "true"
+        assert find_leaks(kubeconfig, 3600) == []  # nothing is 1 h old yet
+        later = time.time() + 7 * 3600
+        leaks = find_leaks(kubeconfig, 6 * 3600, now=later)
+        assert sorted((kind, name) for _, kind, name, _, _ in leaks) == [
+            ("ConfigMap", "crashed-cfg"), ("PyTorchJob", "crashed-job")]
+        dry = janitor(older_than="0s", dry_run=True, kubeconfig=kubeconfig)
+        assert len(dry.leaks) == 2 and state.get("v1", "ConfigMap", "crashed-cfg", "default")
+        done = janitor(older_than="0s", dry_run=False, kubeconfig=kubeconfig)
+        assert done.deleted == 2
+        assert state.get("v1", "ConfigMap", "crashed-cfg", "default") is None
+        assert state.get("v1", "ConfigMap", "kept-cfg", "default") is not None
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("6h", 21600), ("90m", 5400), ("2d", 172800),
+                                               ("30s", 30)])
+def test_parse_age(text: str, seconds: float) -> None:
+    assert parse_age(text) == seconds
+    with pytest.raises(ConfigError):
+        parse_age("six hours")
+
+
+def test_second_run_on_a_cluster_queues(prefect_harness) -> None:
+    from tasks.cluster_lock import cluster_lock
+
+    order: list[str] = []
+
+    def run(name: str, hold: float) -> None:
+        with cluster_lock("https://api.cluster-a.example:6443"):
+            order.append(f"{name}-in")
+            time.sleep(hold)
+            order.append(f"{name}-out")
+
+    first = threading.Thread(target=run, args=("first", 1.5))
+    first.start()
+    time.sleep(0.5)
+    second = threading.Thread(target=run, args=("second", 0.1))
+    second.start()
+    first.join(60)
+    second.join(60)
+    assert order == ["first-in", "first-out", "second-in", "second-out"]

@@ -1,0 +1,67 @@
+"""Generated manifests validate: built-in kinds against the Kubernetes OpenAPI schemas
+(kubernetes-validate, strict), CRDs against schemas written from their public docs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+
+from projects.config import resolve
+from projects.fine_tuning.manifests import cell_manifests
+from projects.plan import cells_of
+from tasks.olm import GPU_OPERATOR, NFD, RHOAI, SERVICE_MESH, cluster_policy, operator_manifests
+
+SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
+CRD_SCHEMAS = {"PyTorchJob": "pytorchjob.json", "Subscription": "subscription.json",
+               "ClusterPolicy": "clusterpolicy.json"}
+BUILT_IN = {"Namespace", "PersistentVolumeClaim", "Job", "ConfigMap"}
+
+
+def validate(manifest: dict) -> None:
+    kind = manifest["kind"]
+    if kind in BUILT_IN:
+        kubernetes_validate.validate(manifest, "1.30", strict=True)
+    elif kind in CRD_SCHEMAS:
+        jsonschema.validate(manifest, json.loads((SCHEMAS / CRD_SCHEMAS[kind]).read_text()))
+
+
+def all_manifests() -> list[dict]:
+    out = []
+    for presets in (["gpu"], ["gating"], ["light"]):
+        config = resolve("fine_tuning", presets, overrides={
+            "tests.fine_tuning.test_settings.pod_count": 2,
+            "tests.fine_tuning.kubernetes.dataset_url": "https://example.com/data.json",
+            "tests.fine_tuning.kubernetes.model_url": "s3://models/granite",
+            "tests.fine_tuning.kubernetes.storage_class": "nfs"}, env={})
+        for cell in cells_of(config):
+            out += cell_manifests(cell.settings, namespace="ft", cell_index=cell.index,
+                                  block=config.get("tests.fine_tuning.kubernetes"))
+    for spec in (SERVICE_MESH, RHOAI.model_copy(update={"version": "rhods-operator.2.13.0",
+                                                        "catalog_image": "quay.io/x/y:1"}),
+                 NFD, GPU_OPERATOR):
+        out += operator_manifests(spec)
+    out += cluster_policy({"time_sharing_replicas": 4, "extended_dcgm_metrics": True,
+                           "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists",
+                                            "effect": "NoSchedule"}]})
+    return out
+
+
+@pytest.mark.parametrize("manifest", all_manifests(),
+                         ids=lambda m: f"{m['kind']}-{m['metadata']['name']}")
+def test_manifest_is_valid(manifest: dict) -> None:
+    validate(manifest)
+
+
+def test_validation_catches_mistakes() -> None:
+    job = next(m for m in all_manifests() if m["kind"] == "PyTorchJob")
+    job["spec"]["pytorchReplicaSpecs"]["Chief"] = job["spec"]["pytorchReplicaSpecs"]["Master"]
+    with pytest.raises(jsonschema.ValidationError):
+        validate(job)
+    pvc = next(m for m in all_manifests() if m["kind"] == "PersistentVolumeClaim")
+    pvc["spec"]["acessModes"] = pvc["spec"].pop("accessModes")
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate(pvc)
