@@ -104,6 +104,12 @@ class FileReader:
         self.fingerprints[f"glob:{pattern}"] = matches
         return matches[-1] if matches else None
 
+    def listdir(self, rel: str, pattern: str = "*") -> list[str]:
+        """Sorted names under ``rel`` matching ``pattern`` (fingerprinted like a glob)."""
+        names = sorted(fnmatch.filter(_listdir(self.root / rel), pattern))
+        self.fingerprints[f"list:{rel}/{pattern}"] = names
+        return names
+
     def exists(self, rel: str) -> bool:
         """Tell whether a file exists (recorded, so its later appearance re-parses)."""
         return self.fingerprints.get(rel) is not None if rel in self.fingerprints else (
@@ -192,6 +198,11 @@ def _fingerprints_match(root: str, recorded: dict[str, Any]) -> bool:
             if names is None:
                 names = _listdir(Path(root))
             if sorted(fnmatch.filter(names, rel[len("glob:"):])) != expected:
+                return False
+            continue
+        if rel.startswith("list:"):
+            directory, _, pattern = rel[len("list:"):].rpartition("/")
+            if sorted(fnmatch.filter(_listdir(Path(root) / directory), pattern)) != expected:
                 return False
             continue
         try:

@@ -36,6 +36,7 @@ class AnalysisProject:
         loss_curve: Result → rows ``{step, loss}`` for the training-curve report (optional).
         timestamps: Result → (start, end) ISO strings when known.
         run_uuid: Result → the run's uuid.
+        user_rows: Result → one row per user of a multi-user test (optional).
     """
 
     name: str
@@ -47,6 +48,7 @@ class AnalysisProject:
     timestamps: Callable[[ParsedResult], tuple[str | None, str | None]]
     plots_file: Path | None = None
     loss_curve: Callable[[ParsedResult], list[dict[str, float]]] | None = None
+    user_rows: Callable[[ParsedResult], list[dict[str, Any]]] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -9,6 +9,7 @@ Kinds (explicit registry, no self-registration):
 - ``kpi_history``: each KPI over time for the current runs' configurations;
 - ``loss_curve``: training loss per logging step, one line per run;
 - ``regression``: the verdict table, coloured by kind;
+- ``users``: per-user results of multi-user runs (time to start, runtime, throughput);
 - ``errors``: failed runs, skipped dirs and parse problems.
 """
 
@@ -36,6 +37,7 @@ __all__ = [
     "shape_kpi_table",
     "shape_loss_curve",
     "shape_regression",
+    "shape_users",
 ]
 
 
@@ -89,6 +91,9 @@ def shape_kpi_history(ctx: ReportContext, kpis: Sequence[str] | None = None) -> 
     frame = frame.drop_duplicates(subset=["run_uuid", "kpi"], keep="last")
     if kpis:
         frame = frame[frame["kpi"].isin(list(kpis))]
+    columns = ["timestamp", "kpi", "value", "unit", "configuration", "run_uuid", "current"]
+    if frame.empty:  # e.g. a scale test has none of the single-job KPIs
+        return pd.DataFrame(columns=columns)
     config_cols = ["model_name", "tuning_method", "per_device_batch_size", "max_seq_length",
                    "accelerator_count", "platform"]
     present = [c for c in config_cols if c in frame.columns]
@@ -97,8 +102,7 @@ def shape_kpi_history(ctx: ReportContext, kpis: Sequence[str] | None = None) -> 
     wanted = set(current.merge(frame, on=[c for c in present if c in current.columns],
                                how="inner")["configuration"]) if present else {"all"}
     frame = frame[frame["configuration"].isin(wanted)]
-    return frame.sort_values("timestamp")[["timestamp", "kpi", "value", "unit", "configuration",
-                                           "run_uuid", "current"]]
+    return frame.sort_values("timestamp")[columns]
 
 
 def shape_loss_curve(ctx: ReportContext) -> pd.DataFrame:
@@ -116,6 +120,15 @@ def shape_regression(ctx: ReportContext) -> pd.DataFrame:
                "confidence", "history_used", "explanation"]
     return pd.DataFrame([v.model_dump() for v in ctx.verdicts], columns=[
         "run_uuid", *columns])[columns] if ctx.verdicts else pd.DataFrame(columns=columns)
+
+
+def shape_users(ctx: ReportContext) -> pd.DataFrame:
+    """One row per user of multi-user runs (empty for single-user runs)."""
+    if ctx.project.user_rows is None:
+        return pd.DataFrame()
+    rows = [{"run": run.result.rel_path, **row} for run in ctx.runs
+            for row in ctx.project.user_rows(run.result)]
+    return pd.DataFrame(rows)
 
 
 def shape_errors(ctx: ReportContext) -> pd.DataFrame:
@@ -193,6 +206,20 @@ def _draw_regression(ctx: ReportContext, options: dict[str, Any]) -> str:
     return str(styled.to_html())
 
 
+def _draw_users(ctx: ReportContext, options: dict[str, Any]) -> str:
+    import plotly.express as px
+
+    frame = shape_users(ctx)
+    if frame.empty:
+        return "<p class='empty'>no multi-user run</p>"
+    figure = px.scatter(frame, x="time_to_start_s", y="runtime_s", color="run",
+                        hover_data=list(frame.columns),
+                        labels={"time_to_start_s": "time to start (s)",
+                                "runtime_s": "runtime (s)"})
+    figure.update_layout(height=420)
+    return _figure_html(figure) + _table_html(frame, "")
+
+
 def _draw_errors(ctx: ReportContext, options: dict[str, Any]) -> str:
     return _table_html(shape_errors(ctx), "no failed run, no parse problem")
 
@@ -202,6 +229,7 @@ REPORT_KINDS: dict[str, Callable[[ReportContext, dict[str, Any]], str]] = {
     "kpi_history": _draw_kpi_history,
     "loss_curve": _draw_loss_curve,
     "regression": _draw_regression,
+    "users": _draw_users,
     "errors": _draw_errors,
 }
 

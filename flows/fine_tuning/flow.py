@@ -42,7 +42,7 @@ from projects.matrix import Cell
 from projects.plan import build_plan, write_plan
 from projects.registry import project_dir
 from projects.templates import from_config
-from tasks import k8s_workload, local_platform, prepare_cluster
+from tasks import k8s_workload, local_platform, local_users, prepare_cluster
 from tasks.artifacts import next_artifact_dir, use_artifact_dir
 from tasks.cluster_lock import cluster_lock
 from tasks.export import opensearch_instance, publish_opensearch, s3_target, upload_run
@@ -140,6 +140,15 @@ def _run_cell(cell: Cell, config: Config, target: Target) -> CellOutcome:
                 code, reason = _run_cell_kubernetes(cell, config, target)
                 return _finish_cell(cell, cell_dir, start, code, reason)
             local_platform.capture_environment()
+            multi_user = config.get("tests.fine_tuning.multi_user")
+            if multi_user["enabled"]:
+                users = local_users.run_fine_tuning_job(
+                    config.get("tests.fine_tuning.test_settings.name"), cell.settings,
+                    config.get("tests.fine_tuning.timeout_minutes"),
+                    config.get("tests.fine_tuning.local_models"),
+                    str(project_dir(PROJECT) / "data"), multi_user)
+                return _finish_cell(cell, cell_dir, start, users.exit_code,
+                                    users.finish_reason)
             args = from_config(local_platform.run_fine_tuning_job, suffix="local",
                                extra={"settings": cell.settings,
                                       "data_dir": str(project_dir(PROJECT) / "data")},

@@ -33,6 +33,10 @@ def _loss_curve(result: ParsedResult) -> list[dict[str, float]]:
             if loss is not None]
 
 
+def _user_rows(result: ParsedResult) -> list[dict[str, object]]:
+    return [user.model_dump() for user in _as_ft(result).users]
+
+
 PROJECT = AnalysisProject(
     name="fine_tuning",
     parser=FineTuningParser(),
@@ -43,4 +47,5 @@ PROJECT = AnalysisProject(
     timestamps=_timestamps,
     plots_file=Path(__file__).with_name("plots.yaml"),
     loss_curve=_loss_curve,
+    user_rows=_user_rows,
 )

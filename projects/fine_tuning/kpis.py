@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from analysis.kpi import KpiDefinition
 from projects.fine_tuning.parser import FineTuningResult
 
@@ -49,6 +51,48 @@ def _gpu_hours_per_mtok(result: FineTuningResult) -> float | None:
     return 1e6 / tps / 3600 * num_gpus(result)
 
 
+def _user_values(result: FineTuningResult, field: str, *, succeeded: bool = True) -> list[float]:
+    return [getattr(u, field) for u in result.users if getattr(u, field) is not None
+            and (not succeeded or u.exit_code == 0)]
+
+
+def _user_stat(field: str, stat: str) -> Any:
+    def compute(result: FineTuningResult) -> float | None:
+        values = _user_values(result, field)
+        if not values:
+            return None
+        if stat == "max":
+            return max(values)
+        return float(np.percentile(values, {"p50": 50, "p90": 90}[stat]))
+
+    return compute
+
+
+def _success_ratio(result: FineTuningResult) -> float | None:
+    if not result.users:
+        return None
+    return sum(u.exit_code == 0 for u in result.users) / len(result.users)
+
+
+_USER_KPIS = [
+    KpiDefinition("users_success_ratio", "Share of users whose workload succeeded", "ratio",
+                  False, _success_ratio, format="{:.0%}"),
+    *[KpiDefinition(f"user_time_to_start_{stat}", f"User time to start ({stat}): launch to "
+                    "workload start, barrier and stagger included", "s", True,
+                    _user_stat("time_to_start_s", stat), format="{:.2f}")
+      for stat in ("p50", "p90", "max")],
+    *[KpiDefinition(f"user_runtime_{stat}", f"User workload runtime ({stat})", "s", True,
+                    _user_stat("runtime_s", stat), format="{:.2f}")
+      for stat in ("p50", "p90", "max")],
+    KpiDefinition("user_train_tokens_per_second_p50", "Per-user training throughput (p50)",
+                  "tokens/s", False, _user_stat("train_tokens_per_second", "p50"),
+                  format="{:,.1f}"),
+    KpiDefinition("users_train_tokens_per_second_total", "Training throughput of all users "
+                  "together", "tokens/s", False,
+                  lambda r: sum(_user_values(r, "train_tokens_per_second")) or None,
+                  format="{:,.1f}"),
+]
+
 KPIS: list[KpiDefinition] = [
     KpiDefinition("train_tokens_per_second", "Training throughput reported by the trainer, "
                   "all GPUs of the pod", "tokens/s", False, _train_tps, format="{:,.1f}"),
@@ -69,6 +113,7 @@ KPIS: list[KpiDefinition] = [
     KpiDefinition("avg_tokens_per_sample", "Average tokens per dataset sample", "tokens", False,
                   lambda r: r.dataset_stats.avg_tokens_per_sample if r.dataset_stats else None,
                   ignored_for_regression=True, format="{:.1f}"),
+    *_USER_KPIS,
 ]
 
 
@@ -117,6 +162,7 @@ def labels(result: FineTuningResult) -> dict[str, str]:
         "max_steps": settings.get("max_steps"),
         "container_image": settings.get("container_image") if facts.platform != "local" else "",
         "replicas": replicas,
+        "user_count": len(result.users) or 1,
         "accelerators_per_replica": gpus,
         "lora_rank": hp.get("r") if lora else None,
         "lora_alpha": hp.get("lora_alpha") if lora else None,
@@ -143,6 +189,9 @@ def results_summary(result: FineTuningResult) -> dict[str, Any]:
         losses = [loss for loss in result.progress.loss if loss is not None]
         if losses:
             out["first_loss"], out["last_loss"] = losses[0], losses[-1]
+    if result.users:
+        out["user_count"] = len(result.users)
+        out["users_succeeded"] = sum(u.exit_code == 0 for u in result.users)
     out["workload_exit_code"] = result.workload.exit_code
     out["workload_finish_reason"] = result.workload.finish_reason
     return {k: v for k, v in out.items() if v is not None}

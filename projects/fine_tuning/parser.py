@@ -22,7 +22,8 @@ from analysis.discovery import ResultDir
 from analysis.parsing import FileReader, ParsedResult
 from projects.fine_tuning.logparse import DatasetStats, Progress, TrainSummary, parse_train_log
 
-__all__ = ["FineTuningParser", "FineTuningResult", "PlatformFacts", "WorkloadState"]
+__all__ = ["FineTuningParser", "FineTuningResult", "PlatformFacts", "UserResult",
+           "WorkloadState"]
 
 WORKLOAD_GLOB = "*__fine_tuning__run_fine_tuning_job"
 CAPTURE_GLOB = "*__cluster__capture_environment"
@@ -55,6 +56,18 @@ class PlatformFacts(BaseModel):
     memory_gb: float | None = None
 
 
+class UserResult(BaseModel):
+    """One user of a multi-user (scale) test."""
+
+    index: int
+    exit_code: int | None = None
+    time_to_start_s: float | None = Field(default=None, description="Launch → workload start.")
+    runtime_s: float | None = Field(default=None, description="Workload start → end.")
+    train_tokens_per_second: float | None = None
+    train_runtime: float | None = None
+    train_samples_per_second: float | None = None
+
+
 class FineTuningResult(ParsedResult):
     """A parsed fine_tuning run."""
 
@@ -68,6 +81,7 @@ class FineTuningResult(ParsedResult):
     summary: TrainSummary | None = None
     progress: Progress = Field(default_factory=Progress)
     workload: WorkloadState = Field(default_factory=WorkloadState)
+    users: list[UserResult] = Field(default_factory=list, description="Multi-user tests.")
     platform: PlatformFacts = Field(default_factory=PlatformFacts)
 
 
@@ -112,7 +126,7 @@ class FineTuningParser:
     """`analysis.parsing.ResultParser` for fine_tuning runs."""
 
     name: ClassVar[str] = "fine_tuning"
-    version: ClassVar[str] = "1.2"
+    version: ClassVar[str] = "1.3"
     result_model: ClassVar[type[ParsedResult]] = FineTuningResult
 
     def parse(self, result: ResultDir, reader: FileReader) -> FineTuningResult:
@@ -149,6 +163,10 @@ class FineTuningParser:
         config = reader.json(f"{job}/src/config_final.json")
         if isinstance(config, dict):
             out.trainer_config = config
+        user_dirs = reader.listdir(f"{job}/users", "user-*")
+        if user_dirs:
+            self._users(reader, out, job, user_dirs)
+            return
         lines = reader.lines(f"{job}/artifacts/pod.log")
         if lines is not None:
             metrics = parse_train_log(lines)
@@ -170,6 +188,38 @@ class FineTuningParser:
                                              finish_reason=proc.get("finish_reason"))
         else:
             reader.problem(f"{job}/artifacts/pod.json", "missing (no pod.json nor process.json)")
+
+    def _users(self, reader: FileReader, out: FineTuningResult, job: str,
+               user_dirs: list[str]) -> None:
+        timings = {}
+        for name in user_dirs:
+            data = reader.json(f"{job}/users/{name}/timings.json")
+            if isinstance(data, dict):
+                timings[name] = data
+        launched = min((t.get("launched_at") for t in timings.values()
+                        if t.get("launched_at") is not None), default=None)
+        for name in user_dirs:
+            data = timings.get(name, {})
+            user = UserResult(index=int(name.split("-")[-1]), exit_code=data.get("exit_code"))
+            started, ended = data.get("started_at"), data.get("ended_at")
+            if started is not None and launched is not None:
+                user.time_to_start_s = started - launched
+            if started is not None and ended is not None:
+                user.runtime_s = ended - started
+            lines = reader.lines(f"{job}/users/{name}/pod.log", required=user.exit_code != 124)
+            if lines is not None:
+                metrics = parse_train_log(lines)
+                if metrics.summary is not None:
+                    user.train_tokens_per_second = metrics.summary.train_tokens_per_second
+                    user.train_runtime = metrics.summary.train_runtime
+                    user.train_samples_per_second = metrics.summary.train_samples_per_second
+                if out.dataset_stats is None:
+                    out.dataset_stats = metrics.dataset_stats
+            out.users.append(user)
+        out.workload = WorkloadState(
+            exit_code=0 if any(u.exit_code == 0 for u in out.users) else 1,
+            finish_reason=f"{sum(u.exit_code == 0 for u in out.users)}/{len(out.users)} "
+                          "users succeeded")
 
     def _capture(self, reader: FileReader, out: FineTuningResult) -> None:
         facts = out.platform

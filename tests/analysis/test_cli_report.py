@@ -97,3 +97,17 @@ def test_report_shapes(tmp_path: Path) -> None:
     assert set(shape_loss_curve(ctx)["run"]) == {"000__cell", "001__cell"}
     errors = shape_errors(ctx)
     assert set(errors["kind"]) == {"failed run", "parse problem"}
+
+
+def test_kpi_history_shape_without_matching_kpis(tmp_path: Path) -> None:
+    from analysis.report import shape_kpi_history
+
+    make_result_dir(tmp_path, "000__cell")
+    project = load_project("fine_tuning")
+    found = discover(tmp_path)
+    runs = [analyse_run(project, r) for r in parse_dirs(found.results, project.parser)]
+    from analysis.kpi import kpi_table
+
+    frame = kpi_table((r.run_uuid, r.timestamp, r.kpis) for r in runs)
+    ctx = ReportContext(project, runs, frame, None, [], found)
+    assert shape_kpi_history(ctx, ["no_such_kpi"]).empty

@@ -154,3 +154,29 @@ def test_missing_dataset_fails_in_prepare_with_exit_2(tmp_path: Path) -> None:
     assert not list(run_dir.glob("*__cell"))  # nothing ran
     assert list(run_dir.glob("*__cleanup__cleanup"))  # cleanup still did
     assert (run_dir / "config.yaml").is_file()  # what was made is kept
+
+
+def test_scale_test_preset_fans_out_real_users(tmp_path: Path, prefect_harness) -> None:
+    from flows.fine_tuning.flow import fine_tuning
+
+    outcome = fine_tuning(presets=["scale_test"], overrides={
+        "tests.fine_tuning.test_settings.dataset_replication": 1,
+        "analysis.history_uri": str(tmp_path / "history")}, artifact_dir=str(tmp_path / "run"))
+    assert outcome.exit_code == 0, outcome.failures
+    assert outcome.cells[0].reason is None
+    job = next((tmp_path / "run").glob("*__cell/*__fine_tuning__run_fine_tuning_job"))
+    assert sorted(p.name for p in (job / "users").iterdir() if p.is_dir()) == [
+        "user-000", "user-001", "user-002", "user-003"]
+    timings = [json.loads((job / "users" / f"user-{i:03d}" / "timings.json").read_text())
+               for i in range(4)]
+    assert min(t["started_at"] for t in timings[2:]) - max(t["released_at"] for t in timings) \
+        >= -0.01  # users 2-3 start a stagger step (1 s) after the release
+    assert timings[2]["stagger_s"] == 1.0 and timings[0]["stagger_s"] == 0.0
+    kpis = pd.read_parquet(next((tmp_path / "run").glob("*__analysis__*/kpis.parquet")))
+    values = kpis.set_index("kpi")["value"]
+    assert values["users_success_ratio"] == 1.0
+    assert values["user_train_tokens_per_second_p50"] > 0
+    assert values["user_time_to_start_max"] >= 1.0  # the last batch waited its stagger
+    assert set(kpis["user_count"]) == {"4"}
+    page = next((tmp_path / "run").glob("*__analysis__*/report/*_users.html")).read_text()
+    assert "time_to_start_s" in page and page.count("<tr") >= 5  # header + 4 users

@@ -1,0 +1,43 @@
+"""Local fan-out with real processes: barrier, stagger, layout, abort, measured skew."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from tasks.fanout import run_local_fanout, stagger_delay
+from tasks.local_users import count_users
+
+
+def test_fifty_real_processes_behind_the_barrier(tmp_path: Path) -> None:
+    result = run_local_fanout(50, tmp_path, ["sleep:0.05"], batch_size=10, sleep_factor=0.1)
+    assert result.success_count == 50 and result.user_count == 50
+    users = result.users
+    last_ready = max(u.ready_at for u in users)
+    assert all(u.released_at >= last_ready for u in users)  # nobody passed before all were ready
+    assert all(u.started_at >= last_ready for u in users)
+    for user in users:  # the stagger: floor(index / 10) x 0.1 s after the release
+        assert user.stagger_s == stagger_delay(user.index, 10, 0.1)
+        assert user.started_at - user.released_at >= user.stagger_s - 0.001
+    assert result.release_skew_p99_ms < 500
+    assert (tmp_path / "user-049" / "exit_code").read_text().strip() == "0"
+    assert count_users(tmp_path, 50) == {"pending": 0, "running": 0, "succeeded": 50, "failed": 0}
+
+
+def test_command_scenario_layout_and_failures(tmp_path: Path) -> None:
+    script = "import sys; i = int(sys.argv[1]); print('user', i, sys.argv[2]); sys.exit(i % 2)"
+    result = run_local_fanout(4, tmp_path, [sys.executable, "-c", script, "{index}", "{users}"])
+    assert result.success_count == 2
+    assert (tmp_path / "user-003" / "pod.log").read_text() == "user 3 4\n"
+    assert json.loads((tmp_path / "user-001" / "timings.json").read_text())["exit_code"] == 1
+
+
+def test_abort_on_failure_stops_users_not_started(tmp_path: Path) -> None:
+    script = "import sys; sys.exit(3 if sys.argv[1] == '0' else 0)"
+    result = run_local_fanout(4, tmp_path, [sys.executable, "-c", script, "{index}"],
+                              batch_size=1, sleep_factor=0.5, abort_on_failure=True)
+    codes = {u.index: u.exit_code for u in result.users}
+    assert codes[0] == 3
+    assert all(codes[i] == 124 for i in (2, 3))  # still in their stagger when user 0 failed
+    assert "aborted" in result.users[3].note
