@@ -36,13 +36,14 @@ from analysis.errors import ConfigError, TelltaleError
 from analysis.history import default_history_uri
 from analysis.pipeline import PostprocessOutcome
 from analysis.yamlio import dump_yaml
+from blocks.s3 import S3Target
 from flows.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from projects.config import Config, resolve, use_config
 from projects.matrix import Cell
 from projects.plan import build_plan, write_plan
 from projects.registry import project_dir
 from projects.templates import from_config
-from tasks import k8s_workload, local_platform, local_users, prepare_cluster
+from tasks import k8s_workload, local_platform, local_users, prepare_cluster, user_pods_steps
 from tasks.artifacts import next_artifact_dir, use_artifact_dir
 from tasks.cluster_lock import cluster_lock
 from tasks.export import opensearch_instance, publish_opensearch, s3_target, upload_run
@@ -172,6 +173,9 @@ def _run_cell_kubernetes(cell: Cell, config: Config,
     try:
         k8s_workload.capture_environment(target.kubeconfig, block.get("prometheus_url"))
         k8s_workload.capture_state(target.kubeconfig)
+        multi_user = config.get("tests.fine_tuning.multi_user")
+        if multi_user["enabled"]:
+            return _run_users_kubernetes(cell, config, target, multi_user)
         outcome = k8s_workload.run_fine_tuning_job(
             target.kubeconfig, target.run_id, config.get("tests.fine_tuning.namespace"),
             cell.settings, cell.index, block, config.get("tests.fine_tuning.timeout_minutes"))
@@ -180,6 +184,36 @@ def _run_cell_kubernetes(cell: Cell, config: Config,
         reason = f"{type(exc).__name__}: {exc}"
         log.error("cell %s failed: %s", cell.name, reason)
         return 1, reason
+
+
+def _run_users_kubernetes(cell: Cell, config: Config, target: Target,
+                          multi_user: dict[str, Any]) -> tuple[int, str | None]:
+    """Indexed Job of N users; collection mapped over batches (never one task per user)."""
+    from prefect import unmapped
+
+    if not multi_user.get("s3_endpoint"):
+        raise ConfigError("the cluster fan-out needs an S3 server reachable from the pods",
+                          key="tests.fine_tuning.multi_user.s3_endpoint")
+    namespace = config.get("tests.fine_tuning.namespace")
+    users = int(multi_user["user_count"])
+    launched = user_pods_steps.run_fine_tuning_job(
+        target.kubeconfig, target.run_id, namespace, cell.settings, cell.index, multi_user,
+        config.get("tests.fine_tuning.timeout_minutes"))
+    status = user_pods_steps.follow(
+        target.kubeconfig, namespace, launched["job"], users,
+        config.get("tests.fine_tuning.timeout_minutes") * 60,
+        bool(multi_user["abort_on_failure"]))
+    s3 = S3Target(bucket=multi_user["s3_bucket"], endpoint_url=multi_user.get(
+        "s3_external_endpoint") or multi_user["s3_endpoint"])
+    size = int(multi_user["collect_batch"])
+    batches = [list(range(i, min(i + size, users))) for i in range(0, users, size)]
+    futures = user_pods_steps.collect_batch.map(batches, unmapped(launched["url"]),
+                                                unmapped(launched["dir"]), unmapped(s3))
+    collected = sum(len(f.result()) for f in futures)
+    need = users if multi_user["need_all_success"] else 1
+    reason = (f"{status.succeeded}/{users} users succeeded ({collected} collected)"
+              + (", aborted after a failure" if status.aborted else ""))
+    return (0 if status.succeeded >= need and not status.aborted else 1), reason
 
 
 def _finish_cell(cell: Cell, cell_dir: Path, start: str, code: int,

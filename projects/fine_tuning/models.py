@@ -60,6 +60,15 @@ class MultiUserBlock(BaseModel):
     sleep_factor: float = Field(default=0.0, ge=0, description="Seconds between stagger steps.")
     abort_on_failure: bool = Field(default=False, description="Stop all users on a failure.")
     need_all_success: bool = Field(default=False, description="k < N successes fails the test.")
+    s3_endpoint: str | None = Field(default=None, description="Cluster fan-out: S3 endpoint as "
+                                    "the pods reach it (barrier and per-user artifacts).")
+    s3_external_endpoint: str | None = Field(default=None, description="The same S3 as "
+                                             "Telltale reaches it (default: s3_endpoint).")
+    s3_bucket: str = Field(default="telltale-users", description="Bucket of the fan-out.")
+    collect_batch: int = Field(default=50, ge=1, description="Users collected per task.")
+    command: list[str] | None = Field(default=None, description="Cluster fan-out: workload "
+                                      "argv in each user pod (default: the fms-hf-tuning "
+                                      "trainer).")
 
 
 class KubernetesWorkloadBlock(BaseModel):

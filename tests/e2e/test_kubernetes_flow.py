@@ -82,3 +82,42 @@ def test_image_pull_backoff_fails_fast_and_cleans_up(tmp_path: Path, prefect_har
     assert not state.list("v1", "ConfigMap")
     job_dir = next((tmp_path / "pull").glob("*__cell/*__fine_tuning__run_fine_tuning_job"))
     assert (job_dir / "artifacts" / "pod.json").is_file()  # captured even though it failed
+
+
+def test_scale_test_on_the_cluster_fans_out_an_indexed_job(tmp_path: Path, prefect_harness,
+                                                           s3_server: str,
+                                                           s3_bucket: str) -> None:
+    from flows.fine_tuning.flow import fine_tuning
+    from tests.servers.fake_operators import IndexedJobController
+
+    summary = ("{'train_runtime': 10.0, 'train_samples_per_second': 5.0, "
+               "'train_steps_per_second': 1.0, 'train_tokens_per_second': 1000.0, "
+               "'train_loss': 1.0, 'epoch': 1.0}")
+    with kube_server() as (url, state):
+        seed_cluster(state, rhoai=None)
+        mount = tmp_path / "mount"
+        mount.mkdir()
+        controller = IndexedJobController(state, str(mount))
+        controller.start()
+        try:
+            outcome = fine_tuning(presets=["scale_test"], platform="kubernetes", overrides={
+                "clusters.kubeconfig": write_kubeconfig(tmp_path / "kc", url),
+                "analysis.history_uri": str(tmp_path / "history"),
+                "tests.fine_tuning.multi_user.user_count": 5,
+                "tests.fine_tuning.multi_user.collect_batch": 2,
+                "tests.fine_tuning.multi_user.sleep_factor": 0.2,
+                "tests.fine_tuning.multi_user.s3_endpoint": s3_server,
+                "tests.fine_tuning.multi_user.s3_bucket": s3_bucket,
+                "tests.fine_tuning.multi_user.command": ["python3", "-c", f"print({summary!r})"]},
+                artifact_dir=str(tmp_path / "run"))
+        finally:
+            controller.stop()
+        assert outcome.exit_code == 0, outcome.failures
+        root = tmp_path / "run"
+        assert len(list(root.glob("*__cell/*__users__collect_batch"))) == 3  # 5 users / 2
+        kpis = pd.read_parquet(next(root.glob("*__analysis__*/kpis.parquet"))).set_index("kpi")
+        assert kpis.loc["users_success_ratio", "value"] == 1.0
+        assert kpis.loc["users_train_tokens_per_second_total", "value"] == 5000.0
+        assert kpis.loc["user_time_to_start_max", "value"] >= 0.4  # last batch: 2 x 0.2 s
+        assert not [j for j in state.list("batch/v1", "Job")
+                    if j["metadata"]["name"].startswith("fine-tuning-users")]  # cleaned up

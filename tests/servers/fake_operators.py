@@ -184,3 +184,98 @@ class OlmController(threading.Thread):
                                                                "numberAvailable": 1}})
                     self.state.set_status("nvidia.com/v1", "ClusterPolicy",
                                           policy["metadata"]["name"], {"state": "ready"})
+
+
+class IndexedJobController(threading.Thread):
+    """The Job controller and kubelet for Indexed Jobs: one pod per index, each running the
+    pod's real command locally (``python3`` → this interpreter) with the pod's environment and
+    ``JOB_COMPLETION_INDEX``, then the Job's counters and conditions as Kubernetes sets them."""
+
+    def __init__(self, state: KubeState, script_dir: str) -> None:
+        super().__init__(daemon=True)
+        self.state = state
+        self.script_dir = script_dir  # where the ConfigMap's files are "mounted"
+        self.stopped = threading.Event()
+        self.handled: set[str] = set()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.join(5)
+
+    def run(self) -> None:
+        while not self.stopped.wait(0.05):
+            for job in self.state.list("batch/v1", "Job"):
+                spec = job.get("spec") or {}
+                if spec.get("completionMode") != "Indexed":
+                    continue
+                if job["metadata"]["uid"] not in self.handled:
+                    self.handled.add(job["metadata"]["uid"])
+                    threading.Thread(target=self._drive, args=(job,), daemon=True).start()
+
+    def _mount(self, job: dict[str, Any]) -> None:
+        import os
+
+        ns = job["metadata"]["namespace"]
+        for volume in job["spec"]["template"]["spec"].get("volumes", []):
+            name = (volume.get("configMap") or {}).get("name")
+            configmap = self.state.get("v1", "ConfigMap", name, ns) if name else None
+            for filename, text in ((configmap or {}).get("data") or {}).items():
+                with open(os.path.join(self.script_dir, filename), "w") as stream:
+                    stream.write(text)
+
+    def _drive(self, job: dict[str, Any]) -> None:
+        import os
+        import subprocess
+        import sys
+
+        name, ns = job["metadata"]["name"], job["metadata"]["namespace"]
+        users = int(job["spec"]["completions"])
+        self._mount(job)
+        container = job["spec"]["template"]["spec"]["containers"][0]
+        env = {**os.environ, **{e["name"]: e["value"] for e in container.get("env", [])}}
+        argv = [sys.executable if a == "python3" else a.replace(
+            "/etc/telltale-users", self.script_dir) for a in container["command"]]
+        counts = {"active": 0, "succeeded": 0, "failed": 0}
+        lock = threading.Lock()
+
+        def pod(index: int) -> None:
+            pod_name = f"{name}-{index}"
+            self.state.put({"apiVersion": "v1", "kind": "Pod", "metadata": {
+                "name": pod_name, "namespace": ns,
+                "labels": {"job-name": name, "batch.kubernetes.io/job-completion-index":
+                           str(index)},
+                "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name,
+                                     "uid": job["metadata"]["uid"]}]},
+                "spec": job["spec"]["template"]["spec"], "status": {"phase": "Running"}})
+            with lock:
+                counts["active"] += 1
+                self._publish(name, ns, counts)
+            done = subprocess.run(argv, env={**env, "JOB_COMPLETION_INDEX": str(index)},
+                                  capture_output=True, check=False)
+            if self.state.get("batch/v1", "Job", name, ns) is None:
+                return  # deleted (aborted)
+            self.state.set_log(ns, pod_name, done.stdout.decode(errors="replace"))
+            self.state.set_status("v1", "Pod", pod_name, {
+                "phase": "Succeeded" if done.returncode == 0 else "Failed"}, ns)
+            with lock:
+                counts["active"] -= 1
+                counts["succeeded" if done.returncode == 0 else "failed"] += 1
+                self._publish(name, ns, counts)
+
+        threads = [threading.Thread(target=pod, args=(i,), daemon=True) for i in range(users)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if self.state.get("batch/v1", "Job", name, ns) is not None:
+            condition = "Complete" if counts["failed"] == 0 else "Failed"
+            self._publish(name, ns, counts, condition)
+
+    def _publish(self, name: str, ns: str, counts: dict[str, int],
+                 condition: str | None = None) -> None:
+        if self.state.get("batch/v1", "Job", name, ns) is None:
+            return
+        status: dict[str, Any] = dict(counts)
+        if condition:
+            status["conditions"] = [{"type": condition, "status": "True"}]
+        self.state.set_status("batch/v1", "Job", name, status, ns)

@@ -1,0 +1,156 @@
+"""Cluster fan-out: N users as one Indexed Job, a start barrier through S3, per-user results.
+
+- `user_job_manifests`: a ConfigMap with the user program (`tasks.user_pod_script`, standard
+  library only) and the frozen config, and a ``batch/v1`` Job with
+  ``completionMode: Indexed``, ``completions = parallelism = N``, ``backoffLimit: 0`` and a
+  deadline. Each pod learns its index from ``JOB_COMPLETION_INDEX``.
+- Barrier and stagger happen inside the pods (see the user program): no user starts its
+  workload before all N have announced themselves in S3.
+- `follow_users` watches the Job's counters (pending/running/succeeded/failed, published as a
+  progress artifact) until every index ended or the deadline passed; with
+  ``abort_on_failure`` the first failure deletes the Job (and its pods).
+- `collect_users` downloads ``user-<index>/`` from S3 for a batch of indices: the flow maps it
+  over batches (never one Prefect task per user) into the local fan-out's layout, so the same
+  parser reads both.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from analysis.errors import StepError
+from blocks.s3 import S3Target
+from tasks.k8s import Kube
+from tasks.s3_export import map_s3_error, safe_target
+
+__all__ = ["UsersJobStatus", "collect_users", "follow_users", "user_job_manifests"]
+
+logger = logging.getLogger("telltale.users")
+SCRIPT = Path(__file__).with_name("user_pod_script.py")
+
+
+class UsersJobStatus(BaseModel):
+    """Counts of an Indexed Job's users."""
+
+    users: int
+    pending: int
+    running: int
+    succeeded: int
+    failed: int
+    aborted: bool = False
+
+    @property
+    def done(self) -> bool:
+        """Every user ended (or the job was aborted)."""
+        return self.aborted or self.succeeded + self.failed >= self.users
+
+
+def user_job_manifests(name: str, namespace: str, *, users: int, image: str,
+                       command: Sequence[str], config: dict[str, Any], batch_size: int,
+                       sleep_factor: float, deadline_s: int, s3_endpoint: str, bucket: str,
+                       prefix: str, barrier_timeout_s: int = 600,
+                       gpus: int = 0) -> list[dict[str, Any]]:
+    """The ConfigMap (user program + frozen config) and the Indexed Job of a fan-out."""
+    configmap = {"apiVersion": "v1", "kind": "ConfigMap",
+                 "metadata": {"name": f"{name}-users", "namespace": namespace},
+                 "data": {"user.py": SCRIPT.read_text(encoding="utf-8"),
+                          "config.json": json.dumps(config, indent=2)}}
+    env = {"TELLTALE_USERS": str(users), "TELLTALE_BATCH_SIZE": str(batch_size),
+           "TELLTALE_SLEEP_FACTOR": str(sleep_factor),
+           "TELLTALE_BARRIER_TIMEOUT": str(barrier_timeout_s),
+           "TELLTALE_S3_ENDPOINT": s3_endpoint, "TELLTALE_S3_BUCKET": bucket,
+           "TELLTALE_S3_PREFIX": prefix, "TELLTALE_LAUNCHED_AT": str(time.time()),
+           "TELLTALE_COMMAND": json.dumps(list(command)),
+           "SFT_TRAINER_CONFIG_JSON_PATH": "/etc/telltale-users/config.json"}
+    container: dict[str, Any] = {
+        "name": "user", "image": image, "command": ["python3", "/etc/telltale-users/user.py"],
+        "env": [{"name": k, "value": v} for k, v in env.items()],
+        "volumeMounts": [{"name": "users", "mountPath": "/etc/telltale-users"}]}
+    if gpus:
+        container["resources"] = {"limits": {"nvidia.com/gpu": gpus}}
+    job = {"apiVersion": "batch/v1", "kind": "Job",
+           "metadata": {"name": name, "namespace": namespace},
+           "spec": {"completionMode": "Indexed", "completions": users, "parallelism": users,
+                    "backoffLimit": 0, "activeDeadlineSeconds": deadline_s,
+                    "template": {"spec": {
+                        "restartPolicy": "Never", "containers": [container],
+                        "volumes": [{"name": "users",
+                                     "configMap": {"name": f"{name}-users"}}]}}}}
+    return [configmap, job]
+
+
+def _status(job: dict[str, Any] | None, users: int) -> UsersJobStatus:
+    status = (job or {}).get("status") or {}
+    succeeded, failed = int(status.get("succeeded", 0)), int(status.get("failed", 0))
+    running = int(status.get("active", 0))
+    return UsersJobStatus(users=users, pending=max(0, users - running - succeeded - failed),
+                          running=running, succeeded=succeeded, failed=failed)
+
+
+def follow_users(kube: Kube, name: str, namespace: str, users: int, *, deadline_s: float,
+                 abort_on_failure: bool = False,
+                 progress: Callable[[UsersJobStatus], None] | None = None) -> UsersJobStatus:
+    """Follow the Indexed Job until every user ended; abort on the first failure if asked."""
+    last: UsersJobStatus | None = None
+
+    def observe(job: dict[str, Any]) -> None:
+        nonlocal last
+        current = _status(job, users)
+        if current != last and progress is not None:
+            progress(current)
+        last = current
+
+    def failed_and_aborting(job: dict[str, Any]) -> str | None:
+        if abort_on_failure and _status(job, users).failed:
+            return "a user failed (abort_on_failure)"
+        return None
+
+    try:
+        job = kube.wait("batch/v1", "Job", name, namespace, deadline_s=deadline_s,
+                        ready=lambda o: _status(o, users).done, fail=failed_and_aborting,
+                        progress=observe, what=f"{users} users of {name}")
+    except StepError as exc:
+        if "abort_on_failure" not in str(exc):
+            raise
+        kube.delete("batch/v1", "Job", name, namespace)
+        aborted = (last or _status(None, users)).model_copy(update={"aborted": True})
+        logger.warning("aborted %s after a user failed", name)
+        return aborted
+    return _status(job, users)
+
+
+def collect_users(indices: Sequence[int], url: str, dest: str, target: S3Target) -> list[int]:
+    """Download ``user-<index>/`` for a batch of indices into ``dest/users/``.
+
+    Returns:
+        The indices that had results.
+    """
+    bucket, _, prefix = url[len("s3://"):].partition("/")
+    root = Path(dest) / "users"
+    found = []
+    with target.client() as client:
+        for index in indices:
+            user = f"user-{index:03d}"
+            key_prefix = f"{prefix.strip('/')}/{user}/"
+            try:
+                listing = client.list_objects_v2(Bucket=bucket, Prefix=key_prefix)
+            except Exception as exc:
+                raise map_s3_error(exc, f"list {user}") from exc
+            keys = [o["Key"] for o in listing.get("Contents", [])]
+            for key in keys:
+                path = safe_target(root, f"{user}/{key[len(key_prefix):]}")
+                path.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    client.download_file(bucket, key, str(path))
+                except Exception as exc:
+                    raise map_s3_error(exc, f"download {key}") from exc
+            if keys:
+                found.append(index)
+    return found
