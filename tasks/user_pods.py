@@ -30,7 +30,8 @@ from blocks.s3 import S3Target
 from tasks.k8s import Kube
 from tasks.s3_export import map_s3_error, safe_target
 
-__all__ = ["UsersJobStatus", "collect_users", "follow_users", "user_job_manifests"]
+__all__ = ["S3_SERVICE", "UsersJobStatus", "collect_users", "deploy_in_cluster_s3",
+           "follow_users", "in_cluster_s3_manifests", "user_job_manifests"]
 
 logger = logging.getLogger("telltale.users")
 SCRIPT = Path(__file__).with_name("user_pod_script.py")
@@ -154,3 +155,60 @@ def collect_users(indices: Sequence[int], url: str, dest: str, target: S3Target)
             if keys:
                 found.append(index)
     return found
+
+
+S3_SERVICE = "telltale-s3"
+
+
+def in_cluster_s3_manifests(namespace: str, bucket: str, *,
+                            image: str = "quay.io/minio/minio:latest",
+                            client_image: str = "quay.io/minio/mc:latest") -> list[dict[str, Any]]:
+    """An S3 server (MinIO) for the fan-out, and a Job creating its bucket with anonymous access.
+
+    The root credentials live in a Secret named ``telltale-s3`` that ``prepare`` fills with a
+    random password (never logged); the bucket allows anonymous access so the user program
+    needs no credentials, which is why the server only answers inside the cluster (a
+    ClusterIP Service in the test namespace).
+    """
+    labels = {"app": S3_SERVICE}
+    env_from = [{"secretRef": {"name": S3_SERVICE}}]
+    return [
+        {"apiVersion": "apps/v1", "kind": "Deployment",
+         "metadata": {"name": S3_SERVICE, "namespace": namespace, "labels": labels},
+         "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                  "template": {"metadata": {"labels": labels}, "spec": {"containers": [{
+                      "name": "minio", "image": image, "args": ["server", "/data"],
+                      "envFrom": env_from, "ports": [{"containerPort": 9000}],
+                      "readinessProbe": {"httpGet": {"path": "/minio/health/ready",
+                                                     "port": 9000}},
+                      "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+                      "volumes": [{"name": "data", "emptyDir": {}}]}}}},
+        {"apiVersion": "v1", "kind": "Service",
+         "metadata": {"name": S3_SERVICE, "namespace": namespace, "labels": labels},
+         "spec": {"selector": labels, "ports": [{"port": 9000, "targetPort": 9000}]}},
+        {"apiVersion": "batch/v1", "kind": "Job",
+         "metadata": {"name": f"{S3_SERVICE}-bucket", "namespace": namespace},
+         "spec": {"backoffLimit": 6, "template": {"spec": {
+             "restartPolicy": "OnFailure",
+             "containers": [{"name": "mc", "image": client_image, "envFrom": env_from,
+                             "command": ["sh", "-c",
+                                         f"mc alias set s3 http://{S3_SERVICE}:9000 "
+                                         "$MINIO_ROOT_USER $MINIO_ROOT_PASSWORD && "
+                                         f"mc mb --ignore-existing s3/{bucket} && "
+                                         f"mc anonymous set public s3/{bucket}"]}]}}}},
+    ]
+
+
+def deploy_in_cluster_s3(kube: Kube, namespace: str, bucket: str) -> str:
+    """Deploy the fan-out's S3 server (idempotent); returns its in-cluster endpoint."""
+    import secrets
+
+    kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    if kube.get("v1", "Secret", S3_SERVICE, namespace) is None:
+        kube.apply({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                    "metadata": {"name": S3_SERVICE, "namespace": namespace},
+                    "stringData": {"MINIO_ROOT_USER": "telltale",
+                                   "MINIO_ROOT_PASSWORD": secrets.token_urlsafe(24)}})
+    for manifest in in_cluster_s3_manifests(namespace, bucket):
+        kube.apply(manifest)
+    return f"http://{S3_SERVICE}.{namespace}.svc:9000"

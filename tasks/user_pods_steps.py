@@ -10,11 +10,23 @@ from blocks.s3 import S3Target
 from projects.fine_tuning.trainer import trainer_config
 from tasks.artifacts import artifact_dir, step
 from tasks.k8s import Kube, api_client
-from tasks.user_pods import UsersJobStatus, collect_users, follow_users, user_job_manifests
+from tasks.user_pods import (
+    UsersJobStatus,
+    collect_users,
+    deploy_in_cluster_s3,
+    follow_users,
+    user_job_manifests,
+)
 
-__all__ = ["collect_batch", "follow", "run_fine_tuning_job"]
+__all__ = ["collect_batch", "deploy_s3", "follow", "run_fine_tuning_job"]
 
 logger = logging.getLogger("telltale.users")
+
+
+@step("prepare", timeout_seconds=300)
+def deploy_s3(kubeconfig: str | None, namespace: str, bucket: str) -> str:
+    """Deploy the fan-out's in-cluster S3 server; returns its endpoint for the pods."""
+    return deploy_in_cluster_s3(Kube(api_client(kubeconfig)), namespace, bucket)
 
 
 @step("fine_tuning", timeout_seconds=300)

@@ -191,10 +191,13 @@ def _run_users_kubernetes(cell: Cell, config: Config, target: Target,
     """Indexed Job of N users; collection mapped over batches (never one task per user)."""
     from prefect import unmapped
 
-    if not multi_user.get("s3_endpoint"):
-        raise ConfigError("the cluster fan-out needs an S3 server reachable from the pods",
-                          key="tests.fine_tuning.multi_user.s3_endpoint")
     namespace = config.get("tests.fine_tuning.namespace")
+    if not multi_user.get("s3_endpoint"):
+        if not multi_user.get("deploy_s3"):
+            raise ConfigError("the cluster fan-out needs an S3 server reachable from the pods: "
+                              "set s3_endpoint or deploy_s3",
+                              key="tests.fine_tuning.multi_user.s3_endpoint")
+        multi_user = {**multi_user, "s3_endpoint": f"http://telltale-s3.{namespace}.svc:9000"}
     users = int(multi_user["user_count"])
     launched = user_pods_steps.run_fine_tuning_job(
         target.kubeconfig, target.run_id, namespace, cell.settings, cell.index, multi_user,
@@ -310,6 +313,11 @@ def _prepare_phase(cells: list[Cell], config: Config, target: Target) -> None:
             raise ConfigError("the cluster answers but has no 'default' namespace: is the "
                               "kubeconfig pointing at a Kubernetes API?")
         prepare = config.get("prepare")
+        multi_user = config.get("tests.fine_tuning.multi_user")
+        if multi_user["enabled"] and multi_user["deploy_s3"]:
+            user_pods_steps.deploy_s3(target.kubeconfig,
+                                      config.get("tests.fine_tuning.namespace"),
+                                      multi_user["s3_bucket"])
         if not prepare["enabled"]:
             return
         # Independent stacks install concurrently; each is a no-op on a prepared cluster.

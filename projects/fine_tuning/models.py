@@ -60,6 +60,8 @@ class MultiUserBlock(BaseModel):
     sleep_factor: float = Field(default=0.0, ge=0, description="Seconds between stagger steps.")
     abort_on_failure: bool = Field(default=False, description="Stop all users on a failure.")
     need_all_success: bool = Field(default=False, description="k < N successes fails the test.")
+    deploy_s3: bool = Field(default=False, description="Cluster fan-out: prepare deploys an "
+                            "in-cluster S3 server (MinIO) in the test namespace.")
     s3_endpoint: str | None = Field(default=None, description="Cluster fan-out: S3 endpoint as "
                                     "the pods reach it (barrier and per-user artifacts).")
     s3_external_endpoint: str | None = Field(default=None, description="The same S3 as "

@@ -74,3 +74,25 @@ def test_abort_on_failure_deletes_the_job(cluster, s3_server: str, s3_bucket: st
     status = follow_users(kube, "users", "scale", USERS, deadline_s=60, abort_on_failure=True)
     assert status.aborted and status.failed >= 1
     assert state.get("batch/v1", "Job", "users", "scale") is None
+
+
+def test_in_cluster_s3_deploys_idempotently_with_a_secret(cluster) -> None:
+    import kubernetes_validate
+
+    from tasks.user_pods import deploy_in_cluster_s3, in_cluster_s3_manifests
+
+    kube, state = cluster
+    endpoint = deploy_in_cluster_s3(kube, "scale", "telltale-users")
+    assert endpoint == "http://telltale-s3.scale.svc:9000"
+    secret = state.get("v1", "Secret", "telltale-s3", "scale")
+    password = secret["stringData"]["MINIO_ROOT_PASSWORD"]
+    deploy_in_cluster_s3(kube, "scale", "telltale-users")
+    assert state.get("v1", "Secret", "telltale-s3", "scale")["stringData"][
+        "MINIO_ROOT_PASSWORD"] == password  # not rotated under a running server
+    assert state.get("apps/v1", "Deployment", "telltale-s3", "scale")
+    for manifest in in_cluster_s3_manifests("scale", "b"):
+        kubernetes_validate.validate(manifest, "1.30", strict=True)
+    for manifest in user_job_manifests("u", "scale", users=3, image="i", command=["true"],
+                                       config={}, batch_size=1, sleep_factor=0, deadline_s=60,
+                                       s3_endpoint="http://s3:9000", bucket="b", prefix="p"):
+        kubernetes_validate.validate(manifest, "1.30", strict=True)
