@@ -90,6 +90,7 @@ KINDS: dict[tuple[str, str], Kind] = {(k.api_version, k.kind): k for k in [
     Kind("nfd.openshift.io/v1", "NodeFeatureDiscovery", "nodefeaturediscoveries", True),
     Kind("config.openshift.io/v1", "ClusterVersion", "clusterversions", False),
     Kind("hive.openshift.io/v1", "ClusterClaim", "clusterclaims", True),
+    Kind("hive.openshift.io/v1", "ClusterDeployment", "clusterdeployments", True),
 ]}
 
 

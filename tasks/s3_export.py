@@ -44,7 +44,8 @@ logger = logging.getLogger("telltale.s3")
 
 MANIFEST = "manifest.json"
 EXPORT_URL = "export.url"
-_SKIP = {".telltale-dirs.lock", "workload.pid"}
+# Never exported: lock/pid files, and credentials (a created cluster's kubeconfig).
+_SKIP = {".telltale-dirs.lock", "workload.pid", "kubeconfig", "kubeadmin-password"}
 _CHUNK = 8 * 1024 * 1024
 DOWNLOAD_MODES = ("cache", "important", "all")
 # What "important" fetches: everything post-processing reads, not the bulky rest.

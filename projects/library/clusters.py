@@ -51,6 +51,7 @@ class CreateBlock(BaseModel):
     name_prefix: str = Field(default="telltale", description="Prefix of created cluster names.")
     ocp_version: str | None = Field(default=None, description="OpenShift version to install.")
     region: str | None = Field(default=None, description="Cloud region (ocp/managed).")
+    base_domain: str | None = Field(default=None, description="DNS base domain (ocp/single).")
     worker_instance_type: str | None = Field(default=None, description="Worker machine type.")
     worker_count: int = Field(default=2, ge=0, description="Worker nodes.")
     pool: str | None = Field(default=None, description="Hive ClusterPool name (type: pool).")

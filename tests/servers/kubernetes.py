@@ -82,6 +82,7 @@ RESOURCES = [Resource(*r) for r in [
     ("nfd.openshift.io", "v1", "nodefeaturediscoveries", "NodeFeatureDiscovery", True),
     ("config.openshift.io", "v1", "clusterversions", "ClusterVersion", False),
     ("hive.openshift.io", "v1", "clusterclaims", "ClusterClaim", True),
+    ("hive.openshift.io", "v1", "clusterdeployments", "ClusterDeployment", True),
 ]]
 _BY_PATH = {(r.group, r.version, r.plural): r for r in RESOURCES}
 _BY_KIND = {(r.api_version, r.kind): r for r in RESOURCES}

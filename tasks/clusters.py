@@ -1,0 +1,202 @@
+"""Cluster creation and destruction: openshift-install (single, ocp) and Hive pools.
+
+- ``single`` / ``ocp``: an ``install-config.yaml`` is generated (the pull secret and SSH key
+  come from the secret dir) into a private install dir (mode 0700, *outside* the artifact dir:
+  it holds the kubeadmin password), then ``openshift-install create cluster --dir D``.
+  ``destroy`` runs ``openshift-install destroy cluster --dir D``.
+- ``pool``: a Hive ``ClusterClaim`` on the hub cluster; once Hive assigns a cluster, its admin
+  kubeconfig comes from the ``ClusterDeployment``'s ``adminKubeconfigSecretRef``. ``destroy``
+  deletes the claim.
+
+The created cluster's kubeconfig is written into the artifact dir with mode 0600 (and never
+exported: the S3 export skips kubeconfigs), with ``cluster.json`` describing what to destroy
+(so a crash hook in another process can do it). Installers are run through `tasks.runner`
+with deadlines; a failing installer raises with its stderr tail.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from analysis.errors import ConfigError, StepError
+from analysis.yamlio import dump_yaml
+from tasks.k8s import Kube
+from tasks.runner import run
+
+__all__ = ["CLUSTER_FILE", "ClusterRecord", "claim_from_pool", "create_with_installer",
+           "destroy", "install_config", "release_claim"]
+
+logger = logging.getLogger("telltale.clusters")
+CLUSTER_FILE = "cluster.json"
+KUBECONFIG_FILE = "kubeconfig"
+
+
+class ClusterRecord(BaseModel):
+    """What was created (``cluster.json``): enough to destroy it from another process."""
+
+    name: str
+    type: Literal["single", "ocp", "pool", "metal"]
+    kubeconfig: str = Field(description="Kubeconfig path in the artifact dir (mode 0600).")
+    install_dir: str | None = Field(default=None, description="openshift-install dir.")
+    claim: str | None = Field(default=None, description="Hive ClusterClaim name.")
+    claim_namespace: str | None = None
+    hub_kubeconfig: str | None = None
+    api_url: str | None = None
+    kept: bool = False
+
+
+def install_config(name: str, create: dict[str, Any], *, pull_secret: str,
+                   ssh_key: str) -> dict[str, Any]:
+    """The ``install-config.yaml`` of a cloud cluster (``single`` = one control-plane node)."""
+    if not create.get("base_domain"):
+        raise ConfigError("cluster creation needs a base domain",
+                          key="clusters.create.base_domain")
+    single = create["type"] == "single"
+    workers = 0 if single else int(create.get("worker_count", 2))
+    platform: dict[str, Any] = {"aws": {"region": create.get("region") or "us-east-1"}}
+    compute: dict[str, Any] = {"name": "worker", "replicas": workers, "architecture": "amd64"}
+    if create.get("worker_instance_type"):
+        compute["platform"] = {"aws": {"type": create["worker_instance_type"]}}
+    return {
+        "apiVersion": "v1",
+        "baseDomain": create["base_domain"],
+        "metadata": {"name": name},
+        "controlPlane": {"name": "master", "replicas": 1 if single else 3,
+                         "architecture": "amd64"},
+        "compute": [compute],
+        "networking": {"networkType": "OVNKubernetes",
+                       "clusterNetwork": [{"cidr": "10.128.0.0/14", "hostPrefix": 23}],
+                       "machineNetwork": [{"cidr": "10.0.0.0/16"}],
+                       "serviceNetwork": ["172.30.0.0/16"]},
+        "platform": platform,
+        "pullSecret": pull_secret,
+        "sshKey": ssh_key,
+    }
+
+
+def _save(root: Path, record: ClusterRecord) -> None:
+    (root / CLUSTER_FILE).write_text(record.model_dump_json(indent=2) + "\n", encoding="utf-8")
+
+
+def _private_kubeconfig(root: Path, text: str) -> Path:
+    path = root / KUBECONFIG_FILE
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as stream:
+        stream.write(text)
+    os.chmod(path, 0o600)
+    return path
+
+
+def create_with_installer(root: Path, install_dir: Path, name: str, create: dict[str, Any], *,
+                          pull_secret: str, ssh_key: str, timeout_s: float = 4 * 3600,
+                          installer: str = "openshift-install") -> ClusterRecord:
+    """Create a ``single``/``ocp`` cluster with openshift-install.
+
+    Args:
+        root: Artifact dir (gets ``kubeconfig`` 0600 and ``cluster.json``).
+        install_dir: Private install dir (created 0700; holds credentials).
+        name: Cluster name.
+        create: ``clusters.create``.
+        pull_secret: The registry pull secret (JSON text).
+        ssh_key: Public SSH key for the nodes.
+        timeout_s: Installer deadline.
+        installer: Installer executable.
+
+    Returns:
+        The `ClusterRecord` (also saved as ``cluster.json`` before the long install).
+    """
+    install_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(install_dir, 0o700)
+    config = install_config(name, create, pull_secret=pull_secret, ssh_key=ssh_key)
+    fd = os.open(install_dir / "install-config.yaml", os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as stream:
+        stream.write(dump_yaml(config))
+    redacted = {**config, "pullSecret": "***", "sshKey": config["sshKey"][:20] + "..."}
+    (root / "install-config.redacted.yaml").write_text(dump_yaml(redacted), encoding="utf-8")
+    record = ClusterRecord(name=name, type=create["type"], kubeconfig=str(root / KUBECONFIG_FILE),
+                           install_dir=str(install_dir))
+    _save(root, record)  # before the install: a crash hook can already destroy it
+    run([installer, "create", "cluster", "--dir", str(install_dir), "--log-level", "info"],
+        timeout=timeout_s)
+    kubeconfig = install_dir / "auth" / "kubeconfig"
+    if not kubeconfig.is_file():
+        raise StepError(f"{installer} succeeded but wrote no {kubeconfig}")
+    _private_kubeconfig(root, kubeconfig.read_text(encoding="utf-8"))
+    metadata = install_dir / "metadata.json"
+    if metadata.is_file():
+        record.api_url = json.loads(metadata.read_text()).get("apiURL")
+    _save(root, record)
+    logger.info("cluster %s created", name)
+    return record
+
+
+def claim_from_pool(root: Path, hub: Kube, pool: str, namespace: str, name: str, *,
+                    hub_kubeconfig: str | None, deadline_s: float = 3600) -> ClusterRecord:
+    """Claim a cluster from a Hive ClusterPool and fetch its admin kubeconfig."""
+    hub.apply({"apiVersion": "hive.openshift.io/v1", "kind": "ClusterClaim",
+               "metadata": {"name": name, "namespace": namespace},
+               "spec": {"clusterPoolName": pool, "lifetime": "8h"}})
+    record = ClusterRecord(name=name, type="pool", kubeconfig=str(root / KUBECONFIG_FILE),
+                           claim=name, claim_namespace=namespace, hub_kubeconfig=hub_kubeconfig)
+    _save(root, record)
+    claim = hub.wait("hive.openshift.io/v1", "ClusterClaim", name, namespace,
+                     deadline_s=deadline_s, what=f"claim {name} on pool {pool}",
+                     ready=lambda o: bool((o.get("spec") or {}).get("namespace")) and any(
+                         c.get("type") == "ClusterRunning" and c.get("status") == "True"
+                         for c in (o.get("status") or {}).get("conditions") or []))
+    cluster_ns = claim["spec"]["namespace"]
+    deployments = hub.list("hive.openshift.io/v1", "ClusterDeployment", cluster_ns)
+    if not deployments:
+        raise StepError(f"claim {name}: no ClusterDeployment in {cluster_ns}")
+    meta = (deployments[0].get("spec") or {}).get("clusterMetadata") or {}
+    secret_name = (meta.get("adminKubeconfigSecretRef") or {}).get("name")
+    secret = hub.get("v1", "Secret", secret_name, cluster_ns) if secret_name else None
+    if secret is None or "kubeconfig" not in (secret.get("data") or {}):
+        raise StepError(f"claim {name}: admin kubeconfig secret not found in {cluster_ns}")
+    _private_kubeconfig(root, base64.b64decode(secret["data"]["kubeconfig"]).decode())
+    record.api_url = (deployments[0].get("status") or {}).get("apiURL")
+    _save(root, record)
+    return record
+
+
+def release_claim(hub: Kube, record: ClusterRecord) -> bool:
+    """Delete the ClusterClaim (Hive reclaims the cluster)."""
+    return hub.delete("hive.openshift.io/v1", "ClusterClaim", record.claim or record.name,
+                      record.claim_namespace)
+
+
+def destroy(root: Path, *, keep: bool = False, hub: Kube | None = None,
+            installer: str = "openshift-install", timeout_s: float = 3600) -> bool:
+    """Destroy the cluster recorded in ``root/cluster.json`` unless kept; True when destroyed.
+
+    ``keep`` marks the record kept instead (the janitor and later cleanups leave it alone).
+    """
+    path = root / CLUSTER_FILE
+    if not path.is_file():
+        return False
+    record = ClusterRecord.model_validate_json(path.read_text(encoding="utf-8"))
+    if record.kept:
+        return False
+    if keep:
+        record.kept = True
+        _save(root, record)
+        logger.warning("keeping cluster %s (clusters.keep); destroy it yourself", record.name)
+        return False
+    if record.type == "pool":
+        if hub is None:
+            raise StepError("destroying a pool claim needs the hub cluster")
+        release_claim(hub, record)
+    elif record.install_dir:
+        run([installer, "destroy", "cluster", "--dir", record.install_dir,
+             "--log-level", "info"], timeout=timeout_s)
+    path.rename(root / "cluster.destroyed.json")
+    logger.info("cluster %s destroyed", record.name)
+    return True
