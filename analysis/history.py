@@ -44,6 +44,7 @@ __all__ = [
     "AUTO_COMPACT_PARTS",
     "HistorySource",
     "HistoryStore",
+    "default_data_dir",
     "default_history_uri",
     "open_filesystem",
 ]
@@ -68,14 +69,19 @@ class HistorySource(Protocol):
         ...
 
 
-def default_history_uri(project: str) -> str:
-    """Default history location: ``$TELLTALE_DATA_DIR`` or the user's data dir, per project."""
+def default_data_dir() -> Path:
+    """Telltale's data dir: ``$TELLTALE_DATA_DIR`` or the user's data dir."""
     root = os.environ.get("TELLTALE_DATA_DIR")
     if not root:
         from platformdirs import user_data_dir
 
         root = user_data_dir("telltale", appauthor=False)
-    return str(Path(root) / "history" / project)
+    return Path(root)
+
+
+def default_history_uri(project: str) -> str:
+    """Default history location: ``<data dir>/history/<project>``."""
+    return str(default_data_dir() / "history" / project)
 
 
 def open_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:

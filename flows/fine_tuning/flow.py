@@ -43,7 +43,14 @@ from projects.matrix import Cell
 from projects.plan import build_plan, write_plan
 from projects.registry import project_dir
 from projects.templates import from_config
-from tasks import k8s_workload, local_platform, local_users, prepare_cluster, user_pods_steps
+from tasks import (
+    k8s_workload,
+    local_platform,
+    local_users,
+    prepare_cluster,
+    provision,
+    user_pods_steps,
+)
 from tasks.artifacts import next_artifact_dir, use_artifact_dir
 from tasks.cluster_lock import cluster_lock
 from tasks.export import opensearch_instance, publish_opensearch, s3_target, upload_run
@@ -51,6 +58,7 @@ from tasks.k8s import Kube, api_client
 from tasks.platform import select_platform
 from tasks.postprocess import postprocess_results
 from tasks.publish import publish_results, start_progress, update_progress
+from tasks.runner import run_and_catch
 
 __all__ = ["RunOutcome", "fine_tuning", "run_from_cli"]
 
@@ -239,6 +247,16 @@ def _cleanup_hook(flow_obj: Any, flow_run: Any, state: Any) -> None:
     for root in roots:
         if root.is_dir():
             local_platform.cleanup_local(root)
+            if (root / "cluster.json").is_file() or (root / "lease.json").is_file():
+                try:  # destroy the cluster and release the lease from what the run left
+                    config = resolve(PROJECT, presets=params.get("presets") or [],
+                                     overrides=params.get("overrides") or {})
+                    with use_artifact_dir(root):
+                        provision.teardown.fn(str(root), bool(config.get("clusters.keep")),
+                                              config.get("secrets"),
+                                              config.get("clusters.kubeconfig"))
+                except Exception as exc:  # a hook must not raise; say what is left
+                    logger.error("crash cleanup of %s incomplete: %s", root, exc)
 
 
 @flow(name=FLOW_NAME, log_prints=True, task_runner=ThreadPoolTaskRunner(max_workers=4),
@@ -260,9 +278,10 @@ def fine_tuning(
     """
     log = get_run_logger()
     config = resolve(PROJECT, presets=presets, overrides=overrides or {})
+    creates = bool(config.get("clusters.create.type"))
     chosen, kubeconfig = select_platform(
         platform if platform != "auto" else config.get("clusters.platform"),
-        config.get("clusters.kubeconfig"))
+        config.get("clusters.kubeconfig"), creates_cluster=creates)
     root = Path(artifact_dir) if artifact_dir else _default_artifact_dir()
     run_id = str(runtime_flow_run.get_id() or root.name)
     with use_artifact_dir(root) as root, use_config(config):
@@ -272,19 +291,36 @@ def fine_tuning(
         log.info("artifacts in %s; %d cell(s) on %s", root, len(plan.cells), chosen)
         outcome = RunOutcome(artifact_dir=str(root), exit_code=EXIT_OK, platform=chosen)
         target = Target(platform=chosen, kubeconfig=kubeconfig, run_id=run_id)
+        lab = config.get("clusters.sutest.lab")
         try:
+            if lab["enabled"]:
+                provision.lease_hosts(str(root), config.get("secrets"), lab, lab["poll_seconds"])
+            if creates:
+                record = provision.create_cluster(str(root), config.get("clusters.create"),
+                                                  config.get("secrets"), run_id, kubeconfig)
+                target = Target(platform="kubernetes", kubeconfig=record.kubeconfig,
+                                run_id=run_id)
             _prepare_phase(plan.runnable, config, target)
             with _cluster_slot(target):
                 outcome.cells = _test_phase(plan.cells, config, target, root)
             _postprocess_phase(outcome, config, root)
         finally:
+            # Every cleanup step runs even when an earlier one fails; the first error wins.
+            keep = bool(config.get("clusters.keep"))
+            error: BaseException | None = None
             if config.get("clusters.cleanup_on_exit"):
-                local_platform.cleanup(str(root))
+                error = run_and_catch(error, local_platform.cleanup, str(root))
                 if target.platform == "kubernetes":
-                    keep = bool(config.get("clusters.keep"))
-                    k8s_workload.cleanup_k8s(target.kubeconfig, run_id, keep)
+                    error = run_and_catch(error, k8s_workload.cleanup_k8s, target.kubeconfig,
+                                          run_id, keep)
                     if config.get("prepare.rhoai.uninstall") and not keep:
-                        prepare_cluster.uninstall_rhoai(target.kubeconfig)
+                        error = run_and_catch(error, prepare_cluster.uninstall_rhoai,
+                                              target.kubeconfig)
+            if lab["enabled"] or creates:  # destroy, then release: in every outcome
+                error = run_and_catch(error, provision.teardown, str(root), keep,
+                                      config.get("secrets"), kubeconfig)
+            if error is not None and not sys.exc_info()[0]:
+                raise error
         failed = [c for c in outcome.cells if c.status == "failed"]
         outcome.failures = [f"cell {c.name} failed: {c.reason}" for c in failed] + \
             outcome.failures

@@ -29,6 +29,7 @@ class QuadsLabBlock(BaseModel):
     wait_delivery_minutes: int = Field(
         default=240, ge=1, description="Deadline for provisioned+validated."
     )
+    poll_seconds: float = Field(default=60.0, gt=0, description="QUADS polling period.")
 
 
 class SutestBlock(BaseModel):
@@ -55,6 +56,7 @@ class CreateBlock(BaseModel):
     worker_instance_type: str | None = Field(default=None, description="Worker machine type.")
     worker_count: int = Field(default=2, ge=0, description="Worker nodes.")
     pool: str | None = Field(default=None, description="Hive ClusterPool name (type: pool).")
+    pool_namespace: str = Field(default="hive", description="Namespace of the pool's claims.")
 
 
 class ClustersBlock(BaseModel):

@@ -24,3 +24,5 @@ class SecretsBlock(BaseModel):
     s3_credentials: str | None = Field(default=None, description="AWS-style env file name.")
     opensearch_instances: str | None = Field(default=None, description="OpenSearch YAML file.")
     quads_credentials: str | None = Field(default=None, description="QUADS login YAML file.")
+    pull_secret: str | None = Field(default=None, description="Registry pull secret (JSON).")
+    ssh_public_key: str | None = Field(default=None, description="SSH key for cluster nodes.")

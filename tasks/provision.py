@@ -1,0 +1,97 @@
+"""Provisioning steps: a bare-metal lease and a cluster, undone in every outcome.
+
+The flow calls `lease_hosts` and `create_cluster` before preparing the cluster, and
+`teardown` in its ``finally`` (and its crash/cancel hooks, from the files these steps leave in
+the artifact dir: ``lease.json``, ``cluster.json``).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from pydantic import SecretStr
+
+from analysis.errors import ConfigError
+from analysis.history import default_data_dir
+from tasks.artifacts import step
+from tasks.clusters import ClusterRecord, claim_from_pool, create_with_installer, destroy
+from tasks.k8s import Kube, api_client
+from tasks.quads import QuadsClient
+from tasks.quads_lease import Lease, LeaseRequest, acquire_lease, release_from_file
+from tasks.secrets import read_yaml_secret, secret_file
+
+__all__ = ["create_cluster", "lease_hosts", "quads_client", "teardown"]
+
+logger = logging.getLogger("telltale.provision")
+
+
+def quads_client(secrets: dict[str, Any]) -> QuadsClient:
+    """A QUADS client from ``secrets.quads_credentials`` (``{url, email, password}``)."""
+    path = secret_file(secrets["dir"]["env_key"], secrets.get("quads_credentials"))
+    if path is None:
+        raise ConfigError(f"a QUADS lease needs ${secrets['dir']['env_key']}/"
+                          f"{secrets.get('quads_credentials')} with url, email and password",
+                          key="secrets.quads_credentials")
+    data = read_yaml_secret(path)
+    missing = [k for k in ("url", "email", "password") if not data.get(k)]
+    if missing:
+        raise ConfigError(f"QUADS credentials lack {', '.join(missing)}", file=str(path))
+    return QuadsClient(data["url"], data["email"], SecretStr(str(data["password"])),
+                       verify=data.get("verify_tls", True))
+
+
+@step("lab", timeout_seconds=None)
+def lease_hosts(root: str, secrets: dict[str, Any], lab: dict[str, Any],
+                poll_s: float = 60.0) -> Lease:
+    """Lease bare-metal hosts from QUADS (``lease.json`` is written as soon as assigned)."""
+    request = LeaseRequest(count=lab["count"], filters=lab["filters"],
+                           description=lab["description"], wipe=lab["wipe"],
+                           ticket=lab.get("ticket"), lease_days=lab["lease_days"],
+                           wait_hosts_minutes=lab["wait_hosts_minutes"],
+                           wait_delivery_minutes=lab["wait_delivery_minutes"])
+    with quads_client(secrets) as client:
+        return acquire_lease(client, request, root=Path(root), poll_s=poll_s)
+
+
+@step("cluster", timeout_seconds=None)
+def create_cluster(root: str, create: dict[str, Any], secrets: dict[str, Any], run_id: str,
+                   hub_kubeconfig: str | None) -> ClusterRecord:
+    """Create (or claim) the cluster; its kubeconfig lands in ``root`` with mode 0600."""
+    name = f"{create['name_prefix']}-{run_id[:8]}".lower()
+    kind = create["type"]
+    if kind == "pool":
+        if not create.get("pool"):
+            raise ConfigError("type pool needs a ClusterPool name", key="clusters.create.pool")
+        hub = Kube(api_client(hub_kubeconfig))
+        return claim_from_pool(Path(root), hub, create["pool"], create["pool_namespace"],
+                               name, hub_kubeconfig=hub_kubeconfig)
+    if kind not in ("single", "ocp"):
+        raise ConfigError(f"cluster type {kind!r} is not supported yet (single, ocp, pool)",
+                          key="clusters.create.type")
+    env_key = secrets["dir"]["env_key"]
+    pull = secret_file(env_key, secrets.get("pull_secret"))
+    ssh = secret_file(env_key, secrets.get("ssh_public_key"))
+    if pull is None or ssh is None:
+        raise ConfigError(f"cluster creation needs ${env_key} with the pull secret and SSH key",
+                          key="secrets.pull_secret")
+    private = default_data_dir() / "clusters" / name  # holds credentials: never exported
+    return create_with_installer(Path(root), private, name, create,
+                                 pull_secret=pull.read_text().strip(),
+                                 ssh_key=ssh.read_text().strip())
+
+
+@step("cleanup", timeout_seconds=None)
+def teardown(root: str, keep: bool, secrets: dict[str, Any],
+             hub_kubeconfig: str | None) -> dict[str, bool]:
+    """Destroy the cluster, then release the lease (each unless kept); safe to repeat."""
+    base = Path(root)
+    done = {"destroyed": False, "released": False}
+    if (base / "cluster.json").is_file():
+        hub = Kube(api_client(hub_kubeconfig)) if hub_kubeconfig else None
+        done["destroyed"] = destroy(base, keep=keep, hub=hub)
+    if (base / "lease.json").is_file() and not keep:
+        with quads_client(secrets) as client:
+            done["released"] = release_from_file(client, base)
+    return done
