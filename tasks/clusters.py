@@ -20,6 +20,8 @@ import base64
 import json
 import logging
 import os
+import re
+import time
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,8 +32,8 @@ from analysis.yamlio import dump_yaml
 from tasks.k8s import Kube
 from tasks.runner import run
 
-__all__ = ["CLUSTER_FILE", "ClusterRecord", "claim_from_pool", "create_with_installer",
-           "destroy", "install_config", "release_claim"]
+__all__ = ["CLUSTER_FILE", "ClusterRecord", "claim_from_pool", "create_managed",
+           "create_with_installer", "destroy", "install_config", "release_claim"]
 
 logger = logging.getLogger("telltale.clusters")
 CLUSTER_FILE = "cluster.json"
@@ -42,7 +44,7 @@ class ClusterRecord(BaseModel):
     """What was created (``cluster.json``): enough to destroy it from another process."""
 
     name: str
-    type: Literal["single", "ocp", "pool", "metal"]
+    type: Literal["single", "ocp", "managed", "pool", "metal"]
     kubeconfig: str = Field(description="Kubeconfig path in the artifact dir (mode 0600).")
     install_dir: str | None = Field(default=None, description="openshift-install dir.")
     claim: str | None = Field(default=None, description="Hive ClusterClaim name.")
@@ -167,6 +169,56 @@ def claim_from_pool(root: Path, hub: Kube, pool: str, namespace: str, name: str,
     return record
 
 
+_LOGIN = re.compile(r"oc login (\S+) --username (\S+) --password (\S+)")
+
+
+def create_managed(root: Path, name: str, create: dict[str, Any], *, rosa: str = "rosa",
+                   oc: str = "oc", timeout_s: float = 3 * 3600, poll_s: float = 60.0,
+                   sleep: Any = time.sleep) -> ClusterRecord:
+    """Create a managed (ROSA) cluster and log in to it.
+
+    ``rosa create cluster`` → poll ``rosa describe cluster -o json`` until ``ready`` (fail on
+    ``error``) → ``rosa create admin`` → ``oc login`` into ``root/kubeconfig`` (0600). The
+    admin password is parsed from rosa's output, never logged, and masked in ``oc``'s log.
+    """
+    record = ClusterRecord(name=name, type="managed", kubeconfig=str(root / KUBECONFIG_FILE))
+    _save(root, record)
+    argv = [rosa, "create", "cluster", "--cluster-name", name, "--region",
+            create.get("region") or "us-east-1", "--replicas",
+            str(create.get("worker_count", 2)), "--yes"]
+    if create.get("worker_instance_type"):
+        argv += ["--compute-machine-type", create["worker_instance_type"]]
+    if create.get("ocp_version"):
+        argv += ["--version", create["ocp_version"]]
+    run(argv, timeout=600)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        described = json.loads(run([rosa, "describe", "cluster", "--cluster", name,
+                                    "--output", "json"], timeout=120).stdout)
+        state = described.get("state")
+        if state == "ready":
+            break
+        if state == "error":
+            raise StepError(f"ROSA cluster {name} failed: "
+                            f"{described.get('status', {}).get('description', state)}")
+        if time.monotonic() > deadline:
+            raise StepError(f"ROSA cluster {name} not ready after {timeout_s / 60:.0f} min "
+                            f"(state {state})")
+        sleep(poll_s)
+    admin = run([rosa, "create", "admin", "--cluster", name], timeout=300, log=False).stdout
+    match = _LOGIN.search(admin)
+    if match is None:
+        raise StepError(f"could not read the admin login of {name} from rosa's output")
+    api, user, password = match.groups()
+    kubeconfig = root / KUBECONFIG_FILE
+    run([oc, "login", api, "--username", user, "--password", password,
+         f"--kubeconfig={kubeconfig}"], timeout=300, secrets=[password])
+    os.chmod(kubeconfig, 0o600)
+    record.api_url = api
+    _save(root, record)
+    return record
+
+
 def release_claim(hub: Kube, record: ClusterRecord) -> bool:
     """Delete the ClusterClaim (Hive reclaims the cluster)."""
     return hub.delete("hive.openshift.io/v1", "ClusterClaim", record.claim or record.name,
@@ -194,6 +246,9 @@ def destroy(root: Path, *, keep: bool = False, hub: Kube | None = None,
         if hub is None:
             raise StepError("destroying a pool claim needs the hub cluster")
         release_claim(hub, record)
+    elif record.type == "managed":
+        run(["rosa", "delete", "cluster", "--cluster", record.name, "--yes", "--watch"],
+            timeout=timeout_s)
     elif record.install_dir:
         run([installer, "destroy", "cluster", "--dir", record.install_dir,
              "--log-level", "info"], timeout=timeout_s)

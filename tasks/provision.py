@@ -16,7 +16,13 @@ from pydantic import SecretStr
 from analysis.errors import ConfigError
 from analysis.history import default_data_dir
 from tasks.artifacts import step
-from tasks.clusters import ClusterRecord, claim_from_pool, create_with_installer, destroy
+from tasks.clusters import (
+    ClusterRecord,
+    claim_from_pool,
+    create_managed,
+    create_with_installer,
+    destroy,
+)
 from tasks.k8s import Kube, api_client
 from tasks.quads import QuadsClient
 from tasks.quads_lease import Lease, LeaseRequest, acquire_lease, release_from_file
@@ -67,9 +73,11 @@ def create_cluster(root: str, create: dict[str, Any], secrets: dict[str, Any], r
         hub = Kube(api_client(hub_kubeconfig))
         return claim_from_pool(Path(root), hub, create["pool"], create["pool_namespace"],
                                name, hub_kubeconfig=hub_kubeconfig)
+    if kind == "managed":
+        return create_managed(Path(root), name, create)
     if kind not in ("single", "ocp"):
-        raise ConfigError(f"cluster type {kind!r} is not supported yet (single, ocp, pool)",
-                          key="clusters.create.type")
+        raise ConfigError(f"cluster type {kind!r} is not supported yet "
+                          "(single, ocp, managed, pool)", key="clusters.create.type")
     env_key = secrets["dir"]["env_key"]
     pull = secret_file(env_key, secrets.get("pull_secret"))
     ssh = secret_file(env_key, secrets.get("ssh_public_key"))

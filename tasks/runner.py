@@ -106,6 +106,7 @@ def run(
     output_file: str | Path | None = None,
     pid_file: str | Path | None = None,
     log: bool = True,
+    secrets: Sequence[str] = (),
 ) -> CommandResult:
     """Run a command and return its result.
 
@@ -122,6 +123,8 @@ def run(
         pid_file: Write ``pid`` of the command (started in its own session, so its whole
             process group can be stopped by a cleanup running elsewhere) to this file.
         log: Append the command and its output to ``commands.log`` in the artifact dir.
+        secrets: Strings masked as ``***`` wherever the command or its output is logged or
+            raised (passwords passed as arguments, tokens printed by a CLI).
 
     Returns:
         The `CommandResult`.
@@ -139,7 +142,7 @@ def run(
         argv = tuple(str(a) for a in command)
         if not argv:
             raise StepError("empty command")
-    display = _display(argv, script)
+    display = _mask(_display(argv, script), secrets)
     full_env = {**os.environ, **(env or {})} if env else None
     with contextlib.ExitStack() as stack:
         stdin: Any = (stack.enter_context(open(stdin_file, "rb")) if stdin_file is not None
@@ -172,19 +175,29 @@ def run(
     def _decode(data: bytes | None) -> str:
         return data.decode("utf-8", errors="replace") if data else ""
 
-    stderr_text = _decode(err)
+    stderr_text = _mask(_decode(err), secrets)
     if output_file is not None:
-        stderr_text = _tail_of(Path(output_file))
+        stderr_text = _mask(_tail_of(Path(output_file)), secrets)
     result = CommandResult(argv, proc.returncode, _decode(out), stderr_text,
                            time.monotonic() - started)
+    logged = result if not secrets else CommandResult(
+        tuple(_mask(a, secrets) for a in argv), result.returncode,
+        _mask(result.stdout, secrets), result.stderr, result.duration_s)
     if log:
-        _log(display, result if output_file is None else
+        _log(display, logged if output_file is None else
              CommandResult(argv, proc.returncode, f"(output in {output_file})\n", "",
                            result.duration_s))
     logger.debug("%s -> exit %d (%.2fs)", display, result.returncode, result.duration_s)
     if check and result.returncode != 0:
         raise CommandError(display, result.returncode, result.stderr[-_TAIL:])
     return result
+
+
+def _mask(text: str, secrets: Sequence[str]) -> str:
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    return text
 
 
 def _stop(proc: subprocess.Popen[bytes], *, group: bool) -> None:

@@ -132,3 +132,30 @@ def test_claim_from_a_hive_pool(tmp_path: Path) -> None:
         finally:
             stop.set()
             thread.join(5)
+
+
+def test_managed_cluster_with_rosa_and_oc(tmp_path: Path, installer_env,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from tasks.clusters import create_managed
+
+    monkeypatch.setenv("TELLTALE_FAKE_ROSA_DIR", str(tmp_path / "rosa"))
+    root = tmp_path / "a"
+    root.mkdir()
+    from tasks.artifacts import use_artifact_dir
+
+    with use_artifact_dir(root):
+        record = create_managed(root, "perf-rosa", {"region": "us-east-2", "worker_count": 3},
+                                poll_s=0, sleep=lambda s: None)
+    assert record.api_url == installer_env[0]
+    assert stat.S_IMODE(Path(record.kubeconfig).stat().st_mode) == 0o600
+    assert Kube(api_client(record.kubeconfig)).get("v1", "Namespace", "default") is not None
+    assert "Adm1n-S3cr3t-pw" not in (root / "commands.log").read_text()
+    assert destroy(root) is True
+    assert not (tmp_path / "rosa" / "perf-rosa.json").exists()
+    monkeypatch.setenv("TELLTALE_FAKE_ROSA_FAIL", "1")
+    failed = tmp_path / "b"
+    failed.mkdir()
+    from analysis.errors import StepError
+
+    with pytest.raises(StepError, match="quota exceeded"):
+        create_managed(failed, "perf-rosa-2", {}, poll_s=0, sleep=lambda s: None)

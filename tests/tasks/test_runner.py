@@ -79,3 +79,12 @@ def test_run_and_catch_keeps_first_exception() -> None:
     exc = run_and_catch(exc, bad, "second")
     assert calls == ["first", "ok", "second"]
     assert str(exc) == "first"
+
+
+def test_secrets_are_masked_in_logs_and_errors(tmp_path: Path) -> None:
+    with use_artifact_dir(tmp_path):
+        run(["echo", "token=s3cr3t"], secrets=["s3cr3t"])
+        with pytest.raises(CommandError) as info:
+            run(["bash", "-c", "echo pw s3cr3t >&2; exit 1", "s3cr3t"], secrets=["s3cr3t"])
+    assert "s3cr3t" not in (tmp_path / "commands.log").read_text()
+    assert "s3cr3t" not in str(info.value)
