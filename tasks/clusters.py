@@ -33,7 +33,8 @@ from tasks.k8s import Kube
 from tasks.runner import run
 
 __all__ = ["CLUSTER_FILE", "ClusterRecord", "claim_from_pool", "create_managed",
-           "create_with_installer", "destroy", "install_config", "release_claim"]
+           "create_on_bastion", "create_with_installer", "destroy", "install_config",
+           "metal_install_config", "release_claim"]
 
 logger = logging.getLogger("telltale.clusters")
 CLUSTER_FILE = "cluster.json"
@@ -137,6 +138,68 @@ def create_with_installer(root: Path, install_dir: Path, name: str, create: dict
         record.api_url = json.loads(metadata.read_text()).get("apiURL")
     _save(root, record)
     logger.info("cluster %s created", name)
+    return record
+
+
+_SSH_OPTIONS = ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new",
+                "-o", "ConnectTimeout=30"]
+
+
+def metal_install_config(name: str, create: dict[str, Any], hosts: list[str], *,
+                         pull_secret: str, ssh_key: str) -> dict[str, Any]:
+    """install-config for bare metal (user-provisioned, ``platform: none``).
+
+    The first leased host is the bastion; the others become nodes: one node is a single-node
+    cluster (bootstrap in place), three or more get three control-plane nodes.
+    """
+    if not create.get("base_domain"):
+        raise ConfigError("cluster creation needs a base domain",
+                          key="clusters.create.base_domain")
+    nodes = len(hosts) - 1
+    if nodes < 1:
+        raise ConfigError("bare metal needs at least 2 leased hosts (a bastion and a node)",
+                          key="clusters.sutest.lab.count")
+    masters = 1 if nodes < 3 else 3
+    config = install_config(name, {**create, "type": "ocp"}, pull_secret=pull_secret,
+                            ssh_key=ssh_key)
+    config["platform"] = {"none": {}}
+    config["controlPlane"]["replicas"] = masters
+    config["compute"] = [{"name": "worker", "replicas": nodes - masters,
+                          "architecture": "amd64"}]
+    if masters == 1:
+        config["bootstrapInPlace"] = {"installationDisk": create.get("installation_disk")
+                                      or "/dev/nvme0n1"}
+    return config
+
+
+def create_on_bastion(root: Path, name: str, create: dict[str, Any], hosts: list[str], *,
+                      pull_secret: str, ssh_key: str, user: str = "root",
+                      timeout_s: float = 4 * 3600) -> ClusterRecord:
+    """Bare metal: run openshift-install on the bastion (the first leased host) over SSH."""
+    bastion = f"{user}@{hosts[0]}"
+    remote = f"telltale/{name}"
+    config = metal_install_config(name, create, hosts, pull_secret=pull_secret,
+                                  ssh_key=ssh_key)
+    record = ClusterRecord(name=name, type="metal", kubeconfig=str(root / KUBECONFIG_FILE),
+                           install_dir=f"{hosts[0]}:{remote}")
+    _save(root, record)
+    local = root / ".install-config.yaml"
+    fd = os.open(local, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as stream:
+        stream.write(dump_yaml(config))
+    try:
+        run(["ssh", *_SSH_OPTIONS, bastion, "mkdir", "-p", remote], timeout=120)
+        run(["scp", *_SSH_OPTIONS, str(local), f"{bastion}:{remote}/install-config.yaml"],
+            timeout=300)
+    finally:
+        local.unlink()  # the pull secret stays off the artifact dir
+    redacted = {**config, "pullSecret": "***", "sshKey": config["sshKey"][:20] + "..."}
+    (root / "install-config.redacted.yaml").write_text(dump_yaml(redacted), encoding="utf-8")
+    run(["ssh", *_SSH_OPTIONS, bastion, "openshift-install", "create", "cluster", "--dir",
+         remote, "--log-level", "info"], timeout=timeout_s)
+    run(["scp", *_SSH_OPTIONS, f"{bastion}:{remote}/auth/kubeconfig", str(root / "kubeconfig")],
+        timeout=300)
+    os.chmod(root / KUBECONFIG_FILE, 0o600)
     return record
 
 
@@ -246,6 +309,9 @@ def destroy(root: Path, *, keep: bool = False, hub: Kube | None = None,
         if hub is None:
             raise StepError("destroying a pool claim needs the hub cluster")
         release_claim(hub, record)
+    elif record.type == "metal":
+        logger.info("bare-metal cluster %s goes with its lease (hosts are wiped on release)",
+                    record.name)
     elif record.type == "managed":
         run(["rosa", "delete", "cluster", "--cluster", record.name, "--yes", "--watch"],
             timeout=timeout_s)

@@ -20,6 +20,7 @@ from tasks.clusters import (
     ClusterRecord,
     claim_from_pool,
     create_managed,
+    create_on_bastion,
     create_with_installer,
     destroy,
 )
@@ -75,7 +76,7 @@ def create_cluster(root: str, create: dict[str, Any], secrets: dict[str, Any], r
                                name, hub_kubeconfig=hub_kubeconfig)
     if kind == "managed":
         return create_managed(Path(root), name, create)
-    if kind not in ("single", "ocp"):
+    if kind not in ("single", "ocp", "metal"):
         raise ConfigError(f"cluster type {kind!r} is not supported yet "
                           "(single, ocp, managed, pool)", key="clusters.create.type")
     env_key = secrets["dir"]["env_key"]
@@ -84,6 +85,15 @@ def create_cluster(root: str, create: dict[str, Any], secrets: dict[str, Any], r
     if pull is None or ssh is None:
         raise ConfigError(f"cluster creation needs ${env_key} with the pull secret and SSH key",
                           key="secrets.pull_secret")
+    if kind == "metal":
+        lease_file = Path(root) / "lease.json"
+        if not lease_file.is_file():
+            raise ConfigError("type metal needs leased hosts: enable clusters.sutest.lab",
+                              key="clusters.sutest.lab.enabled")
+        lease = Lease.model_validate_json(lease_file.read_text(encoding="utf-8"))
+        return create_on_bastion(Path(root), name, create, lease.hosts,
+                                 pull_secret=pull.read_text().strip(),
+                                 ssh_key=ssh.read_text().strip())
     private = default_data_dir() / "clusters" / name  # holds credentials: never exported
     return create_with_installer(Path(root), private, name, create,
                                  pull_secret=pull.read_text().strip(),

@@ -20,13 +20,15 @@ pytestmark = pytest.mark.slow
 BIN = Path(__file__).resolve().parent.parent / "bin"
 
 
-def _run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scenario: str, name: str):
+def _run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scenario: str, name: str,
+         create_type: str = "ocp"):
     from flows.fine_tuning.flow import fine_tuning
 
     secrets = tmp_path / "secrets"
     secrets.mkdir(exist_ok=True)
     monkeypatch.setenv("TELLTALE_SECRET_DIR", str(secrets))
     monkeypatch.setenv("PATH", f"{BIN}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("TELLTALE_FAKE_BASTION_ROOT", str(tmp_path / "bastion-home"))
     (secrets / "pull-secret.json").write_text('{"auths": {"quay.io": {"auth": "cHVsbA=="}}}')
     (secrets / "id_ed25519.pub").write_text("ssh-ed25519 AAAAC3Nz perf@lab\n")
     with quads_server() as (quads_url, quads), kube_server() as (api_url, kube):
@@ -42,7 +44,7 @@ def _run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scenario: str, name: s
             operator.start()
         try:
             outcome = fine_tuning(presets=["metal_quads"], overrides={
-                "clusters.create.type": "ocp",
+                "clusters.create.type": create_type,
                 "clusters.create.base_domain": "lab.example.com",
                 "clusters.sutest.lab.poll_seconds": 0.05,
                 "clusters.sutest.lab.count": 2,
@@ -79,3 +81,18 @@ def test_failed_test_still_destroys_and_releases(tmp_path: Path,
     assert json.loads((root / "lease.json").read_text())["state"] == "released"
     assert all(not a["active"] for a in quads.assignments.values())
     assert (root / "cluster.destroyed.json").is_file()
+
+
+def test_bare_metal_installs_on_the_bastion(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            prefect_harness) -> None:
+    outcome, quads, _ = _run(tmp_path, monkeypatch, "success", "metal", create_type="metal")
+    assert outcome.exit_code == 0, outcome.failures
+    root = tmp_path / "metal"
+    lease = json.loads((root / "lease.json").read_text())
+    bastion_dir = tmp_path / "bastion-home" / "telltale"
+    assert (next(bastion_dir.iterdir()) / "auth" / "kubeconfig").is_file()  # ran there
+    config = yaml.safe_load((root / "install-config.redacted.yaml").read_text())
+    assert config["platform"] == {"none": {}} and config["pullSecret"] == "***"
+    assert config["controlPlane"]["replicas"] == 1  # 2 hosts: a bastion and one node
+    assert lease["state"] == "released"
+    assert not (root / ".install-config.yaml").exists()
