@@ -38,16 +38,12 @@ def seed_cluster(state: KubeState, *, ocp: str = "4.16.3", rhoai: str | None = "
                    "spec": {"version": rhoai}, "status": {"phase": "Succeeded"}})
 
 
-class TrainingOperator(threading.Thread):
-    """Drives PyTorchJobs and Jobs to completion (or failure) on the test server."""
+class Controller(threading.Thread):
+    """A reconcile loop on the test server's state, stopped by the test."""
 
-    def __init__(self, state: KubeState, scenario: Scenario = "success",
-                 tokens_per_second: float = 2500.0, step_s: float = 0.2) -> None:
+    def __init__(self, state: KubeState) -> None:
         super().__init__(daemon=True)
         self.state = state
-        self.scenario = scenario
-        self.tokens_per_second = tokens_per_second
-        self.step_s = step_s
         self.stopped = threading.Event()
         self.handled: set[str] = set()
 
@@ -55,10 +51,22 @@ class TrainingOperator(threading.Thread):
         self.stopped.set()
         self.join(5)
 
+
+class TrainingOperator(Controller):
+    """Drives PyTorchJobs and (non-indexed) Jobs to completion or failure on the test server."""
+
+    def __init__(self, state: KubeState, scenario: Scenario = "success",
+                 tokens_per_second: float = 2500.0, step_s: float = 0.2) -> None:
+        super().__init__(state)
+        self.scenario = scenario
+        self.tokens_per_second = tokens_per_second
+        self.step_s = step_s
+
     def run(self) -> None:
         while not self.stopped.wait(0.05):
             for job in self.state.list("batch/v1", "Job"):
-                if not job.get("status"):
+                indexed = (job.get("spec") or {}).get("completionMode") == "Indexed"
+                if not job.get("status") and not indexed:
                     self.state.set_status("batch/v1", "Job", job["metadata"]["name"], {
                         "succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]},
                         job["metadata"]["namespace"])
@@ -112,19 +120,13 @@ class TrainingOperator(threading.Thread):
             "containers"][0]["image"]
 
 
-class OlmController(threading.Thread):
+class OlmController(Controller):
     """What OLM and the operators do: Subscription → (InstallPlan) → CSV Succeeded; operator
     CRs become ready; the GPU operator's DaemonSets become available."""
 
     def __init__(self, state: KubeState, *, fail_package: str | None = None) -> None:
-        super().__init__(daemon=True)
-        self.state = state
+        super().__init__(state)
         self.fail_package = fail_package
-        self.stopped = threading.Event()
-
-    def stop(self) -> None:
-        self.stopped.set()
-        self.join(5)
 
     def _csv(self, sub: dict[str, Any]) -> str:
         return sub["spec"].get("startingCSV") or f"{sub['spec']['name']}.v1.0.0"
@@ -186,21 +188,14 @@ class OlmController(threading.Thread):
                                           policy["metadata"]["name"], {"state": "ready"})
 
 
-class IndexedJobController(threading.Thread):
+class IndexedJobController(Controller):
     """The Job controller and kubelet for Indexed Jobs: one pod per index, each running the
     pod's real command locally (``python3`` → this interpreter) with the pod's environment and
     ``JOB_COMPLETION_INDEX``, then the Job's counters and conditions as Kubernetes sets them."""
 
     def __init__(self, state: KubeState, script_dir: str) -> None:
-        super().__init__(daemon=True)
-        self.state = state
+        super().__init__(state)
         self.script_dir = script_dir  # where the ConfigMap's files are "mounted"
-        self.stopped = threading.Event()
-        self.handled: set[str] = set()
-
-    def stop(self) -> None:
-        self.stopped.set()
-        self.join(5)
 
     def run(self) -> None:
         while not self.stopped.wait(0.05):
