@@ -222,12 +222,16 @@ class HistoryStore:
                 names.append(info.path)
         return sorted(names)
 
+    def _schema(self, files: list[str]) -> pa.Schema:
+        return pa.unify_schemas([pq.read_schema(f, filesystem=self.fs) for f in files],
+                                promote_options="permissive")
+
     def _read_files(self, files: list[str], filter_expr: Any = None,
-                    columns: list[str] | None = None) -> pd.DataFrame | None:
+                    columns: list[str] | None = None,
+                    schema: pa.Schema | None = None) -> pd.DataFrame | None:
         if not files:
             return None
-        schemas = [pq.read_schema(f, filesystem=self.fs) for f in files]
-        schema = pa.unify_schemas(schemas, promote_options="permissive")
+        schema = schema if schema is not None else self._schema(files)
         dataset = ds.dataset(files, schema=schema, format="parquet", filesystem=self.fs)
         table = dataset.to_table(filter=filter_expr, columns=columns)
         frame = table.to_pandas()
@@ -238,11 +242,14 @@ class HistoryStore:
         frame = frame[frame[_WRITTEN_AT] == newest]
         return frame.drop_duplicates(subset=["run_uuid", "kpi"], keep="last")
 
-    def read(self, filter_expr: Any = None) -> pd.DataFrame:
+    def read(self, filter_expr: Any = None, *, files: list[str] | None = None,
+             schema: pa.Schema | None = None) -> pd.DataFrame:
         """Read every row (optionally filtered by an Arrow expression), oldest first."""
         for attempt in range(3):
             try:
-                frame = self._read_files(self._files(), filter_expr)
+                frame = self._read_files(files if files is not None and attempt == 0
+                                         else self._files(), filter_expr,
+                                         schema=schema if attempt == 0 else None)
                 break
             except FileNotFoundError:  # a concurrent compaction removed a part: list again
                 if attempt == 2:
@@ -277,8 +284,8 @@ class HistoryStore:
         files = self._files()
         if not files:
             return pd.DataFrame(columns=BASE_COLUMNS)
-        known = set(pa.unify_schemas([pq.read_schema(f, filesystem=self.fs) for f in files],
-                                     promote_options="permissive").names)
+        schema = self._schema(files)  # read once: the scan below reuses it
+        known = set(schema.names)
         expr = None
         for name, value in labels.items():
             if name in skip:
@@ -292,7 +299,7 @@ class HistoryStore:
         if kpi is not None:
             term = pc.field("kpi") == kpi
             expr = term if expr is None else expr & term
-        frame = self.read(expr)
+        frame = self.read(expr, files=files, schema=schema)
         excluded = set(exclude_runs)
         if excluded:
             frame = frame[~frame["run_uuid"].isin(excluded)]

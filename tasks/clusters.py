@@ -88,8 +88,8 @@ def _save(root: Path, record: ClusterRecord) -> None:
     (root / CLUSTER_FILE).write_text(record.model_dump_json(indent=2) + "\n", encoding="utf-8")
 
 
-def _private_kubeconfig(root: Path, text: str) -> Path:
-    path = root / KUBECONFIG_FILE
+def _write_private(path: Path, text: str) -> Path:
+    """Write a file only its owner can read (created 0600, never world-readable)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as stream:
         stream.write(text)
@@ -118,10 +118,7 @@ def create_with_installer(root: Path, install_dir: Path, name: str, create: dict
     install_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(install_dir, 0o700)
     config = install_config(name, create, pull_secret=pull_secret, ssh_key=ssh_key)
-    fd = os.open(install_dir / "install-config.yaml", os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
-                 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as stream:
-        stream.write(dump_yaml(config))
+    _write_private(install_dir / "install-config.yaml", dump_yaml(config))
     redacted = {**config, "pullSecret": "***", "sshKey": config["sshKey"][:20] + "..."}
     (root / "install-config.redacted.yaml").write_text(dump_yaml(redacted), encoding="utf-8")
     record = ClusterRecord(name=name, type=create["type"], kubeconfig=str(root / KUBECONFIG_FILE),
@@ -132,7 +129,7 @@ def create_with_installer(root: Path, install_dir: Path, name: str, create: dict
     kubeconfig = install_dir / "auth" / "kubeconfig"
     if not kubeconfig.is_file():
         raise StepError(f"{installer} succeeded but wrote no {kubeconfig}")
-    _private_kubeconfig(root, kubeconfig.read_text(encoding="utf-8"))
+    _write_private(root / KUBECONFIG_FILE, kubeconfig.read_text(encoding="utf-8"))
     metadata = install_dir / "metadata.json"
     if metadata.is_file():
         record.api_url = json.loads(metadata.read_text()).get("apiURL")
@@ -183,10 +180,7 @@ def create_on_bastion(root: Path, name: str, create: dict[str, Any], hosts: list
     record = ClusterRecord(name=name, type="metal", kubeconfig=str(root / KUBECONFIG_FILE),
                            install_dir=f"{hosts[0]}:{remote}")
     _save(root, record)
-    local = root / ".install-config.yaml"
-    fd = os.open(local, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as stream:
-        stream.write(dump_yaml(config))
+    local = _write_private(root / ".install-config.yaml", dump_yaml(config))
     try:
         run(["ssh", *_SSH_OPTIONS, bastion, "mkdir", "-p", remote], timeout=120)
         run(["scp", *_SSH_OPTIONS, str(local), f"{bastion}:{remote}/install-config.yaml"],
@@ -226,7 +220,7 @@ def claim_from_pool(root: Path, hub: Kube, pool: str, namespace: str, name: str,
     secret = hub.get("v1", "Secret", secret_name, cluster_ns) if secret_name else None
     if secret is None or "kubeconfig" not in (secret.get("data") or {}):
         raise StepError(f"claim {name}: admin kubeconfig secret not found in {cluster_ns}")
-    _private_kubeconfig(root, base64.b64decode(secret["data"]["kubeconfig"]).decode())
+    _write_private(root / KUBECONFIG_FILE, base64.b64decode(secret["data"]["kubeconfig"]).decode())
     record.api_url = (deployments[0].get("status") or {}).get("apiURL")
     _save(root, record)
     return record
