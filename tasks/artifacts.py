@@ -45,6 +45,7 @@ __all__ = [
     "retry_on_transient",
     "step",
     "use_artifact_dir",
+    "write_json",
 ]
 
 P = ParamSpec("P")
@@ -174,7 +175,8 @@ def _plain(value: Any) -> Any:
     return repr(value)
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
+def write_json(path: Path, data: Any) -> None:
+    """Write ``data`` as indented JSON (non-JSON values as their ``str``)."""
     path.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
 
 
@@ -203,7 +205,7 @@ def _run_in_step_dir(group: str, fn: Callable[P, R], *args: P.args, **kwargs: P.
             "start": datetime.fromtimestamp(started, UTC).isoformat(),
             "state": "Running",
         }
-        _write_json(path / "step.json", meta)
+        write_json(path / "step.json", meta)
         token = _STEP_LOG.set(path / "step.log")
         try:
             result = fn(*args, **kwargs)
@@ -219,7 +221,7 @@ def _run_in_step_dir(group: str, fn: Callable[P, R], *args: P.args, **kwargs: P.
             ended = time.time()
             meta["end"] = datetime.fromtimestamp(ended, UTC).isoformat()
             meta["duration_s"] = round(ended - started, 3)
-            _write_json(path / "step.json", meta)
+            write_json(path / "step.json", meta)
 
 
 def step(

@@ -17,7 +17,6 @@ skipped) is labelled ``managed-by=telltale`` but not with the run id, so run cle
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from typing import Any
@@ -26,7 +25,7 @@ from pydantic import BaseModel
 
 from analysis.yamlio import dump_yaml
 from projects.fine_tuning.manifests import DATA_SOURCE_LABEL, cell_manifests
-from tasks.artifacts import artifact_dir, step
+from tasks.artifacts import artifact_dir, step, write_json
 from tasks.k8s import MANAGED_BY, RUN_ID_LABEL, Kube, api_client
 
 __all__ = [
@@ -82,10 +81,6 @@ def _terminated(pod: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
-def _write_json(path: Any, data: Any) -> None:
-    path.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
-
-
 @step("cluster", timeout_seconds=300)
 def capture_environment(kubeconfig: str | None,
                         prometheus_url: str | None = None) -> dict[str, Any]:
@@ -93,7 +88,7 @@ def capture_environment(kubeconfig: str | None,
     kube = Kube(api_client(kubeconfig))
     here = artifact_dir()
     nodes = kube.list("v1", "Node")
-    _write_json(here / "nodes.json", {"apiVersion": "v1", "kind": "List", "items": nodes})
+    write_json(here / "nodes.json", {"apiVersion": "v1", "kind": "List", "items": nodes})
     version = kube.get("config.openshift.io/v1", "ClusterVersion", "version")
     ocp = ((version or {}).get("status") or {}).get("desired", {}).get("version")
     (here / "ocp_version.yml").write_text(dump_yaml({"openshiftVersion": ocp}),
@@ -102,8 +97,8 @@ def capture_environment(kubeconfig: str | None,
                                     "version": (c.get("spec") or {}).get("version"),
                                     "phase": (c.get("status") or {}).get("phase")}
             for c in kube.list("operators.coreos.com/v1alpha1", "ClusterServiceVersion")}
-    _write_json(here / "operators.json", csvs)
-    _write_json(here / "prometheus.json", {
+    write_json(here / "operators.json", csvs)
+    write_json(here / "prometheus.json", {
         "captured": False,
         "reason": "tests.fine_tuning.kubernetes.prometheus_url is not set" if not
         prometheus_url else "Prometheus snapshots are not implemented yet"})
@@ -152,7 +147,7 @@ def run_fine_tuning_job(kubeconfig: str | None, run_id: str, namespace: str,
     (here / "artifacts").mkdir(exist_ok=True)
     manifests = cell_manifests(settings, namespace=namespace, block=block,
                                cell_index=cell_index)
-    _write_json(here / "manifests.json", manifests)
+    write_json(here / "manifests.json", manifests)
     ns_obj, pvc, staging, configmap, pytorchjob = manifests
     shared, kube = Kube(api_client(kubeconfig)), Kube(api_client(kubeconfig), run_id)
     started = time.monotonic()
@@ -206,7 +201,7 @@ def _capture_job(kube: Kube, here: Any, namespace: str, name: str, master: str,
     try:
         current = pod or kube.get("v1", "Pod", master, namespace)
         if current is not None:
-            _write_json(here / "artifacts" / "pod.json", current)
+            write_json(here / "artifacts" / "pod.json", current)
             try:
                 (here / "artifacts" / "pod.log").write_text(kube.pod_log(master, namespace),
                                                             encoding="utf-8")
@@ -214,7 +209,7 @@ def _capture_job(kube: Kube, here: Any, namespace: str, name: str, master: str,
                 (here / "artifacts" / "pod.log.unavailable").write_text(f"{exc}\n")
         job = kube.get("kubeflow.org/v1", "PyTorchJob", name, namespace)
         if job is not None:
-            _write_json(here / "artifacts" / "pytorchjob.json", job)
+            write_json(here / "artifacts" / "pytorchjob.json", job)
     except Exception as exc:
         logger.warning("capture of %s incomplete: %s", name, exc)
 
@@ -234,11 +229,10 @@ def cleanup_cluster(kubeconfig: str | None, run_id: str, *, keep: bool = False,
             meta = obj["metadata"]
             label = f"{kind}/{meta.get('namespace', '')}/{meta['name']}"
             if keep:
-                kube.apply({"apiVersion": api_version, "kind": kind, "metadata": {
-                    "name": meta["name"], "namespace": meta.get("namespace"),
-                    "labels": {KEEP_LABEL: "true"}}} if meta.get("namespace") else {
-                    "apiVersion": api_version, "kind": kind, "metadata": {
-                        "name": meta["name"], "labels": {KEEP_LABEL: "true"}}})
+                marked = {"name": meta["name"], "labels": {KEEP_LABEL: "true"}}
+                if meta.get("namespace"):
+                    marked["namespace"] = meta["namespace"]
+                kube.apply({"apiVersion": api_version, "kind": kind, "metadata": marked})
                 logger.info("keeping %s (clusters.keep)", label)
                 continue
             if not dry_run:
