@@ -22,6 +22,7 @@ credentials from the usual AWS environment variables.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 import uuid
@@ -50,6 +51,7 @@ __all__ = [
 ]
 
 AUTO_COMPACT_PARTS = 64
+logger = logging.getLogger("telltale.history")
 _WRITTEN_AT = "_written_at"
 _PART = "part-"
 _COMPACTED = "compacted-"
@@ -166,7 +168,10 @@ class HistoryStore:
             table = pa.Table.from_pandas(rows, preserve_index=False)
             self._write_table(table, f"{_PART}{_safe_name(str(run_uuid))}.parquet")
         if len(self._files(_PART)) > AUTO_COMPACT_PARTS:
-            self.compact()
+            try:
+                self.compact()
+            except OSError as exc:  # the rows are written; compaction is only an optimisation
+                logger.warning("history compaction of %r skipped: %s", self, exc)
         return len(frame)
 
     def bulk_append(self, frame: pd.DataFrame) -> int:
@@ -190,10 +195,17 @@ class HistoryStore:
 
     def compact(self) -> int:
         """Merge part files (and earlier compactions) into one file; returns files merged."""
-        files = self._files()
-        if len(files) <= 1:
-            return 0
-        frame = self._read_files(files)
+        for _ in range(3):
+            files = self._files()
+            if len(files) <= 1:
+                return 0
+            try:
+                frame = self._read_files(files)
+                break
+            except FileNotFoundError:  # a concurrent compaction removed a file: list again
+                continue
+        else:
+            return 0  # others keep compacting; the next append tries again
         if frame is None:
             return 0
         table = pa.Table.from_pandas(frame, preserve_index=False)
