@@ -2,42 +2,58 @@
 
 Model
 -----
-A KPI series is piecewise *linear-with-common-slope* plus noise: between change points the
-level is constant or drifts slowly, and the noise may be heavy-tailed, bimodal or carry
-single outliers. A change point is an *abrupt* level shift, large against the noise and
-against the local drift.
+A KPI series is piecewise constant plus an optional slow drift shared by all segments, times
+multiplicative noise that may be heavy-tailed, bimodal or carry single outliers. A change
+point is an *abrupt* level shift, large against the noise and against the drift.
 
 Method (`change_points`)
 ------------------------
-1. **Noise scale** ``sigma``: the robust spread of first differences
-   (``1.4826 * MAD(diff) / sqrt(2)``), floored by a winsorised spread for sticky bimodal
-   noise. Differences cancel levels and drift, so steps do not inflate it.
+0. **Log scale**: a series of positive values is analysed as ``log(values)``
+   (``log_scale``), so noise proportional to the level has one scale before and after a big
+   step, and steps are relative.
+1. **Noise scale** ``sigma`` from first differences (they cancel levels and drift): the larger
+   of ``1.4826 * MAD(diff) / sqrt(2)`` and the 5-95 % winsorised standard deviation of the
+   differences over ``sqrt(2)`` (`noise_scale`).
 2. **Outlier shield**: a point further than ``outlier_z * sigma`` (4) from the median of its
    neighbours (window 5) is replaced by that median for detection, so a lone outlier cannot
    create a level.
-3. **Candidates**: binary segmentation of the shielded series with the least-squares
-   mean-shift cost (cumulative sums, ``O(n log n)``), minimum segment ``min_size`` (5),
-   splitting while the gain exceeds ``(candidate_z * sigma)^2`` (``candidate_z`` 4).
-4. **Validation** of each candidate against its neighbours, repeated until stable: the step
-   ``c`` between the 20%-trimmed means of up to ``window`` (60) points on each side must
-   have ``|c| / se(c) >= z_threshold`` (5) and a relative size ``>= min_magnitude`` (2%).
-   When the adjacent segments show a significant slope (beyond ``drift_z`` = 2 standard
-   errors), the step is measured against that drift line, so a slow drift produces no step.
-   Weak candidates are removed one at a time, weakest first; each survivor is then moved to
-   the best split between its neighbours (least squares, within ``window``).
+3. **Candidates**: the exact least-squares segmentation with a penalty of
+   ``(candidate_z * sigma)^2`` (5) per change and segments of at least ``min_size`` (5) runs,
+   by optimal partitioning with PELT pruning (Killick et al., 2012). Unlike binary
+   segmentation it places nearby changes jointly, so a misplaced split leaves no spurious
+   neighbour behind.
+4. **Location**: each candidate moves to its most probable place between its neighbours
+   (within ``window``): the split whose likelihood mass within ``locate_radius`` (2) runs is
+   largest, after removing the series' drift.
+5. **Validation**, repeated until stable: the step ``c`` between the 20%-trimmed means of up
+   to ``window`` (80) points on each side must have ``|c| / se(c) >= z_threshold`` (5) and a
+   relative size ``>= min_magnitude`` (2%). The drift is one slope shared by all segments
+   (estimated within segments, so the steps do not bias it); when it is significant
+   (``drift_z`` = 2 standard errors) the step is measured against the drift line, so a slow
+   drift produces no step; when it is not, the step must still beat the drift explanation by
+   ``drift_floor_z`` (2) standard errors. Weak candidates are removed one at a time, weakest
+   first, and the others re-measured.
+6. **Short series** (``n < short_length`` = 200) offer fewer places for a false step, so
+   ``candidate_z`` and ``z_threshold`` are scaled by ``ln n / ln short_length``.
 
-Cost: ``O(n log n)``; a 1 000-point series takes well under a millisecond.
+Cost: ``O(n^2)`` at worst (PELT prunes little in a stable series): about 8 ms for 1 000
+points, 100 ms for 5 000.
 
 Verdict (`verdict`)
 -------------------
-The baseline is the robust level (20%-trimmed mean of up to ``baseline_window`` = 30 points)
-of the last segment of the history, after its last change point, so an old level never
-pollutes it. The newest run is a regression when it moves against the KPI's direction by at
-least ``min_magnitude`` (2%) and ``verdict_z`` (3) standard errors, and the previous run
-confirms it (same side, at least ``confirm_factor`` = 0.6 of both thresholds): one outlier
-never raises an alarm on its own, and a real shift is reported one run later. Several repeats
-of the newest run confirm each other instead. Improvements are reported, never called
-regressions.
+The question is whether a new level began in the last ``recent_runs`` (5) runs. For every
+possible start ``k`` runs ago (``k`` = 1 .. 2 x ``recent_runs``), the newest ``k`` runs (the
+tail) are compared with the runs of the history's current segment (after its last change
+point) before them, up to ``baseline_window`` (30): ``z = (level(tail) - baseline) / se``,
+where the tail's level is a cautious robust one (of 2 runs, the one closer to the baseline;
+3-4 runs, the median; more, the trimmed mean), so one outlier never moves it. The baseline
+follows the history's drift when that drift is beyond ``verdict_drift_z`` (4) standard
+errors. The likeliest start is the ``k`` with the largest ``|z|``; the newest run is a
+regression when that start is within ``recent_runs``, ``|z| >= verdict_z`` (3.5), the shift is
+at least ``min_magnitude`` (2%), against the KPI's direction, and the newest run itself
+deviates the same way by ``confirm_factor`` (0.6) x ``verdict_z``. A single run is never a
+shift on its own (several repeats of it are); a start further back is the current level,
+not news. Improvements are reported, never called regressions.
 
 Tuned on the labelled synthetic set of ``benchmarks/regression`` (see the README's
 performance section for the scores against the E-Divisive implementations).
@@ -77,37 +93,50 @@ class DetectorSettings:
 
     Attributes:
         min_size: Minimum points per segment.
-        window: Points on each side used to measure a step.
-        candidate_z: Binary-segmentation split threshold, in noise units.
+        window: Points on each side used to measure (and to place) a step.
+        candidate_z: Penalty of one change in the segmentation, as ``(candidate_z *
+            sigma)^2``.
         z_threshold: Validation threshold of a step, in standard errors.
         min_magnitude: Smallest relative step reported.
         outlier_z: Distance from the local median (noise units) that marks an outlier.
-        drift_z: A within-segment slope counts as drift (and is corrected for) beyond this
-            many standard errors.
-        min_history: Historical points needed for a verdict.
-        verdict_z: Threshold of the newest run's deviation, in standard errors.
-        baseline_window: Points of the last segment used as the verdict baseline.
-        confirm_factor: The previous run confirms a shift when it deviates the same way by
-            this fraction of the thresholds.
+        drift_z: The shared within-segment slope counts as drift (and is corrected for)
+            beyond this many standard errors.
+        drift_floor_z: Without significant drift, a step must still exceed the drift
+            explanation by this many standard errors (0 disables).
         short_length: Series shorter than this get proportionally lower ``candidate_z`` and
             ``z_threshold`` (times ``ln n / ln short_length``): fewer places for a false step
             to hide, so less multiple-testing protection is needed (0 disables).
+        log_scale: Analyse positive series in log space (multiplicative noise).
+        locate_radius: A change is placed where the likelihood mass within this many runs
+            is largest (0: the least-squares optimum).
+        min_history: Historical points needed for a verdict.
+        verdict_z: Threshold of the newest level's shift, in standard errors.
+        baseline_window: Points of the current segment used as the verdict baseline.
+        confirm_factor: The newest run must deviate the same way by this fraction of
+            ``verdict_z`` for its level's shift to count.
+        recent_runs: A shift is news (regression or improvement) when its level began at
+            most this many runs ago.
+        verdict_drift_z: The verdict's baseline follows the history's drift beyond this
+            many standard errors.
     """
 
     min_size: int = 5
     window: int = 80
-    candidate_z: float = 6.0
+    candidate_z: float = 5.0
     z_threshold: float = 5.0
     min_magnitude: float = 0.02
     outlier_z: float = 4.0
     drift_z: float = 2.0
-    min_history: int = 3
-    verdict_z: float = 3.0
-    baseline_window: int = 30
-    confirm_factor: float = 0.6
-    short_length: int = 100
+    drift_floor_z: float = 2.0
+    short_length: int = 200
     log_scale: bool = True
     locate_radius: int = 2
+    min_history: int = 3
+    verdict_z: float = 3.5
+    baseline_window: int = 30
+    confirm_factor: float = 0.6
+    recent_runs: int = 5
+    verdict_drift_z: float = 4.0
 
 
 DEFAULTS = DetectorSettings()
@@ -234,11 +263,12 @@ def _segment(y: np.ndarray, sigma: float, s: DetectorSettings) -> list[int]:
         ready = alive[:count]
         total = cs[t] - cs[ready]
         cost = best[ready] - total * total / (t - ready)
-        k = int(np.argmin(cost))
-        best[t] = cost[k] + penalty
+        k = cost.argmin()
+        bound = cost[k] + penalty
+        best[t] = bound
         last[t] = ready[k]
         # PELT: a start that cannot beat best[t] now never will (the cost is additive).
-        keep = ready[cost <= best[t]]
+        keep = ready[cost <= bound]
         count = len(keep)
         alive[:count] = keep
     out: list[int] = []
@@ -298,12 +328,18 @@ def _step_stats(y: np.ndarray, i: int, bounds: Sequence[int], sigma: float,
     var = sigma ** 2 * (1.1 * (1.0 / nl + 1.0 / nr))  # 1.1: trimmed-mean efficiency
     # Correct for drift only when the segments show one: a slope within drift_z standard
     # errors of zero is noise, and correcting for it would only cost power.
-    if sxx > 0 and abs(slope) * math.sqrt(sxx) > s.drift_z * sigma:
+    raw_step, raw_var = level_r - level_l, var
+    if sxx > 0:
         var += distance ** 2 * sigma ** 2 / sxx
-    else:
-        slope = 0.0
-    step = (level_r - level_l) - slope * distance
+    step = raw_step - slope * distance
     z = abs(step) / math.sqrt(var) if var > 0 else math.inf
+    if not (sxx > 0 and abs(slope) * math.sqrt(sxx) > s.drift_z * sigma):
+        zr = abs(raw_step) / math.sqrt(raw_var) if raw_var > 0 else math.inf
+        if s.drift_floor_z > 0:
+            z = min(zr, z * s.z_threshold / s.drift_floor_z)
+        else:
+            z = zr
+        slope, step = 0.0, raw_step
     # Level just before the step, from the drift line, for the relative size.
     return step, z, level_l + slope * (t - 1 - centre_l)
 
@@ -398,6 +434,85 @@ def _normal_confidence(z: float) -> float:
     return float(0.5 * (1 + math.erf(z / math.sqrt(2))))
 
 
+@dataclass(frozen=True)
+class _Shift:
+    """The newest level, measured over the last ``runs`` runs against the level before."""
+
+    runs: int
+    level: float
+    baseline: float
+    z: float
+    history_used: int
+
+
+def _tail_shifts(h: np.ndarray, repeats: np.ndarray, s: DetectorSettings) -> list[_Shift]:
+    """Every candidate "the newest level began k runs ago", k = 1 .. 2 * recent_runs.
+
+    The baseline of each candidate is the part of the history's current segment (after its
+    last change point) before the tail, extrapolated along the history's drift when it has
+    a significant one; the tail is the last ``k - 1`` historical runs plus the repeats of
+    the newest run.
+    """
+    cps = change_points(h, settings=s)
+    start = cps[-1] if cps else 0
+    current = h[start:]
+    sigma = noise_scale(current) if len(current) >= 10 else noise_scale(h)
+    sigma = _sigma_floor(h, sigma)
+    # Extrapolate along the history's drift only when it is clear: at the end of a series a
+    # fresh step and a drift look alike, and a doubtful slope costs more than it saves.
+    slope, sxx = _drift_slope(h, [0, *cps, len(h)])
+    if not (sxx > 0 and abs(slope) * math.sqrt(sxx) > s.verdict_drift_z * sigma):
+        slope = sxx = 0.0
+    out = []
+    for k in range(1, 2 * s.recent_runs + 1):
+        end = len(h) - (k - 1)
+        base = h[max(start, end - s.baseline_window):end]
+        if len(base) < s.min_history or end <= start:
+            break
+        tail = np.concatenate([h[end:], repeats])
+        # positions: history run i sits at i, the newest run at len(h)
+        base_centre = end - (len(base) + 1) / 2
+        tail_centre = (end + len(h)) / 2 if k > 1 else float(len(h))
+        distance = tail_centre - base_centre
+        baseline = _trimmed_mean(base) + slope * distance
+        var = sigma ** 2 * (1.1 / len(base) + _tail_efficiency(len(tail)) / len(tail))
+        if sxx > 0:
+            var += (distance * sigma) ** 2 / sxx
+        level = _conservative_level(tail, baseline)
+        z = (level - baseline) / math.sqrt(var) if var > 0 else math.copysign(math.inf,
+                                                                               level - baseline)
+        out.append(_Shift(runs=k, level=level, baseline=baseline, z=z,
+                          history_used=len(base)))
+    return out
+
+
+def _conservative_level(tail: np.ndarray, baseline: float) -> float:
+    """Robust level of a short tail, the cautious side of it: one outlier cannot move it.
+
+    Up to 4 points: the middle value (of the two middle ones, the closer to ``baseline``;
+    so of 2 points, both must have moved). Longer tails: the 20%-trimmed mean.
+    """
+    n = len(tail)
+    if n > 4:
+        return _trimmed_mean(tail)
+    ordered = np.sort(tail)
+    if n % 2:
+        return float(ordered[n // 2])
+    lo, hi = float(ordered[n // 2 - 1]), float(ordered[n // 2])
+    return lo if abs(lo - baseline) <= abs(hi - baseline) else hi
+
+
+def _tail_efficiency(n: int) -> float:
+    """Variance factor of `_conservative_level` against a plain mean (Gaussian noise)."""
+    return {1: 1.0, 2: 1.0, 3: 1.35, 4: 1.2}.get(n, 1.1)
+
+
+def _relative(delta: float, baseline: float) -> float:
+    if baseline != 0:
+        return delta / abs(baseline)
+    return 0.0 if delta == 0 else math.copysign(1.0, delta)
+
+
 def verdict(history: Sequence[float], latest: float | Sequence[float],
             direction: Direction, *, settings: DetectorSettings = DEFAULTS) -> Verdict:
     """Judge the newest run against the history of the same configuration.
@@ -429,49 +544,45 @@ def verdict(history: Sequence[float], latest: float | Sequence[float],
                        baseline=None, latest=value, history_used=len(h),
                        explanation=f"{len(h)} historical point(s); "
                                    f"{settings.min_history} needed")
-    confirm_with_previous = len(repeats) == 1 and len(h) >= settings.min_history + 1
-    reference = h[:-1] if confirm_with_previous else h
-    cps = change_points(reference, direction, settings=settings)
-    start = cps[-1] if cps else 0
-    segment = reference[start:]
-    if len(segment) < settings.min_history:  # a fresh level with too few points: widen
-        segment = reference[max(0, len(reference) - settings.min_history):]
-    segment = segment[-settings.baseline_window:]
-    baseline = _trimmed_mean(segment)
-    sigma = _sigma_floor(reference, noise_scale(reference))
-    if len(reference) < 3 or noise_scale(reference) == 0.0:
-        sigma = _sigma_floor(reference, 0.0)
-    se = sigma * math.sqrt(1.0 / len(repeats) + 1.1 / len(segment))
-    delta = value - baseline
-    z = abs(delta) / se if se > 0 else math.inf
-    magnitude = delta / abs(baseline) if baseline != 0 else (0.0 if delta == 0 else
-                                                             math.copysign(1.0, delta))
-    worse = delta < 0 if direction == "higher_better" else delta > 0
-    significant = z >= settings.verdict_z and abs(magnitude) >= settings.min_magnitude
-    confirmed = True
-    if significant and confirm_with_previous:
-        previous = float(h[-1])
-        prev_delta = previous - baseline
-        prev_z = abs(prev_delta) / (sigma * math.sqrt(1.0 + 1.1 / len(segment)))
-        prev_mag = prev_delta / abs(baseline) if baseline != 0 else math.copysign(1.0, prev_delta)
-        confirmed = (np.sign(prev_delta) == np.sign(delta)
-                     and prev_z >= settings.verdict_z * settings.confirm_factor
-                     and abs(prev_mag) >= settings.min_magnitude * settings.confirm_factor)
+    shifts = _tail_shifts(h, repeats, settings)
+    newest = shifts[0]  # the newest run alone against the current level
+    # A shift needs two measurements: several repeats, or the newest run plus earlier ones.
+    testable = [x for x in shifts if x.runs - 1 + len(repeats) >= 2] or shifts
+    shift = max(testable, key=lambda x: abs(x.z))  # the likeliest start of the newest level
+    magnitude = _relative(shift.level - shift.baseline, shift.baseline)
+    newest_z = newest.z
+    same_side = np.sign(newest_z) == np.sign(shift.z) and (
+        abs(newest_z) >= settings.verdict_z * settings.confirm_factor)
+    significant = (abs(shift.z) >= settings.verdict_z
+                   and abs(magnitude) >= settings.min_magnitude and same_side)
+    fresh = shift.runs <= settings.recent_runs
+    worse = (shift.z < 0) == (direction == "higher_better")
     pct = f"{magnitude * 100:+.1f}%"
-    if significant and confirmed:
+    z = abs(shift.z)
+    began = "the newest run" if shift.runs == 1 else f"{shift.runs} runs ago"
+    if significant and fresh:
         kind: VerdictKind = "regression" if worse else "improvement"
         confidence = min(1.0, _normal_confidence(z - settings.verdict_z + 2.0))
-        explanation = (f"{value:.4g} vs baseline {baseline:.4g} ({pct}, {z:.1f} noise SE) "
-                       f"over the last {len(segment)} comparable runs")
-        if confirm_with_previous:
-            explanation += "; confirmed by the previous run"
+        explanation = (f"level {shift.level:.4g} since {began} vs baseline "
+                       f"{shift.baseline:.4g} ({pct}, {z:.1f} noise SE, "
+                       f"{shift.history_used} runs before)")
     else:
         kind = "no_change"
         confidence = 1.0 - min(1.0, _normal_confidence(z - settings.verdict_z + 2.0)) * 0.5
-        reason = "not confirmed by the previous run (a single outlier?)" if significant else (
-            f"below the {settings.min_magnitude:.0%} / {settings.verdict_z:.1f} SE threshold")
-        explanation = (f"{value:.4g} vs baseline {baseline:.4g} ({pct}, {z:.1f} noise SE): "
-                       f"{reason}")
+        if significant:
+            reason = (f"a level change began {shift.runs} runs ago; it is the current level, "
+                      f"not news")
+        elif abs(shift.z) >= settings.verdict_z and not same_side:
+            reason = "the newest run does not share the earlier runs' shift"
+        elif len(testable) == len(shifts) and len(repeats) == 1 and shift.runs == 1:
+            reason = "a single run cannot show a shift yet"
+        else:
+            reason = (f"below the {settings.min_magnitude:.0%} / {settings.verdict_z:.1f} SE "
+                      f"threshold")
+        magnitude = _relative(value - newest.baseline, newest.baseline)
+        explanation = (f"{value:.4g} vs baseline {newest.baseline:.4g} "
+                       f"({magnitude * 100:+.1f}%): {reason}")
+        shift = newest
     return Verdict(kind=kind, magnitude=float(magnitude), confidence=round(confidence, 4),
-                   baseline=baseline, latest=value, history_used=len(segment),
+                   baseline=shift.baseline, latest=value, history_used=shift.history_used,
                    explanation=explanation)

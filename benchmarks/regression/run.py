@@ -1,6 +1,7 @@
 """Regression-detection benchmark: Telltale vs two E-Divisive implementations, side by side.
 
-    python benchmarks/regression/run.py [--per-category 40] [--seq-series 90] [--no-anchors]
+    python benchmarks/regression/run.py [--seeds 7,11,13] [--per-category 40] [--seq-series 90]
+                                        [--no-anchors]
 
 Set up the anchors once (each pins its own numpy, so each gets its own venv)::
 
@@ -250,12 +251,20 @@ def main() -> int:
     parser.add_argument("--per-category", type=int, default=40)
     parser.add_argument("--seq-series", type=int, default=90,
                         help="series (length <= 250) asked the per-run question")
-    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--seeds", default="7",
+                        help="comma-separated generator seeds; their sets are pooled")
     parser.add_argument("--no-anchors", action="store_true")
     args = parser.parse_args()
-    series = generate(args.per_category, seed=args.seed)
-    seq_series = pick_seq_series(series, args.seq_series)
-    print(f"{len(series)} synthetic series ({len(series) // args.per_category} categories), "
+    seeds = [int(x) for x in args.seeds.split(",")]
+    series: list[Series] = []
+    seq_series: list[Series] = []
+    for seed in seeds:
+        drawn = generate(args.per_category, seed=seed)
+        for s in drawn:
+            s.name = f"seed{seed}/{s.name}"
+        series += drawn
+        seq_series += pick_seq_series(drawn, args.seq_series)
+    print(f"{len(series)} synthetic series (seeds {args.seeds}, 9 categories), "
           f"{sum(len(s.values) for s in series)} runs; {len(seq_series)} series / "
           f"{sum(len(seq_queries(s)) for s in seq_series)} per-run questions")
     methods: dict[str, tuple[Callable, Callable]] = {"telltale": (ours_whole, ours_seq)}
@@ -271,6 +280,7 @@ def main() -> int:
     print(f"{'':<10} {'prec':>6} {'recall':>6} {'F1':>6} {'noCP>0':>8} {'outlier':>8} | "
           f"{'prec':>6} {'recall':>6} {'F1':>6} {'in 5':>8} {'FA/run':>8}")
     results = {}
+    per_seed: list[tuple[str, list[list[int]] | None, list[list[bool]] | None]] = []
     for name, (whole, seq) in methods.items():
         started = time.perf_counter()
         found = whole(series)
@@ -279,6 +289,20 @@ def main() -> int:
         q = score_seq(seq_series, flags) if flags is not None else None
         results[name] = (w, q, found)
         print(_row(name, w, q) + f"   ({time.perf_counter() - started:.0f}s)")
+        if len(seeds) > 1:
+            per_seed.append((name, found, flags))
+    for name, found, flags in per_seed:
+        cells = []
+        for seed in seeds:
+            tag = f"seed{seed}/"
+            idx = [i for i, s in enumerate(series) if s.name.startswith(tag)]
+            qdx = [i for i, s in enumerate(seq_series) if s.name.startswith(tag)]
+            f1 = score_whole([series[i] for i in idx], [found[i] for i in idx]).f1 \
+                if found is not None else float("nan")
+            f2 = score_seq([seq_series[i] for i in qdx], [flags[i] for i in qdx]).f1 \
+                if flags is not None else float("nan")
+            cells.append(f"{seed}: {f1:.3f} / {f2:.3f}")
+        print(f"  {name:<8} F1 (1) / (2) per seed  " + "   ".join(cells))
     print()
     print("F1 on (1) per category (recall for steps, 1 - false share for no-change):")
     cats = sorted({s.category for s in series})

@@ -40,6 +40,29 @@ def test_slow_drift_is_not_a_change_point() -> None:
     assert change_points(values, "higher_better") == []
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_a_staircase_keeps_every_step(seed: int) -> None:
+    # Monotonic steps look like drift at a coarse scale; each one is still a change.
+    values = series([(100, 25), (120, 25), (140, 25), (160, 25), (180, 25)], cv=0.02,
+                    seed=seed)
+    found = change_points(values, "higher_better")
+    assert len(found) == 4
+    assert all(abs(f - t) <= 2 for f, t in zip(found, [25, 50, 75, 100], strict=True))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_multiplicative_noise_after_a_big_step_is_not_read_as_steps(seed: int) -> None:
+    # Noise proportional to the level: the first segment's noise is 4x the last one's.
+    values = series([(400, 120), (100, 200)], cv=0.08, seed=seed)
+    assert change_points(values, "higher_better") == [120]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_clear_step_in_a_short_series_is_found(seed: int) -> None:
+    values = series([(100, 18), (80, 18)], cv=0.05, seed=seed)
+    assert [abs(f - 18) <= 2 for f in change_points(values, "lower_better")] == [True]
+
+
 def test_nan_zero_constant_and_short() -> None:
     assert change_points([5.0] * 50, "higher_better") == []
     assert change_points([0.0] * 50, "higher_better") == []
@@ -74,6 +97,37 @@ def test_single_latest_outlier_needs_confirmation() -> None:
     history = list(series([(100, 20)], cv=0.01, seed=5))
     assert verdict(history, 70, "higher_better").kind == "no_change"
     assert verdict(history + [71], 70, "higher_better").kind == "regression"
+
+
+def test_a_single_recovered_run_is_no_shift() -> None:
+    history = list(series([(100, 20)], cv=0.01, seed=5))
+    assert verdict(history + [70], 100.2, "higher_better").kind == "no_change"
+
+
+def test_a_small_shift_is_flagged_within_five_runs() -> None:
+    # A 3-noise-SD drop: no single run proves it (3.5 SE needed), a few runs together do.
+    # A noise draw can make the shift look older than it is, so this is a rate, not a rule.
+    flagged = 0
+    for seed in range(10):
+        values = list(series([(100, 40), (95.5, 6)], cv=0.015, seed=seed))
+        kinds = [verdict(values[:q], values[q], "higher_better").kind for q in range(40, 45)]
+        assert all(k in ("regression", "no_change") for k in kinds)
+        flagged += "regression" in kinds
+    assert flagged >= 8
+
+
+def test_an_older_shift_is_the_current_level_not_news() -> None:
+    values = list(series([(100, 40), (90, 8)], cv=0.01, seed=3))
+    v = verdict(values[:-1], values[-1], "higher_better")
+    assert v.kind == "no_change"
+    assert v.baseline == pytest.approx(90, abs=1) or "runs ago" in v.explanation
+
+
+def test_a_drifting_history_does_not_flag_a_run_on_the_drift_line() -> None:
+    rng = np.random.default_rng(8)
+    values = np.linspace(100, 130, 200) * (1 + rng.normal(0, 0.005, 200))
+    kinds = {verdict(values[:q], values[q], "lower_better").kind for q in range(150, 200)}
+    assert kinds == {"no_change"}
 
 
 def test_baseline_is_the_current_level_not_old_history() -> None:
