@@ -44,16 +44,18 @@ Verdict (`verdict`)
 The question is whether a new level began in the last ``recent_runs`` (5) runs. For every
 possible start ``k`` runs ago (``k`` = 1 .. 2 x ``recent_runs``), the newest ``k`` runs (the
 tail) are compared with the runs of the history's current segment (after its last change
-point) before them, up to ``baseline_window`` (30): ``z = (level(tail) - baseline) / se``,
-where the tail's level is a cautious robust one (of 2 runs, the one closer to the baseline;
-3-4 runs, the median; more, the trimmed mean), so one outlier never moves it. The baseline
-follows the history's drift when that drift is beyond ``verdict_drift_z`` (4) standard
-errors. The likeliest start is the ``k`` with the largest ``|z|``; the newest run is a
-regression when that start is within ``recent_runs``, ``|z| >= verdict_z`` (3.5), the shift is
-at least ``min_magnitude`` (2%), against the KPI's direction, and the newest run itself
-deviates the same way by ``confirm_factor`` (0.6) x ``verdict_z``. A single run is never a
-shift on its own (several repeats of it are); a start further back is the current level,
-not news. Improvements are reported, never called regressions.
+point) before them, up to ``baseline_window`` (30). The likeliest start is the ``k`` whose
+tail mean departs most from its baseline (in standard errors); that shift is then tested with
+a cautious robust level of the tail (of 2 runs, the one closer to the baseline; 3-4 runs,
+the median; more, the trimmed mean), so one outlier never moves it:
+``z = (level(tail) - baseline) / se``. The baseline follows the history's drift when that
+drift, measured on the outlier-shielded history before the last 2 x ``recent_runs`` runs, is
+beyond ``verdict_drift_z`` (4) standard errors. The newest run is a regression when the start
+is within ``recent_runs``, ``|z| >= verdict_z`` (3.5), the shift is at least
+``min_magnitude`` (2%), against the KPI's direction, and the newest run itself deviates the
+same way by ``confirm_factor`` (0.6) x ``verdict_z``. A single run is never a shift on its
+own (several repeats of it are); a start further back is the current level, not news.
+Improvements are reported, never called regressions.
 
 Tuned on the labelled synthetic set of ``benchmarks/regression`` (see the README's
 performance section for the scores against the E-Divisive implementations).
@@ -443,6 +445,7 @@ class _Shift:
     baseline: float
     z: float
     history_used: int
+    fit: float  # |z| of the tail's plain mean: how well this start explains the data
 
 
 def _tail_shifts(h: np.ndarray, repeats: np.ndarray, s: DetectorSettings) -> list[_Shift]:
@@ -458,9 +461,14 @@ def _tail_shifts(h: np.ndarray, repeats: np.ndarray, s: DetectorSettings) -> lis
     current = h[start:]
     sigma = noise_scale(current) if len(current) >= 10 else noise_scale(h)
     sigma = _sigma_floor(h, sigma)
-    # Extrapolate along the history's drift only when it is clear: at the end of a series a
-    # fresh step and a drift look alike, and a doubtful slope costs more than it saves.
-    slope, sxx = _drift_slope(h, [0, *cps, len(h)])
+    # Extrapolate along the history's drift only when it is clear, and measure it before the
+    # runs under test: at the end of a series a fresh step (or an outlier) and a drift look
+    # alike, and a doubtful slope costs more than it saves.
+    settled = len(h) - 2 * s.recent_runs
+    slope = sxx = 0.0
+    if settled >= 2 * s.min_size:
+        before = _shield(h[:settled], sigma, s.outlier_z)
+        slope, sxx = _drift_slope(before, [0, *[c for c in cps if c < settled], settled])
     if not (sxx > 0 and abs(slope) * math.sqrt(sxx) > s.verdict_drift_z * sigma):
         slope = sxx = 0.0
     out = []
@@ -479,10 +487,10 @@ def _tail_shifts(h: np.ndarray, repeats: np.ndarray, s: DetectorSettings) -> lis
         if sxx > 0:
             var += (distance * sigma) ** 2 / sxx
         level = _conservative_level(tail, baseline)
-        z = (level - baseline) / math.sqrt(var) if var > 0 else math.copysign(math.inf,
-                                                                               level - baseline)
-        out.append(_Shift(runs=k, level=level, baseline=baseline, z=z,
-                          history_used=len(base)))
+        scale = math.sqrt(var) if var > 0 else 1e-300
+        out.append(_Shift(runs=k, level=level, baseline=baseline, z=(level - baseline) / scale,
+                          history_used=len(base),
+                          fit=abs(float(np.mean(tail)) - baseline) / scale))
     return out
 
 
@@ -547,35 +555,36 @@ def verdict(history: Sequence[float], latest: float | Sequence[float],
     shifts = _tail_shifts(h, repeats, settings)
     newest = shifts[0]  # the newest run alone against the current level
     # A shift needs two measurements: several repeats, or the newest run plus earlier ones.
-    testable = [x for x in shifts if x.runs - 1 + len(repeats) >= 2] or shifts
-    shift = max(testable, key=lambda x: abs(x.z))  # the likeliest start of the newest level
+    testable = [x for x in shifts if x.runs - 1 + len(repeats) >= 2]
+    # the likeliest start of the newest level
+    shift = max(testable, key=lambda x: x.fit) if testable else newest
     magnitude = _relative(shift.level - shift.baseline, shift.baseline)
     newest_z = newest.z
     same_side = np.sign(newest_z) == np.sign(shift.z) and (
         abs(newest_z) >= settings.verdict_z * settings.confirm_factor)
-    significant = (abs(shift.z) >= settings.verdict_z
+    significant = (bool(testable) and abs(shift.z) >= settings.verdict_z
                    and abs(magnitude) >= settings.min_magnitude and same_side)
     fresh = shift.runs <= settings.recent_runs
     worse = (shift.z < 0) == (direction == "higher_better")
     pct = f"{magnitude * 100:+.1f}%"
     z = abs(shift.z)
-    began = "the newest run" if shift.runs == 1 else f"{shift.runs} runs ago"
+    span = "in the newest run" if shift.runs == 1 else f"over the last {shift.runs} runs"
     if significant and fresh:
         kind: VerdictKind = "regression" if worse else "improvement"
         confidence = min(1.0, _normal_confidence(z - settings.verdict_z + 2.0))
-        explanation = (f"level {shift.level:.4g} since {began} vs baseline "
+        explanation = (f"level {shift.level:.4g} {span} vs baseline "
                        f"{shift.baseline:.4g} ({pct}, {z:.1f} noise SE, "
                        f"{shift.history_used} runs before)")
     else:
         kind = "no_change"
         confidence = 1.0 - min(1.0, _normal_confidence(z - settings.verdict_z + 2.0)) * 0.5
         if significant:
-            reason = (f"a level change began {shift.runs} runs ago; it is the current level, "
+            reason = (f"the level changed {shift.runs} runs ago: that is the current level, "
                       f"not news")
-        elif abs(shift.z) >= settings.verdict_z and not same_side:
+        elif testable and abs(shift.z) >= settings.verdict_z and not same_side:
             reason = "the newest run does not share the earlier runs' shift"
-        elif len(testable) == len(shifts) and len(repeats) == 1 and shift.runs == 1:
-            reason = "a single run cannot show a shift yet"
+        elif newest not in testable and abs(newest.z) >= settings.verdict_z:
+            reason = "one run alone is not a shift (an outlier?); the next run will tell"
         else:
             reason = (f"below the {settings.min_magnitude:.0%} / {settings.verdict_z:.1f} SE "
                       f"threshold")

@@ -101,7 +101,20 @@ def test_single_latest_outlier_needs_confirmation() -> None:
 
 def test_a_single_recovered_run_is_no_shift() -> None:
     history = list(series([(100, 20)], cv=0.01, seed=5))
-    assert verdict(history + [70], 100.2, "higher_better").kind == "no_change"
+    v = verdict(history + [70], 100.2, "higher_better")
+    assert v.kind == "no_change" and v.baseline == pytest.approx(100, abs=1)
+
+
+def test_one_run_is_never_a_shift_even_on_a_short_history() -> None:
+    v = verdict([100.0, 101.0, 99.0], 70.0, "higher_better")
+    assert v.kind == "no_change" and "one run alone" in v.explanation
+
+
+def test_the_verdict_says_when_the_new_level_began() -> None:
+    history = list(series([(100, 20)], cv=0.01, seed=5))
+    v = verdict(history + [71], 70, "higher_better")
+    assert v.kind == "regression" and "over the last 2 runs" in v.explanation
+    assert v.baseline == pytest.approx(100, abs=1)
 
 
 def test_a_small_shift_is_flagged_within_five_runs() -> None:
