@@ -234,11 +234,10 @@ def _locate(cs: np.ndarray, a: int, b: int, min_size: int, sigma: float,
     gain = left ** 2 / (t - a) + right ** 2 / (b - t)
     if radius > 0 and sigma > 0 and len(t) > 1:
         weight = np.exp((gain - gain.max()) / (2 * sigma ** 2))
-        # + weight: on a plateau of equal mass, the likeliest single place wins.
         mass = np.concatenate([[0.0], np.cumsum(weight)])
         i = np.arange(len(t))
         window = mass[np.minimum(i + radius + 1, len(t))] - mass[np.maximum(i - radius, 0)]
-        gain = window + 1e-6 * weight
+        gain = window + 1e-6 * weight  # on a plateau of equal mass, the likeliest place wins
     return int(t[int(np.argmax(gain))])
 
 
@@ -328,20 +327,18 @@ def _step_stats(y: np.ndarray, i: int, bounds: Sequence[int], sigma: float,
     centre_l, centre_r = (lo + t - 1) / 2, (t + hi - 1) / 2
     distance = centre_r - centre_l
     var = sigma ** 2 * (1.1 * (1.0 / nl + 1.0 / nr))  # 1.1: trimmed-mean efficiency
-    # Correct for drift only when the segments show one: a slope within drift_z standard
-    # errors of zero is noise, and correcting for it would only cost power.
-    raw_step, raw_var = level_r - level_l, var
+    raw_step, raw_z = level_r - level_l, abs(level_r - level_l) / math.sqrt(var)
+    # The step measured against the drift line, with the slope's uncertainty.
     if sxx > 0:
         var += distance ** 2 * sigma ** 2 / sxx
     step = raw_step - slope * distance
     z = abs(step) / math.sqrt(var) if var > 0 else math.inf
     if not (sxx > 0 and abs(slope) * math.sqrt(sxx) > s.drift_z * sigma):
-        zr = abs(raw_step) / math.sqrt(raw_var) if raw_var > 0 else math.inf
-        if s.drift_floor_z > 0:
-            z = min(zr, z * s.z_threshold / s.drift_floor_z)
-        else:
-            z = zr
+        # No significant drift: correcting for a slope that is noise would only cost power,
+        # so the raw step counts; it must still beat the drift explanation by drift_floor_z
+        # (scaled to the z_threshold units the caller compares with).
         slope, step = 0.0, raw_step
+        z = min(raw_z, z * s.z_threshold / s.drift_floor_z) if s.drift_floor_z > 0 else raw_z
     # Level just before the step, from the drift line, for the relative size.
     return step, z, level_l + slope * (t - 1 - centre_l)
 
@@ -363,7 +360,12 @@ def _refine(y: np.ndarray, cps: list[int], sigma: float, s: DetectorSettings) ->
 
 
 def _validate(y: np.ndarray, cps: list[int], sigma: float, s: DetectorSettings,
-              log_scale: bool = True) -> list[int]:
+              log_scale: bool) -> list[int]:
+    """Drop candidates whose step is too weak or too small, weakest first, until all pass.
+
+    With ``log_scale`` the series is ``log(values)``, so a step's relative size is
+    ``expm1(step)``.
+    """
     cps = list(cps)
     while cps:
         bounds = [0, *cps, len(y)]
