@@ -300,13 +300,9 @@ def _drift_slope(y: np.ndarray, bounds: Sequence[int]) -> tuple[float, float]:
     return (sxy / sxx if sxx > 0 else 0.0), sxx
 
 
-def _detrended(y: np.ndarray, cps: list[int], sigma: float,
-               s: DetectorSettings) -> np.ndarray:
-    """``y`` minus the common drift of its segments, when that drift is significant."""
-    slope, sxx = _drift_slope(y, [0, *cps, len(y)])
-    if sxx > 0 and abs(slope) * math.sqrt(sxx) > s.drift_z * sigma:
-        return y - slope * np.arange(len(y))
-    return y
+def _is_drift(slope: float, sxx: float, sigma: float, z: float) -> bool:
+    """Whether a `_drift_slope` result is beyond ``z`` standard errors of zero."""
+    return sxx > 0 and abs(slope) * math.sqrt(sxx) > z * sigma
 
 
 def _step_stats(y: np.ndarray, i: int, bounds: Sequence[int], sigma: float,
@@ -333,7 +329,7 @@ def _step_stats(y: np.ndarray, i: int, bounds: Sequence[int], sigma: float,
         var += distance ** 2 * sigma ** 2 / sxx
     step = raw_step - slope * distance
     z = abs(step) / math.sqrt(var) if var > 0 else math.inf
-    if not (sxx > 0 and abs(slope) * math.sqrt(sxx) > s.drift_z * sigma):
+    if not _is_drift(slope, sxx, sigma, s.drift_z):
         # No significant drift: correcting for a slope that is noise would only cost power,
         # so the raw step counts; it must still beat the drift explanation by drift_floor_z
         # (scaled to the z_threshold units the caller compares with).
@@ -344,9 +340,16 @@ def _step_stats(y: np.ndarray, i: int, bounds: Sequence[int], sigma: float,
 
 
 def _refine(y: np.ndarray, cps: list[int], sigma: float, s: DetectorSettings) -> list[int]:
-    """Move each change point to its most probable place between its neighbours (±window)."""
+    """Move each change point to its most probable place between its neighbours (±window).
+
+    Places are measured on ``y`` minus the segments' common drift when it is significant:
+    a drift pulls a least-squares split towards the middle of its segment.
+    """
     if not cps:
         return cps
+    slope, sxx = _drift_slope(y, [0, *cps, len(y)])
+    if _is_drift(slope, sxx, sigma, s.drift_z):
+        y = y - slope * np.arange(len(y))
     cs = np.concatenate([[0.0], np.cumsum(y)])
     out = list(cps)
     for i, t in enumerate(out):
@@ -415,9 +418,7 @@ def change_points(values: Sequence[float], direction: Direction = "higher_better
     if direction not in ("higher_better", "lower_better"):
         raise ValueError(f"direction must be higher_better or lower_better, not {direction!r}")
     y, index = _finite(values)
-    if len(y) < 2 * settings.min_size:
-        return []
-    if float(np.ptp(y)) == 0.0:
+    if len(y) < 2 * settings.min_size or float(np.ptp(y)) == 0.0:
         return []
     log_scale = settings.log_scale and bool(np.all(y > 0))
     if log_scale:  # multiplicative noise becomes additive: one noise scale for all levels
@@ -427,10 +428,9 @@ def change_points(values: Sequence[float], direction: Direction = "higher_better
     settings = _for_length(settings, len(y))
     shielded = _shield(y, sigma, settings.outlier_z)
     candidates = _segment(shielded, sigma, settings)
-    candidates = _refine(_detrended(shielded, candidates, sigma, settings), candidates, sigma,
-                         settings)
+    candidates = _refine(shielded, candidates, sigma, settings)
     kept = _validate(shielded, candidates, sigma, settings, log_scale)
-    kept = _refine(_detrended(shielded, kept, sigma, settings), kept, sigma, settings)
+    kept = _refine(shielded, kept, sigma, settings)
     return [int(index[t]) for t in kept]
 
 
@@ -471,7 +471,7 @@ def _tail_shifts(h: np.ndarray, repeats: np.ndarray, s: DetectorSettings) -> lis
     if settled >= 2 * s.min_size:
         before = _shield(h[:settled], sigma, s.outlier_z)
         slope, sxx = _drift_slope(before, [0, *[c for c in cps if c < settled], settled])
-    if not (sxx > 0 and abs(slope) * math.sqrt(sxx) > s.verdict_drift_z * sigma):
+    if not _is_drift(slope, sxx, sigma, s.verdict_drift_z):
         slope = sxx = 0.0
     out = []
     for k in range(1, 2 * s.recent_runs + 1):
@@ -489,7 +489,7 @@ def _tail_shifts(h: np.ndarray, repeats: np.ndarray, s: DetectorSettings) -> lis
         if sxx > 0:
             var += (distance * sigma) ** 2 / sxx
         level = _conservative_level(tail, baseline)
-        scale = math.sqrt(var) if var > 0 else 1e-300
+        scale = math.sqrt(var)  # > 0: sigma is floored and base has min_history points
         out.append(_Shift(runs=k, level=level, baseline=baseline, z=(level - baseline) / scale,
                           history_used=len(base),
                           fit=abs(float(np.mean(tail)) - baseline) / scale))
