@@ -14,9 +14,12 @@ Method (`change_points`)
 1. **Noise scale** ``sigma`` from first differences (they cancel levels and drift): the larger
    of ``1.4826 * MAD(diff) / sqrt(2)`` and the 5-95 % winsorised standard deviation of the
    differences over ``sqrt(2)`` (`noise_scale`).
-2. **Outlier shield**: a point further than ``outlier_z * sigma`` (4) from the median of its
+2. **Outlier shield**: a point further than ``outlier_z * sigma`` (5) from the median of its
    neighbours (window 5) is replaced by that median for detection, so a lone outlier cannot
-   create a level.
+   create a level. Outliers inflate the difference-based scale (each spoils two
+   differences), so ``sigma`` is measured again on the shielded series until it stops
+   falling, starting from a shield at the MAD scale when that one marks at most
+   ``max_outlier_share`` (10 %) of the runs (`_shielded_noise`).
 3. **Candidates**: the exact least-squares segmentation with a penalty of
    ``(candidate_z * sigma)^2`` (5) per change and segments of at least ``min_size`` (5) runs,
    by optimal partitioning with PELT pruning (Killick et al., 2012). Unlike binary
@@ -31,10 +34,13 @@ Method (`change_points`)
    (estimated within segments, so the steps do not bias it); when it is significant
    (``drift_z`` = 2 standard errors) the step is measured against the drift line, so a slow
    drift produces no step; when it is not, the step must still beat the drift explanation by
-   ``drift_floor_z`` (2) standard errors. Weak candidates are removed one at a time, weakest
+   ``drift_floor_z`` (2.5) standard errors. Weak candidates are removed one at a time, weakest
    first, and the others re-measured.
 6. **Short series** (``n < short_length`` = 200) offer fewer places for a false step, so
-   ``candidate_z`` and ``z_threshold`` are scaled by ``ln n / ln short_length``.
+   ``candidate_z`` and ``z_threshold`` are scaled by ``ln n / ln short_length``. Their
+   difference-based ``sigma`` is off by up to 30 % at 40 runs, enough to decide a weak step
+   either way, so after a first pass (steps 2-5) ``sigma`` is measured again from the
+   residuals around the levels found (about twice as efficient) and steps 2-5 run again.
 
 Cost: ``O(n^2)`` at worst (PELT prunes little in a stable series): about 8 ms for 1 000
 points, 100 ms for 5 000.
@@ -67,7 +73,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -101,6 +107,8 @@ class DetectorSettings:
         z_threshold: Validation threshold of a step, in standard errors.
         min_magnitude: Smallest relative step reported.
         outlier_z: Distance from the local median (noise units) that marks an outlier.
+        max_outlier_share: Outliers are rare: a robust noise scale that marks more than
+            this share of the runs reads sticky or quantised noise, not outliers.
         drift_z: The shared within-segment slope counts as drift (and is corrected for)
             beyond this many standard errors.
         drift_floor_z: Without significant drift, a step must still exceed the drift
@@ -127,9 +135,10 @@ class DetectorSettings:
     candidate_z: float = 5.0
     z_threshold: float = 5.0
     min_magnitude: float = 0.02
-    outlier_z: float = 4.0
+    outlier_z: float = 5.0
+    max_outlier_share: float = 0.1
     drift_z: float = 2.0
-    drift_floor_z: float = 2.0
+    drift_floor_z: float = 2.5
     short_length: int = 200
     log_scale: bool = True
     locate_radius: int = 2
@@ -180,11 +189,9 @@ def noise_scale(values: Sequence[float]) -> float:
     if len(y) < 3:
         return 0.0
     d = np.diff(y)
-    med = np.median(d)
-    mad = 1.4826 * float(np.median(np.abs(d - med))) / math.sqrt(2)
     lo, hi = np.quantile(d, [0.05, 0.95])
     wins = float(np.std(np.clip(d, lo, hi))) / math.sqrt(2)
-    return max(mad, wins)
+    return max(_mad_scale(y), wins)
 
 
 def _sigma_floor(y: np.ndarray, sigma: float) -> float:
@@ -203,6 +210,40 @@ def _shield(y: np.ndarray, sigma: float, outlier_z: float) -> np.ndarray:
     mask = np.abs(y - local) > outlier_z * sigma
     out[mask] = local[mask]
     return out
+
+
+def _mad_scale(y: np.ndarray) -> float:
+    """Noise standard deviation from the MAD of first differences."""
+    d = np.diff(y)
+    return 1.4826 * float(np.median(np.abs(d - np.median(d)))) / math.sqrt(2)
+
+
+def _shielded_noise(y: np.ndarray, s: DetectorSettings, floor: Callable[[float], float]
+                    ) -> tuple[np.ndarray, float]:
+    """The series with its outliers shielded, and its noise scale measured without them.
+
+    Outliers inflate the difference-based scale (each spoils two differences: four in a
+    40-run series are a fifth of them), and an inflated scale hides them from the shield.
+    So the scale is first measured on the series shielded with the (outlier-proof) MAD
+    scale, unless that shield marks more than ``max_outlier_share`` of the runs (then the
+    MAD reads sticky or quantised noise, not outliers); shield and scale are then
+    re-measured until the scale stops falling.
+    """
+    sigma = floor(noise_scale(y))
+    mad = floor(_mad_scale(y)) if len(y) >= 3 else sigma
+    if mad < sigma:
+        trial = _shield(y, mad, s.outlier_z)
+        marked = int(np.count_nonzero(trial != y))
+        if 0 < marked <= max(1.0, s.max_outlier_share * len(y)):
+            sigma = min(sigma, max(mad, floor(noise_scale(trial))))
+    shielded = _shield(y, sigma, s.outlier_z)
+    for _ in range(3):  # converges in one or two rounds
+        again = floor(noise_scale(shielded))
+        if again >= sigma * 0.999:
+            break
+        sigma = again
+        shielded = _shield(y, sigma, s.outlier_z)
+    return shielded, sigma
 
 
 def _trimmed_mean(x: np.ndarray, trim: float = 0.2) -> float:
@@ -389,6 +430,32 @@ def _validate(y: np.ndarray, cps: list[int], sigma: float, s: DetectorSettings,
     return cps
 
 
+def _residual_noise(y: np.ndarray, cps: Sequence[int], sigma: float,
+                    s: DetectorSettings) -> float:
+    """Noise scale from the residuals around the segments' levels (and the drift line).
+
+    About twice as efficient as the difference-based scale: in a 40-run series that one is
+    off by up to 30 % (90 % range), enough to decide a weak step either way. A missed step
+    inflates it (cautious), the degrees of freedom of the levels are corrected for.
+    """
+    bounds = [0, *cps, len(y)]
+    slope, sxx = _drift_slope(y, bounds)
+    if not _is_drift(slope, sxx, sigma, s.drift_z):
+        slope = 0.0
+    r = y - slope * np.arange(len(y))
+    res = np.concatenate([r[a:b] - np.median(r[a:b]) for a, b in itertools.pairwise(bounds)])
+    lo, hi = np.quantile(res, [0.05, 0.95])  # winsorised like `noise_scale`
+    dof = len(y) / max(len(y) - len(bounds) + 1, 1)
+    return float(np.std(np.clip(res, lo, hi))) * math.sqrt(dof)
+
+
+def _detect(y: np.ndarray, sigma: float, s: DetectorSettings, log_scale: bool) -> list[int]:
+    """Steps 3-5 of the method on a shielded series: candidates, location, validation."""
+    candidates = _refine(y, _segment(y, sigma, s), sigma, s)
+    kept = _validate(y, candidates, sigma, s, log_scale)
+    return _refine(y, kept, sigma, s)
+
+
 def _for_length(s: DetectorSettings, n: int) -> DetectorSettings:
     """Thresholds for a series of ``n`` points (lower below ``short_length``)."""
     if not s.short_length or n >= s.short_length:
@@ -423,14 +490,18 @@ def change_points(values: Sequence[float], direction: Direction = "higher_better
     log_scale = settings.log_scale and bool(np.all(y > 0))
     if log_scale:  # multiplicative noise becomes additive: one noise scale for all levels
         y = np.log(y)
-    sigma = noise_scale(y)
-    sigma = max(sigma, 1e-4) if log_scale else _sigma_floor(y, sigma)
+
+    def floor(sigma: float) -> float:
+        return max(sigma, 1e-4) if log_scale else _sigma_floor(y, sigma)
+
     settings = _for_length(settings, len(y))
-    shielded = _shield(y, sigma, settings.outlier_z)
-    candidates = _segment(shielded, sigma, settings)
-    candidates = _refine(shielded, candidates, sigma, settings)
-    kept = _validate(shielded, candidates, sigma, settings, log_scale)
-    kept = _refine(shielded, kept, sigma, settings)
+    shielded, sigma = _shielded_noise(y, settings, floor)
+    kept = _detect(shielded, sigma, settings, log_scale)
+    if len(y) < settings.short_length:
+        # Short series: measure the noise again around the levels found, and detect again.
+        sigma = floor(_residual_noise(shielded, kept, sigma, settings))
+        shielded = _shield(y, sigma, settings.outlier_z)
+        kept = _detect(shielded, sigma, settings, log_scale)
     return [int(index[t]) for t in kept]
 
 

@@ -63,6 +63,27 @@ def test_a_clear_step_in_a_short_series_is_found(seed: int) -> None:
     assert [abs(f - 18) <= 2 for f in change_points(values, "lower_better")] == [True]
 
 
+def test_outliers_do_not_hide_a_step_in_a_short_series() -> None:
+    # Four 8-sigma outliers in 40 runs spoil a fifth of the first differences: measured
+    # with them, the noise reads twice too large and a 10 % step (2.5 sigma) disappears.
+    found = 0
+    for seed in range(10):
+        values = series([(100, 24), (110, 16)], cv=0.04, seed=seed)
+        for i, sign in zip([6, 13, 30, 35], [1, -1, -1, 1], strict=True):
+            values[i] *= 1 + sign * 0.32
+        cps = change_points(values, "higher_better")
+        assert not any(abs(c - o) <= 1 for c in cps for o in (6, 13, 30, 35))
+        found += any(abs(c - 24) <= 2 for c in cps)
+    assert found >= 7
+
+
+def test_short_stable_series_rarely_get_a_change_point() -> None:
+    # Short series get lower thresholds and a second noise estimate: false alarms stay rare.
+    false = sum(bool(change_points(series([(100, 40)], cv=0.05, seed=seed), "higher_better"))
+                for seed in range(200))
+    assert false <= 4
+
+
 def test_nan_zero_constant_and_short() -> None:
     assert change_points([5.0] * 50, "higher_better") == []
     assert change_points([0.0] * 50, "higher_better") == []
