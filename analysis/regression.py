@@ -186,12 +186,22 @@ def noise_scale(values: Sequence[float]) -> float:
     or sticky two-level noise, where the MAD alone reads too small).
     """
     y, _ = _finite(values)
+    return max(_difference_scales(y))
+
+
+def _difference_scales(y: np.ndarray) -> tuple[float, float]:
+    """(MAD, winsorised) noise standard deviations from the first differences of ``y``."""
     if len(y) < 3:
-        return 0.0
+        return 0.0, 0.0
     d = np.diff(y)
-    lo, hi = np.quantile(d, [0.05, 0.95])
-    wins = float(np.std(np.clip(d, lo, hi))) / math.sqrt(2)
-    return max(_mad_scale(y), wins)
+    mad = 1.4826 * float(np.median(np.abs(d - np.median(d))))
+    return mad / math.sqrt(2), _winsorised_std(d) / math.sqrt(2)
+
+
+def _winsorised_std(x: np.ndarray) -> float:
+    """Standard deviation of ``x`` clipped to its 5-95 % quantiles."""
+    lo, hi = np.quantile(x, [0.05, 0.95])
+    return float(np.std(np.clip(x, lo, hi)))
 
 
 def _sigma_floor(y: np.ndarray, sigma: float) -> float:
@@ -212,12 +222,6 @@ def _shield(y: np.ndarray, sigma: float, outlier_z: float) -> np.ndarray:
     return out
 
 
-def _mad_scale(y: np.ndarray) -> float:
-    """Noise standard deviation from the MAD of first differences."""
-    d = np.diff(y)
-    return 1.4826 * float(np.median(np.abs(d - np.median(d)))) / math.sqrt(2)
-
-
 def _shielded_noise(y: np.ndarray, s: DetectorSettings, floor: Callable[[float], float]
                     ) -> tuple[np.ndarray, float]:
     """The series with its outliers shielded, and its noise scale measured without them.
@@ -229,8 +233,8 @@ def _shielded_noise(y: np.ndarray, s: DetectorSettings, floor: Callable[[float],
     MAD reads sticky or quantised noise, not outliers); shield and scale are then
     re-measured until the scale stops falling.
     """
-    sigma = floor(noise_scale(y))
-    mad = floor(_mad_scale(y)) if len(y) >= 3 else sigma
+    mad, wins = _difference_scales(y)
+    sigma, mad = floor(max(mad, wins)), floor(mad)
     if mad < sigma:
         trial = _shield(y, mad, s.outlier_z)
         marked = int(np.count_nonzero(trial != y))
@@ -444,9 +448,8 @@ def _residual_noise(y: np.ndarray, cps: Sequence[int], sigma: float,
         slope = 0.0
     r = y - slope * np.arange(len(y))
     res = np.concatenate([r[a:b] - np.median(r[a:b]) for a, b in itertools.pairwise(bounds)])
-    lo, hi = np.quantile(res, [0.05, 0.95])  # winsorised like `noise_scale`
     dof = len(y) / max(len(y) - len(bounds) + 1, 1)
-    return float(np.std(np.clip(res, lo, hi))) * math.sqrt(dof)
+    return _winsorised_std(res) * math.sqrt(dof)  # winsorised like `noise_scale`
 
 
 def _detect(y: np.ndarray, sigma: float, s: DetectorSettings, log_scale: bool) -> list[int]:
