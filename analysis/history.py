@@ -60,7 +60,7 @@ _COMPACTED = "compacted-"
 class HistorySource(Protocol):
     """What regression judging needs from a history: label-matched rows, oldest first.
 
-    `HistoryStore` (Parquet) implements it; so does ``tasks.opensearch_export.
+    `HistoryStore` (Parquet) implements it; so does ``tasks.publish.opensearch.
     OpenSearchHistory``, which this layer never imports.
     """
 

@@ -1,12 +1,16 @@
 """Project plugins: what post-processing needs to know about a project.
 
 Projects register an `AnalysisProject` under the ``telltale.projects`` entry-point group
-(see ``pyproject.toml``), so this layer finds them without importing ``projects/``.
+(see ``pyproject.toml``), so this layer finds them without importing ``projects/``. A project
+folder that is not registered yet (a freshly scaffolded one, before ``pip install -e .`` runs
+again) is found by convention as the module ``projects.<name>.project``, attribute
+``PROJECT``; the name is looked up, never imported statically.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
@@ -57,18 +61,34 @@ def available_projects() -> list[str]:
     return sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
 
 
+FOLDER_MODULE = "projects.{name}.project"
+"""Where an unregistered project's plugin is found (``PROJECT`` in that module)."""
+
+
 @functools.cache
 def load_project(name: str) -> AnalysisProject:
-    """Load a registered project's hooks.
+    """Load a project's hooks: its entry point, else its folder module.
 
     Raises:
-        ResultsError: No project of that name is registered.
+        ResultsError: No project of that name is registered or found.
     """
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name == name:
-            project = ep.load()
-            if not isinstance(project, AnalysisProject):
-                raise ResultsError(f"entry point {ep.value} is not an AnalysisProject")
-            return project
+            return _checked(ep.load(), ep.value)
+    if name.isidentifier():
+        module_name = FOLDER_MODULE.format(name=name)
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name not in (module_name, module_name.rsplit(".", 1)[0]):
+                raise
+        else:
+            return _checked(getattr(module, "PROJECT", None), f"{module_name}:PROJECT")
     known = ", ".join(available_projects()) or "(none: is the package installed?)"
     raise ResultsError(f"unknown project {name!r}; registered projects: {known}")
+
+
+def _checked(project: object, where: str) -> AnalysisProject:
+    if not isinstance(project, AnalysisProject):
+        raise ResultsError(f"{where} is not an AnalysisProject")
+    return project

@@ -27,8 +27,8 @@ import boto3  # noqa: E402
 from analysis.lts import LtsKpi, LtsMetadata, LtsPayload  # noqa: E402
 from blocks.opensearch import OpenSearchInstance  # noqa: E402
 from blocks.s3 import S3Target  # noqa: E402
-from tasks.opensearch_export import export_payloads  # noqa: E402
-from tasks.s3_export import iter_files, upload_dir  # noqa: E402
+from tasks.publish.opensearch import export_payloads  # noqa: E402
+from tasks.publish.s3 import iter_files, upload_dir  # noqa: E402
 from tests.servers.opensearch import opensearch_server  # noqa: E402
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tasks.fanout import run_local_fanout  # noqa: E402
+from tasks.platforms.fanout import run_local_fanout  # noqa: E402
 
 
 def main() -> int:

@@ -16,7 +16,7 @@ class QuadsCredentials(Block):
         from blocks.quads import QuadsCredentials
         creds = QuadsCredentials(url="https://quads.example.com/api/v3",
                                  email="perf@example.com", password="...")
-        with QuadsClient.from_credentials(creds) as quads:  # tasks.quads
+        with QuadsClient.from_credentials(creds) as quads:  # tasks.lab.quads
             quads.available(start, end, {"model": "R650"})
         ```
     """

@@ -18,9 +18,9 @@ from pydantic import BaseModel
 
 from analysis.errors import ConfigError
 from flows.cli import EXIT_OK, main_guard, make_parser, prefect_defaults
-from tasks.k8s import Kube, api_client
-from tasks.k8s_workload import find_leaks
-from tasks.platform import find_kubeconfig
+from tasks.kube.api import Kube, api_client
+from tasks.kube.workload import find_leaks
+from tasks.platforms.select import find_kubeconfig
 
 __all__ = ["JanitorOutcome", "janitor", "parse_age"]
 

@@ -16,10 +16,12 @@ from projects.config import Config, load_vars_file, parse_override, parse_pr_arg
 
 __all__ = [
     "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
     "EXIT_OK",
     "EXIT_USAGE",
     "add_config_arguments",
     "default_artifact_dir",
+    "exit_code_for",
     "main_guard",
     "overrides_from_args",
     "prefect_defaults",
@@ -29,6 +31,7 @@ __all__ = [
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
 
 
 class _Parser(argparse.ArgumentParser):
@@ -78,10 +81,24 @@ def resolve_from_args(project: str, args: argparse.Namespace) -> Config:
     return resolve(project, presets=args.preset, overrides=overrides_from_args(args))
 
 
-def default_artifact_dir(flow: str, root: str | Path = "runs") -> Path:
-    """Return a fresh ``runs/<date>-<flow>-<id>`` path (not created)."""
+def default_artifact_dir(project: str, root: str | Path = "runs", *,
+                         run_id: str | None = None) -> Path:
+    """Return a fresh ``runs/<date>-<project>-<id>`` path (not created).
+
+    The id is the flow run's (its first 8 characters, which crash hooks look for) or a
+    random one (plan mode, no flow run).
+    """
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-    return Path(root) / f"{stamp}-{flow}-{uuid.uuid4().hex[:6]}"
+    return Path(root) / f"{stamp}-{project}-{(run_id or uuid.uuid4().hex)[:8]}"
+
+
+def exit_code_for(exc: BaseException) -> int:
+    """The process exit code of an error: 2 user error, 130 interrupted, else 1."""
+    if isinstance(exc, KeyboardInterrupt):
+        return EXIT_INTERRUPTED
+    if isinstance(exc, UserError):
+        return EXIT_USAGE
+    return EXIT_FAILED
 
 
 def prefect_defaults() -> None:
@@ -104,14 +121,11 @@ def main_guard(main: Main) -> Main:
     def guarded(argv: Sequence[str] | None = None) -> int:
         try:
             return main(argv)
-        except UserError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return EXIT_USAGE
         except TelltaleError as exc:
             print(f"error: {exc}", file=sys.stderr)
-            return EXIT_FAILED
-        except KeyboardInterrupt:
+            return exit_code_for(exc)
+        except KeyboardInterrupt as exc:
             print("interrupted", file=sys.stderr)
-            return 130
+            return exit_code_for(exc)
 
     return guarded

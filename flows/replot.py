@@ -38,8 +38,8 @@ from flows.cli import (
 )
 from projects.config import resolve
 from tasks.artifacts import artifact_dir, step, use_artifact_dir
-from tasks.export import s3_target
-from tasks.s3_export import DOWNLOAD_MODES, download_run, upload_tree
+from tasks.publish.export import s3_target
+from tasks.publish.s3 import DOWNLOAD_MODES, download_run, upload_tree
 
 __all__ = ["ReplotOutcome", "replot"]
 

@@ -1,1 +1,1 @@
-"""What a test *is*: the config engine, templates, matrix expansion, and one folder per project."""
+"""What a test *is*: the config engine, the project contract, the matrix, one folder each."""

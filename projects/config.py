@@ -297,6 +297,17 @@ class Config:
                               line=self._lines.get(path)) from None
 
     @property
+    def model(self) -> Any:
+        """The validated, typed config (the project's `EngineConfig` subclass).
+
+        Raises:
+            ConfigError: The config has no model (a bare YAML file).
+        """
+        if self.typed is None:
+            raise ConfigError("this config has no model to validate it", file=self.file)
+        return self.typed
+
+    @property
     def frozen(self) -> bool:
         """True once `freeze` was called; `set` then raises."""
         return self._frozen

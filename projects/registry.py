@@ -1,15 +1,16 @@
-"""Find projects: their folder, base config file and config model."""
+"""Find projects: their folder, base config file, contract and config model."""
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
 from pydantic import BaseModel
 
-from analysis.errors import ConfigError
+from analysis.errors import ConfigError, ResultsError
+from analysis.project import load_project
+from projects.contract import Project
 
-__all__ = ["PROJECTS_DIR", "available", "config_model", "locate", "project_dir"]
+__all__ = ["PROJECTS_DIR", "available", "config_model", "load", "locate", "project_dir"]
 
 PROJECTS_DIR = Path(__file__).resolve().parent
 
@@ -44,14 +45,23 @@ def locate(base: str | Path) -> tuple[str | None, Path]:
     return None, path
 
 
-def config_model(project: str) -> type[BaseModel] | None:
-    """Return the pydantic model validating a project's config (``projects.<name>.models``)."""
-    project_dir(project)
+def load(name: str) -> Project:
+    """Return a project's contract (entry point ``telltale.projects``, else its folder).
+
+    Raises:
+        ConfigError: No such project, or it exports no `Project`.
+    """
+    project_dir(name)
     try:
-        module = importlib.import_module(f"projects.{project}.models")
-    except ModuleNotFoundError as exc:
-        if exc.name == f"projects.{project}.models":
-            return None
-        raise
-    model = getattr(module, "ConfigModel", None)
-    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+        project = load_project(name)
+    except ResultsError as exc:
+        raise ConfigError(str(exc)) from None
+    if not isinstance(project, Project):
+        raise ConfigError(f"project {name!r} exports an AnalysisProject, not a Project: it "
+                          "can be post-processed but not orchestrated")
+    return project
+
+
+def config_model(project: str) -> type[BaseModel] | None:
+    """Return the pydantic model validating a project's config (its contract's)."""
+    return load(project).config_model

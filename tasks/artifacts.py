@@ -189,7 +189,8 @@ def retry_on_transient(task: Any, task_run: Any, state: Any) -> bool:
     return isinstance(exc, BaseException) and is_transient(exc)
 
 
-def _run_in_step_dir(group: str, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+def _run_in_step_dir(group: str, fn: Callable[P, R], *args: P.args,
+                     _step_name: str | None = None, **kwargs: P.kwargs) -> R:
     _install_handler()
     try:
         bound = inspect.signature(fn).bind(*args, **kwargs)
@@ -197,11 +198,12 @@ def _run_in_step_dir(group: str, fn: Callable[P, R], *args: P.args, **kwargs: P.
         params = dict(bound.arguments)
     except TypeError:
         params = {"args": list(args), "kwargs": kwargs}
-    with next_artifact_dir(f"{group}__{fn.__name__}") as path:
+    name = _step_name or fn.__name__
+    with next_artifact_dir(f"{group}__{name}") as path:
         (path / "parameters.yaml").write_text(dump_yaml(redact(_plain(params))), encoding="utf-8")
         started = time.time()
         meta: dict[str, Any] = {
-            "step": f"{group}.{fn.__name__}",
+            "step": f"{group}.{name}",
             "start": datetime.fromtimestamp(started, UTC).isoformat(),
             "state": "Running",
         }
@@ -224,9 +226,37 @@ def _run_in_step_dir(group: str, fn: Callable[P, R], *args: P.args, **kwargs: P.
             write_json(path / "step.json", meta)
 
 
+class _LazyTask:
+    """A Prefect task built on first use, so importing a module of steps never imports Prefect.
+
+    ``--plan`` and the analysis CLI import platform modules to reach pure helpers; Prefect's
+    import alone costs over a second. Every attribute (``fn``, ``submit``, ``map``,
+    ``with_options``...) and every call goes to the real task.
+    """
+
+    def __init__(self, build: Callable[[], Any], group: str) -> None:
+        self._build = build
+        self._task: Any = None
+        self.telltale_group = group
+
+    def _real(self) -> Any:
+        if self._task is None:
+            self._task = self._build()
+        return self._task
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._real()(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self._real(), name)
+
+
 def step(
     group: str,
     *,
+    name: str | None = None,
     retries: int = 0,
     retry_delay_seconds: float | list[float] = 2.0,
     retry_jitter_factor: float | None = 0.5,
@@ -238,10 +268,13 @@ def step(
 
     Retries happen only on transient errors (`retry_on_transient`); each attempt gets its own
     dir. ``timeout_seconds`` marks the task failed but cannot stop a blocked thread, so every
-    network or subprocess call inside a step still needs its own timeout.
+    network or subprocess call inside a step still needs its own timeout. The Prefect task is
+    built on first use (see `_LazyTask`).
 
     Args:
-        group: Step group, the first word of its command-args key (``fine_tuning``).
+        group: Step group, the first word of the step dir name (``fine_tuning``).
+        name: Step name in the dir and the task name (default: the function's name); lets one
+            generic function serve as each project's own step (``run_fine_tuning_job``).
         retries: Attempts after the first, on transient errors only.
         retry_delay_seconds: Delay (or list of delays, for backoff) between attempts.
         retry_jitter_factor: Random extra delay, as a fraction of the delay.
@@ -261,28 +294,33 @@ def step(
     def decorate(fn: Callable[P, R]) -> Any:
         @functools.wraps(fn)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-            return _run_in_step_dir(group, fn, *args, **kwargs)
+            return _run_in_step_dir(group, fn, *args, _step_name=name, **kwargs)
 
         wrapper.telltale_group = group  # type: ignore[attr-defined]
         if not prefect:
             return wrapper
-        from prefect import task  # heavy import, only where Prefect is used
-        from prefect.cache_policies import NO_CACHE
 
-        # Steps touch the world: never skip one because an earlier call had equal inputs
-        # (Prefect's default cache policy would), and never hash clients passed as arguments.
-        task_options.setdefault("cache_policy", NO_CACHE)
-        prefect_task = task(
-            wrapper,
-            name=f"{group}.{fn.__name__}",
-            retries=retries,
-            retry_delay_seconds=retry_delay_seconds,
-            retry_jitter_factor=retry_jitter_factor,
-            retry_condition_fn=retry_on_transient,
-            timeout_seconds=timeout_seconds,
-            **task_options,
-        )
-        prefect_task.telltale_group = group  # type: ignore[attr-defined]
-        return prefect_task
+        def build() -> Any:
+            from prefect import task  # heavy import, only where a step really runs
+            from prefect.cache_policies import NO_CACHE
+
+            # Steps touch the world: never skip one because an earlier call had equal inputs
+            # (Prefect's default cache policy would), and never hash clients passed as
+            # arguments.
+            options = {"cache_policy": NO_CACHE, **task_options}
+            prefect_task = task(
+                wrapper,
+                name=f"{group}.{name or fn.__name__}",
+                retries=retries,
+                retry_delay_seconds=retry_delay_seconds,
+                retry_jitter_factor=retry_jitter_factor,
+                retry_condition_fn=retry_on_transient,
+                timeout_seconds=timeout_seconds,
+                **options,
+            )
+            prefect_task.telltale_group = group  # type: ignore[attr-defined]
+            return prefect_task
+
+        return _LazyTask(build, group)
 
     return decorate

@@ -9,7 +9,7 @@ from analysis.pipeline import PostprocessOutcome, postprocess
 from analysis.settings import AnalysisSettings
 from blocks.opensearch import OpenSearchInstance
 from tasks.artifacts import artifact_dir, step
-from tasks.opensearch_export import OpenSearchHistory
+from tasks.publish.opensearch import OpenSearchHistory
 
 __all__ = ["postprocess_results"]
 

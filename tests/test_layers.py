@@ -23,8 +23,8 @@ def test_import_layers_hold() -> None:
 @pytest.mark.parametrize("module", [
     "analysis.errors", "analysis.kpi", "analysis.lts", "analysis.history", "analysis.regression",
     "analysis.parsing", "analysis.discovery", "analysis.pipeline", "analysis.report",
-    "projects.config", "projects.templates", "projects.matrix", "tasks.artifacts",
-    "tasks.runner", "tasks.platform",
+    "projects.config", "projects.contract", "projects.matrix", "tasks.artifacts",
+    "tasks.runner", "tasks.platforms.select",
 ])
 def test_all_lists_exist_and_resolve(module: str) -> None:
     mod = importlib.import_module(module)

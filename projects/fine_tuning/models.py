@@ -6,15 +6,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from analysis.settings import AnalysisSettings
-from projects.library import ClustersBlock, ExportBlock, PrepareBlock, SecretsBlock
+from projects.library import EngineConfig, TestBlock
 
 __all__ = [
     "ConfigModel",
     "FineTuningTest",
     "KubernetesWorkloadBlock",
     "LocalModelSpec",
-    "MultiUserBlock",
     "TestSettings",
     "TestsBlock",
 ]
@@ -49,30 +47,6 @@ class TestSettings(BaseModel):
     max_steps: int | list[int] | None = Field(default=None, description="Cap training steps.")
 
 
-class MultiUserBlock(BaseModel):
-    """Multi-user fan-out (the scale_test preset)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    enabled: bool = Field(default=False, description="Run N users at once.")
-    user_count: int = Field(default=1, ge=1, description="Number of users (N).")
-    batch_size: int = Field(default=1, ge=1, description="Users released per stagger step.")
-    sleep_factor: float = Field(default=0.0, ge=0, description="Seconds between stagger steps.")
-    abort_on_failure: bool = Field(default=False, description="Stop all users on a failure.")
-    need_all_success: bool = Field(default=False, description="k < N successes fails the test.")
-    deploy_s3: bool = Field(default=False, description="Cluster fan-out: prepare deploys an "
-                            "in-cluster S3 server (MinIO) in the test namespace.")
-    s3_endpoint: str | None = Field(default=None, description="Cluster fan-out: S3 endpoint as "
-                                    "the pods reach it (barrier and per-user artifacts).")
-    s3_external_endpoint: str | None = Field(default=None, description="The same S3 as "
-                                             "Telltale reaches it (default: s3_endpoint).")
-    s3_bucket: str = Field(default="telltale-users", description="Bucket of the fan-out.")
-    collect_batch: int = Field(default=50, ge=1, description="Users collected per task.")
-    command: list[str] | None = Field(default=None, description="Cluster fan-out: workload "
-                                      "argv in each user pod (default: the fms-hf-tuning "
-                                      "trainer).")
-
-
 class KubernetesWorkloadBlock(BaseModel):
     """How the workload runs on a cluster (``tests.fine_tuning.kubernetes``)."""
 
@@ -93,25 +67,15 @@ class KubernetesWorkloadBlock(BaseModel):
                                                                  "(absence is recorded).")
 
 
-class FineTuningTest(BaseModel):
-    """``tests.fine_tuning``: what the test runs and how the matrix is walked."""
+class FineTuningTest(TestBlock):
+    """``tests.fine_tuning``: the shared test block with this project's settings."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    namespace: str = Field(description="Cluster namespace of the workload.")
-    stop_on_error: bool = Field(default=False, description="A failed cell stops the matrix.")
-    timeout_minutes: int = Field(default=60, ge=1, description="Deadline of one cell.")
-    skip_if: list[dict[str, Any]] = Field(
-        default_factory=list, description="A cell matching every pair of one entry is skipped."
-    )
+    namespace: str = Field(default="fine-tuning-testing",
+                           description="Cluster namespace of the workload.")
     test_settings: TestSettings
-    test_extra_settings: list[dict[str, Any]] = Field(
-        default_factory=list, description="Experiment groups merged over test_settings."
-    )
     local_models: dict[str, LocalModelSpec] = Field(
         default_factory=dict, description="Tiny models for the local platform."
     )
-    multi_user: MultiUserBlock = Field(default_factory=MultiUserBlock)
     kubernetes: KubernetesWorkloadBlock = Field(default_factory=KubernetesWorkloadBlock)
 
 
@@ -123,15 +87,7 @@ class TestsBlock(BaseModel):
     fine_tuning: FineTuningTest
 
 
-class ConfigModel(BaseModel):
+class ConfigModel(EngineConfig):
     """The whole fine_tuning config file."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    ci_presets: dict[str, dict[str, Any] | None] = Field(description="Named presets.")
-    secrets: SecretsBlock
-    clusters: ClustersBlock
-    prepare: PrepareBlock
     tests: TestsBlock
-    analysis: AnalysisSettings
-    export_artifacts: ExportBlock

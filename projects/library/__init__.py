@@ -4,12 +4,15 @@ from projects.library.clusters import ClustersBlock, CreateBlock, QuadsLabBlock,
 from projects.library.export import ExportBlock, OpenSearchExportBlock, S3ExportBlock
 from projects.library.operators import GpuOperatorBlock, NfdBlock, PrepareBlock, RhoaiBlock
 from projects.library.secrets import SecretsBlock
+from projects.library.tests import EngineConfig, MultiUserBlock, TestBlock
 
 __all__ = [
     "ClustersBlock",
     "CreateBlock",
+    "EngineConfig",
     "ExportBlock",
     "GpuOperatorBlock",
+    "MultiUserBlock",
     "NfdBlock",
     "OpenSearchExportBlock",
     "PrepareBlock",
@@ -18,4 +21,5 @@ __all__ = [
     "S3ExportBlock",
     "SecretsBlock",
     "SutestBlock",
+    "TestBlock",
 ]

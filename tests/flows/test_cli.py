@@ -31,13 +31,15 @@ def test_plan_writes_config_and_cells(tmp_path: Path) -> None:
     assert "cells     4 (3 to run, 1 skipped)" in proc.stdout
 
 
-def test_plan_does_not_import_prefect(tmp_path: Path) -> None:
-    code = ("import sys; from flows.fine_tuning.__main__ import main; "
-            f"main(['--preset', 'light', '--plan', '--artifact-dir', {str(tmp_path)!r}]); "
-            "print('prefect' in sys.modules)")
+@pytest.mark.parametrize("preset", ["light", "gpu"])
+def test_plan_does_not_import_prefect(tmp_path: Path, preset: str) -> None:
+    code = ("import sys; from flows.project_cli import project_main; "
+            f"project_main('fine_tuning', ['--preset', {preset!r}, '--platform', "
+            f"'{'local' if preset == 'light' else 'kubernetes'}', '--plan', "
+            f"'--artifact-dir', {str(tmp_path)!r}]); print('prefect' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60).stdout
-    assert out.strip().endswith("False")
+                         timeout=60)
+    assert out.stdout.strip().endswith("False"), out.stderr[-2000:]
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -113,9 +115,17 @@ def test_gpu_plan_writes_every_manifest_without_a_cluster(tmp_path: Path) -> Non
     proc = cli("--preset", "gpu", "--plan", "--artifact-dir", str(tmp_path),
                env={"KUBECONFIG": str(tmp_path / "none"), "HOME": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr
-    kinds = sorted(p.name.split("-")[1] for p in (tmp_path / "manifests").rglob("*.yaml"))
+    kinds = sorted(p.name.split("-")[1] for p in (tmp_path / "manifests").glob("*__cell/*"))
     assert kinds == ["configmap", "job", "namespace", "persistentvolumeclaim", "pytorchjob"]
+    # what prepare would apply: every OLM object of the gpu preset's operators
+    prepare = {p.name.split("-", 1)[1] for p in (tmp_path / "manifests" / "prepare").iterdir()}
+    for expected in ("subscription-rhods-operator.yaml", "operatorgroup-rhods-operator-group.yaml",
+                     "datasciencecluster-default-dsc.yaml", "subscription-servicemeshoperator.yaml",
+                     "clusterpolicy-gpu-cluster-policy.yaml", "subscription-nfd.yaml",
+                     "nodefeaturediscovery-nfd-instance.yaml",
+                     "subscription-gpu-operator-certified.yaml"):
+        assert expected in prepare, sorted(prepare)
     job = yaml.safe_load(next((tmp_path / "manifests").rglob("*pytorchjob*.yaml")).read_text())
     container = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
-    assert "manifests 5 written" in proc.stdout
+    assert "manifests 19 written" in proc.stdout

@@ -10,8 +10,8 @@ import pytest
 
 from analysis.errors import ConfigError
 from flows.cleanup import parse_age
-from tasks.k8s import Kube, api_client
-from tasks.k8s_workload import KEEP_LABEL, cleanup_cluster, find_leaks
+from tasks.kube.api import Kube, api_client
+from tasks.kube.workload import KEEP_LABEL, cleanup_cluster, find_leaks
 from tests.servers.kubernetes import kube_server, write_kubeconfig
 
 
@@ -57,7 +57,7 @@ def test_parse_age(text: str, seconds: float) -> None:
 
 
 def test_second_run_on_a_cluster_queues(prefect_harness) -> None:
-    from tasks.cluster_lock import cluster_lock
+    from tasks.kube.lock import cluster_lock
 
     order: list[str] = []
 

@@ -12,16 +12,16 @@ from pathlib import Path
 import pytest
 
 from analysis.errors import ConfigError
-from tasks.clusters import (
+from tasks.kube.api import Kube, api_client
+from tasks.lab.clusters import (
     ClusterRecord,
     claim_from_pool,
     create_with_installer,
     destroy,
     install_config,
 )
-from tasks.k8s import Kube, api_client
+from tasks.publish.s3 import iter_files
 from tasks.runner import CommandError
-from tasks.s3_export import iter_files
 from tests.servers.kubernetes import kube_server, write_kubeconfig
 
 BIN = Path(__file__).resolve().parent.parent / "bin"
@@ -136,7 +136,7 @@ def test_claim_from_a_hive_pool(tmp_path: Path) -> None:
 
 def test_managed_cluster_with_rosa_and_oc(tmp_path: Path, installer_env,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    from tasks.clusters import create_managed
+    from tasks.lab.clusters import create_managed
 
     monkeypatch.setenv("TELLTALE_FAKE_ROSA_DIR", str(tmp_path / "rosa"))
     root = tmp_path / "a"

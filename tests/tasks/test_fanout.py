@@ -6,8 +6,8 @@ import json
 import sys
 from pathlib import Path
 
-from tasks.fanout import run_local_fanout, stagger_delay
-from tasks.local_users import count_users
+from tasks.platforms.fanout import run_local_fanout, stagger_delay
+from tasks.platforms.local import count_users
 
 
 def test_fifty_real_processes_behind_the_barrier(tmp_path: Path) -> None:

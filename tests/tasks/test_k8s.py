@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from analysis.errors import PermanentServiceError, StepError
-from tasks.k8s import RUN_ID_LABEL, Kube, api_client
+from tasks.kube.api import RUN_ID_LABEL, Kube, api_client
 from tasks.retry import RetryPolicy
 from tests.servers.kubernetes import kube_server, label_matches, write_kubeconfig
 
@@ -153,27 +153,42 @@ def test_label_selectors(selector: str, expected: bool) -> None:
 
 
 def test_workload_stages_data_once(tmp_path: Path) -> None:
-    from tasks.artifacts import use_artifact_dir
-    from tasks.k8s_workload import run_fine_tuning_job
+    from projects.contract import CellContext
+    from projects.fine_tuning.models import FineTuningTest, TestSettings
+    from projects.fine_tuning.project import kube_workload
+    from tasks.kube.api import Kube, api_client
+    from tasks.kube.workload import run_kube_workload
     from tests.servers.fake_operators import TrainingOperator
 
     block = {"pvc_name": "storage", "pvc_size": "10Gi", "storage_class": None,
              "staging_image": "ubi", "dataset_url": "https://example.com/d.json",
              "model_url": None, "image_pull_deadline_minutes": 1, "prometheus_url": None}
     settings = {"name": "ft", "model_name": "m", "dataset_name": "d.json", "gpu": 1,
-                "pod_count": 1, "container_image": "img:1", "hyper_parameters": {"r": 4}}
+                "pod_count": 1, "container_image": "img:1", "hyper_parameters": {"r": 4},
+                "dataset_replication": 1}
+    test = FineTuningTest(namespace="ft", test_settings=settings, kubernetes=block)
+
+    def run(run_id: str, index: int) -> tuple[int, str, float, bool]:
+        here = tmp_path / run_id
+        here.mkdir()
+        ctx = CellContext(settings=TestSettings.model_validate(settings), test=test,
+                          index=index, name="base", workdir=here, data_dir=tmp_path,
+                          run_id=run_id)
+        client = api_client(kubeconfig)
+        return run_kube_workload(Kube(client, run_id), Kube(client), kube_workload(ctx), "ft",
+                                 here=here, image_pull_deadline_s=60, timeout_s=300)
+
     with kube_server() as (url, state):
         operator = TrainingOperator(state, step_s=0.05)
         operator.start()
         kubeconfig = write_kubeconfig(tmp_path / "kc", url)
         try:
-            with use_artifact_dir(tmp_path / "a"):
-                first = run_fine_tuning_job.fn(kubeconfig, "run-a", "ft", settings, 0, block, 5)
-            with use_artifact_dir(tmp_path / "b"):
-                second = run_fine_tuning_job.fn(kubeconfig, "run-b", "ft", settings, 1, block, 5)
+            first = run("run-a", 0)
+            second = run("run-b", 1)
         finally:
             operator.stop()
-        assert first.staged is True and second.staged is False  # the PVC carries the source
-        assert first.exit_code == 0 and first.finish_reason == "Completed"
+        assert first[3] is True and second[3] is False  # the PVC carries the source
+        assert first[:2] == (0, "Completed")
+        assert (tmp_path / "run-a" / "artifacts" / "pytorchjob.json").is_file()
         staging_jobs = [j["metadata"]["name"] for j in state.list("batch/v1", "Job")]
         assert staging_jobs == ["ft-000-staging"]

@@ -13,7 +13,14 @@ import pytest
 from projects.config import resolve
 from projects.fine_tuning.manifests import cell_manifests
 from projects.plan import cells_of
-from tasks.olm import GPU_OPERATOR, NFD, RHOAI, SERVICE_MESH, cluster_policy, operator_manifests
+from tasks.kube.olm import (
+    GPU_OPERATOR,
+    NFD,
+    RHOAI,
+    SERVICE_MESH,
+    cluster_policy,
+    operator_manifests,
+)
 
 SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
 CRD_SCHEMAS = {"PyTorchJob": "pytorchjob.json", "Subscription": "subscription.json",

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from analysis.errors import StepError
-from tasks.k8s import Kube, api_client
-from tasks.olm import (
+from tasks.kube.api import Kube, api_client
+from tasks.kube.olm import (
     GPU_OPERATOR,
     RHOAI,
     SERVICE_MESH,

@@ -5,7 +5,7 @@ import pytest
 from analysis.errors import PermanentServiceError, TransientServiceError
 from analysis.lts import LtsKpi, LtsMetadata, LtsPayload
 from blocks.opensearch import OpenSearchInstance
-from tasks.opensearch_export import OpenSearchHistory, export_payloads
+from tasks.publish.opensearch import OpenSearchHistory, export_payloads
 from tasks.retry import RetryPolicy
 from tests.servers.opensearch import opensearch_server
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from analysis.errors import ConfigError
-from tasks.platform import find_kubeconfig, select_platform
+from tasks.platforms.select import find_kubeconfig, select_platform
 
 
 def test_auto_prefers_a_kubeconfig(tmp_path: Path) -> None:

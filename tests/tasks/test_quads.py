@@ -12,8 +12,8 @@ from pydantic import SecretStr
 
 from analysis.errors import StepError
 from blocks.quads import QuadsCredentials
-from tasks.quads import QuadsClient, QuadsError, QuadsValidationFailed
-from tasks.quads_lease import LeaseRequest, leased, release_from_file
+from tasks.lab.lease import LeaseRequest, leased, release_from_file
+from tasks.lab.quads import QuadsClient, QuadsError, QuadsValidationFailed
 from tasks.retry import RetryPolicy
 from tests.servers.quads import quads_server
 
@@ -158,7 +158,7 @@ def test_too_few_hosts_waits_then_fails_without_assigning(quads, tmp_path: Path)
 def test_release_from_file_after_a_crash(quads, tmp_path: Path) -> None:
     client, state = quads
     state.auto_deliver_after = 1
-    from tasks.quads_lease import acquire_lease
+    from tasks.lab.lease import acquire_lease
 
     lease = acquire_lease(client, LeaseRequest(count=1), root=tmp_path, **NO_SLEEP)
     # ... the flow process dies here; a crash hook in another process sees only the dir:

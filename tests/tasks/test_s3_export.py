@@ -9,7 +9,7 @@ import pytest
 
 from analysis.errors import PermanentServiceError, ResultsError, TransientServiceError
 from blocks.s3 import S3Target
-from tasks.s3_export import download_run, safe_target, upload_dir
+from tasks.publish.s3 import download_run, safe_target, upload_dir
 from tests.servers.fault_proxy import fault_proxy
 
 

@@ -11,7 +11,12 @@ import pytest
 from analysis.errors import PermanentServiceError, TransientServiceError
 from analysis.pipeline import PostprocessOutcome, VerdictRow
 from tasks.artifacts import step, use_artifact_dir
-from tasks.publish import artifact_key, publish_results, start_progress, update_progress
+from tasks.publish.prefect_artifacts import (
+    artifact_key,
+    publish_results,
+    start_progress,
+    update_progress,
+)
 
 
 @step("demo", retries=3, retry_delay_seconds=0, retry_jitter_factor=None)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from blocks.s3 import S3Target
-from tasks.k8s import Kube, api_client
-from tasks.user_pods import collect_users, follow_users, user_job_manifests
+from tasks.kube.api import Kube, api_client
+from tasks.kube.users import collect_users, follow_users, user_job_manifests
 from tests.servers.fake_operators import IndexedJobController
 from tests.servers.kubernetes import kube_server, write_kubeconfig
 
@@ -79,7 +79,7 @@ def test_abort_on_failure_deletes_the_job(cluster, s3_server: str, s3_bucket: st
 def test_in_cluster_s3_deploys_idempotently_with_a_secret(cluster) -> None:
     import kubernetes_validate
 
-    from tasks.user_pods import deploy_in_cluster_s3, in_cluster_s3_manifests
+    from tasks.kube.users import deploy_in_cluster_s3, in_cluster_s3_manifests
 
     kube, state = cluster
     endpoint = deploy_in_cluster_s3(kube, "scale", "telltale-users")

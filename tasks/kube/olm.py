@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from analysis.errors import StepError
-from tasks.k8s import Kube
+from tasks.kube.api import Kube
 
 __all__ = [
     "GPU_OPERATOR",
@@ -26,10 +26,13 @@ __all__ = [
     "RHOAI",
     "SERVICE_MESH",
     "cluster_policy",
+    "datasciencecluster",
     "install",
     "is_installed",
+    "nfd_instance",
     "operator_manifests",
     "prepare_gpu",
+    "prepare_manifests",
     "prepare_rhoai",
     "uninstall",
 ]
@@ -190,6 +193,60 @@ def cluster_policy(block: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def nfd_instance() -> dict[str, Any]:
+    """The NodeFeatureDiscovery CR that starts NFD's workers."""
+    return {"apiVersion": "nfd.openshift.io/v1", "kind": "NodeFeatureDiscovery",
+            "metadata": {"name": "nfd-instance", "namespace": NFD.namespace},
+            "spec": {"operand": {"servicePort": 12000}}}
+
+
+def datasciencecluster(block: dict[str, Any]) -> dict[str, Any]:
+    """RHOAI's DataScienceCluster with the wanted components Managed, the others Removed."""
+    wanted = set(block.get("components") or [])
+    components = {name: {"managementState": "Managed" if name in wanted else "Removed"}
+                  for name in sorted(wanted | {"dashboard", "trainingoperator",
+                                               "workbenches", "kserve"})}
+    return {"apiVersion": "datasciencecluster.opendatahub.io/v1",
+            "kind": "DataScienceCluster", "metadata": {"name": "default-dsc"},
+            "spec": {"components": components}}
+
+
+def _rhoai_spec(block: dict[str, Any]) -> OperatorSpec:
+    return RHOAI.model_copy(update={"channel": block.get("channel", "stable"),
+                                    "version": block.get("version"),
+                                    "catalog_image": block.get("catalog_image")})
+
+
+def _nfd_spec(nfd: dict[str, Any]) -> OperatorSpec:
+    return NFD.model_copy(update={"channel": nfd.get("channel", "stable")})
+
+
+def _gpu_spec(block: dict[str, Any]) -> OperatorSpec:
+    return GPU_OPERATOR.model_copy(update={"channel": block.get("channel", "stable"),
+                                           "version": block.get("version")})
+
+
+def prepare_manifests(prepare: dict[str, Any]) -> list[dict[str, Any]]:
+    """Everything the prepare phase would apply for a ``prepare`` block (for ``--plan``).
+
+    Pure: the same builders the install uses, in install order (service mesh, RHOAI and
+    its DataScienceCluster; NFD and its instance; the GPU operator and its ClusterPolicy).
+    """
+    if not prepare.get("enabled", True):
+        return []
+    out: list[dict[str, Any]] = []
+    rhoai = prepare.get("rhoai") or {}
+    if rhoai.get("enabled"):
+        out += operator_manifests(SERVICE_MESH) + operator_manifests(_rhoai_spec(rhoai))
+        out.append(datasciencecluster(rhoai))
+    gpu, nfd = prepare.get("gpu_operator") or {}, prepare.get("nfd") or {}
+    if gpu.get("enabled"):
+        if nfd.get("enabled", True):
+            out += operator_manifests(_nfd_spec(nfd)) + [nfd_instance()]
+        out += operator_manifests(_gpu_spec(gpu)) + cluster_policy(gpu)
+    return out
+
+
 def _ready_daemonsets(kube: Kube, namespace: str) -> bool:
     sets = kube.list("apps/v1", "DaemonSet", namespace)
     return bool(sets) and all(
@@ -201,14 +258,9 @@ def prepare_gpu(kube: Kube, block: dict[str, Any], nfd: dict[str, Any], *,
                 deadline_s: float = 1800) -> dict[str, Any]:
     """NFD + NodeFeatureDiscovery, then the GPU operator + ClusterPolicy + ready DaemonSets."""
     if nfd.get("enabled", True):
-        install(kube, NFD.model_copy(update={"channel": nfd.get("channel", "stable")}),
-                deadline_s=deadline_s)
-        kube.apply({"apiVersion": "nfd.openshift.io/v1", "kind": "NodeFeatureDiscovery",
-                    "metadata": {"name": "nfd-instance", "namespace": NFD.namespace},
-                    "spec": {"operand": {"servicePort": 12000}}})
-    spec = GPU_OPERATOR.model_copy(update={"channel": block.get("channel", "stable"),
-                                           "version": block.get("version")})
-    csv = install(kube, spec, deadline_s=deadline_s)
+        install(kube, _nfd_spec(nfd), deadline_s=deadline_s)
+        kube.apply(nfd_instance())
+    csv = install(kube, _gpu_spec(block), deadline_s=deadline_s)
     for manifest in cluster_policy(block):
         kube.apply(manifest)
     kube.wait("nvidia.com/v1", "ClusterPolicy", "gpu-cluster-policy", deadline_s=deadline_s,
@@ -226,17 +278,8 @@ def prepare_rhoai(kube: Kube, block: dict[str, Any], *,
                   deadline_s: float = 1800) -> dict[str, Any]:
     """Service mesh, then RHOAI, then a DataScienceCluster with the wanted components Ready."""
     install(kube, SERVICE_MESH, deadline_s=deadline_s)
-    spec = RHOAI.model_copy(update={"channel": block.get("channel", "stable"),
-                                    "version": block.get("version"),
-                                    "catalog_image": block.get("catalog_image")})
-    csv = install(kube, spec, deadline_s=deadline_s)
-    wanted = set(block.get("components") or [])
-    components = {name: {"managementState": "Managed" if name in wanted else "Removed"}
-                  for name in sorted(wanted | {"dashboard", "trainingoperator",
-                                               "workbenches", "kserve"})}
-    kube.apply({"apiVersion": "datasciencecluster.opendatahub.io/v1",
-                "kind": "DataScienceCluster", "metadata": {"name": "default-dsc"},
-                "spec": {"components": components}})
+    csv = install(kube, _rhoai_spec(block), deadline_s=deadline_s)
+    kube.apply(datasciencecluster(block))
     kube.wait("datasciencecluster.opendatahub.io/v1", "DataScienceCluster", "default-dsc",
               deadline_s=deadline_s, what="DataScienceCluster",
               ready=lambda o: (o.get("status") or {}).get("phase") == "Ready")

@@ -1,6 +1,6 @@
 """Local multi-user fan-out: N worker processes, a real start barrier, a staggered start.
 
-    python -m tasks.fanout --users N --root DIR [--batch-size B] [--sleep-factor S]
+    python -m tasks.platforms.fanout --users N --root DIR [--batch-size B] [--sleep-factor S]
         [--barrier-timeout T] [--abort-on-failure] -- COMMAND ARG...
 
 How a user runs:
@@ -158,7 +158,7 @@ def run_local_fanout(users: int, root: str | Path, command: Sequence[str], *,
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line of the launcher; writes ``fanout.json`` and exits 0 (results in files)."""
-    parser = argparse.ArgumentParser(prog="python -m tasks.fanout")
+    parser = argparse.ArgumentParser(prog="python -m tasks.platforms.fanout")
     parser.add_argument("--users", type=int, required=True)
     parser.add_argument("--root", required=True)
     parser.add_argument("--batch-size", type=int, default=1)

@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from analysis.errors import StepError
-from tasks.quads import Assignment, QuadsClient
+from tasks.lab.quads import Assignment, QuadsClient
 
 __all__ = ["LEASE_FILE", "Lease", "LeaseRequest", "acquire_lease", "leased",
            "release_from_file"]

@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Literal
 
 from analysis.errors import ConfigError
+from tasks.platforms.base import Platform
 
-__all__ = ["Platform", "find_kubeconfig", "select_platform"]
+__all__ = ["PlatformName", "find_kubeconfig", "make_platform", "select_platform"]
 
-Platform = Literal["local", "kubernetes"]
+PlatformName = Literal["local", "kubernetes"]
 
 
 def find_kubeconfig(env: Mapping[str, str] | None = None, home: Path | None = None) -> str | None:
@@ -35,7 +36,7 @@ def find_kubeconfig(env: Mapping[str, str] | None = None, home: Path | None = No
 
 def select_platform(requested: str, kubeconfig: str | None = None,
                     env: Mapping[str, str] | None = None, *,
-                    creates_cluster: bool = False) -> tuple[Platform, str | None]:
+                    creates_cluster: bool = False) -> tuple[PlatformName, str | None]:
     """Pick the platform: ``auto`` means kubernetes when a kubeconfig is found, else local.
 
     Args:
@@ -66,3 +67,16 @@ def select_platform(requested: str, kubeconfig: str | None = None,
         raise ConfigError("platform kubernetes needs a kubeconfig: set KUBECONFIG, "
                           "~/.kube/config or clusters.kubeconfig")
     return "local", None
+
+
+def make_platform(name: str) -> Platform:
+    """The `Platform` implementation of a selected platform name."""
+    if name == "local":
+        from tasks.platforms.local import LocalPlatform
+
+        return LocalPlatform()
+    if name == "kubernetes":
+        from tasks.platforms.kubernetes import KubernetesPlatform
+
+        return KubernetesPlatform()
+    raise ConfigError(f"unknown platform {name!r}; choose local or kubernetes")

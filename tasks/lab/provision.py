@@ -16,7 +16,8 @@ from pydantic import SecretStr
 from analysis.errors import ConfigError
 from analysis.history import default_data_dir
 from tasks.artifacts import step
-from tasks.clusters import (
+from tasks.kube.api import Kube, api_client
+from tasks.lab.clusters import (
     ClusterRecord,
     claim_from_pool,
     create_managed,
@@ -24,9 +25,8 @@ from tasks.clusters import (
     create_with_installer,
     destroy,
 )
-from tasks.k8s import Kube, api_client
-from tasks.quads import QuadsClient
-from tasks.quads_lease import Lease, LeaseRequest, acquire_lease, release_from_file
+from tasks.lab.lease import Lease, LeaseRequest, acquire_lease, release_from_file
+from tasks.lab.quads import QuadsClient
 from tasks.secrets import read_yaml_secret, secret_file
 
 __all__ = ["create_cluster", "lease_hosts", "quads_client", "teardown"]

@@ -1,14 +1,15 @@
-"""The fine-tuning workload on a Kubernetes/OpenShift cluster, its capture and its cleanup.
+"""A project's workload on a Kubernetes/OpenShift cluster, its capture and its cleanup.
 
-Artifact layout (what the fine_tuning parser reads, as on the local platform):
+Artifact layout (what the project parsers read, as on the local platform):
 
 - ``*__cluster__capture_environment/``: ``nodes.json``, ``ocp_version.yml``,
   ``operators.json`` (CSV versions), ``prometheus.json`` (a snapshot, or why there is none);
 - ``*__rhods__capture_state/``: ``rhods.version``, ``rhods.createdAt`` (when RHOAI is installed);
-- ``*__fine_tuning__run_fine_tuning_job/``: ``src/config_final.json``, ``artifacts/pod.log``,
-  ``artifacts/pod.json``, ``artifacts/pytorchjob.json``, ``manifests.json``.
+- ``*__<project>__<workload_step>/``: the project's input files (``src/config_final.json``),
+  ``artifacts/pod.log``, ``artifacts/pod.json``, the captured objects (e.g.
+  ``artifacts/pytorchjob.json``), ``manifests.json``.
 
-Waits follow the master pod (``<job>-master-0``, the training operator's naming) through a
+Waits follow the workload's pod (for a PyTorchJob ``<job>-master-0``) through a
 watch: first until it runs (image pull deadline), then until it ends; ImagePullBackOff,
 ErrImagePull, CrashLoopBackOff and friends fail the step at once with the kubelet's message.
 Shared infrastructure (the Namespace and the data PVC, reused by later runs so staging can be
@@ -19,27 +20,25 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
-
 from analysis.yamlio import dump_yaml
-from projects.fine_tuning.manifests import DATA_SOURCE_LABEL, cell_manifests
+from projects.contract import KubeWorkload, Staging
 from tasks.artifacts import artifact_dir, step, write_json
-from tasks.k8s import MANAGED_BY, RUN_ID_LABEL, Kube, api_client
+from tasks.kube.api import MANAGED_BY, RUN_ID_LABEL, Kube, api_client
 
 __all__ = [
     "CLEANUP_KINDS",
     "FAIL_FAST",
     "KEEP_LABEL",
-    "K8sWorkloadOutcome",
     "capture_environment",
     "capture_state",
     "cleanup_cluster",
     "cleanup_k8s",
     "find_leaks",
     "pod_failure",
-    "run_fine_tuning_job",
+    "run_kube_workload",
 ]
 
 logger = logging.getLogger("telltale.k8s")
@@ -50,16 +49,6 @@ FAIL_FAST = {"ImagePullBackOff", "ErrImagePull", "CrashLoopBackOff", "InvalidIma
 KEEP_LABEL = "telltale.io/keep"
 CLEANUP_KINDS = [("kubeflow.org/v1", "PyTorchJob"), ("batch/v1", "Job"), ("v1", "Pod"),
                  ("v1", "ConfigMap")]
-
-
-class K8sWorkloadOutcome(BaseModel):
-    """How the cluster workload ended."""
-
-    exit_code: int
-    finish_reason: str
-    duration_s: float
-    job: str
-    staged: bool
 
 
 def pod_failure(pod: dict[str, Any]) -> str | None:
@@ -120,98 +109,104 @@ def capture_state(kubeconfig: str | None) -> dict[str, Any]:
     return {"installed": True, "version": csv["spec"].get("version")}
 
 
-@step("fine_tuning")
-def run_fine_tuning_job(kubeconfig: str | None, run_id: str, namespace: str,
-                            settings: dict[str, Any], cell_index: int, block: dict[str, Any],
-                            timeout_minutes: int, poll_hint_s: float = 0) -> K8sWorkloadOutcome:
-    """Run one cell as a PyTorchJob and capture its artifacts.
+def run_kube_workload(kube: Kube, shared: Kube, workload: KubeWorkload, namespace: str, *,
+                      here: Path, image_pull_deadline_s: float,
+                      timeout_s: float) -> tuple[int, str, float, bool]:
+    """Apply a project's `KubeWorkload`, follow its pod to the end, capture its artifacts.
+
+    Shared objects are applied without the run label (they outlive the run); staging runs
+    only when the volume's label says something else was staged; the pod is followed through
+    a watch (image-pull deadline, then the run deadline) with fail-fast on
+    ImagePullBackOff, CrashLoopBackOff and friends.
 
     Args:
-        kubeconfig: Kubeconfig path (``in-cluster`` inside a pod).
-        run_id: Labels every object of this run.
-        namespace: Target namespace.
-        settings: The cell's settings.
-        cell_index: Names the job.
-        block: ``tests.fine_tuning.kubernetes``.
-        timeout_minutes: Deadline of the training.
-        poll_hint_s: Unused on real clusters (kept for API symmetry with local).
+        kube: Client labelling objects with the run id.
+        shared: Client applying shared objects (no run label).
+        workload: What to apply and follow.
+        namespace: The workload's namespace.
+        here: The step dir (``artifacts/`` and ``manifests.json`` land there).
+        image_pull_deadline_s: Deadline for the pod to start.
+        timeout_s: Deadline for the pod to end.
 
     Returns:
-        The outcome (a failed training is an outcome: exit code and reason).
+        (exit code, finish reason, duration in seconds, whether data was staged).
 
     Raises:
-        StepError: A fail-fast state (ImagePullBackOff...) or a deadline, with the reason.
+        StepError: A fail-fast state or a deadline, with the kubelet's reason.
     """
-    here = artifact_dir()
-    (here / "src").mkdir(exist_ok=True)
     (here / "artifacts").mkdir(exist_ok=True)
-    manifests = cell_manifests(settings, namespace=namespace, block=block,
-                               cell_index=cell_index)
-    write_json(here / "manifests.json", manifests)
-    ns_obj, pvc, staging, configmap, pytorchjob = manifests
-    shared, kube = Kube(api_client(kubeconfig)), Kube(api_client(kubeconfig), run_id)
+    write_json(here / "manifests.json", workload.all_manifests())
+    for relative, text in workload.files.items():
+        target = here / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
     started = time.monotonic()
-    shared.apply(ns_obj)
-    existing = shared.get("v1", "PersistentVolumeClaim", pvc["metadata"]["name"], namespace)
-    source = pvc["metadata"]["labels"][DATA_SOURCE_LABEL]
+    for manifest in workload.shared:
+        shared.apply(manifest)
     staged = False
-    if existing is None or (existing["metadata"].get("labels") or {}).get(
-            DATA_SOURCE_LABEL) != source:
-        shared.apply(pvc)
-        kube.apply(staging)
-        job = kube.wait("batch/v1", "Job", staging["metadata"]["name"], namespace,
-                        ready=lambda o: any(c.get("type") == "Complete" and
-                                            c.get("status") == "True" for c in
-                                            (o.get("status") or {}).get("conditions") or []),
-                        fail=lambda o: next((f"staging failed: {c.get('message', '')}" for c in
-                                             (o.get("status") or {}).get("conditions") or []
-                                             if c.get("type") == "Failed" and
-                                             c.get("status") == "True"), None),
-                        deadline_s=3600, what="data staging job")
-        staged = job is not None
-    (here / "src" / "config_final.json").write_text(configmap["data"]["config.json"] + "\n")
-    kube.apply(configmap)
-    name = pytorchjob["metadata"]["name"]
-    kube.apply(pytorchjob)
-    master = f"{name}-master-0"
+    if workload.staging is not None:
+        staged = _stage(kube, shared, workload.staging, namespace)
+    for manifest in workload.manifests:
+        kube.apply(manifest)
     pod: dict[str, Any] | None = None
     try:
-        kube.wait("v1", "Pod", master, namespace, fail=pod_failure,
+        kube.wait("v1", "Pod", workload.pod, namespace, fail=pod_failure,
                   ready=lambda o: (o.get("status") or {}).get("phase") in (
                       "Running", "Succeeded", "Failed"),
-                  deadline_s=block["image_pull_deadline_minutes"] * 60,
-                  what=f"pod {master} (image pull)")
-        pod = kube.wait("v1", "Pod", master, namespace, fail=pod_failure,
+                  deadline_s=image_pull_deadline_s, what=f"pod {workload.pod} (image pull)")
+        pod = kube.wait("v1", "Pod", workload.pod, namespace, fail=pod_failure,
                         ready=lambda o: (o.get("status") or {}).get("phase") in (
                             "Succeeded", "Failed"),
-                        deadline_s=timeout_minutes * 60, what=f"training pod {master}")
+                        deadline_s=timeout_s, what=f"workload pod {workload.pod}")
     finally:
-        _capture_job(kube, here, namespace, name, master, pod)
+        _capture(kube, here, namespace, workload, pod)
     terminated = _terminated(pod or {})
     code = int(terminated.get("exitCode", 0 if (pod or {}).get("status", {}).get("phase") ==
                               "Succeeded" else 1))
     reason = str(terminated.get("reason") or (pod or {}).get("status", {}).get("phase"))
-    return K8sWorkloadOutcome(exit_code=code, finish_reason=reason,
-                              duration_s=time.monotonic() - started, job=name, staged=staged)
+    return code, reason, time.monotonic() - started, staged
 
 
-def _capture_job(kube: Kube, here: Any, namespace: str, name: str, master: str,
-                 pod: dict[str, Any] | None) -> None:
+def _stage(kube: Kube, shared: Kube, staging: Staging, namespace: str) -> bool:
+    """Run the staging Job unless the volume already holds the same data (by label)."""
+    volume = staging.volume
+    wanted = (volume["metadata"].get("labels") or {}).get(staging.label)
+    existing = shared.get("v1", "PersistentVolumeClaim", volume["metadata"]["name"], namespace)
+    if existing is not None and (existing["metadata"].get("labels") or {}).get(
+            staging.label) == wanted:
+        return False
+    shared.apply(volume)
+    kube.apply(staging.job)
+    job = kube.wait("batch/v1", "Job", staging.job["metadata"]["name"], namespace,
+                    ready=lambda o: any(c.get("type") == "Complete" and
+                                        c.get("status") == "True" for c in
+                                        (o.get("status") or {}).get("conditions") or []),
+                    fail=lambda o: next((f"staging failed: {c.get('message', '')}" for c in
+                                         (o.get("status") or {}).get("conditions") or []
+                                         if c.get("type") == "Failed" and
+                                         c.get("status") == "True"), None),
+                    deadline_s=3600, what="data staging job")
+    return job is not None
+
+
+def _capture(kube: Kube, here: Path, namespace: str, workload: KubeWorkload,
+             pod: dict[str, Any] | None) -> None:
     """Best effort: whatever exists is saved, even when the wait failed."""
     try:
-        current = pod or kube.get("v1", "Pod", master, namespace)
+        current = pod or kube.get("v1", "Pod", workload.pod, namespace)
         if current is not None:
             write_json(here / "artifacts" / "pod.json", current)
             try:
-                (here / "artifacts" / "pod.log").write_text(kube.pod_log(master, namespace),
-                                                            encoding="utf-8")
+                (here / "artifacts" / "pod.log").write_text(
+                    kube.pod_log(workload.pod, namespace), encoding="utf-8")
             except Exception as exc:  # a pod that never started has no log
                 (here / "artifacts" / "pod.log.unavailable").write_text(f"{exc}\n")
-        job = kube.get("kubeflow.org/v1", "PyTorchJob", name, namespace)
-        if job is not None:
-            write_json(here / "artifacts" / "pytorchjob.json", job)
+        for api_version, kind, name, file in workload.capture:
+            obj = kube.get(api_version, kind, name, namespace)
+            if obj is not None:
+                write_json(here / "artifacts" / Path(file).name, obj)
     except Exception as exc:
-        logger.warning("capture of %s incomplete: %s", name, exc)
+        logger.warning("capture of %s incomplete: %s", workload.pod, exc)
 
 
 def cleanup_cluster(kubeconfig: str | None, run_id: str, *, keep: bool = False,

@@ -1,14 +1,21 @@
-"""Prepare-phase steps on a cluster: operators through OLM (see `tasks.olm`)."""
+"""Prepare-phase steps on a cluster: operators through OLM (see `tasks.kube.olm`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from tasks.artifacts import step
-from tasks.k8s import Kube, api_client
-from tasks.olm import RHOAI, prepare_gpu, prepare_rhoai, uninstall
+from tasks.kube.api import Kube, api_client
+from tasks.kube.olm import RHOAI, prepare_gpu, prepare_rhoai, uninstall
+from tasks.kube.users import deploy_in_cluster_s3
 
-__all__ = ["deploy_gpu_operator", "deploy_rhoai", "uninstall_rhoai"]
+__all__ = ["deploy_gpu_operator", "deploy_rhoai", "deploy_s3", "uninstall_rhoai"]
+
+
+@step("prepare", timeout_seconds=300)
+def deploy_s3(kubeconfig: str | None, namespace: str, bucket: str) -> str:
+    """Deploy the fan-out's in-cluster S3 server; returns its endpoint for the pods."""
+    return deploy_in_cluster_s3(Kube(api_client(kubeconfig)), namespace, bucket)
 
 
 @step("rhods", timeout_seconds=3600)

@@ -1,6 +1,6 @@
 """Cluster fan-out: N users as one Indexed Job, a start barrier through S3, per-user results.
 
-- `user_job_manifests`: a ConfigMap with the user program (`tasks.user_pod_script`, standard
+- `user_job_manifests`: a ConfigMap with the user program (`tasks.kube.user_pod_script`, standard
   library only) and the frozen config, and a ``batch/v1`` Job with
   ``completionMode: Indexed``, ``completions = parallelism = N``, ``backoffLimit: 0`` and a
   deadline. Each pod learns its index from ``JOB_COMPLETION_INDEX``.
@@ -19,19 +19,21 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
 from analysis.errors import StepError
-from blocks.s3 import S3Target
-from tasks.k8s import Kube
-from tasks.s3_export import map_s3_error, safe_target
+from projects.contract import USERS_CONFIG_PATH
+from tasks.kube.api import Kube
 
 __all__ = ["S3_SERVICE", "UsersJobStatus", "collect_users", "deploy_in_cluster_s3",
            "follow_users", "in_cluster_s3_manifests", "user_job_manifests"]
+
+if TYPE_CHECKING:  # the block imports Prefect: only where a collection really runs
+    from blocks.s3 import S3Target
 
 logger = logging.getLogger("telltale.users")
 SCRIPT = Path(__file__).with_name("user_pod_script.py")
@@ -57,23 +59,28 @@ def user_job_manifests(name: str, namespace: str, *, users: int, image: str,
                        command: Sequence[str], config: dict[str, Any], batch_size: int,
                        sleep_factor: float, deadline_s: int, s3_endpoint: str, bucket: str,
                        prefix: str, barrier_timeout_s: int = 600,
-                       gpus: int = 0) -> list[dict[str, Any]]:
-    """The ConfigMap (user program + frozen config) and the Indexed Job of a fan-out."""
+                       gpus: int = 0, env: Mapping[str, str] | None = None,
+                       ) -> list[dict[str, Any]]:
+    """The ConfigMap (user program + frozen config) and the Indexed Job of a fan-out.
+
+    The config is mounted at `projects.contract.USERS_CONFIG_PATH`; ``env`` adds the
+    project's variables (e.g. where its trainer reads that config).
+    """
     configmap = {"apiVersion": "v1", "kind": "ConfigMap",
                  "metadata": {"name": f"{name}-users", "namespace": namespace},
                  "data": {"user.py": SCRIPT.read_text(encoding="utf-8"),
                           "config.json": json.dumps(config, indent=2)}}
-    env = {"TELLTALE_USERS": str(users), "TELLTALE_BATCH_SIZE": str(batch_size),
+    mount = str(Path(USERS_CONFIG_PATH).parent)
+    variables = {"TELLTALE_USERS": str(users), "TELLTALE_BATCH_SIZE": str(batch_size),
            "TELLTALE_SLEEP_FACTOR": str(sleep_factor),
            "TELLTALE_BARRIER_TIMEOUT": str(barrier_timeout_s),
            "TELLTALE_S3_ENDPOINT": s3_endpoint, "TELLTALE_S3_BUCKET": bucket,
            "TELLTALE_S3_PREFIX": prefix, "TELLTALE_LAUNCHED_AT": str(time.time()),
-           "TELLTALE_COMMAND": json.dumps(list(command)),
-           "SFT_TRAINER_CONFIG_JSON_PATH": "/etc/telltale-users/config.json"}
+           "TELLTALE_COMMAND": json.dumps(list(command)), **dict(env or {})}
     container: dict[str, Any] = {
-        "name": "user", "image": image, "command": ["python3", "/etc/telltale-users/user.py"],
-        "env": [{"name": k, "value": v} for k, v in env.items()],
-        "volumeMounts": [{"name": "users", "mountPath": "/etc/telltale-users"}]}
+        "name": "user", "image": image, "command": ["python3", f"{mount}/user.py"],
+        "env": [{"name": k, "value": v} for k, v in variables.items()],
+        "volumeMounts": [{"name": "users", "mountPath": mount}]}
     if gpus:
         container["resources"] = {"limits": {"nvidia.com/gpu": gpus}}
     job = {"apiVersion": "batch/v1", "kind": "Job",
@@ -133,6 +140,8 @@ def collect_users(indices: Sequence[int], url: str, dest: str, target: S3Target)
     Returns:
         The indices that had results.
     """
+    from tasks.publish.s3 import map_s3_error, safe_target  # boto3 and the block: lazily
+
     bucket, _, prefix = url[len("s3://"):].partition("/")
     root = Path(dest) / "users"
     found = []

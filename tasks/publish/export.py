@@ -21,8 +21,8 @@ from analysis.lts import LtsPayload
 from blocks.opensearch import OpenSearchInstance
 from blocks.s3 import S3Target
 from tasks.artifacts import step
-from tasks.opensearch_export import export_payloads
-from tasks.s3_export import ExportResult, upload_dir
+from tasks.publish.opensearch import export_payloads
+from tasks.publish.s3 import ExportResult, upload_dir
 from tasks.secrets import read_env_file, read_yaml_secret, secret_file
 
 __all__ = ["opensearch_instance", "publish_opensearch", "s3_target", "upload_run"]

@@ -98,7 +98,7 @@ def _kind(api_version: str, kind: str) -> Kind:
     try:
         return KINDS[(api_version, kind)]
     except KeyError:
-        raise StepError(f"unknown kind {api_version}/{kind}; add it to tasks.k8s.KINDS") \
+        raise StepError(f"unknown kind {api_version}/{kind}; add it to tasks.kube.api.KINDS") \
             from None
 
 

@@ -29,7 +29,7 @@ from pydantic import BaseModel, Field
 
 from analysis.errors import ConfigError, StepError
 from analysis.yamlio import dump_yaml
-from tasks.k8s import Kube
+from tasks.kube.api import Kube
 from tasks.runner import run
 
 __all__ = ["CLUSTER_FILE", "ClusterRecord", "claim_from_pool", "create_managed",

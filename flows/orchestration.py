@@ -1,0 +1,406 @@
+"""The one generic orchestration: every project's flow is a thin wrapper over `orchestrate`.
+
+resolve config once → plan (config.yaml, plan.yaml, manifests) → freeze → lease / create a
+cluster (optional) → prepare → cells under the platform's lock (resume, skip_if,
+stop_on_error, multi-user fan-out) → post-process (parse, KPIs, history, verdicts, report)
+→ Prefect artifacts → export → cleanup and teardown in every outcome → ``outcome.json``.
+
+The engine knows no project: it calls the project's contract (`projects.contract.Project`)
+and the chosen `tasks.platforms.Platform`. Crash and cancellation hooks run in another
+process; they read the run's saved ``config.yaml`` (never re-apply presets) to release what
+the run left.
+
+Exit code (``RunOutcome.exit_code``): 0 when every cell passed and post-processing did its
+job; 1 when a cell failed, a regression gate tripped, or post-processing failed in strict
+mode (``flows.cli.exit_code_for`` maps exceptions: 2 user error, 130 interrupted).
+
+Note: no ``from __future__ import annotations`` in flow modules: ``flow.serve()`` validates
+parameters from real annotations (DESIGN §12).
+"""
+
+import hashlib
+import json
+import logging
+import os
+import sys
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from analysis.errors import TelltaleError
+from analysis.history import default_history_uri
+from analysis.pipeline import PostprocessOutcome
+from analysis.yamlio import dump_yaml, load_yaml
+from flows.cli import EXIT_FAILED, EXIT_OK, default_artifact_dir, exit_code_for
+from projects import registry
+from projects.config import resolve, use_config
+from projects.matrix import Cell
+from tasks.artifacts import next_artifact_dir, use_artifact_dir
+from tasks.lab import provision
+from tasks.platforms.base import CellResult, Platform, RunContext
+from tasks.platforms.local import cleanup_local
+from tasks.platforms.plan import plan_run
+from tasks.platforms.select import make_platform, select_platform
+from tasks.postprocess import postprocess_results
+from tasks.publish.export import opensearch_instance, publish_opensearch, s3_target, upload_run
+from tasks.publish.prefect_artifacts import publish_results, start_progress, update_progress
+from tasks.runner import run_and_catch
+
+__all__ = ["CellOutcome", "RunOutcome", "cleanup_hook", "orchestrate", "run_from_cli"]
+
+CELL_FILE = "cell.json"
+PlatformFactory = Callable[[str], Platform]
+
+logger = logging.getLogger("telltale.flows")
+
+
+class CellOutcome(BaseModel):
+    """What happened to one matrix cell."""
+
+    name: str
+    status: Literal["passed", "failed", "skipped", "resumed", "not_run"]
+    exit_code: int | None = None
+    dir: str | None = None
+    reason: str | None = None
+    log_tail: str | None = Field(default=None, description="Last lines of a failed workload.")
+
+
+class RunOutcome(BaseModel):
+    """The result of one run of any project."""
+
+    artifact_dir: str = Field(description="Where everything was written.")
+    exit_code: int = Field(description="0 success, 1 failed cell/gate/strict post-process.")
+    platform: str
+    cells: list[CellOutcome] = Field(default_factory=list)
+    report: str | None = Field(default=None, description="HTML report index.")
+    verdict_counts: dict[str, int] = Field(default_factory=dict)
+    export_url: str | None = Field(default=None, description="Where the run was exported.")
+    failures: list[str] = Field(default_factory=list, description="Why the run failed.")
+
+
+def _log() -> Any:
+    """Prefect's run logger inside a run (it reaches the UI), else the module logger."""
+    try:
+        from prefect import get_run_logger
+
+        return get_run_logger()
+    except Exception:  # outside a flow or task run
+        return logger
+
+
+def _flow_run_id() -> str | None:
+    from prefect.runtime import flow_run
+
+    run_id = flow_run.get_id()
+    return str(run_id) if run_id else None
+
+
+def settings_hash(settings: dict[str, Any]) -> str:
+    """Identity of a cell's settings (resume compares it)."""
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def finished_cells(root: Path) -> dict[str, Path]:
+    """Cell dirs of an earlier run into the same artifact dir: settings hash → dir (passed).
+
+    Earlier failed attempts are kept for reading but hidden from discovery (a ``skip`` file).
+    """
+    finished: dict[str, Path] = {}
+    for meta_file in sorted(root.glob(f"*__cell/{CELL_FILE}")):
+        cell_dir = meta_file.parent
+        try:
+            meta = json.loads(meta_file.read_text(encoding="utf-8"))
+            code = int((cell_dir / "exit_code").read_text().strip())
+        except (OSError, ValueError):
+            code = None
+            meta = {}
+        if (cell_dir / "skip").exists():
+            continue
+        if code == 0:
+            finished[meta.get("settings_hash", "")] = cell_dir
+        else:
+            (cell_dir / "skip").write_text("superseded by a re-run\n", encoding="utf-8")
+    return finished
+
+
+def _users_result(results: Sequence[CellResult], need_all: bool) -> CellResult:
+    """One cell result from the users': enough successes (all, or at least one)."""
+    succeeded = sum(1 for r in results if r.exit_code == 0)
+    need = len(results) if need_all else 1
+    failed = next((r for r in results if r.exit_code != 0), None)
+    return CellResult(exit_code=0 if results and succeeded >= need else 1,
+                      reason=f"{succeeded}/{len(results)} users succeeded",
+                      duration_s=max((r.duration_s for r in results), default=0.0),
+                      log_tail=failed.log_tail if failed and succeeded < need else None)
+
+
+def _run_cell(cell: Cell, run: RunContext, platform: Platform) -> CellOutcome:
+    with next_artifact_dir("cell") as cell_dir:
+        settings = {**cell.settings, "ci_engine": os.environ.get("TELLTALE_CI_ENGINE",
+                                                                 "prefect"),
+                    "run_id": run.run_id}
+        (cell_dir / "settings.yaml").write_text(dump_yaml(settings), encoding="utf-8")
+        (cell_dir / ".uuid").write_text(f"{uuid.uuid4()}\n", encoding="utf-8")
+        (cell_dir / CELL_FILE).write_text(json.dumps({
+            "name": cell.name, "index": cell.index,
+            "settings_hash": settings_hash(cell.settings)}) + "\n", encoding="utf-8")
+        start = datetime.now(UTC).isoformat()
+        try:
+            platform.capture(run)
+            if run.test.multi_user.enabled:
+                result = _users_result(platform.run_users(run, cell),
+                                       run.test.multi_user.need_all_success)
+            else:
+                result = platform.run_cell(run, cell)
+        except Exception as exc:  # the cell failed; the matrix and post-processing go on
+            result = CellResult(exit_code=1, reason=f"{type(exc).__name__}: {exc}")
+        (cell_dir / "test_start_end.json").write_text(json.dumps({
+            "start": start, "end": datetime.now(UTC).isoformat()}) + "\n", encoding="utf-8")
+        (cell_dir / "exit_code").write_text(f"{result.exit_code}\n", encoding="utf-8")
+        passed = result.exit_code == 0
+        _log().log(logging.INFO if passed else logging.ERROR, "cell %d/%s %s (exit %d)%s",
+                   cell.index, cell.name, "passed" if passed else "failed", result.exit_code,
+                   "" if passed else f": {result.reason}")
+        return CellOutcome(name=cell.name, status="passed" if passed else "failed",
+                           exit_code=result.exit_code, dir=str(cell_dir),
+                           reason=None if passed else result.reason,
+                           log_tail=None if passed else result.log_tail)
+
+
+def test_phase(cells: Sequence[Cell], run: RunContext, platform: Platform) -> list[CellOutcome]:
+    """Walk the matrix: skip_if, resume of passed cells, stop_on_error, progress artifact."""
+    finished = finished_cells(run.root)
+    progress = start_progress(f"{len(cells)} cell(s)")
+    results: list[CellOutcome] = []
+    stop = False
+    for done, cell in enumerate(cells, start=1):
+        if cell.skip_reason:
+            results.append(CellOutcome(name=cell.name, status="skipped", reason=cell.skip_reason))
+        elif stop:
+            results.append(CellOutcome(name=cell.name, status="not_run",
+                                       reason="stop_on_error after an earlier failure"))
+        elif settings_hash(cell.settings) in finished:
+            previous = finished[settings_hash(cell.settings)]
+            _log().info("cell %s already passed in %s: resumed", cell.name, previous.name)
+            results.append(CellOutcome(name=cell.name, status="resumed", exit_code=0,
+                                       dir=str(previous)))
+        else:
+            result = _run_cell(cell, run, platform)
+            results.append(result)
+            stop = result.status == "failed" and run.test.stop_on_error
+        update_progress(progress, done, len(cells))
+    return results
+
+
+def _postprocess_phase(outcome: RunOutcome, run: RunContext) -> None:
+    log = _log()
+    settings = run.model.analysis
+    strict = settings.strict or settings.mode == "cpt"
+    history = settings.history_uri or default_history_uri(run.project.name)
+    export = run.model.export_artifacts
+    instance = None
+    try:
+        if settings.history_source == "opensearch":
+            instance = opensearch_instance(export.model_dump(), run.model.secrets.model_dump())
+        post = postprocess_results(str(run.root), run.project.name, history,
+                                   settings.model_dump(), list(run.config.presets_applied),
+                                   run.config.to_yaml(), instance, export.opensearch.index)
+    except Exception as exc:
+        message = f"post-processing failed: {type(exc).__name__}: {exc}"
+        log.error(message)
+        if strict:
+            outcome.failures.append(message)
+        return
+    outcome.report = post.report
+    outcome.verdict_counts = post.verdict_counts
+    outcome.failures.extend(post.gate_failures)
+    if post.report:
+        index = Path(post.report).relative_to(run.root)
+        (run.root / "report.html").write_text(
+            f"<!DOCTYPE html><meta http-equiv='refresh' content='0; url={index}'>"
+            f"<a href='{index}'>report</a>\n", encoding="utf-8")
+    try:
+        publish_results(run.project.flow_name, post,
+                        [c.model_dump() for c in outcome.cells], run.root)
+    except Exception as exc:  # artifacts are a convenience; the files are the record
+        log.warning("could not publish Prefect artifacts: %s", exc)
+    _export_phase(outcome, run, post)
+
+
+def _export_phase(outcome: RunOutcome, run: RunContext, post: PostprocessOutcome) -> None:
+    """Upload to S3 and publish to OpenSearch; a failure is reported, local files stay."""
+    export = run.model.export_artifacts
+    if not export.enabled:
+        return
+    secrets = run.model.secrets.model_dump()
+    valid = not any(c.status == "failed" for c in outcome.cells)
+    try:
+        if export.s3.bucket:
+            result = upload_run(str(run.root), s3_target(export.model_dump(), secrets),
+                                run.project.flow_name, run.run_id, valid,
+                                post.files.get("kpis"), run.project.name)
+            outcome.export_url = result.url
+        if export.opensearch.enabled:
+            publish_opensearch(opensearch_instance(export.model_dump(), secrets),
+                               post.files["lts"], export.opensearch.index,
+                               export.opensearch.kpi_index, valid)
+    except Exception as exc:
+        message = (f"export failed: {type(exc).__name__}: {exc} "
+                   f"(local artifacts kept in {run.root})")
+        _log().error(message)
+        if export.fail_on_error:
+            outcome.failures.append(message)
+
+
+def _provision(run: RunContext, creates: bool) -> RunContext:
+    """Lease hosts and create the cluster when the config asks; returns the run's context."""
+    clusters, secrets = run.model.clusters, run.model.secrets.model_dump()
+    lab = clusters.sutest.lab
+    if lab.enabled:
+        provision.lease_hosts(str(run.root), secrets, lab.model_dump(), lab.poll_seconds)
+    if not creates:
+        return run
+    record = provision.create_cluster(str(run.root), clusters.create.model_dump(), secrets,
+                                      run.run_id, run.kubeconfig)
+    return RunContext(project=run.project, config=run.config, model=run.model, test=run.test,
+                      root=run.root, run_id=run.run_id, kubeconfig=record.kubeconfig)
+
+
+def orchestrate(project_name: str, presets: Sequence[str], overrides: dict[str, Any] | None,
+                platform: str = "auto", artifact_dir: str | None = None, *,
+                platform_factory: PlatformFactory = make_platform) -> RunOutcome:
+    """Run one project end to end (call it from the project's flow).
+
+    Args:
+        project_name: A registered project (``fine_tuning``).
+        presets: Presets from the project's ``ci_presets``, in order.
+        overrides: Dotted config key → value (strings are parsed as YAML).
+        platform: auto (a kubeconfig selects kubernetes, else local), local or kubernetes.
+        artifact_dir: Where to write artifacts; reusing one resumes its passed cells.
+        platform_factory: Builds the platform from its name (tests pass a fake one).
+
+    Returns:
+        The `RunOutcome`, also written to ``<artifact_dir>/outcome.json``.
+
+    Raises:
+        TelltaleError: A user error before any cell ran (config, platform, prepare).
+    """
+    log = _log()
+    project = registry.load(project_name)
+    config = resolve(project_name, presets=presets, overrides=overrides or {})
+    model = config.model
+    clusters = model.clusters
+    creates = clusters.create.type is not None
+    chosen, kubeconfig = select_platform(
+        platform if platform != "auto" else clusters.platform, clusters.kubeconfig,
+        creates_cluster=creates)
+    run_id = _flow_run_id()
+    root_path = Path(artifact_dir) if artifact_dir else default_artifact_dir(
+        project.name, run_id=run_id)
+    with use_artifact_dir(root_path) as root, use_config(config):
+        plan = plan_run(project, config, chosen, root)
+        config.freeze()
+        log.info("artifacts in %s; %d cell(s) on %s", root, len(plan.cells), chosen)
+        outcome = RunOutcome(artifact_dir=str(root), exit_code=EXIT_OK, platform=chosen)
+        run = RunContext(project=project, config=config, model=model,
+                         test=project.test_block(model), root=root,
+                         run_id=run_id or root.name, kubeconfig=kubeconfig)
+        target = platform_factory(chosen)
+        try:
+            run = _provision(run, creates)
+            target = platform_factory("kubernetes") if creates else target
+            target.prepare(run, plan.runnable)
+            with target.lock(run):
+                outcome.cells = test_phase(plan.cells, run, target)
+            _postprocess_phase(outcome, run)
+        finally:
+            # Every cleanup step runs even when an earlier one fails; the first error wins.
+            error: BaseException | None = None
+            if clusters.cleanup_on_exit:
+                error = run_and_catch(error, target.cleanup, run)
+            if clusters.sutest.lab.enabled or creates:  # destroy, then release
+                error = run_and_catch(error, provision.teardown, str(root), clusters.keep,
+                                      model.secrets.model_dump(), kubeconfig)
+            if error is not None and not sys.exc_info()[0]:
+                raise error
+        failed = [c for c in outcome.cells if c.status == "failed"]
+        outcome.failures = [f"cell {c.name} failed: {c.reason}" for c in failed] + \
+            outcome.failures
+        if outcome.failures:
+            outcome.exit_code = EXIT_FAILED
+        (root / "outcome.json").write_text(outcome.model_dump_json(indent=2), encoding="utf-8")
+    return outcome
+
+
+def cleanup_hook(project_name: str) -> Callable[[Any, Any, Any], None]:
+    """A crash/cancellation hook for a project's flow (Prefect runs it in another process).
+
+    It finds the run's artifact dir from the flow run's parameters (or the default name),
+    stops local leftovers, and destroys the cluster / releases the lease the run recorded
+    (``cluster.json``, ``lease.json``) with the run's *saved* ``config.yaml``.
+    """
+
+    def hook(flow_obj: Any, flow_run: Any, state: Any) -> None:
+        params = getattr(flow_run, "parameters", {}) or {}
+        target = params.get("artifact_dir")
+        roots = [Path(target)] if target else sorted(
+            Path("runs").glob(f"*-{project_name}-{str(flow_run.id)[:8]}"))
+        for root in roots:
+            if not root.is_dir():
+                continue
+            cleanup_local(root)
+            if (root / "cluster.json").is_file() or (root / "lease.json").is_file():
+                try:
+                    saved, _ = load_yaml(root / "config.yaml")
+                    model = registry.load(project_name).config_model.model_validate(saved)
+                    with use_artifact_dir(root):
+                        provision.teardown.fn(str(root), model.clusters.keep,
+                                              model.secrets.model_dump(),
+                                              model.clusters.kubeconfig)
+                except Exception as exc:  # a hook must not raise; say what is left
+                    logger.error("crash cleanup of %s incomplete: %s", root, exc)
+
+    return hook
+
+
+def run_from_cli(flow_fn: Callable[..., RunOutcome], presets: list[str],
+                 overrides: dict[str, Any], platform: str, artifact_dir: Path | None) -> int:
+    """Run a project's flow for the command line and print where to look; returns the code."""
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        temporary_settings,
+    )
+
+    # Heartbeats let a server notice a crashed run; with the temporary server of a CLI run,
+    # which dies with this process, they only cost ~1 s at flow exit (a thread join).
+    updates = {} if PREFECT_API_URL.value() else {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
+    try:
+        with temporary_settings(updates=updates):
+            outcome = flow_fn(presets=presets, overrides=overrides, platform=platform,
+                              artifact_dir=str(artifact_dir) if artifact_dir else None)
+    except TelltaleError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exit_code_for(exc)
+    print()
+    print(f"artifacts : {outcome.artifact_dir}")
+    for cell in outcome.cells:
+        print(f"  cell {cell.name:<40} {cell.status}"
+              + (f" (exit {cell.exit_code})" if cell.exit_code not in (None, 0) else ""))
+    if outcome.verdict_counts:
+        print("verdicts  : " + ", ".join(f"{k}={v}" for k, v in
+                                         sorted(outcome.verdict_counts.items())))
+    if outcome.report:
+        print(f"report    : {outcome.report}")
+    if outcome.export_url:
+        print(f"exported  : {outcome.export_url}")
+    for failure in outcome.failures:
+        print(f"FAILED    : {failure}")
+    for cell in outcome.cells:
+        if cell.log_tail:
+            print(f"--- last lines of {cell.name}'s workload log ---\n{cell.log_tail}")
+    return outcome.exit_code

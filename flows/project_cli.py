@@ -1,0 +1,99 @@
+"""The command line every project's flow shares: ``python -m flows.<project> ...``.
+
+python -m flows.<project> [--preset NAME]... [--var KEY=VALUE]... [--vars-file F]
+[--pr-args F] [--artifact-dir D] [--platform auto|local|kubernetes]
+[--plan] [--list-presets] [--show-config] [--show-schema]
+
+Plan, listing and schema never import Prefect (they answer in well under a second); a run
+imports the project's flow module ``flows.<project>.flow``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from flows.cli import (
+    EXIT_OK,
+    add_config_arguments,
+    default_artifact_dir,
+    main_guard,
+    make_parser,
+    overrides_from_args,
+    prefect_defaults,
+    resolve_from_args,
+)
+from projects import registry
+from projects.config import json_schema, resolve
+from projects.plan import format_plan
+from tasks.platforms.select import select_platform
+
+__all__ = ["project_main"]
+
+
+def _parser(project: str) -> argparse.ArgumentParser:
+    parser = make_parser(f"python -m flows.{project}",
+                         f"Run (or plan) the {project} performance test.")
+    add_config_arguments(parser)
+    parser.add_argument("--artifact-dir", metavar="D",
+                        help=f"where artifacts go (default: runs/<date>-{project}-<id>)")
+    parser.add_argument("--platform", choices=["auto", "local", "kubernetes"],
+                        help="override clusters.platform")
+    parser.add_argument("--plan", action="store_true",
+                        help="resolve config, expand the matrix, write config.yaml, plan.yaml "
+                             "and (kubernetes) every manifest; touch nothing")
+    parser.add_argument("--list-presets", action="store_true", help="list presets and exit")
+    parser.add_argument("--show-config", action="store_true",
+                        help="print the resolved config (secrets redacted) and exit")
+    parser.add_argument("--show-schema", action="store_true",
+                        help="print the config's JSON schema and exit")
+    return parser
+
+
+def project_main(project: str, argv: Sequence[str] | None = None) -> int:
+    """Run the command line of ``project``; returns the process exit code."""
+
+    @main_guard
+    def main(args_list: Sequence[str] | None) -> int:
+        args = _parser(project).parse_args(args_list)
+        if args.list_presets:
+            presets = resolve(project, env={}).get("ci_presets")
+            for name, body in presets.items():
+                parents = (body or {}).get("extends", [])
+                parents = [parents] if isinstance(parents, str) else parents
+                print(f"{name}" + (f"  (extends {', '.join(parents)})" if parents else ""))
+            return EXIT_OK
+        if args.show_schema:
+            print(json.dumps(json_schema(project), indent=2))
+            return EXIT_OK
+        config = resolve_from_args(project, args)
+        if args.show_config:
+            sys.stdout.write(config.to_yaml())
+            return EXIT_OK
+        clusters = config.model.clusters
+        requested = args.platform or clusters.platform
+        if args.plan:  # a plan touches no cluster: it needs no kubeconfig
+            platform = requested if requested != "auto" else select_platform(
+                "auto", clusters.kubeconfig)[0]
+            from tasks.platforms.plan import plan_run
+
+            artifact_dir = Path(args.artifact_dir or default_artifact_dir(project))
+            plan = plan_run(registry.load(project), config, platform, artifact_dir)
+            print(format_plan(plan))
+            print(f"\nplan written to {artifact_dir}/plan.yaml")
+            return EXIT_OK
+        platform, _ = select_platform(requested, clusters.kubeconfig,
+                                      creates_cluster=clusters.create.type is not None)
+        prefect_defaults()
+        from flows.orchestration import run_from_cli
+
+        module = importlib.import_module(f"flows.{project}.flow")
+        return run_from_cli(module.FLOW, presets=list(args.preset),
+                            overrides=overrides_from_args(args), platform=platform,
+                            artifact_dir=Path(args.artifact_dir) if args.artifact_dir else None)
+
+    return main(argv)

@@ -1,0 +1,208 @@
+"""The project contract: what a project declares, and what the engine calls.
+
+A project is a plug-in (like a pytest plugin): its folder ``projects/<name>/`` holds data and
+hooks, and exports one `Project` object, registered under the ``telltale.projects`` entry
+point (or found as ``projects.<name>.project:PROJECT``). The engine (`flows.orchestration`,
+`tasks.platforms`) resolves the config, expands the matrix and, for each cell, asks the
+project *what* to run on the chosen platform; the platform decides *how*:
+
+- local: `Project.local` returns a `LocalWorkload` (argv, env, input files) that the local
+  platform runs as a process in the cell's workload dir, with its output in
+  ``artifacts/pod.log``;
+- kubernetes: `Project.kubernetes` returns a `KubeWorkload` (pure manifests: shared objects,
+  optional data staging, run-labelled objects, the pod that carries the result);
+- multi-user: the local platform runs the same `LocalWorkload` once per user behind a
+  barrier; on a cluster `Project.kube_users` says what each user pod runs.
+
+Hooks receive a `CellContext` holding *typed* config sections (the project's settings model
+and test block), never dotted strings. A project imports nothing from ``tasks`` or ``flows``
+(import-linter checks it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from analysis.project import AnalysisProject
+from projects.library.tests import EngineConfig, TestBlock
+
+__all__ = [
+    "SCRATCH_DIR",
+    "USERS_CONFIG_PATH",
+    "CellContext",
+    "KubeUsers",
+    "KubeWorkload",
+    "LocalWorkload",
+    "Project",
+    "Staging",
+]
+
+SCRATCH_DIR = "scratch"
+"""A workload's scratch dir inside its step dir (removed by the platform's cleanup)."""
+
+USERS_CONFIG_PATH = "/etc/telltale-users/config.json"
+"""Where a cluster user pod finds the `KubeUsers.config` file."""
+
+
+@dataclass(frozen=True)
+class CellContext:
+    """What a project hook knows about the cell it builds a workload for.
+
+    Attributes:
+        settings: The cell's settings, validated by the project's settings model.
+        test: The project's ``tests.<name>`` block (typed, frozen for the run).
+        index: Position of the cell in the matrix.
+        name: The cell's short name.
+        workdir: The workload's step dir (local platform; input files are relative to it).
+        data_dir: The project's ``data/`` folder.
+        run_id: The run's id (labels, names).
+    """
+
+    settings: BaseModel
+    test: TestBlock
+    index: int
+    name: str
+    workdir: Path
+    data_dir: Path
+    run_id: str
+
+
+@dataclass(frozen=True)
+class LocalWorkload:
+    """A process the local platform runs for one cell (or once per user).
+
+    Attributes:
+        argv: The command (no shell); ``{index}``, ``{users}`` and ``{dir}`` are replaced per
+            user in a multi-user run.
+        env: Extra environment variables.
+        files: Input files written before the start, path relative to the workdir → text.
+    """
+
+    argv: Sequence[str]
+    env: Mapping[str, str] = field(default_factory=dict)
+    files: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Staging:
+    """Data staging on a cluster: a Job that fills a volume, skipped when already done.
+
+    The volume carries a label whose value identifies what was staged; when the existing
+    volume has the same value the Job is not run again.
+    """
+
+    volume: dict[str, Any]
+    job: dict[str, Any]
+    label: str
+
+
+@dataclass(frozen=True)
+class KubeWorkload:
+    """What one cell applies on a cluster (pure data: ``--plan`` writes exactly this).
+
+    Attributes:
+        shared: Objects that outlive the run (Namespace...): applied without the run label.
+        manifests: The run's objects, applied in order with the run-id label.
+        pod: The pod whose end is the workload's end (its log is ``artifacts/pod.log``).
+        staging: Optional data staging before ``manifests``.
+        files: Files written to the step dir (e.g. the effective ``src/config_final.json``).
+        capture: ``(apiVersion, kind, name, file)`` saved under ``artifacts/`` at the end.
+    """
+
+    shared: Sequence[dict[str, Any]]
+    manifests: Sequence[dict[str, Any]]
+    pod: str
+    staging: Staging | None = None
+    files: Mapping[str, str] = field(default_factory=dict)
+    capture: Sequence[tuple[str, str, str, str]] = ()
+
+    def all_manifests(self) -> list[dict[str, Any]]:
+        """Every object in apply order (shared, staging, run objects)."""
+        staged = [self.staging.volume, self.staging.job] if self.staging else []
+        return [*self.shared, *staged, *self.manifests]
+
+
+@dataclass(frozen=True)
+class KubeUsers:
+    """What each user pod of a cluster fan-out runs.
+
+    Attributes:
+        name: Job name (a DNS label).
+        image: Container image of the user pods.
+        command: Default workload argv (``multi_user.command`` overrides it).
+        config: Written to `USERS_CONFIG_PATH` in every pod.
+        env: Extra environment variables of the user container.
+        gpus: ``nvidia.com/gpu`` per pod.
+    """
+
+    name: str
+    image: str
+    command: Sequence[str]
+    config: Mapping[str, Any]
+    env: Mapping[str, str] = field(default_factory=dict)
+    gpus: int = 0
+
+
+LocalHook = Callable[[CellContext], LocalWorkload]
+KubeHook = Callable[[CellContext], KubeWorkload]
+UsersHook = Callable[[CellContext], KubeUsers]
+CheckHook = Callable[[Sequence[CellContext]], dict[str, Any]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Project(AnalysisProject):
+    """A project: its config, workload per platform, and post-processing hooks.
+
+    The post-processing fields come from `analysis.project.AnalysisProject` (parser, KPIs,
+    labels, plots), so ``python -m analysis`` reads the same object without the engine.
+
+    Attributes:
+        folder: The project's folder (``config.yaml``, ``plots.yaml``, ``data/``).
+        flow_name: Prefect flow name (``fine-tuning``).
+        config_model: Validates the whole config file (an `EngineConfig`).
+        settings_model: Validates one cell's settings.
+        workload_step: Name of the workload's step dir (``run_fine_tuning_job``); the group
+            is the project's name, so dirs read ``NNN__<name>__<workload_step>``.
+        local: Builds the local workload of a cell (None: no local platform).
+        kubernetes: Builds the cluster workload of a cell (None: no cluster platform).
+        kube_users: Builds a cluster user pod (None: no cluster fan-out).
+        check_local: Checks, before anything runs, that the cells can run on this machine;
+            raises a `analysis.errors.ConfigError` naming the key otherwise.
+    """
+
+    folder: Path
+    flow_name: str
+    config_model: type[EngineConfig]
+    settings_model: type[BaseModel]
+    workload_step: str
+    local: LocalHook | None = None
+    kubernetes: KubeHook | None = None
+    kube_users: UsersHook | None = None
+    check_local: CheckHook | None = None
+
+    @property
+    def config_file(self) -> Path:
+        """The project's base ``config.yaml``."""
+        return self.folder / "config.yaml"
+
+    @property
+    def data_dir(self) -> Path:
+        """The project's ``data/`` folder."""
+        return self.folder / "data"
+
+    @property
+    def test_key(self) -> str:
+        """Dotted path of the project's test block (``tests.<name>``)."""
+        return f"tests.{self.name}"
+
+    def test_block(self, config: EngineConfig) -> TestBlock:
+        """The project's typed ``tests.<name>`` block of a validated config."""
+        block = getattr(getattr(config, "tests", None), self.name, None)
+        if not isinstance(block, TestBlock):
+            raise TypeError(f"tests.{self.name} of {self.name} is not a TestBlock")
+        return block

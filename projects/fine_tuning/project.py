@@ -1,0 +1,168 @@
+"""The fine_tuning project's contract: config, workload per platform, post-processing.
+
+Registered under the ``telltale.projects`` entry point; the engine calls these hooks and
+never imports anything else from this folder.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from collections.abc import Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from analysis.errors import ConfigError
+from analysis.parsing import ParsedResult
+from projects.contract import (
+    SCRATCH_DIR,
+    USERS_CONFIG_PATH,
+    CellContext,
+    KubeUsers,
+    KubeWorkload,
+    LocalWorkload,
+    Project,
+    Staging,
+)
+from projects.fine_tuning.kpis import KPIS, labels, results_summary
+from projects.fine_tuning.manifests import DATA_SOURCE_LABEL, cell_manifests
+from projects.fine_tuning.models import ConfigModel, FineTuningTest, TestSettings
+from projects.fine_tuning.parser import FineTuningParser, FineTuningResult
+from projects.fine_tuning.trainer import trainer_config
+
+__all__ = ["PROJECT", "WORKLOAD_MODULE"]
+
+WORKLOAD_MODULE = "projects.fine_tuning.workload.train_local"
+_LOCAL_EXTRA = ("torch", "transformers", "peft", "accelerate", "tokenizers")
+_FOLDER = Path(__file__).resolve().parent
+
+
+def _as_ft(result: ParsedResult) -> FineTuningResult:
+    if not isinstance(result, FineTuningResult):
+        raise TypeError(f"expected a FineTuningResult, got {type(result).__name__}")
+    return result
+
+
+def _run_uuid(result: ParsedResult) -> str:
+    return _as_ft(result).run_uuid or result.rel_path
+
+
+def _timestamps(result: ParsedResult) -> tuple[str | None, str | None]:
+    ft = _as_ft(result)
+    return ft.start, ft.end
+
+
+def _loss_curve(result: ParsedResult) -> list[dict[str, float]]:
+    losses = _as_ft(result).progress.loss
+    return [{"step": step, "loss": loss} for step, loss in enumerate(losses, start=1)
+            if loss is not None]
+
+
+def _user_rows(result: ParsedResult) -> list[dict[str, object]]:
+    return [user.model_dump() for user in _as_ft(result).users]
+
+
+def _test(ctx: CellContext) -> FineTuningTest:
+    if not isinstance(ctx.test, FineTuningTest):
+        raise TypeError("tests.fine_tuning is not a FineTuningTest")
+    return ctx.test
+
+
+def _settings(ctx: CellContext) -> dict[str, Any]:
+    return ctx.settings.model_dump(mode="json")
+
+
+def local_workload(ctx: CellContext) -> LocalWorkload:
+    """The trainer stack in miniature: its config file and ``python -m`` command."""
+    settings, test = _settings(ctx), _test(ctx)
+    spec = test.local_models[settings["model_name"]]
+    config = trainer_config(settings, str(ctx.data_dir / settings["dataset_name"]),
+                            str(ctx.workdir / SCRATCH_DIR / "output"),
+                            local_model=spec.model_dump(), logging_steps=10)
+    config_file = ctx.workdir / "src" / "config_final.json"
+    return LocalWorkload(argv=[sys.executable, "-m", WORKLOAD_MODULE, str(config_file)],
+                         env={"PYTHONUNBUFFERED": "1"},
+                         files={"src/config_final.json": json.dumps(config, indent=2) + "\n"})
+
+
+def check_local(cells: Sequence[CellContext]) -> dict[str, Any]:
+    """Fail before anything runs when a dataset, a model spec or a library is missing."""
+    missing = [name for name in _LOCAL_EXTRA if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ConfigError(f"the local workload needs {', '.join(missing)}: "
+                          "pip install torch==2.13.0 && pip install -e '.[local]'")
+    settings = [_settings(c) for c in cells]
+    datasets = sorted({str(s["dataset_name"]) for s in settings})
+    data_dir = _FOLDER / "data"
+    for name in datasets:
+        if not (data_dir / name).is_file():
+            available = sorted(p.name for p in data_dir.glob("*.json*"))
+            raise ConfigError(f"dataset {name!r} not found in {data_dir}; available: "
+                              f"{', '.join(available) or '(none)'}",
+                              key="tests.fine_tuning.test_settings.dataset_name")
+    models = sorted({str(s["model_name"]) for s in settings})
+    local_models = _test(cells[0]).local_models if cells else {}
+    for name in models:
+        if name not in local_models:
+            raise ConfigError(f"model {name!r} has no local spec; defined: "
+                              f"{', '.join(sorted(local_models)) or '(none)'}",
+                              key="tests.fine_tuning.test_settings.model_name")
+    versions = {}
+    for name in _LOCAL_EXTRA:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return {"datasets": datasets, "models": models, "versions": versions}
+
+
+def kube_workload(ctx: CellContext) -> KubeWorkload:
+    """A PyTorchJob (Master + Workers) with its config, after staging data on a PVC."""
+    test = _test(ctx)
+    namespace_obj, pvc, staging, configmap, pytorchjob = cell_manifests(
+        _settings(ctx), namespace=test.namespace, block=test.kubernetes.model_dump(),
+        cell_index=ctx.index)
+    name = pytorchjob["metadata"]["name"]
+    return KubeWorkload(
+        shared=[namespace_obj], manifests=[configmap, pytorchjob],
+        pod=f"{name}-master-0",  # the training operator's naming
+        staging=Staging(volume=pvc, job=staging, label=DATA_SOURCE_LABEL),
+        files={"src/config_final.json": configmap["data"]["config.json"] + "\n"},
+        capture=[("kubeflow.org/v1", "PyTorchJob", name, "pytorchjob.json")])
+
+
+def kube_users(ctx: CellContext) -> KubeUsers:
+    """Each user pod runs the fms-hf-tuning trainer on the frozen config."""
+    settings = _settings(ctx)
+    name = f"{str(settings.get('name', 'fine-tuning'))[:40]}-users-{ctx.index:03d}"
+    config = trainer_config(settings, f"/mnt/storage/dataset/{settings['dataset_name']}",
+                            "/tmp/output")
+    return KubeUsers(name=name, image=str(settings["container_image"]),
+                     command=["python3", "-m", "tuning.sft_trainer"], config=config,
+                     env={"SFT_TRAINER_CONFIG_JSON_PATH": USERS_CONFIG_PATH},
+                     gpus=int(settings.get("gpu") or 0))
+
+
+PROJECT = Project(
+    name="fine_tuning",
+    parser=FineTuningParser(),
+    kpis=KPIS,
+    labels=lambda r: labels(_as_ft(r)),
+    results_summary=lambda r: results_summary(_as_ft(r)),
+    run_uuid=_run_uuid,
+    timestamps=_timestamps,
+    plots_file=_FOLDER / "plots.yaml",
+    loss_curve=_loss_curve,
+    user_rows=_user_rows,
+    folder=_FOLDER,
+    flow_name="fine-tuning",
+    config_model=ConfigModel,
+    settings_model=TestSettings,
+    workload_step="run_fine_tuning_job",
+    local=local_workload,
+    kubernetes=kube_workload,
+    kube_users=kube_users,
+    check_local=check_local,
+)

@@ -1,0 +1,77 @@
+"""The ``tests.<project>`` block every project shares, and the engine's view of a config.
+
+A project's config model subclasses `EngineConfig` and declares ``tests`` with its own
+`TestBlock` subclass, whose ``test_settings`` is the project's settings model. The engine reads
+only what is declared here: the matrix, the walk (``stop_on_error``, timeouts), the
+namespace, and the multi-user fan-out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from analysis.settings import AnalysisSettings
+from projects.library.clusters import ClustersBlock
+from projects.library.export import ExportBlock
+from projects.library.operators import PrepareBlock
+from projects.library.secrets import SecretsBlock
+
+__all__ = ["EngineConfig", "MultiUserBlock", "TestBlock"]
+
+
+class MultiUserBlock(BaseModel):
+    """Multi-user fan-out: N users of the cell's workload at once (any project)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(default=False, description="Run N users at once.")
+    user_count: int = Field(default=1, ge=1, le=100_000, description="Number of users (N).")
+    batch_size: int = Field(default=1, ge=1, description="Users released per stagger step.")
+    sleep_factor: float = Field(default=0.0, ge=0, description="Seconds between stagger steps.")
+    abort_on_failure: bool = Field(default=False, description="Stop all users on a failure.")
+    need_all_success: bool = Field(default=False, description="k < N successes fails the test.")
+    deploy_s3: bool = Field(default=False, description="Cluster fan-out: prepare deploys an "
+                            "in-cluster S3 server (MinIO) in the test namespace.")
+    s3_endpoint: str | None = Field(default=None, description="Cluster fan-out: S3 endpoint as "
+                                    "the pods reach it (barrier and per-user artifacts).")
+    s3_external_endpoint: str | None = Field(default=None, description="The same S3 as "
+                                             "Telltale reaches it (default: s3_endpoint).")
+    s3_bucket: str = Field(default="telltale-users", description="Bucket of the fan-out.")
+    collect_batch: int = Field(default=50, ge=1, description="Users collected per task.")
+    command: list[str] | None = Field(default=None, description="Cluster fan-out: workload "
+                                      "argv in each user pod (default: the project's).")
+
+
+class TestBlock(BaseModel):
+    """``tests.<project>``: what the test runs and how the matrix is walked."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    namespace: str = Field(default="telltale-testing",
+                           description="Cluster namespace of the workload.")
+    stop_on_error: bool = Field(default=False, description="A failed cell stops the matrix.")
+    timeout_minutes: int = Field(default=60, ge=1, le=7 * 24 * 60,
+                                 description="Deadline of one cell, in minutes.")
+    skip_if: list[dict[str, Any]] = Field(
+        default_factory=list, description="A cell matching every pair of one entry is skipped."
+    )
+    test_settings: Any = Field(description="The project's settings (lists are dimensions).")
+    test_extra_settings: list[dict[str, Any]] = Field(
+        default_factory=list, description="Experiment groups merged over test_settings."
+    )
+    multi_user: MultiUserBlock = Field(default_factory=MultiUserBlock)
+
+
+class EngineConfig(BaseModel):
+    """The blocks every project's config file has; projects add ``tests``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ci_presets: dict[str, dict[str, Any] | None] = Field(description="Named presets.")
+    secrets: SecretsBlock
+    clusters: ClustersBlock
+    prepare: PrepareBlock = Field(default_factory=PrepareBlock)
+    analysis: AnalysisSettings
+    export_artifacts: ExportBlock = Field(default_factory=ExportBlock)

@@ -1,0 +1,1 @@
+"""Steps that obtain machines and clusters: QUADS leases, cluster creation and teardown."""

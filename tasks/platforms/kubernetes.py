@@ -1,0 +1,202 @@
+"""The Kubernetes/OpenShift platform, for every project.
+
+- ``prepare``: the cluster answers; the fan-out's in-cluster S3 when asked; operators
+  through OLM (`tasks.kube.prepare`), independent stacks concurrently;
+- ``capture``: nodes, versions, operator CSVs, RHOAI state (`tasks.kube.workload`);
+- ``run_cell``: the project's `KubeWorkload`, applied run-labelled and followed to its end;
+- ``run_users``: the project's `KubeUsers` as one Indexed Job (barrier and stagger inside
+  the pods), followed with a progress artifact, collected from S3 by tasks mapped over
+  batches (never one task per user) into the local fan-out's layout;
+- ``cleanup``: every object labelled with the run id (and RHOAI when asked);
+- ``lock``: one run per cluster (a Prefect global concurrency limit).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from analysis.errors import ConfigError
+from blocks.s3 import S3Target
+from projects.matrix import Cell
+from tasks.artifacts import artifact_dir, step, write_json
+from tasks.kube import prepare as kube_prepare
+from tasks.kube.api import Kube, api_client
+from tasks.kube.lock import cluster_lock
+from tasks.kube.users import UsersJobStatus, collect_users, follow_users
+from tasks.kube.workload import capture_environment, capture_state, cleanup_k8s, run_kube_workload
+from tasks.platforms.base import CellResult, RunContext, read_users, tail_lines
+from tasks.platforms.plan import users_manifests, users_s3_endpoint
+
+__all__ = ["KubernetesPlatform", "collect_batch", "follow"]
+
+logger = logging.getLogger("telltale.k8s")
+
+
+def _block(run_ctx: RunContext, name: str) -> dict[str, Any]:
+    """A project's optional ``tests.<name>.<block>`` (e.g. ``kubernetes``) as a mapping."""
+    value = getattr(run_ctx.test, name, None)
+    return value.model_dump() if value is not None else {}
+
+
+def run_cluster_workload(run_ctx: RunContext, cell: Cell) -> CellResult:
+    """Run one cell's `KubeWorkload` (see `tasks.kube.workload.run_kube_workload`)."""
+    if run_ctx.project.kubernetes is None:
+        raise ConfigError(f"project {run_ctx.project.name!r} has no cluster workload",
+                          key="clusters.platform")
+    here = artifact_dir()
+    workload = run_ctx.project.kubernetes(run_ctx.cell_context(cell, here))
+    block = _block(run_ctx, "kubernetes")
+    client = api_client(run_ctx.kubeconfig)
+    code, reason, duration, _ = run_kube_workload(
+        Kube(client, run_ctx.run_id), Kube(client), workload, run_ctx.test.namespace,
+        here=here, image_pull_deadline_s=block.get("image_pull_deadline_minutes", 15) * 60,
+        timeout_s=run_ctx.test.timeout_minutes * 60)
+    return CellResult(exit_code=code, reason=reason, duration_s=duration,
+                      log_tail=None if code == 0 else tail_lines(here / "artifacts" / "pod.log"))
+
+
+def launch_users(run_ctx: RunContext, cell: Cell) -> dict[str, Any]:
+    """Apply the users' Indexed Job; returns where results will be collected from and to."""
+    here = artifact_dir()
+    manifests = users_manifests(run_ctx, cell, run_ctx.cell_context(cell, here))
+    configmap, job = manifests
+    (here / "src").mkdir(exist_ok=True)
+    (here / "src" / "config_final.json").write_text(configmap["data"]["config.json"] + "\n",
+                                                    encoding="utf-8")
+    write_json(here / "manifests.json", manifests)
+    kube = Kube(api_client(run_ctx.kubeconfig), run_ctx.run_id)
+    kube.apply({"apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": run_ctx.test.namespace}})
+    for manifest in manifests:
+        kube.apply(manifest)
+    prefix = next(e["value"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]
+                  if e["name"] == "TELLTALE_S3_PREFIX")
+    return {"job": job["metadata"]["name"], "dir": str(here),
+            "url": f"s3://{run_ctx.test.multi_user.s3_bucket}/{prefix}"}
+
+
+@step("users", timeout_seconds=None)
+def follow(kubeconfig: str | None, namespace: str, job: str, users: int, deadline_s: float,
+           abort_on_failure: bool) -> UsersJobStatus:
+    """Follow the users to the end, with a progress artifact of their counts."""
+    try:
+        from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
+        artifact = create_progress_artifact(progress=0.0, description=f"{users} users pending")
+    except Exception:  # outside a flow run
+        artifact, update_progress_artifact = None, None
+
+    def progress(status: UsersJobStatus) -> None:
+        if artifact is not None and update_progress_artifact is not None:
+            update_progress_artifact(
+                artifact_id=artifact,
+                progress=round(100 * (status.succeeded + status.failed) / users, 1),
+                description=f"pending: {status.pending}, running: {status.running}, "
+                            f"succeeded: {status.succeeded}, failed: {status.failed}")
+
+    return follow_users(Kube(api_client(kubeconfig)), job, namespace, users,
+                        deadline_s=deadline_s, abort_on_failure=abort_on_failure,
+                        progress=progress)
+
+
+@step("users", retries=2, retry_delay_seconds=[5, 20], timeout_seconds=1800)
+def collect_batch(indices: list[int], url: str, dest: str, target: S3Target) -> list[int]:
+    """Download one batch of users' results (mapped over batches by the platform)."""
+    return collect_users(indices, url, dest, target)
+
+
+_STEPS: dict[tuple[str, str, str], Any] = {}
+
+
+def _project_step(run_ctx: RunContext, fn: Any, timeout_s: float | None = None) -> Any:
+    """``fn`` as the project's workload step (``<project>.<workload_step>``), built once."""
+    key = (run_ctx.project.name, run_ctx.project.workload_step, fn.__name__)
+    if key not in _STEPS:
+        _STEPS[key] = step(run_ctx.project.name, name=run_ctx.project.workload_step,
+                           timeout_seconds=timeout_s)(fn)
+    return _STEPS[key]
+
+
+class KubernetesPlatform:
+    """A cluster reached through a kubeconfig (see the module docstring)."""
+
+    name = "kubernetes"
+
+    def prepare(self, run_ctx: RunContext, cells: Sequence[Cell]) -> None:
+        """Check the API, deploy the fan-out's S3 when asked, install operators."""
+        kube = Kube(api_client(run_ctx.kubeconfig))
+        if kube.get("v1", "Namespace", "default") is None:
+            raise ConfigError("the cluster answers but has no 'default' namespace: is the "
+                              "kubeconfig pointing at a Kubernetes API?")
+        multi_user = run_ctx.test.multi_user
+        if multi_user.enabled and multi_user.deploy_s3:
+            kube_prepare.deploy_s3(run_ctx.kubeconfig, run_ctx.test.namespace,
+                                   multi_user.s3_bucket)
+        prepare = run_ctx.model.prepare
+        if not prepare.enabled:
+            return
+        # Independent stacks install concurrently; each is a no-op on a prepared cluster.
+        futures = []
+        if prepare.rhoai.enabled:
+            futures.append(kube_prepare.deploy_rhoai.submit(run_ctx.kubeconfig,
+                                                            prepare.rhoai.model_dump()))
+        if prepare.gpu_operator.enabled:
+            futures.append(kube_prepare.deploy_gpu_operator.submit(
+                run_ctx.kubeconfig, prepare.gpu_operator.model_dump(),
+                prepare.nfd.model_dump()))
+        for future in futures:
+            future.result()  # raises the step's error
+
+    def capture(self, run_ctx: RunContext) -> None:
+        """Nodes, versions, operators; RHOAI's state."""
+        capture_environment(run_ctx.kubeconfig, _block(run_ctx, "kubernetes").get(
+            "prometheus_url"))
+        capture_state(run_ctx.kubeconfig)
+
+    def run_cell(self, run_ctx: RunContext, cell: Cell) -> CellResult:
+        """Apply and follow the cell's workload."""
+        result: CellResult = _project_step(run_ctx, run_cluster_workload)(run_ctx, cell)
+        return result
+
+    def run_users(self, run_ctx: RunContext, cell: Cell) -> list[CellResult]:
+        """Indexed Job of N users; collection mapped over batches."""
+        from prefect import unmapped
+
+        multi_user = run_ctx.test.multi_user
+        if not multi_user.s3_endpoint and not multi_user.deploy_s3:
+            raise ConfigError("the cluster fan-out needs an S3 server reachable from the "
+                              "pods: set s3_endpoint or deploy_s3",
+                              key=f"{run_ctx.project.test_key}.multi_user.s3_endpoint")
+        endpoint = users_s3_endpoint(run_ctx)
+        users = multi_user.user_count
+        launched = _project_step(run_ctx, launch_users, 300)(run_ctx, cell)
+        status = follow(run_ctx.kubeconfig, run_ctx.test.namespace, launched["job"], users,
+                        run_ctx.test.timeout_minutes * 60, multi_user.abort_on_failure)
+        s3 = S3Target(bucket=multi_user.s3_bucket,
+                      endpoint_url=multi_user.s3_external_endpoint or endpoint)
+        size = multi_user.collect_batch
+        batches = [list(range(i, min(i + size, users))) for i in range(0, users, size)]
+        futures = collect_batch.map(batches, unmapped(launched["url"]),
+                                    unmapped(launched["dir"]), unmapped(s3))
+        collected = sum(len(f.result()) for f in futures)
+        logger.info("%d/%d users succeeded, %d collected%s", status.succeeded, users, collected,
+                    ", aborted after a failure" if status.aborted else "")
+        return read_users(Path(launched["dir"]) / "users", users)
+
+    def cleanup(self, run_ctx: RunContext) -> None:
+        """Delete the run's objects (or mark them kept); uninstall RHOAI when asked."""
+        keep = run_ctx.model.clusters.keep
+        cleanup_k8s(run_ctx.kubeconfig, run_ctx.run_id, keep)
+        if run_ctx.model.prepare.rhoai.uninstall and not keep:
+            kube_prepare.uninstall_rhoai(run_ctx.kubeconfig)
+
+    @contextmanager
+    def lock(self, run_ctx: RunContext) -> Iterator[None]:
+        """One run per cluster at a time."""
+        host = Kube(api_client(run_ctx.kubeconfig)).api.configuration.host
+        with cluster_lock(host):
+            yield

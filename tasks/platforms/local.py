@@ -1,0 +1,394 @@
+"""The local platform: this machine stands in for the cluster, for every project.
+
+- `capture_environment` records the machine's facts (CPU, memory, OS, Python, library
+  versions, GPU if any) where a cluster run records nodes and OpenShift versions;
+- a cell runs the project's `LocalWorkload` as a process in its step dir
+  (``NNN__<project>__<workload_step>``), in the layout a cluster run produces: input files,
+  ``artifacts/pod.log``, ``artifacts/process.json``;
+- a multi-user cell runs the same workload once per user behind a real start barrier
+  (``python -m tasks.platforms.fanout`` in its own process), ``users/user-<NNN>/``;
+- `cleanup_local` stops workload processes left behind (found through their pid files, so
+  it also works from another process, e.g. a cancellation hook) and removes scratch dirs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from analysis.errors import ConfigError, StepError
+from projects.contract import SCRATCH_DIR, LocalWorkload
+from projects.matrix import Cell
+from tasks.artifacts import artifact_dir, step
+from tasks.platforms.base import CellResult, RunContext, read_users, tail_lines
+from tasks.runner import CommandTimeout, run
+
+__all__ = [
+    "LocalPlatform",
+    "capture_environment",
+    "cleanup_local",
+    "machine_facts",
+    "prepare_local",
+]
+
+logger = logging.getLogger("telltale.local")
+
+PID_FILE = "workload.pid"
+CMDLINE_FILE = "workload.cmdline"
+"""Beside the pid file: the command line, so cleanup never stops a recycled pid."""
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _gpus() -> tuple[str | None, int]:
+    if shutil.which("nvidia-smi") is None:
+        return None, 0
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10, check=True).stdout
+    except (subprocess.SubprocessError, OSError):
+        return None, 0
+    names = [line.strip() for line in out.splitlines() if line.strip()]
+    return (names[0] if names else None), len(names)
+
+
+def machine_facts() -> dict[str, Any]:
+    """Describe this machine: CPU, memory, OS, Python, ML library versions, GPUs."""
+    cpu_model = None
+    for line in _read("/proc/cpuinfo").splitlines():
+        if line.startswith("model name"):
+            cpu_model = line.split(":", 1)[1].strip()
+            break
+    memory_gb = None
+    for line in _read("/proc/meminfo").splitlines():
+        if line.startswith("MemTotal:"):
+            memory_gb = round(int(line.split()[1]) / 1024 / 1024, 1)
+            break
+    os_release = {}
+    for line in _read("/etc/os-release").splitlines():
+        key, _, value = line.partition("=")
+        os_release[key] = value.strip().strip('"')
+    gpu_name, gpu_count = _gpus()
+    return {
+        "platform": "local",
+        "hostname": platform.node(),
+        "os_version": os_release.get("PRETTY_NAME") or platform.platform(),
+        "kernel": platform.release(),
+        "python_version": platform.python_version(),
+        "torch_version": _version("torch"),
+        "transformers_version": _version("transformers"),
+        "peft_version": _version("peft"),
+        "accelerate_version": _version("accelerate"),
+        "cpu_model": cpu_model or platform.processor() or None,
+        "cpu_count": os.cpu_count(),
+        "memory_gb": memory_gb,
+        "accelerator_type": gpu_name,
+        "accelerator_count": gpu_count,
+        "captured_at": datetime.now(UTC).isoformat(),
+    }
+
+
+@step("cluster", timeout_seconds=120)
+def capture_environment() -> dict[str, Any]:
+    """Capture the local machine's facts into ``machine.json`` of the step dir.
+
+    Returns:
+        The facts written.
+    """
+    facts = machine_facts()
+    (artifact_dir() / "machine.json").write_text(json.dumps(facts, indent=2) + "\n",
+                                                 encoding="utf-8")
+    return facts
+
+
+
+@step("prepare", timeout_seconds=120)
+def prepare_local(run_ctx: RunContext, cells: list[Cell]) -> dict[str, Any]:
+    """Check, before anything runs, that every cell can run on this machine.
+
+    Args:
+        run_ctx: The run (project, typed config).
+        cells: The cells that will run.
+
+    Returns:
+        What the project's check reported (datasets, models, library versions...).
+
+    Raises:
+        ConfigError: The project's check refused a cell (missing dataset, model, library).
+    """
+    if run_ctx.project.local is None:
+        raise ConfigError(f"project {run_ctx.project.name!r} has no local workload: run it "
+                          "on a cluster (--platform kubernetes)", key="clusters.platform")
+    if run_ctx.project.check_local is None or not cells:
+        return {}
+    return run_ctx.project.check_local(
+        [run_ctx.cell_context(cell, artifact_dir()) for cell in cells])
+
+
+def _write_inputs(here: Path, workload: LocalWorkload) -> None:
+    for relative, text in workload.files.items():
+        target = (here / relative).resolve()
+        if here.resolve() not in target.parents:
+            raise StepError(f"workload input {relative!r} escapes the step dir")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+
+
+def run_local_workload(run_ctx: RunContext, cell: Cell, timeout_minutes: int) -> CellResult:
+    """Run one cell's workload as a local process in the current step dir.
+
+    Args:
+        run_ctx: The run.
+        cell: The cell.
+        timeout_minutes: Deadline; the process group is killed past it.
+
+    Returns:
+        The `CellResult` (a failed workload is a result, not an exception).
+    """
+    assert run_ctx.project.local is not None
+    here = artifact_dir()
+    workload = run_ctx.project.local(run_ctx.cell_context(cell, here))
+    (here / "artifacts").mkdir(exist_ok=True)
+    _write_inputs(here, workload)
+    log_file = here / "artifacts" / "pod.log"
+    started = time.monotonic()
+    start_iso = datetime.now(UTC).isoformat()
+    logger.info("starting %s cell %s", run_ctx.project.name, cell.name)
+    reason = "Completed"
+    argv = [str(a) for a in workload.argv]
+    (here / CMDLINE_FILE).write_text("\0".join(argv), encoding="utf-8")
+    try:
+        result = run(argv, check=False, timeout=timeout_minutes * 60, output_file=log_file,
+                     pid_file=here / PID_FILE, env=dict(workload.env))
+        code = result.returncode
+        if code != 0:
+            reason = "Error"
+    except CommandTimeout:
+        code, reason = 124, "DeadlineExceeded"
+    duration = time.monotonic() - started
+    (here / "artifacts" / "process.json").write_text(json.dumps({
+        "job_name": cell.name, "exit_code": code, "finish_reason": reason,
+        "start": start_iso, "end": datetime.now(UTC).isoformat(),
+        "duration_s": round(duration, 3)}, indent=2) + "\n", encoding="utf-8")
+    (here / PID_FILE).unlink(missing_ok=True)  # finished: nothing left for cleanup to stop
+    logger.info("%s finished: exit %d (%s) in %.1fs", cell.name, code, reason, duration)
+    return CellResult(exit_code=code, reason=reason, duration_s=duration,
+                      log_tail=None if code == 0 else tail_lines(log_file))
+
+
+def count_users(root: Path, users: int) -> dict[str, int]:
+    """Pending / running / succeeded / failed counts from the users' files."""
+    counts = {"pending": 0, "running": 0, "succeeded": 0, "failed": 0}
+    for index in range(users):
+        directory = root / f"user-{index:03d}"
+        code_file = directory / "exit_code"
+        if code_file.exists():
+            try:
+                code = int(code_file.read_text().strip())
+            except ValueError:
+                code = 1
+            counts["succeeded" if code == 0 else "failed"] += 1
+        elif (directory / "pod.log").exists():
+            counts["running"] += 1
+        else:
+            counts["pending"] += 1
+    return counts
+
+
+def run_local_users(run_ctx: RunContext, cell: Cell, timeout_minutes: int) -> list[CellResult]:
+    """Run ``multi_user.user_count`` users of the cell's workload behind a start barrier.
+
+    One launcher process (``python -m tasks.platforms.fanout``) forks the users, so forks
+    never copy a Prefect process's threads; this step follows them through their files and
+    keeps a progress artifact with the pending, running, succeeded and failed counts.
+
+    Returns:
+        One `CellResult` per user.
+    """
+    assert run_ctx.project.local is not None
+    here = artifact_dir()
+    workload = run_ctx.project.local(run_ctx.cell_context(cell, here))
+    _write_inputs(here, workload)
+    multi_user = run_ctx.test.multi_user
+    users = multi_user.user_count
+    root = here / "users"
+    argv = [sys.executable, "-m", "tasks.platforms.fanout", "--users", str(users),
+            "--root", str(root), "--batch-size", str(multi_user.batch_size),
+            "--sleep-factor", str(multi_user.sleep_factor)]
+    if multi_user.abort_on_failure:
+        argv.append("--abort-on-failure")
+    argv += ["--", *[str(a) for a in workload.argv]]
+    progress = _UsersProgress(users)
+    deadline = time.monotonic() + timeout_minutes * 60
+    logger.info("starting %d users of %s", users, cell.name)
+    (here / CMDLINE_FILE).write_text("\0".join(argv), encoding="utf-8")
+    with open(here / "launcher.log", "wb") as log:
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, start_new_session=True,
+                                   env={**os.environ, **workload.env})
+        (here / PID_FILE).write_text(f"{process.pid}\n", encoding="utf-8")
+        try:
+            while process.poll() is None:
+                if time.monotonic() > deadline:
+                    raise StepError(f"{users} users not done after {timeout_minutes} min")
+                progress.show(count_users(root, users))
+                time.sleep(0.5)
+        finally:
+            if process.poll() is None:  # deadline, Ctrl-C: the users go with the launcher
+                _stop_group(process.pid)
+                process.wait()
+            (here / PID_FILE).unlink(missing_ok=True)
+    progress.show(count_users(root, users))
+    return read_users(root, users)
+
+
+class _UsersProgress:
+    """A Prefect progress artifact of the users' counts (nothing outside a flow run)."""
+
+    def __init__(self, users: int) -> None:
+        self.users = users
+        self.last: dict[str, int] = {}
+        try:
+            from prefect.artifacts import create_progress_artifact
+
+            self.artifact: Any = create_progress_artifact(
+                progress=0.0, description=f"{users} users pending")
+        except Exception:  # outside a flow run there is nowhere to report progress
+            self.artifact = None
+
+    def show(self, counts: dict[str, int]) -> None:
+        if counts == self.last or self.artifact is None:
+            return
+        from prefect.artifacts import update_progress_artifact
+
+        done = counts["succeeded"] + counts["failed"]
+        update_progress_artifact(
+            artifact_id=self.artifact, progress=round(100 * done / self.users, 1),
+            description=", ".join(f"{k}: {v}" for k, v in counts.items()))
+        self.last = counts
+
+
+def _stop_group(pid: int) -> bool:
+    try:
+        os.killpg(pid, signal.SIGTERM)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def _is_ours(pid_file: Path, pid: int) -> bool:
+    """The pid still runs the command this run started (never a recycled pid)."""
+    expected = _read(str(pid_file.with_name(CMDLINE_FILE)))
+    actual = _read(f"/proc/{pid}/cmdline").rstrip("\0")
+    return bool(expected) and actual == expected
+
+
+def cleanup_local(root: str | Path) -> dict[str, Any]:
+    """Stop workload processes left under ``root`` and remove the workloads' scratch dirs.
+
+    Safe to call from any process and more than once: pid files are checked against the
+    recorded command line, so a recycled pid is never killed.
+
+    Returns:
+        What was stopped and removed.
+    """
+    stopped: list[int] = []
+    removed: list[str] = []
+    base = Path(root)
+    for pid_file in base.rglob(PID_FILE):
+        try:
+            pid = int(pid_file.read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if _is_ours(pid_file, pid) and _stop_group(pid):
+            stopped.append(pid)
+        pid_file.unlink(missing_ok=True)
+    for marker in base.rglob(CMDLINE_FILE):
+        scratch = marker.parent / SCRATCH_DIR
+        if scratch.is_dir():
+            shutil.rmtree(scratch, ignore_errors=True)
+            removed.append(str(scratch.relative_to(base)))
+    return {"stopped_pids": stopped, "removed": removed}
+
+
+@step("cleanup", timeout_seconds=300)
+def cleanup(root: str) -> dict[str, Any]:
+    """Cleanup phase on the local platform (see `cleanup_local`)."""
+    summary = cleanup_local(root)
+    logger.info("cleanup: stopped %d process(es), removed %d scratch dir(s)",
+                len(summary["stopped_pids"]), len(summary["removed"]))
+    return summary
+
+
+_STEPS: dict[tuple[str, str, bool], Any] = {}
+
+
+def _workload_step(run_ctx: RunContext, users: bool) -> Any:
+    """The project's workload step (``<project>.<workload_step>``), built once."""
+    key = (run_ctx.project.name, run_ctx.project.workload_step, users)
+    if key not in _STEPS:
+        fn = run_local_users if users else run_local_workload
+        _STEPS[key] = step(run_ctx.project.name, name=run_ctx.project.workload_step)(fn)
+    return _STEPS[key]
+
+
+class LocalPlatform:
+    """This machine: the workload as a local process (see the module docstring)."""
+
+    name = "local"
+
+    def prepare(self, run_ctx: RunContext, cells: Sequence[Cell]) -> None:
+        """Check that the cells can run here (the project's `check_local`)."""
+        prepare_local(run_ctx, list(cells))
+
+    def capture(self, run_ctx: RunContext) -> None:
+        """Record this machine's facts."""
+        capture_environment()
+
+    def run_cell(self, run_ctx: RunContext, cell: Cell) -> CellResult:
+        """Run the cell's workload; Prefect's timeout backs up the process deadline."""
+        minutes = run_ctx.test.timeout_minutes
+        task = _workload_step(run_ctx, users=False).with_options(
+            timeout_seconds=minutes * 60 + 120)
+        result: CellResult = task(run_ctx, cell, minutes)
+        return result
+
+    def run_users(self, run_ctx: RunContext, cell: Cell) -> list[CellResult]:
+        """Run the fan-out of the cell's workload."""
+        result: list[CellResult] = _workload_step(run_ctx, users=True)(
+            run_ctx, cell, run_ctx.test.timeout_minutes)
+        return result
+
+    def cleanup(self, run_ctx: RunContext) -> None:
+        """Stop leftovers and remove scratch dirs."""
+        cleanup(str(run_ctx.root))
+
+    @contextmanager
+    def lock(self, run_ctx: RunContext) -> Iterator[None]:
+        """Nothing to lock: each local run has its own artifact dir."""
+        yield

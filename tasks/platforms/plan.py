@@ -1,0 +1,82 @@
+"""Plan mode: what a run would do, written without touching a cluster (no Prefect import).
+
+Besides ``config.yaml`` and ``plan.yaml``, a plan for the kubernetes platform writes every
+manifest the run would apply: ``manifests/prepare/`` (OLM Subscriptions, OperatorGroups,
+DataScienceCluster, ClusterPolicy... from the ``prepare`` block) and
+``manifests/<NNN>__cell/`` (the project's workload of each runnable cell).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from analysis.errors import ConfigError
+from analysis.yamlio import dump_yaml
+from projects.config import Config
+from projects.contract import CellContext, Project
+from projects.matrix import Cell
+from projects.plan import Plan, build_plan, write_plan
+from tasks.kube.olm import prepare_manifests
+from tasks.kube.users import user_job_manifests
+from tasks.platforms.base import RunContext
+
+__all__ = ["plan_run", "users_manifests", "users_s3_endpoint", "write_manifests"]
+
+
+def write_manifests(directory: Path, manifests: Sequence[dict[str, Any]]) -> int:
+    """Write ``<NN>-<kind>-<name>.yaml`` files; returns how many."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for index, manifest in enumerate(manifests):
+        name = f"{index:02d}-{manifest['kind'].lower()}-{manifest['metadata']['name']}"
+        (directory / f"{name}.yaml").write_text(dump_yaml(manifest), encoding="utf-8")
+    return len(manifests)
+
+
+def users_s3_endpoint(run: RunContext) -> str:
+    """The S3 endpoint the user pods reach (given, or the in-cluster one prepare deploys)."""
+    multi_user = run.test.multi_user
+    return multi_user.s3_endpoint or f"http://telltale-s3.{run.test.namespace}.svc:9000"
+
+
+def users_manifests(run: RunContext, cell: Cell, context: CellContext) -> list[dict[str, Any]]:
+    """The ConfigMap and Indexed Job of a cell's cluster fan-out (the project's `KubeUsers`)."""
+    if run.project.kube_users is None:
+        raise ConfigError(f"project {run.project.name!r} has no cluster fan-out",
+                          key=f"{run.project.test_key}.multi_user.enabled")
+    users = run.project.kube_users(context)
+    multi_user = run.test.multi_user
+    return user_job_manifests(
+        users.name, run.test.namespace, users=multi_user.user_count, image=users.image,
+        config=dict(users.config), command=list(multi_user.command or users.command),
+        batch_size=multi_user.batch_size, sleep_factor=multi_user.sleep_factor,
+        deadline_s=run.test.timeout_minutes * 60, s3_endpoint=users_s3_endpoint(run),
+        bucket=multi_user.s3_bucket, prefix=f"{run.run_id}/{users.name}", gpus=users.gpus,
+        env=users.env)
+
+
+def plan_run(project: Project, config: Config, platform: str, artifact_dir: Path) -> Plan:
+    """Resolve the plan of a run and write it (config, plan, manifests) into ``artifact_dir``.
+
+    Returns:
+        The plan; ``extra["manifests"]`` counts the manifests written (kubernetes only).
+    """
+    plan = build_plan(config, platform, test=project.name)
+    write_plan(plan, config, artifact_dir)
+    if platform != "kubernetes":
+        return plan
+    model = config.model
+    run = RunContext(project=project, config=config, model=model,
+                     test=project.test_block(model), root=artifact_dir, run_id="plan")
+    written = write_manifests(artifact_dir / "manifests" / "prepare",
+                              prepare_manifests(model.prepare.model_dump()))
+    for cell in plan.runnable:
+        target = artifact_dir / "manifests" / f"{cell.index:03d}__cell"
+        context = run.cell_context(cell, target)
+        if run.test.multi_user.enabled and project.kube_users is not None:
+            written += write_manifests(target, users_manifests(run, cell, context))
+        elif project.kubernetes is not None:
+            written += write_manifests(target, project.kubernetes(context).all_manifests())
+    plan.extra["manifests"] = written
+    return plan
