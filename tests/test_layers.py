@@ -45,3 +45,33 @@ def test_ruff_is_clean() -> None:
     proc = subprocess.run([ruff, "check", "."], cwd=REPO, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:]
+
+
+def _project_folders() -> set[str]:
+    return {p.parent.name for p in (REPO / "projects").glob("*/config.yaml")}
+
+
+def test_engine_imports_no_project_folder() -> None:
+    """No module under tasks/ or flows/ (but a project's own thin flow) imports a project."""
+    import ast
+
+    projects = _project_folders()
+    offenders = []
+    for path in [*(REPO / "tasks").rglob("*.py"), *(REPO / "flows").rglob("*.py")]:
+        rel = path.relative_to(REPO)
+        if rel.parts[0] == "flows" and len(rel.parts) > 2 and rel.parts[1] in projects:
+            continue  # flows/<project>/: the project's thin wrapper
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            for name in names:
+                parts = name.split(".")
+                if parts[0] == "projects" and len(parts) > 1 and parts[1] in projects:
+                    offenders.append(f"{rel}: {name}")
+    assert not offenders, offenders
+
+
+def test_thin_flows_stay_thin() -> None:
+    for project in _project_folders():
+        flow = REPO / "flows" / project / "flow.py"
+        assert len(flow.read_text().splitlines()) <= 60, flow

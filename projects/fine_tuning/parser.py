@@ -13,7 +13,6 @@ the last in sort order wins.
 
 from __future__ import annotations
 
-import uuid
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field
@@ -21,6 +20,7 @@ from pydantic import BaseModel, Field
 from analysis.discovery import ResultDir
 from analysis.parsing import FileReader, ParsedResult
 from projects.fine_tuning.logparse import DatasetStats, Progress, TrainSummary, parse_train_log
+from projects.library.runs import RunResult, first_line, read_run
 
 __all__ = ["FineTuningParser", "FineTuningResult", "PlatformFacts", "UserResult",
            "WorkloadState"]
@@ -68,14 +68,9 @@ class UserResult(BaseModel):
     train_samples_per_second: float | None = None
 
 
-class FineTuningResult(ParsedResult):
+class FineTuningResult(RunResult):
     """A parsed fine_tuning run."""
 
-    run_uuid: str | None = None
-    start: str | None = None
-    end: str | None = None
-    presets: list[str] | None = None
-    config_text: str | None = None
     trainer_config: dict[str, Any] | None = None
     dataset_stats: DatasetStats | None = None
     summary: TrainSummary | None = None
@@ -115,13 +110,6 @@ def _nodes_facts(nodes: Any, facts: PlatformFacts) -> None:
                 pass
 
 
-def _first_line(text: str | None) -> str | None:
-    if text is None:
-        return None
-    stripped = text.strip()
-    return stripped.splitlines()[0].strip() if stripped else None
-
-
 class FineTuningParser:
     """`analysis.parsing.ResultParser` for fine_tuning runs."""
 
@@ -134,23 +122,7 @@ class FineTuningParser:
         out = FineTuningResult(path=result.path, rel_path=result.rel_path,
                                settings=result.settings, exit_code=result.exit_code,
                                parser=self.name, parser_version=self.version)
-        out.run_uuid = _first_line(reader.text(".uuid", required=False))
-        if out.run_uuid is None:
-            # Deterministic fallback so re-importing the same dir stays idempotent.
-            out.run_uuid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"telltale:{result.path}"))
-            reader.problem(".uuid", "missing; derived a uuid from the path")
-        times = reader.json("test_start_end.json", required=False)
-        if isinstance(times, dict):
-            out.start, out.end = times.get("start"), times.get("end")
-        for rel in ("config.yaml", "../config.yaml"):
-            if reader.exists(rel):
-                out.config_text = reader.text(rel)
-                break
-        for rel in ("presets_applied", "../presets_applied"):
-            if reader.exists(rel):
-                text = reader.text(rel) or ""
-                out.presets = [p.strip() for p in text.splitlines() if p.strip()]
-                break
+        read_run(result, reader, out)
         self._workload(reader, out)
         self._capture(reader, out)
         return out
@@ -249,6 +221,6 @@ class FineTuningParser:
             reader.problem(CAPTURE_GLOB, "no capture dir")
         rhods = reader.glob(RHODS_GLOB)
         if rhods is not None:
-            facts.rhoai_version = _first_line(reader.text(f"{rhods}/rhods.version"))
-            facts.rhoai_created_at = _first_line(reader.text(f"{rhods}/rhods.createdAt",
+            facts.rhoai_version = first_line(reader.text(f"{rhods}/rhods.version"))
+            facts.rhoai_created_at = first_line(reader.text(f"{rhods}/rhods.createdAt",
                                                              required=False))

@@ -31,6 +31,7 @@ from projects.fine_tuning.manifests import DATA_SOURCE_LABEL, cell_manifests
 from projects.fine_tuning.models import ConfigModel, FineTuningTest, TestSettings
 from projects.fine_tuning.parser import FineTuningParser, FineTuningResult
 from projects.fine_tuning.trainer import trainer_config
+from projects.library.runs import run_timestamps, run_uuid
 
 __all__ = ["PROJECT", "WORKLOAD_MODULE"]
 
@@ -43,15 +44,6 @@ def _as_ft(result: ParsedResult) -> FineTuningResult:
     if not isinstance(result, FineTuningResult):
         raise TypeError(f"expected a FineTuningResult, got {type(result).__name__}")
     return result
-
-
-def _run_uuid(result: ParsedResult) -> str:
-    return _as_ft(result).run_uuid or result.rel_path
-
-
-def _timestamps(result: ParsedResult) -> tuple[str | None, str | None]:
-    ft = _as_ft(result)
-    return ft.start, ft.end
 
 
 def _loss_curve(result: ParsedResult) -> list[dict[str, float]]:
@@ -151,8 +143,8 @@ PROJECT = Project(
     kpis=KPIS,
     labels=lambda r: labels(_as_ft(r)),
     results_summary=lambda r: results_summary(_as_ft(r)),
-    run_uuid=_run_uuid,
-    timestamps=_timestamps,
+    run_uuid=run_uuid,
+    timestamps=run_timestamps,
     plots_file=_FOLDER / "plots.yaml",
     loss_curve=_loss_curve,
     user_rows=_user_rows,

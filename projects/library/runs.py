@@ -1,0 +1,64 @@
+"""What every project's parsed result carries: the run's identity, times, config and presets.
+
+A project's result model subclasses `RunResult`; its parser calls `read_run` first. The
+engine writes these files in every cell dir (``.uuid``, ``test_start_end.json``) and in the
+run dir (``config.yaml``, ``presets_applied``); the field's tool writes the same names.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from analysis.discovery import ResultDir
+from analysis.parsing import FileReader, ParsedResult
+
+__all__ = ["RunResult", "first_line", "read_run", "run_timestamps", "run_uuid"]
+
+
+class RunResult(ParsedResult):
+    """A parsed result with the run's identity."""
+
+    run_uuid: str | None = None
+    start: str | None = None
+    end: str | None = None
+    presets: list[str] | None = None
+    config_text: str | None = None
+
+
+def first_line(text: str | None) -> str | None:
+    """The first non-blank line of a small text file, stripped (None when empty)."""
+    if text is None:
+        return None
+    stripped = text.strip()
+    return stripped.splitlines()[0].strip() if stripped else None
+
+
+def read_run(result: ResultDir, reader: FileReader, out: RunResult) -> None:
+    """Fill ``out``'s identity fields; a missing file is a problem, never an exception."""
+    out.run_uuid = first_line(reader.text(".uuid", required=False))
+    if out.run_uuid is None:
+        # Deterministic fallback so re-importing the same dir stays idempotent.
+        out.run_uuid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"telltale:{result.path}"))
+        reader.problem(".uuid", "missing; derived a uuid from the path")
+    times = reader.json("test_start_end.json", required=False)
+    if isinstance(times, dict):
+        out.start, out.end = times.get("start"), times.get("end")
+    for rel in ("config.yaml", "../config.yaml"):
+        if reader.exists(rel):
+            out.config_text = reader.text(rel)
+            break
+    for rel in ("presets_applied", "../presets_applied"):
+        if reader.exists(rel):
+            text = reader.text(rel) or ""
+            out.presets = [p.strip() for p in text.splitlines() if p.strip()]
+            break
+
+
+def run_uuid(result: ParsedResult) -> str:
+    """`AnalysisProject.run_uuid` for a `RunResult`."""
+    return getattr(result, "run_uuid", None) or result.rel_path
+
+
+def run_timestamps(result: ParsedResult) -> tuple[str | None, str | None]:
+    """`AnalysisProject.timestamps` for a `RunResult`."""
+    return getattr(result, "start", None), getattr(result, "end", None)

@@ -1,0 +1,81 @@
+"""Scaffolding: a new orchestration is a folder, and it runs green with no edits."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from analysis.errors import ConfigError
+from flows.new_project import scaffold
+
+REPO = Path(__file__).resolve().parents[2]
+_IGNORE = shutil.ignore_patterns(".venv", ".git", "runs", "__pycache__", ".pytest_cache",
+                                 ".ruff_cache", "*.egg-info", "benchmarks")
+
+
+def _skeleton(root: Path) -> Path:
+    for folder in ("projects", "flows", "tests/projects"):
+        (root / folder).mkdir(parents=True)
+    return root
+
+
+def test_names_are_checked_and_nothing_is_overwritten(tmp_path: Path) -> None:
+    repo = _skeleton(tmp_path)
+    for bad in ("Demo", "1demo", "de-mo", "class", "x", "demo_"):
+        with pytest.raises(ConfigError, match="lowercase identifier"):
+            scaffold(bad, repo=repo)
+    scaffold("demo", repo=repo)
+    with pytest.raises(ConfigError, match="already exists"):
+        scaffold("demo", repo=repo)
+    with pytest.raises(ConfigError, match="unknown template"):
+        scaffold("other", "nope", repo=repo)
+
+
+def test_minimal_project_is_small_and_complete(tmp_path: Path) -> None:
+    written = {p.relative_to(tmp_path).as_posix()
+               for p in scaffold("demo", repo=_skeleton(tmp_path))}
+    assert {"projects/demo/config.yaml", "projects/demo/plots.yaml", "projects/demo/project.py",
+            "projects/demo/workload.py", "flows/demo/flow.py", "flows/demo/__main__.py",
+            "tests/projects/test_demo.py"} <= written
+    code = sum(len(p.read_text().splitlines()) for p in (tmp_path / "projects/demo").glob("*.py"))
+    assert code <= 200, code
+    flow = (tmp_path / "flows/demo/flow.py").read_text()
+    assert len(flow.splitlines()) <= 60 and "__NAME__" not in flow
+
+
+@pytest.mark.slow
+def test_scaffolded_project_runs_green_end_to_end(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    shutil.copytree(REPO, repo, ignore=_IGNORE)
+    env = {**os.environ, "TELLTALE_DATA_DIR": str(tmp_path / "data"),
+           "PREFECT_HOME": str(tmp_path / "prefect-home")}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, *args], cwd=repo, env=env, capture_output=True,
+                              text=True, timeout=400)
+
+    made = run("-m", "flows.new_project", "demo")
+    assert made.returncode == 0, made.stderr
+    tests = run("-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/projects/test_demo.py")
+    assert tests.returncode == 0, tests.stdout[-3000:]
+    lint = run("-m", "ruff", "check", "projects/demo", "flows/demo", "tests/projects")
+    assert lint.returncode == 0, lint.stdout[-3000:]
+    out = tmp_path / "run"
+    flow = run("-m", "flows.demo", "--preset", "light", "--artifact-dir", str(out))
+    assert flow.returncode == 0, flow.stdout[-3000:] + flow.stderr[-3000:]
+    kpis = pd.read_parquet(next(out.glob("*__analysis__postprocess_results/kpis.parquet")))
+    values = kpis.set_index("kpi")["value"]
+    assert values["hash_mb_per_second"] > 0 and values["hash_runtime"] > 0
+    assert list(out.glob("*__cell/*__demo__run_demo_job/artifacts/pod.log"))
+    copied = run("-m", "flows.new_project", "ft_copy", "--from", "fine_tuning")
+    assert copied.returncode == 0, copied.stderr
+    plan = run("-m", "flows.ft_copy", "--preset", "sweep", "--plan", "--artifact-dir",
+               str(tmp_path / "plan"))
+    assert plan.returncode == 0 and "cells     4 (3 to run, 1 skipped)" in plan.stdout, \
+        plan.stderr

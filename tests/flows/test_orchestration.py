@@ -1,0 +1,162 @@
+"""The generic orchestration with a fake platform: resume, skip_if, stop_on_error, fan-out
+aggregation, exit codes and cleanup in every outcome — in seconds, under Prefect's engine."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from analysis.errors import ConfigError, StepError
+from projects.matrix import Cell
+from tasks.platforms.base import CellResult, RunContext
+
+QUICK = {"analysis.report": False}
+# The sweep preset: cells 0 (A), 1 (skipped by skip_if), 2 (B), 3.
+A = "per_device_train_batch_size=4,learning_rate=0.0001"
+B = "per_device_train_batch_size=8,learning_rate=0.0001"
+
+
+class FakePlatform:
+    """Records every call; cells end as scripted by name (an exit code or an exception)."""
+
+    name = "local"
+
+    def __init__(self, script: dict[str, Any] | None = None,
+                 users: Sequence[int] = (), prepare_error: Exception | None = None) -> None:
+        self.script = script or {}
+        self.users = list(users)
+        self.prepare_error = prepare_error
+        self.calls: list[str] = []
+
+    def prepare(self, run: RunContext, cells: Sequence[Cell]) -> None:
+        self.calls.append(f"prepare:{len(cells)}")
+        if self.prepare_error is not None:
+            raise self.prepare_error
+
+    def capture(self, run: RunContext) -> None:
+        self.calls.append("capture")
+
+    def run_cell(self, run: RunContext, cell: Cell) -> CellResult:
+        self.calls.append(f"run:{cell.name}")
+        outcome = self.script.get(cell.name, 0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return CellResult(exit_code=outcome, reason="Completed" if outcome == 0 else "Error",
+                          log_tail=None if outcome == 0 else "ValueError: boom")
+
+    def run_users(self, run: RunContext, cell: Cell) -> list[CellResult]:
+        self.calls.append(f"users:{cell.name}")
+        return [CellResult(exit_code=code, user=i) for i, code in enumerate(self.users)]
+
+    def cleanup(self, run: RunContext) -> None:
+        self.calls.append("cleanup")
+
+    @contextmanager
+    def lock(self, run: RunContext) -> Iterator[None]:
+        self.calls.append("lock")
+        yield
+
+
+_CURRENT: list[FakePlatform] = []
+
+
+@pytest.fixture()
+def run_fake(prefect_harness, tmp_path: Path):
+    from prefect import flow
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    from flows.orchestration import orchestrate
+
+    @flow(name="fake-orchestration")
+    def fake_flow(presets: list[str], overrides: dict[str, Any], artifact_dir: str) -> Any:
+        return orchestrate("fine_tuning", presets, overrides, "local", artifact_dir,
+                           platform_factory=lambda name: _CURRENT[-1])
+
+    def run(fake: FakePlatform, presets: list[str], overrides: dict[str, Any] | None = None,
+            name: str = "run") -> Any:
+        _CURRENT.append(fake)
+        with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+            return fake_flow(presets, {**QUICK, "analysis.history_uri": str(tmp_path / "h"),
+                                       **(overrides or {})}, str(tmp_path / name))
+
+    return run
+
+
+def test_passing_matrix_exits_0_with_cleanup_last(run_fake, tmp_path: Path) -> None:
+    fake = FakePlatform()
+    outcome = run_fake(fake, ["sweep"])
+    assert outcome.exit_code == 0, outcome.failures
+    assert [c.status for c in outcome.cells] == ["passed", "skipped", "passed", "passed"]
+    assert fake.calls[0] == "prepare:3" and fake.calls[1] == "lock"
+    assert fake.calls[-1] == "cleanup"
+    saved = json.loads((tmp_path / "run" / "outcome.json").read_text())
+    assert saved["exit_code"] == 0 and len(saved["cells"]) == 4
+    cell_dirs = sorted((tmp_path / "run").glob("*__cell"))
+    assert [(d / "exit_code").read_text().strip() for d in cell_dirs] == ["0", "0", "0"]
+
+
+def test_failed_cell_gives_exit_1_with_reason_and_log_tail(run_fake) -> None:
+    fake = FakePlatform(script={B: 3})
+    outcome = run_fake(fake, ["sweep"])
+    assert outcome.exit_code == 1
+    assert [c.status for c in outcome.cells] == ["passed", "skipped", "failed", "passed"]
+    failed = outcome.cells[2]
+    assert failed.exit_code == 3 and failed.log_tail == "ValueError: boom"
+    assert "failed: Error" in outcome.failures[0]
+
+
+def test_stop_on_error_leaves_the_rest_not_run(run_fake) -> None:
+    fake = FakePlatform(script={A: 1})
+    outcome = run_fake(fake, ["sweep"], {"tests.fine_tuning.stop_on_error": True})
+    assert [c.status for c in outcome.cells] == ["failed", "skipped", "not_run", "not_run"]
+    assert sum(call.startswith("run:") for call in fake.calls) == 1
+    assert fake.calls[-1] == "cleanup"
+
+
+def test_platform_error_is_the_cells_failure_and_the_matrix_goes_on(run_fake) -> None:
+    fake = FakePlatform(script={A: StepError("ImagePullBackOff: no such image")})
+    outcome = run_fake(fake, ["sweep"])
+    assert [c.status for c in outcome.cells] == ["failed", "skipped", "passed", "passed"]
+    assert outcome.cells[0].reason == "StepError: ImagePullBackOff: no such image"
+
+
+def test_rerun_resumes_passed_cells_and_reruns_failed_ones(run_fake, tmp_path: Path) -> None:
+    first = run_fake(FakePlatform(script={B: 1}), ["sweep"])
+    assert first.exit_code == 1
+    fake = FakePlatform()
+    second = run_fake(fake, ["sweep"])
+    assert [c.status for c in second.cells] == ["resumed", "skipped", "passed", "resumed"]
+    assert [c for c in fake.calls if c.startswith("run:")] == [f"run:{B}"]
+    assert second.exit_code == 0
+    superseded = [d for d in (tmp_path / "run").glob("*__cell") if (d / "skip").exists()]
+    assert len(superseded) == 1  # the failed attempt is kept, hidden from discovery
+
+
+def test_prepare_failure_raises_after_cleanup_and_keeps_the_config(run_fake,
+                                                                   tmp_path: Path) -> None:
+    fake = FakePlatform(prepare_error=ConfigError("dataset 'x' not found", key="k"))
+    with pytest.raises(ConfigError, match="dataset 'x' not found"):
+        run_fake(fake, ["light"])
+    assert fake.calls == ["prepare:1", "cleanup"]
+    assert (tmp_path / "run" / "config.yaml").is_file()
+    assert not list((tmp_path / "run").glob("*__cell"))
+
+
+@pytest.mark.parametrize(("users", "need_all", "status"), [
+    ([0, 1, 0, 0], False, "passed"), ([0, 1, 0, 0], True, "failed"), ([1, 1], False, "failed"),
+])
+def test_fan_out_aggregates_user_results(run_fake, users: list[int], need_all: bool,
+                                         status: str) -> None:
+    fake = FakePlatform(users=users)
+    outcome = run_fake(fake, ["scale_test"], {
+        "tests.fine_tuning.multi_user.need_all_success": need_all})
+    cell = outcome.cells[0]
+    assert cell.status == status, cell
+    assert "users:base" in fake.calls and not any(c.startswith("run:") for c in fake.calls)
+    if status == "failed":
+        assert cell.reason == f"{users.count(0)}/{len(users)} users succeeded"
