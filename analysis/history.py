@@ -121,9 +121,18 @@ def open_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
 class HistoryStore:
     """Append-only, run-idempotent KPI history."""
 
-    def __init__(self, uri: str) -> None:
+    def __init__(self, uri: str, filesystem: pafs.FileSystem | None = None) -> None:
+        """Open the history at ``uri``.
+
+        Args:
+            uri: A local path or ``s3://bucket/prefix``.
+            filesystem: The filesystem to use for an ``s3://`` URI (e.g. built by the S3
+                block with its credentials); default: one from the URI and environment.
+        """
         self.uri = uri
         self.fs, self.base = open_filesystem(uri)
+        if filesystem is not None:
+            self.fs = filesystem
 
     def __repr__(self) -> str:
         return f"HistoryStore({self.uri.split('?', 1)[0]!r})"

@@ -72,6 +72,26 @@ class S3Target(Block):
         finally:
             client.close()
 
+    def filesystem(self) -> Any:
+        """A ``pyarrow.fs.S3FileSystem`` with this block's endpoint, region and credentials.
+
+        The same identity as `client`: history appends and artifact uploads never disagree
+        on who they are (no silent fall-back to other environment credentials).
+        """
+        from pyarrow import fs
+
+        options: dict[str, Any] = {"region": self.region or "us-east-1",
+                                   "connect_timeout": self.connect_timeout_s,
+                                   "request_timeout": self.read_timeout_s}
+        if self.endpoint_url:
+            parsed = urlparse(self.endpoint_url)
+            options["endpoint_override"] = parsed.netloc
+            options["scheme"] = parsed.scheme or "https"
+        if self.access_key_id and self.secret_access_key:
+            options["access_key"] = self.access_key_id.get_secret_value()
+            options["secret_key"] = self.secret_access_key.get_secret_value()
+        return fs.S3FileSystem(**options)
+
     def uri(self, *parts: str) -> str:
         """``s3://bucket/prefix/part/...``."""
         keys = "/".join(p.strip("/") for p in (self.prefix, *parts) if p and p.strip("/"))

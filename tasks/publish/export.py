@@ -98,7 +98,9 @@ def upload_run(root: str, target: S3Target, flow: str, run_id: str, valid: bool,
     """
     result = upload_dir(root, target, flow, run_id, valid=valid)
     if kpis_file and Path(kpis_file).is_file() and valid:
-        HistoryStore(target.history_uri(project)).append(pd.read_parquet(kpis_file))
+        # One identity for both: the block's credentials, never the environment's.
+        HistoryStore(target.history_uri(project), filesystem=target.filesystem()).append(
+            pd.read_parquet(kpis_file))
     return result
 
 

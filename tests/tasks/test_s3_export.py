@@ -102,3 +102,29 @@ def test_safe_target_refuses(tmp_path: Path, key: str) -> None:
     with pytest.raises(ResultsError):
         safe_target(tmp_path, key)
     assert safe_target(tmp_path, "a/b.txt") == (tmp_path / "a" / "b.txt").resolve()
+
+
+def test_history_append_uses_the_blocks_identity_not_the_environment(
+        tmp_path: Path, s3_server: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One S3 access path: uploads and the Parquet history share the block's credentials."""
+    import pandas as pd
+
+    from analysis.history import HistoryStore
+    from tasks.artifacts import use_artifact_dir
+    from tasks.publish.export import upload_run
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    run = tmp_path / "run"
+    run.mkdir()
+    kpis = tmp_path / "kpis.parquet"
+    pd.DataFrame({"run_uuid": ["u1"], "kpi": ["k"], "value": [1.0], "unit": ["s"],
+                  "lower_better": [True], "ignored_for_regression": [False],
+                  "timestamp": [pd.Timestamp("2026-11-23", tz="UTC")]}).to_parquet(kpis)
+    block = target(s3_server, s3_bucket)
+    with use_artifact_dir(tmp_path / "steps"):
+        upload_run.fn(str(run), block, "fine-tuning", "run-1", True, str(kpis), "fine_tuning")
+    stored = HistoryStore(block.history_uri("fine_tuning"), filesystem=block.filesystem()).read()
+    assert list(stored["run_uuid"]) == ["u1"]
