@@ -205,7 +205,7 @@ def _postprocess_phase(outcome: RunOutcome, run: RunContext) -> None:
     instance = None
     try:
         if settings.history_source == "opensearch":
-            instance = opensearch_instance(export.model_dump(), run.model.secrets.model_dump())
+            instance = opensearch_instance(export, run.model.secrets)
         post = postprocess_results(str(run.root), run.project.name, history,
                                    settings.model_dump(), list(run.config.presets_applied),
                                    run.config.to_yaml(), instance, export.opensearch.index)
@@ -236,16 +236,16 @@ def _export_phase(outcome: RunOutcome, run: RunContext, post: PostprocessOutcome
     export = run.model.export_artifacts
     if not export.enabled:
         return
-    secrets = run.model.secrets.model_dump()
+    secrets = run.model.secrets
     valid = not any(c.status == "failed" for c in outcome.cells)
     try:
         if export.s3.bucket:
-            result = upload_run(str(run.root), s3_target(export.model_dump(), secrets),
+            result = upload_run(str(run.root), s3_target(export, secrets),
                                 run.project.flow_name, run.run_id, valid,
                                 post.files.get("kpis"), run.project.name)
             outcome.export_url = result.url
         if export.opensearch.enabled:
-            publish_opensearch(opensearch_instance(export.model_dump(), secrets),
+            publish_opensearch(opensearch_instance(export, secrets),
                                post.files["lts"], export.opensearch.index,
                                export.opensearch.kpi_index, valid)
     except Exception as exc:
@@ -258,13 +258,12 @@ def _export_phase(outcome: RunOutcome, run: RunContext, post: PostprocessOutcome
 
 def _provision(run: RunContext, creates: bool) -> RunContext:
     """Lease hosts and create the cluster when the config asks; returns the run's context."""
-    clusters, secrets = run.model.clusters, run.model.secrets.model_dump()
-    lab = clusters.sutest.lab
-    if lab.enabled:
-        provision.lease_hosts(str(run.root), secrets, lab.model_dump(), lab.poll_seconds)
+    clusters, secrets = run.model.clusters, run.model.secrets
+    if clusters.sutest.lab.enabled:
+        provision.lease_hosts(str(run.root), secrets, clusters.sutest.lab)
     if not creates:
         return run
-    record = provision.create_cluster(str(run.root), clusters.create.model_dump(), secrets,
+    record = provision.create_cluster(str(run.root), clusters.create, secrets,
                                       run.run_id, run.kubeconfig)
     return RunContext(project=run.project, config=run.config, model=run.model, test=run.test,
                       root=run.root, run_id=run.run_id, kubeconfig=record.kubeconfig)
@@ -324,7 +323,7 @@ def orchestrate(project_name: str, presets: Sequence[str], overrides: dict[str, 
                 error = run_and_catch(error, target.cleanup, run)
             if clusters.sutest.lab.enabled or creates:  # destroy, then release
                 error = run_and_catch(error, provision.teardown, str(root), clusters.keep,
-                                      model.secrets.model_dump(), kubeconfig)
+                                      model.secrets, kubeconfig)
             if error is not None and not sys.exc_info()[0]:
                 raise error
         failed = [c for c in outcome.cells if c.status == "failed"]
@@ -358,8 +357,7 @@ def cleanup_hook(project_name: str) -> Callable[[Any, Any, Any], None]:
                     saved, _ = load_yaml(root / "config.yaml")
                     model = registry.load(project_name).config_model.model_validate(saved)
                     with use_artifact_dir(root):
-                        provision.teardown.fn(str(root), model.clusters.keep,
-                                              model.secrets.model_dump(),
+                        provision.teardown.fn(str(root), model.clusters.keep, model.secrets,
                                               model.clusters.kubeconfig)
                 except Exception as exc:  # a hook must not raise; say what is left
                     logger.error("crash cleanup of %s incomplete: %s", root, exc)

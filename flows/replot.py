@@ -37,6 +37,7 @@ from flows.cli import (
     prefect_defaults,
 )
 from projects.config import resolve
+from projects.library import ExportBlock, SecretsBlock
 from tasks.artifacts import artifact_dir, step, use_artifact_dir
 from tasks.publish.export import s3_target
 from tasks.publish.s3 import DOWNLOAD_MODES, download_run, upload_tree
@@ -54,9 +55,9 @@ class ReplotOutcome(BaseModel):
     fetched: int = 0
 
 
-def _target_for(url: str, export: dict[str, Any], secrets: dict[str, Any]) -> S3Target:
+def _target_for(url: str, export: ExportBlock, secrets: SecretsBlock) -> S3Target:
     bucket = url[len("s3://"):].split("/", 1)[0]
-    if (export.get("s3") or {}).get("bucket"):
+    if export.s3.bucket:
         return s3_target(export, secrets).model_copy(update={"bucket": bucket})
     return S3Target(bucket=bucket, endpoint_url=os.environ.get("AWS_ENDPOINT_URL"),
                     region=os.environ.get("AWS_DEFAULT_REGION"))
@@ -109,7 +110,7 @@ def replot(
     settings = config.get("analysis")
     history = history_uri or settings.get("history_uri")
     if source.startswith("s3://"):
-        target = _target_for(source, config.get("export_artifacts"), config.get("secrets"))
+        target = _target_for(source, config.model.export_artifacts, config.model.secrets)
         run_name = source.rstrip("/").rsplit("/", 1)[-1]
         local = Path("runs") / f"replot-{run_name}"
         with use_artifact_dir(local):

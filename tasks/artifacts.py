@@ -234,10 +234,11 @@ class _LazyTask:
     ``with_options``...) and every call goes to the real task.
     """
 
-    def __init__(self, build: Callable[[], Any], group: str) -> None:
+    def __init__(self, build: Callable[[], Any], group: str, name: str) -> None:
         self._build = build
         self._task: Any = None
         self.telltale_group = group
+        self.__name__ = name
 
     def _real(self) -> Any:
         if self._task is None:
@@ -321,6 +322,6 @@ def step(
             prefect_task.telltale_group = group  # type: ignore[attr-defined]
             return prefect_task
 
-        return _LazyTask(build, group)
+        return _LazyTask(build, group, name or fn.__name__)
 
     return decorate

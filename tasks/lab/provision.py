@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
 
 from pydantic import SecretStr
 
 from analysis.errors import ConfigError
 from analysis.history import default_data_dir
+from projects.library import CreateBlock, QuadsLabBlock, SecretsBlock
 from tasks.artifacts import step
 from tasks.kube.api import Kube, api_client
 from tasks.lab.clusters import (
@@ -34,12 +34,12 @@ __all__ = ["create_cluster", "lease_hosts", "quads_client", "teardown"]
 logger = logging.getLogger("telltale.provision")
 
 
-def quads_client(secrets: dict[str, Any]) -> QuadsClient:
+def quads_client(secrets: SecretsBlock) -> QuadsClient:
     """A QUADS client from ``secrets.quads_credentials`` (``{url, email, password}``)."""
-    path = secret_file(secrets["dir"]["env_key"], secrets.get("quads_credentials"))
+    path = secret_file(secrets.dir.env_key, secrets.quads_credentials)
     if path is None:
-        raise ConfigError(f"a QUADS lease needs ${secrets['dir']['env_key']}/"
-                          f"{secrets.get('quads_credentials')} with url, email and password",
+        raise ConfigError(f"a QUADS lease needs ${secrets.dir.env_key}/"
+                          f"{secrets.quads_credentials} with url, email and password",
                           key="secrets.quads_credentials")
     data = read_yaml_secret(path)
     missing = [k for k in ("url", "email", "password") if not data.get(k)]
@@ -50,38 +50,37 @@ def quads_client(secrets: dict[str, Any]) -> QuadsClient:
 
 
 @step("lab", timeout_seconds=None)
-def lease_hosts(root: str, secrets: dict[str, Any], lab: dict[str, Any],
-                poll_s: float = 60.0) -> Lease:
+def lease_hosts(root: str, secrets: SecretsBlock, lab: QuadsLabBlock) -> Lease:
     """Lease bare-metal hosts from QUADS (``lease.json`` is written as soon as assigned)."""
-    request = LeaseRequest(count=lab["count"], filters=lab["filters"],
-                           description=lab["description"], wipe=lab["wipe"],
-                           ticket=lab.get("ticket"), lease_days=lab["lease_days"],
-                           wait_hosts_minutes=lab["wait_hosts_minutes"],
-                           wait_delivery_minutes=lab["wait_delivery_minutes"])
+    request = LeaseRequest(count=lab.count, filters=lab.filters, description=lab.description,
+                           wipe=lab.wipe, ticket=lab.ticket, lease_days=lab.lease_days,
+                           wait_hosts_minutes=lab.wait_hosts_minutes,
+                           wait_delivery_minutes=lab.wait_delivery_minutes)
     with quads_client(secrets) as client:
-        return acquire_lease(client, request, root=Path(root), poll_s=poll_s)
+        return acquire_lease(client, request, root=Path(root), poll_s=lab.poll_seconds)
 
 
 @step("cluster", timeout_seconds=None)
-def create_cluster(root: str, create: dict[str, Any], secrets: dict[str, Any], run_id: str,
+def create_cluster(root: str, block: CreateBlock, secrets: SecretsBlock, run_id: str,
                    hub_kubeconfig: str | None) -> ClusterRecord:
     """Create (or claim) the cluster; its kubeconfig lands in ``root`` with mode 0600."""
-    name = f"{create['name_prefix']}-{run_id[:8]}".lower()
-    kind = create["type"]
+    name = f"{block.name_prefix}-{run_id[:8]}".lower()
+    kind = block.type
+    create = block.model_dump()  # the installers' own input files are built from a mapping
     if kind == "pool":
-        if not create.get("pool"):
+        if not block.pool:
             raise ConfigError("type pool needs a ClusterPool name", key="clusters.create.pool")
         hub = Kube(api_client(hub_kubeconfig))
-        return claim_from_pool(Path(root), hub, create["pool"], create["pool_namespace"],
+        return claim_from_pool(Path(root), hub, block.pool, block.pool_namespace,
                                name, hub_kubeconfig=hub_kubeconfig)
     if kind == "managed":
         return create_managed(Path(root), name, create)
     if kind not in ("single", "ocp", "metal"):
         raise ConfigError(f"cluster type {kind!r} is not supported yet "
                           "(single, ocp, managed, pool)", key="clusters.create.type")
-    env_key = secrets["dir"]["env_key"]
-    pull = secret_file(env_key, secrets.get("pull_secret"))
-    ssh = secret_file(env_key, secrets.get("ssh_public_key"))
+    env_key = secrets.dir.env_key
+    pull = secret_file(env_key, secrets.pull_secret)
+    ssh = secret_file(env_key, secrets.ssh_public_key)
     if pull is None or ssh is None:
         raise ConfigError(f"cluster creation needs ${env_key} with the pull secret and SSH key",
                           key="secrets.pull_secret")
@@ -101,7 +100,7 @@ def create_cluster(root: str, create: dict[str, Any], secrets: dict[str, Any], r
 
 
 @step("cleanup", timeout_seconds=None)
-def teardown(root: str, keep: bool, secrets: dict[str, Any],
+def teardown(root: str, keep: bool, secrets: SecretsBlock,
              hub_kubeconfig: str | None) -> dict[str, bool]:
     """Destroy the cluster, then release the lease (each unless kept); safe to repeat."""
     base = Path(root)

@@ -20,6 +20,7 @@ from analysis.history import HistoryStore
 from analysis.lts import LtsPayload
 from blocks.opensearch import OpenSearchInstance
 from blocks.s3 import S3Target
+from projects.library import ExportBlock, SecretsBlock
 from tasks.artifacts import step
 from tasks.publish.opensearch import export_payloads
 from tasks.publish.s3 import ExportResult, upload_dir
@@ -30,36 +31,36 @@ __all__ = ["opensearch_instance", "publish_opensearch", "s3_target", "upload_run
 logger = logging.getLogger("telltale.export")
 
 
-def s3_target(export: dict[str, Any], secrets: dict[str, Any]) -> S3Target:
+def s3_target(export: ExportBlock, secrets: SecretsBlock) -> S3Target:
     """Build the S3 target from ``export_artifacts.s3`` and the secret dir.
 
     Raises:
         ConfigError: No bucket configured, or an unreadable credentials file.
     """
-    s3 = export.get("s3") or {}
-    if not s3.get("bucket"):
+    s3 = export.s3
+    if not s3.bucket:
         raise ConfigError("export needs a bucket", key="export_artifacts.s3.bucket")
     creds: dict[str, Any] = {}
-    path = secret_file(secrets["dir"]["env_key"], secrets.get("s3_credentials"))
+    path = secret_file(secrets.dir.env_key, secrets.s3_credentials)
     if path is not None:
         values = read_env_file(path)
         creds = {"access_key_id": values.get("AWS_ACCESS_KEY_ID"),
                  "secret_access_key": values.get("AWS_SECRET_ACCESS_KEY")}
-    return S3Target(bucket=s3["bucket"], prefix=s3.get("prefix") or "telltale",
-                    endpoint_url=s3.get("endpoint_url"), region=s3.get("region"), **creds)
+    return S3Target(bucket=s3.bucket, prefix=s3.prefix or "telltale",
+                    endpoint_url=s3.endpoint_url, region=s3.region, **creds)
 
 
-def opensearch_instance(export: dict[str, Any], secrets: dict[str, Any]) -> OpenSearchInstance:
+def opensearch_instance(export: ExportBlock, secrets: SecretsBlock) -> OpenSearchInstance:
     """Build the OpenSearch instance from the secret file, or load a saved Prefect block.
 
     Raises:
         ConfigError: No instance name, or the name is in neither place.
     """
-    name = (export.get("opensearch") or {}).get("instance")
+    name = export.opensearch.instance
     if not name:
         raise ConfigError("OpenSearch export needs an instance name",
                           key="export_artifacts.opensearch.instance")
-    path = secret_file(secrets["dir"]["env_key"], secrets.get("opensearch_instances"))
+    path = secret_file(secrets.dir.env_key, secrets.opensearch_instances)
     if path is not None:
         instances = read_yaml_secret(path)
         if name not in instances:
@@ -71,8 +72,8 @@ def opensearch_instance(export: dict[str, Any], secrets: dict[str, Any]) -> Open
         return OpenSearchInstance.load(name)
     except (ValueError, RuntimeError) as exc:
         raise ConfigError(f"no OpenSearch instance {name!r}: set "
-                          f"${secrets['dir']['env_key']} with "
-                          f"{secrets.get('opensearch_instances')} or save a "
+                          f"${secrets.dir.env_key} with "
+                          f"{secrets.opensearch_instances} or save a "
                           f"'{OpenSearchInstance.get_block_type_slug()}' block ({exc})",
                           key="export_artifacts.opensearch.instance") from None
 
