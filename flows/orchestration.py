@@ -171,11 +171,15 @@ def _run_cell(cell: Cell, run: RunContext, platform: Platform) -> CellOutcome:
                            log_tail=None if passed else result.log_tail)
 
 
-def test_phase(cells: Sequence[Cell], run: RunContext, platform: Platform) -> list[CellOutcome]:
-    """Walk the matrix: skip_if, resume of passed cells, stop_on_error, progress artifact."""
+def test_phase(cells: Sequence[Cell], run: RunContext, platform: Platform,
+               results: list[CellOutcome]) -> list[CellOutcome]:
+    """Walk the matrix: skip_if, resume of passed cells, stop_on_error, progress artifact.
+
+    Outcomes are appended to ``results`` as cells end, so an interrupted run still reports
+    the cells it finished.
+    """
     finished = finished_cells(run.root)
     progress = start_progress(f"{len(cells)} cell(s)")
-    results: list[CellOutcome] = []
     stop = False
     for done, cell in enumerate(cells, start=1):
         if cell.skip_reason:
@@ -310,29 +314,44 @@ def orchestrate(project_name: str, presets: Sequence[str], overrides: dict[str, 
                          run_id=run_id or root.name, kubeconfig=kubeconfig)
         target = platform_factory(chosen)
         try:
-            run = _provision(run, creates)
-            target = platform_factory("kubernetes") if creates else target
-            target.prepare(run, plan.runnable)
-            with target.lock(run):
-                outcome.cells = test_phase(plan.cells, run, target)
-            _postprocess_phase(outcome, run)
-        finally:
-            # Every cleanup step runs even when an earlier one fails; the first error wins.
-            error: BaseException | None = None
-            if clusters.cleanup_on_exit:
-                error = run_and_catch(error, target.cleanup, run)
-            if clusters.sutest.lab.enabled or creates:  # destroy, then release
-                error = run_and_catch(error, provision.teardown, str(root), clusters.keep,
-                                      model.secrets, kubeconfig)
-            if error is not None and not sys.exc_info()[0]:
-                raise error
+            try:
+                run = _provision(run, creates)
+                target = platform_factory("kubernetes") if creates else target
+                target.prepare(run, plan.runnable)
+                with target.lock(run):
+                    test_phase(plan.cells, run, target, outcome.cells)
+                _postprocess_phase(outcome, run)
+            finally:
+                # Every cleanup step runs even when an earlier one fails; the first error wins.
+                error: BaseException | None = None
+                if clusters.cleanup_on_exit:
+                    error = run_and_catch(error, target.cleanup, run)
+                if clusters.sutest.lab.enabled or creates:  # destroy, then release
+                    error = run_and_catch(error, provision.teardown, str(root), clusters.keep,
+                                          model.secrets, kubeconfig)
+                if error is not None and not sys.exc_info()[0]:
+                    raise error
+        except BaseException as exc:  # interrupted or failed: say so in outcome.json too
+            outcome.exit_code = exit_code_for(exc)
+            outcome.failures.append(
+                "interrupted: cleanup ran, partial results kept" if isinstance(
+                    exc, KeyboardInterrupt) else f"{type(exc).__name__}: {exc}")
+            _write_outcome(root, outcome)
+            raise
         failed = [c for c in outcome.cells if c.status == "failed"]
         outcome.failures = [f"cell {c.name} failed: {c.reason}" for c in failed] + \
             outcome.failures
         if outcome.failures:
             outcome.exit_code = EXIT_FAILED
-        (root / "outcome.json").write_text(outcome.model_dump_json(indent=2), encoding="utf-8")
+        _write_outcome(root, outcome)
     return outcome
+
+
+def _write_outcome(root: Path, outcome: RunOutcome) -> None:
+    try:
+        (root / "outcome.json").write_text(outcome.model_dump_json(indent=2), encoding="utf-8")
+    except OSError as exc:  # a full disk must not hide the run's real outcome
+        logger.error("could not write %s/outcome.json: %s", root, exc)
 
 
 def cleanup_hook(project_name: str) -> Callable[[Any, Any, Any], None]:
@@ -374,15 +393,21 @@ def run_from_cli(flow_fn: Callable[..., RunOutcome], presets: list[str],
         temporary_settings,
     )
 
+    from flows.api_server import prefect_api
+
     # Heartbeats let a server notice a crashed run; with the temporary server of a CLI run,
     # which dies with this process, they only cost ~1 s at flow exit (a thread join).
     updates = {} if PREFECT_API_URL.value() else {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
     try:
-        with temporary_settings(updates=updates):
+        with prefect_api(), temporary_settings(updates=updates):
             outcome = flow_fn(presets=presets, overrides=overrides, platform=platform,
                               artifact_dir=str(artifact_dir) if artifact_dir else None)
     except TelltaleError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return exit_code_for(exc)
+    except KeyboardInterrupt as exc:
+        print("interrupted: the run's cleanup ran; partial results are kept "
+              f"({artifact_dir or 'see runs/'})", file=sys.stderr)
         return exit_code_for(exc)
     print()
     print(f"artifacts : {outcome.artifact_dir}")

@@ -12,8 +12,10 @@ import contextlib
 import logging
 import os
 import shlex
+import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,11 +27,13 @@ from tasks.artifacts import ARTIFACT_DIR
 
 __all__ = [
     "BASH_SAFETY",
+    "DEFAULT_TIMEOUT_S",
     "CommandError",
     "CommandResult",
     "CommandTimeout",
-    "DEFAULT_TIMEOUT_S",
+    "die_with_parent",
     "run",
+    "set_parent_death_signal",
     "run_and_catch",
 ]
 
@@ -155,8 +159,12 @@ def run(
         else:
             stdout = stderr = None
         started = time.monotonic()
+        # A workload (pid_file) runs in its own session, tied to our life (die_with_parent).
+        launch = die_with_parent(argv) if pid_file is not None else list(argv)
+        if pid_file is not None and shutil.which(argv[0]) is None:
+            raise StepError(f"program not found: {argv[0]!r} (command: {display})")
         try:
-            proc = subprocess.Popen(argv, cwd=cwd, env=full_env, stdin=stdin, stdout=stdout,
+            proc = subprocess.Popen(launch, cwd=cwd, env=full_env, stdin=stdin, stdout=stdout,
                                     stderr=stderr, start_new_session=pid_file is not None)
         except FileNotFoundError as exc:
             raise StepError(f"program not found: {argv[0]!r} (command: {display})") from exc
@@ -198,6 +206,44 @@ def _mask(text: str, secrets: Sequence[str]) -> str:
         if secret:
             text = text.replace(secret, "***")
     return text
+
+
+_PARENT_DEATH = (
+    "import ctypes, os, signal, sys\n"
+    "try:\n"
+    "    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG\n"
+    "except (OSError, AttributeError):\n"
+    "    pass\n"
+    "if os.getppid() == int(sys.argv[1]):  # the parent may already be gone\n"
+    "    os.execvp(sys.argv[2], sys.argv[2:])\n"
+    "sys.exit(143)\n"
+)
+
+
+def set_parent_death_signal(sig: int = signal.SIGTERM) -> bool:
+    """Ask Linux to send ``sig`` to this process when its parent dies (a forked worker).
+
+    Returns:
+        True when set (Linux), False where the call does not exist.
+    """
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(1, int(sig)) == 0  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return False
+
+
+def die_with_parent(argv: Sequence[str]) -> list[str]:
+    """Wrap ``argv`` so the command gets SIGTERM when this process dies, even by SIGKILL.
+
+    Linux's ``PR_SET_PDEATHSIG`` is set in a tiny Python exec wrapper (thread-safe, unlike a
+    ``preexec_fn``), then the command replaces it. A workload or server started in its own
+    session (so a terminal's Ctrl-C leaves it to our cleanup) can then never outlive us as
+    an orphan. The signal fires when the *thread* that started it ends: start long-lived
+    children from the main thread or a thread that lives as long as they do.
+    """
+    return [sys.executable, "-c", _PARENT_DEATH, str(os.getpid()), *[str(a) for a in argv]]
 
 
 def _stop(proc: subprocess.Popen[bytes], *, group: bool) -> None:

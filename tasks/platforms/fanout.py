@@ -36,6 +36,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from tasks.runner import die_with_parent, set_parent_death_signal
+
 __all__ = ["FanoutResult", "UserTimings", "run_local_fanout", "stagger_delay"]
 
 EXIT_BARRIER = 125
@@ -85,6 +87,7 @@ def _percentile(values: Sequence[float], q: float) -> float:
 def _user(index: int, users: int, root: str, command: list[str], batch_size: int,
           sleep_factor: float, barrier: Any, abort: Any, barrier_timeout: float,
           launched_at: float) -> None:
+    set_parent_death_signal()  # a user never outlives its launcher (deadline, SIGKILL)
     directory = Path(root) / f"user-{index:03d}"
     directory.mkdir(parents=True, exist_ok=True)
     timings: dict[str, Any] = {"index": index, "launched_at": launched_at,
@@ -109,7 +112,8 @@ def _user(index: int, users: int, root: str, command: list[str], batch_size: int
         else:
             argv = [a.format(index=index, users=users, dir=directory) for a in command]
             with open(directory / "pod.log", "wb") as log:
-                code = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT,
+                code = subprocess.run(die_with_parent(argv), stdout=log,
+                                      stderr=subprocess.STDOUT,
                                       stdin=subprocess.DEVNULL, check=False).returncode
         timings["ended_at"] = time.time()
         timings["exit_code"] = code

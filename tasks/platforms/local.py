@@ -34,7 +34,7 @@ from projects.contract import SCRATCH_DIR, LocalWorkload
 from projects.matrix import Cell
 from tasks.artifacts import artifact_dir, step
 from tasks.platforms.base import CellResult, RunContext, read_users, tail_lines
-from tasks.runner import CommandTimeout, run
+from tasks.runner import CommandTimeout, die_with_parent, run
 
 __all__ = [
     "LocalPlatform",
@@ -248,7 +248,7 @@ def run_local_users(run_ctx: RunContext, cell: Cell, timeout_minutes: int) -> li
     logger.info("starting %d users of %s", users, cell.name)
     (here / CMDLINE_FILE).write_text("\0".join(argv), encoding="utf-8")
     with open(here / "launcher.log", "wb") as log:
-        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+        process = subprocess.Popen(die_with_parent(argv), stdout=log, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL, start_new_session=True,
                                    env={**os.environ, **workload.env})
         (here / PID_FILE).write_text(f"{process.pid}\n", encoding="utf-8")

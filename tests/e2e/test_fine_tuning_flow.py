@@ -117,29 +117,70 @@ def test_rerun_into_same_dir_resumes_finished_cells(tmp_path: Path, prefect_harn
     assert len(list((tmp_path / "r").glob("*__cell"))) == 1
 
 
-def test_ctrl_c_stops_the_workload_and_cleans_up(tmp_path: Path) -> None:
+def _start_long_run(tmp_path: Path) -> tuple[subprocess.Popen[str], Path, int]:
+    """The CLI in its own session (like a terminal's job), up to its running trainer."""
     run_dir = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "flows.fine_tuning", "--preset", "light",
                              "--var", "tests.fine_tuning.test_settings.dataset_replication=20",
                              "--artifact-dir", str(run_dir)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=_cli_env(tmp_path))
+                            stderr=subprocess.STDOUT, text=True, env=_cli_env(tmp_path),
+                            start_new_session=True)
     pid_file = None
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and pid_file is None:
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and pid_file is None and proc.poll() is None:
         pid_file = next(run_dir.glob("*__cell/*__run_fine_tuning_job/workload.pid"), None)
         time.sleep(0.2)
     assert pid_file is not None, "the workload never started"
-    workload_pid = int(pid_file.read_text())
-    time.sleep(1.0)
-    proc.send_signal(signal.SIGINT)
-    output, _ = proc.communicate(timeout=120)
-    assert proc.returncode != 0
-    with pytest.raises(ProcessLookupError):
-        os.kill(workload_pid, 0)
-    cleanup = next(run_dir.glob("*__cleanup__cleanup"), None)
-    assert cleanup is not None, output[-3000:]
-    cell_meta = yaml.safe_load((run_dir / "plan.yaml").read_text())
-    assert cell_meta["cells"][0]["name"] == "base"
+    return proc, run_dir, int(pid_file.read_text())
+
+
+def _gone(pid: int, within_s: float = 120) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _servers_of(prefect_home: Path) -> list[int]:
+    """Temporary Prefect API servers started with this PREFECT_HOME."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if "uvicorn" in (proc / "cmdline").read_text() and str(prefect_home) in \
+                    (proc / "environ").read_text(errors="replace"):
+                found.append(int(proc.name))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def test_ctrl_c_stops_the_workload_and_cleans_up(tmp_path: Path) -> None:
+    """A terminal's Ctrl-C signals the whole process group, not only the CLI."""
+    proc, run_dir, workload_pid = _start_long_run(tmp_path)
+    os.killpg(proc.pid, signal.SIGINT)
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 130, output[-3000:]
+    assert _gone(workload_pid)
+    assert "Connection refused" not in output and "All connection attempts failed" not in output
+    assert next(run_dir.glob("*__cleanup__cleanup"), None) is not None, output[-3000:]
+    outcome = json.loads((run_dir / "outcome.json").read_text())
+    assert outcome["exit_code"] == 130 and "interrupted" in outcome["failures"][0]
+    assert yaml.safe_load((run_dir / "plan.yaml").read_text())["cells"][0]["name"] == "base"
+    assert not _servers_of(tmp_path / "prefect-home")
+
+
+def test_sigkill_of_the_cli_leaves_no_workload_and_no_server(tmp_path: Path) -> None:
+    proc, _, workload_pid = _start_long_run(tmp_path)
+    servers = _servers_of(tmp_path / "prefect-home")
+    assert servers, "the CLI's temporary API server was not found"
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert _gone(workload_pid), "the trainer outlived the CLI"
+    assert all(_gone(pid) for pid in servers), "the API server outlived the CLI"
 
 
 def test_missing_dataset_fails_in_prepare_with_exit_2(tmp_path: Path) -> None:

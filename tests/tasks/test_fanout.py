@@ -41,3 +41,40 @@ def test_abort_on_failure_stops_users_not_started(tmp_path: Path) -> None:
     assert codes[0] == 3
     assert all(codes[i] == 124 for i in (2, 3))  # still in their stagger when user 0 failed
     assert "aborted" in result.users[3].note
+
+
+def _running(marker: str) -> list[int]:
+    """Pids of the processes whose command line is exactly ``sleep <marker>``."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if (proc / "cmdline").read_text().split("\0")[:2] == ["sleep", marker]:
+                pids.append(int(proc.name))
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+def test_killed_launcher_leaves_no_user_and_no_workload(tmp_path: Path) -> None:
+    """Users and their workloads are tied to the launcher (a deadline or SIGKILL kills it)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tasks.runner import die_with_parent
+
+    marker = "317.25"  # a sleep no other process runs
+    launcher = subprocess.Popen(die_with_parent(
+        [sys.executable, "-m", "tasks.platforms.fanout", "--users", "3", "--root",
+         str(tmp_path / "users"), "--", "sleep", marker]), start_new_session=True)
+    deadline = time.monotonic() + 120
+    while len(_running(marker)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(_running(marker)) == 3, "the users' workloads never started"
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait(timeout=60)
+    deadline = time.monotonic() + 120
+    while _running(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _running(marker)
