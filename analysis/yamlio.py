@@ -9,7 +9,7 @@ import yaml
 
 from analysis.errors import ConfigError
 
-__all__ = ["LineMap", "load_yaml", "load_yaml_text", "dump_yaml"]
+__all__ = ["MAX_UNTRUSTED_YAML", "LineMap", "dump_yaml", "load_yaml", "load_yaml_text"]
 
 LineMap = dict[str, int]
 """Dotted key path -> 1-based line where that key is written."""
@@ -48,23 +48,57 @@ def _line_map(node: yaml.Node | None, prefix: str, out: LineMap) -> None:
             _line_map(value_node, path, out)
 
 
-def load_yaml_text(text: str, *, source: str = "<string>") -> tuple[Any, LineMap]:
+MAX_UNTRUSTED_YAML = 256 * 1024
+"""Largest YAML text accepted from a user (``--var``, PR comment, vars file), in characters."""
+
+
+def _refuse_aliases(node: yaml.Node | None, source: str) -> None:
+    """Refuse anchors/aliases: in untrusted text they are how a few bytes expand to gigabytes.
+
+    An alias is the same composed node reached twice; the walk visits each node once, so it
+    stays linear in the text's size whatever the aliases would expand to.
+    """
+    seen: set[int] = set()
+    stack = [node] if node is not None else []
+    while stack:
+        current = stack.pop()
+        if id(current) in seen:
+            raise ConfigError("YAML anchors and aliases (&x / *x) are not accepted here",
+                              file=source, line=current.start_mark.line + 1)
+        seen.add(id(current))
+        if isinstance(current, yaml.MappingNode):
+            for key, value in current.value:
+                stack += [key, value]
+        elif isinstance(current, yaml.SequenceNode):
+            stack += current.value
+
+
+def load_yaml_text(text: str, *, source: str = "<string>",
+                   untrusted: bool = False) -> tuple[Any, LineMap]:
     """Parse YAML text safely and map each dotted key path to its line.
 
     Args:
         text: The YAML document.
         source: A name for error messages (a file path, ``--var x``...).
+        untrusted: The text comes from a user or a PR comment: refuse aliases and text over
+            `MAX_UNTRUSTED_YAML` characters (a 372-byte alias bomb held 3.9 GB).
 
     Returns:
         The parsed data and its `LineMap`.
 
     Raises:
-        ConfigError: Malformed YAML or a duplicate key, with the source and line.
+        ConfigError: Malformed YAML, a duplicate key, or (untrusted) an alias or oversized
+            text, with the source and line.
     """
+    if untrusted and len(text) > MAX_UNTRUSTED_YAML:
+        raise ConfigError(f"{len(text)} characters of YAML: over the {MAX_UNTRUSTED_YAML} "
+                          "accepted from a user", file=source)
     loader = _Loader(text)
     loader._telltale_file = source  # type: ignore[attr-defined]
     try:
         node = loader.get_single_node()
+        if untrusted:
+            _refuse_aliases(node, source)
         lines: LineMap = {}
         _line_map(node, "", lines)
         data = loader.construct_document(node) if node is not None else None
@@ -80,20 +114,23 @@ def load_yaml_text(text: str, *, source: str = "<string>") -> tuple[Any, LineMap
     return data, lines
 
 
-def load_yaml(path: str | Path) -> tuple[Any, LineMap]:
+def load_yaml(path: str | Path, *, untrusted: bool = False) -> tuple[Any, LineMap]:
     """Read a YAML file safely; see `load_yaml_text`.
 
     Raises:
-        ConfigError: The file is missing, unreadable or malformed.
+        ConfigError: The file is missing, unreadable, oversized (untrusted) or malformed.
     """
     path = Path(path)
     try:
+        if untrusted and path.stat().st_size > MAX_UNTRUSTED_YAML * 4:
+            raise ConfigError(f"over the {MAX_UNTRUSTED_YAML} characters of YAML accepted "
+                              "from a user", file=str(path))
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError("file not found", file=str(path)) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read: {exc}", file=str(path)) from None
-    return load_yaml_text(text, source=str(path))
+    return load_yaml_text(text, source=str(path), untrusted=untrusted)
 
 
 class _Dumper(yaml.SafeDumper):

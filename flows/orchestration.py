@@ -281,7 +281,7 @@ def orchestrate(project_name: str, presets: Sequence[str], overrides: dict[str, 
     Args:
         project_name: A registered project (``fine_tuning``).
         presets: Presets from the project's ``ci_presets``, in order.
-        overrides: Dotted config key → value (strings are parsed as YAML).
+        overrides: Dotted config key → value (typed, as given; the CLI parses --var once).
         platform: auto (a kubeconfig selects kubernetes, else local), local or kubernetes.
         artifact_dir: Where to write artifacts; reusing one resumes its passed cells.
         platform_factory: Builds the platform from its name (tests pass a fake one).

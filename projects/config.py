@@ -5,8 +5,9 @@ Precedence, lowest first (DESIGN §3), applied as an ordered list of sources:
 1. the project's base ``config.yaml``;
 2. presets from ``ci_presets``, in the order requested; ``extends: [a, b]`` inside a preset
    applies ``a`` then ``b`` *at the position where ``extends`` appears*, recursively;
-3. overrides (``--var``, ``--vars-file``, PR-comment ``/var key: value`` lines), string values
-   parsed as YAML;
+3. overrides (``--var``, ``--vars-file``, PR-comment ``/var key: value`` lines), their text
+   parsed as YAML once, by the command line (`parse_override`); values given to `resolve`
+   are taken as they are;
 4. environment variables ``TELLTALE__<dotted path with __ for .>``, values parsed as YAML
    (``TELLTALE__tests__fine_tuning__test_settings__gpu=2``).
 
@@ -84,7 +85,10 @@ def _lookup(data: Any, parts: Sequence[str]) -> Any:
 
 
 def parse_override(key: str, text: str) -> Any:
-    """Parse one override value as YAML (``"[2, 4]"`` → ``[2, 4]``, ``"4"`` → ``4``).
+    """Parse one override value as YAML, once (``"[2, 4]"`` → ``[2, 4]``, ``"4"`` → ``4``).
+
+    The text is untrusted (command line, PR comment, environment): aliases and oversized
+    text are refused.
 
     Args:
         key: The dotted key, for error messages.
@@ -98,7 +102,7 @@ def parse_override(key: str, text: str) -> Any:
     """
     if text == "":
         return ""
-    value, _ = load_yaml_text(text, source=f"value of {key}")
+    value, _ = load_yaml_text(text, source=f"value of {key}", untrusted=True)
     return value
 
 
@@ -139,7 +143,7 @@ def load_vars_file(path: str | Path) -> dict[str, Any]:
     Raises:
         ConfigError: Missing file, malformed YAML, or not a mapping.
     """
-    data, _ = load_yaml(path)
+    data, _ = load_yaml(path, untrusted=True)
     if data is None:
         return {}
     if not isinstance(data, Mapping):
@@ -428,7 +432,8 @@ def resolve(
     Args:
         base: A project name (``"fine_tuning"``) or a path to a YAML file.
         presets: Preset names to apply, in order (later writes win).
-        overrides: Dotted key → value; string values are parsed as YAML.
+        overrides: Dotted key → value, taken as given (the command line parses ``--var``
+            text with `parse_override`, once).
         env: Environment to read ``TELLTALE__*`` overrides from (``None``: ``os.environ``).
         model: Validation model; defaults to the project's model (none for a bare file).
 
@@ -456,9 +461,10 @@ def resolve(
         resolver.apply_preset(name)
     applied_overrides: dict[str, Any] = {}
     for key, value in (overrides or {}).items():
-        parsed = parse_override(key, value) if isinstance(value, str) else value
-        resolver.assign(key, parsed, f"override {key}")
-        applied_overrides[key] = parsed
+        # Values are taken as given: the command line parsed its text once already, and a
+        # second parse turned '"run #5 nightly"' into 'run' (a comment) or "8001" into 8001.
+        resolver.assign(key, value, f"override {key}")
+        applied_overrides[key] = value
     environ = os.environ if env is None else env
     for key, value in _env_overrides(environ).items():
         resolver.assign(key, value, f"environment {ENV_PREFIX}{key.replace('.', '__')}")

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 __all__ = ["ClustersBlock", "CreateBlock", "QuadsLabBlock", "SutestBlock"]
+
+
+def _number_as_text(value: Any) -> Any:
+    """A ticket typed as a number (``8001``) is the usual case: keep it as text."""
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
 
 class QuadsLabBlock(BaseModel):
@@ -21,7 +26,9 @@ class QuadsLabBlock(BaseModel):
     )
     description: str = Field(default="telltale CPT run", description="Assignment description.")
     wipe: bool = Field(default=True, description="Wipe the hosts before delivery.")
-    ticket: str | None = Field(default=None, description="Ticket attached to the assignment.")
+    ticket: Annotated[str | None, BeforeValidator(_number_as_text)] = Field(
+        default=None, description="JIRA ticket of the assignment: the number (8001) or the "
+        "key; QUADS stores the number.")
     lease_days: int = Field(default=5, ge=1, description="Days the hosts are asked for.")
     wait_hosts_minutes: int = Field(
         default=60, ge=0, description="How long to wait for enough free hosts."

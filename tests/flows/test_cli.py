@@ -129,3 +129,26 @@ def test_gpu_plan_writes_every_manifest_without_a_cluster(tmp_path: Path) -> Non
     container = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert "manifests 19 written" in proc.stdout
+
+
+def test_var_text_is_parsed_once_and_a_ticket_may_be_a_number() -> None:
+    proc = cli("--var", 'tests.fine_tuning.test_settings.name="run #5 nightly"',
+               "--var", "clusters.sutest.lab.ticket=8001", "--show-config")
+    assert proc.returncode == 0, proc.stderr
+    config = yaml.safe_load(proc.stdout)
+    assert config["tests"]["fine_tuning"]["test_settings"]["name"] == "run #5 nightly"
+    from projects.config import parse_override, resolve
+
+    lab = resolve("fine_tuning", overrides={"clusters.sutest.lab.ticket": parse_override(
+        "t", "8001")}, env={}).model.clusters.sutest.lab
+    assert lab.ticket == "8001"
+
+
+def test_alias_bomb_in_a_pr_comment_is_refused_at_once(tmp_path: Path) -> None:
+    comment = tmp_path / "comment.txt"
+    comment.write_text("/var tests.fine_tuning.skip_if: [&a [x,x,x,x,x,x,x,x,x], &b [*a,*a,*a,"
+                       "*a,*a,*a,*a,*a,*a], &c [*b,*b,*b,*b,*b,*b,*b,*b,*b], &d [*c,*c,*c,*c,*c,"
+                       "*c,*c,*c,*c], [*d,*d,*d,*d,*d,*d,*d,*d,*d]]\n")
+    proc = cli("--pr-args", str(comment), "--plan", "--artifact-dir", str(tmp_path / "p"))
+    assert proc.returncode == 2 and "anchors and aliases" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1

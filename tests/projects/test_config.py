@@ -11,6 +11,7 @@ from projects.config import (
     ConfigError,
     json_schema,
     load_vars_file,
+    parse_override,
     parse_pr_args,
     resolve,
 )
@@ -107,15 +108,43 @@ def test_mapping_replaces_whole_subtree_and_new_keys_then_exist(base: Path) -> N
 
 
 def test_placeholder_null_can_be_set(base: Path) -> None:
-    assert resolve(base, overrides={"placeholder": "{a: 1}"}, env={}).get("placeholder") == {"a": 1}
+    assert resolve(base, overrides={"placeholder": {"a": 1}}, env={}).get("placeholder") == {"a": 1}
 
 
 def test_list_values_and_yaml_parsing_of_overrides(base: Path) -> None:
     assert resolve(base, ["lst"], env={}).get("x") == [2, 4]
-    cfg = resolve(base, overrides={"x": "[2, 4]", "y": "4", "z": "'4'"}, env={})
+    parsed = {k: parse_override(k, v) for k, v in {"x": "[2, 4]", "y": "4", "z": "'4'"}.items()}
+    cfg = resolve(base, overrides=parsed, env={})
     assert cfg.get("x") == [2, 4]
     assert cfg.get("y") == 4
     assert cfg.get("z") == "4"
+
+
+def test_override_text_is_parsed_exactly_once(base: Path) -> None:
+    """'"run #5 nightly"' once is the string; twice it was 'run' (a comment)."""
+    value = parse_override("y", '"run #5 nightly"')
+    assert resolve(base, overrides={"y": value}, env={}).get("y") == "run #5 nightly"
+    assert resolve(base, overrides={"y": "8001"}, env={}).get("y") == "8001"
+
+
+BOMB = "[&l ['lol','lol','lol'], &m [*l,*l,*l,*l], &n [*m,*m,*m,*m], [*n,*n,*n,*n]]"
+
+
+@pytest.mark.parametrize("text", ["{a: &a [1, 2], b: *a}", BOMB])
+def test_untrusted_yaml_refuses_aliases(text: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="anchors and aliases"):
+        parse_override("x", text)
+    with pytest.raises(ConfigError, match="anchors and aliases"):
+        parse_pr_args(f"/var x: {text}\n")
+    vars_file = tmp_path / "vars.yaml"
+    vars_file.write_text("x: &a [1, 2]\ny: *a\n")
+    with pytest.raises(ConfigError, match="anchors and aliases"):
+        load_vars_file(vars_file)
+
+
+def test_untrusted_yaml_is_bounded() -> None:
+    with pytest.raises(ConfigError, match="accepted from a user"):
+        parse_override("x", "[" + "1," * 200_000 + "1]")
 
 
 def test_precedence_base_presets_vars_env(base: Path) -> None:
@@ -149,9 +178,9 @@ def test_duplicate_keys_are_refused(tmp_path: Path) -> None:
         resolve(path, env={})
 
 
-def test_malformed_override_value(base: Path) -> None:
+def test_malformed_override_value() -> None:
     with pytest.raises(ConfigError, match="malformed YAML"):
-        resolve(base, overrides={"x": "[1"}, env={})
+        parse_override("x", "[1")
 
 
 def test_parse_pr_args() -> None:
