@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+)
 
 from projects.library import EngineConfig, TestBlock
 
 __all__ = [
     "ConfigModel",
     "FineTuningTest",
+    "HyperParameters",
     "KubernetesWorkloadBlock",
     "LocalModelSpec",
     "TestSettings",
@@ -31,6 +39,38 @@ class LocalModelSpec(BaseModel):
     seed: int = Field(default=42, description="Seed of the random initialisation.")
 
 
+Ratio = Annotated[float, Field(ge=0, le=1)]
+
+
+class HyperParameters(BaseModel):
+    """Trainer hyper-parameters: the known ones checked at input, others passed through.
+
+    Each may be a list (a matrix dimension). A typo'd value (``r: sixteen``,
+    ``learning_rate: fast``) is refused before anything runs, not by the trainer later.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    raw_lists: list[str] = Field(default_factory=list,
+                                 description="Keys whose lists are values, not dimensions.")
+    num_train_epochs: PositiveFloat | list[PositiveFloat] | None = Field(
+        default=None, description="Epochs over the dataset.")
+    per_device_train_batch_size: PositiveInt | list[PositiveInt] | None = Field(
+        default=None, description="Samples per device and step.")
+    gradient_accumulation_steps: PositiveInt | list[PositiveInt] | None = Field(
+        default=None, description="Steps accumulated per optimiser step.")
+    learning_rate: PositiveFloat | list[PositiveFloat] | None = Field(
+        default=None, description="Peak learning rate.")
+    max_seq_length: PositiveInt | list[PositiveInt] | None = Field(
+        default=None, description="Tokens per sample (longer ones are cut).")
+    peft_method: str | list[str] | None = Field(default=None,
+                                                description="lora, or none for full tuning.")
+    r: PositiveInt | list[PositiveInt] | None = Field(default=None, description="LoRA rank.")
+    lora_alpha: PositiveInt | list[PositiveInt] | None = Field(default=None,
+                                                               description="LoRA alpha.")
+    lora_dropout: Ratio | list[Ratio] | None = Field(default=None, description="LoRA dropout.")
+
+
 class TestSettings(BaseModel):
     """Settings of one test cell (after matrix expansion every value is a scalar)."""
 
@@ -39,12 +79,17 @@ class TestSettings(BaseModel):
     name: str = Field(description="Test name, used in labels.")
     model_name: str = Field(description="Model: a local spec name or a model dir on the PVC.")
     dataset_name: str = Field(description="Dataset file name.")
-    dataset_replication: int | list[int] = Field(description="Dataset copies concatenated.")
-    gpu: int | list[int] = Field(description="GPUs per pod (0 on the local platform).")
-    pod_count: int | list[int] = Field(description="PyTorchJob replicas (master + workers).")
+    dataset_replication: PositiveInt | list[PositiveInt] = Field(
+        description="Dataset copies concatenated.")
+    gpu: NonNegativeInt | list[NonNegativeInt] = Field(
+        description="GPUs per pod (0 on the local platform).")
+    pod_count: PositiveInt | list[PositiveInt] = Field(
+        description="PyTorchJob replicas (master + workers).")
     container_image: str | list[str] = Field(description="Trainer image (cluster).")
-    hyper_parameters: dict[str, Any] = Field(description="Trainer config merged into config.json.")
-    max_steps: int | list[int] | None = Field(default=None, description="Cap training steps.")
+    hyper_parameters: HyperParameters = Field(
+        description="Trainer config merged into config.json.")
+    max_steps: PositiveInt | list[PositiveInt] | None = Field(
+        default=None, description="Cap training steps.")
 
 
 class KubernetesWorkloadBlock(BaseModel):

@@ -63,7 +63,8 @@ def _test(ctx: CellContext) -> FineTuningTest:
 
 
 def _settings(ctx: CellContext) -> dict[str, Any]:
-    return ctx.settings.model_dump(mode="json")
+    # exclude_unset: the trainer gets exactly the keys the config set, no model defaults
+    return ctx.settings.model_dump(mode="json", exclude_unset=True)
 
 
 def local_workload(ctx: CellContext) -> LocalWorkload:

@@ -50,6 +50,14 @@ def test_plan_does_not_import_prefect(tmp_path: Path, preset: str) -> None:
     (["--var", "novalue"], "--var expects KEY=VALUE"),
     (["--vars-file", "/nonexistent/vars.yaml"], "file not found"),
     (["--platform", "moon"], "invalid choice"),
+    (["--var", "tests.fine_tuning.test_settings.hyper_parameters.r=sixteen"], "valid integer"),
+    (["--var", "tests.fine_tuning.test_settings.hyper_parameters.learning_rate=fast"],
+     "valid number"),
+    (["--var", "tests.fine_tuning.test_settings.dataset_replication=-3"], "greater than 0"),
+    (["--var", "tests.fine_tuning.test_settings.max_steps=-5"], "greater than 0"),
+    (["--var", "tests.fine_tuning.test_settings.hyper_parameters.lora_dropout=2"],
+     "less than or equal to 1"),
+    (["--var", "tests.fine_tuning.multi_user.user_count=100001"], "less than or equal to"),
 ])
 def test_user_errors_are_one_line_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
     proc = cli(*args, "--plan", "--artifact-dir", str(tmp_path))
