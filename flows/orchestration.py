@@ -11,8 +11,9 @@ process; they read the run's saved ``config.yaml`` (never re-apply presets) to r
 the run left.
 
 Exit code (``RunOutcome.exit_code``): 0 when every cell passed and post-processing did its
-job; 1 when a cell failed, a regression gate tripped, or post-processing failed in strict
-mode (``flows.cli.exit_code_for`` maps exceptions: 2 user error, 130 interrupted).
+job; 1 when a cell failed, a regression gate tripped, or the KPIs were not stored
+(post-processing failed, the history could not be appended); ``flows.cli.exit_code_for``
+maps exceptions: 2 user error, 130 interrupted.
 
 Note: no ``from __future__ import annotations`` in flow modules: ``flow.serve()`` validates
 parameters from real annotations (DESIGN §12).
@@ -46,7 +47,13 @@ from tasks.platforms.local import cleanup_local
 from tasks.platforms.plan import plan_run
 from tasks.platforms.select import make_platform, select_platform
 from tasks.postprocess import postprocess_results
-from tasks.publish.export import opensearch_instance, publish_opensearch, s3_target, upload_run
+from tasks.publish.export import (
+    append_history,
+    opensearch_instance,
+    publish_opensearch,
+    s3_target,
+    upload_run,
+)
 from tasks.publish.prefect_artifacts import publish_results, start_progress, update_progress
 from tasks.runner import run_and_catch
 
@@ -73,7 +80,7 @@ class RunOutcome(BaseModel):
     """The result of one run of any project."""
 
     artifact_dir: str = Field(description="Where everything was written.")
-    exit_code: int = Field(description="0 success, 1 failed cell/gate/strict post-process.")
+    exit_code: int = Field(description="0 success, 1 failed cell, gate or unstored KPIs.")
     platform: str
     cells: list[CellOutcome] = Field(default_factory=list)
     report: str | None = Field(default=None, description="HTML report index.")
@@ -202,8 +209,10 @@ def test_phase(cells: Sequence[Cell], run: RunContext, platform: Platform,
 
 def _postprocess_phase(outcome: RunOutcome, run: RunContext) -> None:
     log = _log()
+    if all(c.status == "skipped" for c in outcome.cells):
+        log.warning("every cell was skipped: nothing to post-process")
+        return
     settings = run.model.analysis
-    strict = settings.strict or settings.mode == "cpt"
     history = settings.history_uri or default_history_uri(run.project.name)
     export = run.model.export_artifacts
     instance = None
@@ -213,11 +222,10 @@ def _postprocess_phase(outcome: RunOutcome, run: RunContext) -> None:
         post = postprocess_results(str(run.root), run.project.name, history,
                                    settings.model_dump(), list(run.config.presets_applied),
                                    run.config.to_yaml(), instance, export.opensearch.index)
-    except Exception as exc:
-        message = f"post-processing failed: {type(exc).__name__}: {exc}"
+    except Exception as exc:  # the KPIs were not stored: the run must not look green
+        message = f"post-processing failed, KPIs not stored: {type(exc).__name__}: {exc}"
         log.error(message)
-        if strict:
-            outcome.failures.append(message)
+        outcome.failures.append(message)
         return
     outcome.report = post.report
     outcome.verdict_counts = post.verdict_counts
@@ -236,28 +244,43 @@ def _postprocess_phase(outcome: RunOutcome, run: RunContext) -> None:
 
 
 def _export_phase(outcome: RunOutcome, run: RunContext, post: PostprocessOutcome) -> None:
-    """Upload to S3 and publish to OpenSearch; a failure is reported, local files stay."""
+    """Upload to S3, append the S3 KPI history, publish to OpenSearch — each on its own.
+
+    A failed upload or OpenSearch publication is reported (local files stay) and fails the
+    run only with ``export_artifacts.fail_on_error``; a failed KPI history append always
+    fails it: those KPIs were not stored.
+    """
     export = run.model.export_artifacts
     if not export.enabled:
         return
     secrets = run.model.secrets
     valid = not any(c.status == "failed" for c in outcome.cells)
-    try:
-        if export.s3.bucket:
-            result = upload_run(str(run.root), s3_target(export, secrets),
-                                run.project.flow_name, run.run_id, valid,
-                                post.files.get("kpis"), run.project.name)
-            outcome.export_url = result.url
-        if export.opensearch.enabled:
-            publish_opensearch(opensearch_instance(export, secrets),
-                               post.files["lts"], export.opensearch.index,
-                               export.opensearch.kpi_index, valid)
-    except Exception as exc:
-        message = (f"export failed: {type(exc).__name__}: {exc} "
-                   f"(local artifacts kept in {run.root})")
-        _log().error(message)
-        if export.fail_on_error:
-            outcome.failures.append(message)
+
+    def attempt(what: str, action: Callable[[], Any], fatal: bool = False) -> None:
+        try:
+            action()
+        except Exception as exc:
+            message = (f"{what} failed: {type(exc).__name__}: {exc} "
+                       f"(local artifacts kept in {run.root})")
+            _log().error(message)
+            if fatal or export.fail_on_error:
+                outcome.failures.append(message)
+
+    if export.s3.bucket:
+        def upload() -> None:
+            target = s3_target(export, secrets)
+            outcome.export_url = upload_run(str(run.root), target, run.project.flow_name,
+                                            run.run_id, valid).url
+
+        attempt("S3 export", upload)
+        kpis = post.files.get("kpis")
+        if valid and kpis:
+            attempt("KPI history append to S3 (KPIs not stored)", lambda: append_history(
+                s3_target(export, secrets), kpis, run.project.name), fatal=True)
+    if export.opensearch.enabled:
+        attempt("OpenSearch export", lambda: publish_opensearch(
+            opensearch_instance(export, secrets), post.files["lts"], export.opensearch.index,
+            export.opensearch.kpi_index, valid))
 
 
 def _provision(run: RunContext, creates: bool) -> RunContext:

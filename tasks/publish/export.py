@@ -26,7 +26,8 @@ from tasks.publish.opensearch import export_payloads
 from tasks.publish.s3 import ExportResult, upload_dir
 from tasks.secrets import read_env_file, read_yaml_secret, secret_file
 
-__all__ = ["opensearch_instance", "publish_opensearch", "s3_target", "upload_run"]
+__all__ = ["append_history", "opensearch_instance", "publish_opensearch", "s3_target",
+           "upload_run"]
 
 logger = logging.getLogger("telltale.export")
 
@@ -81,9 +82,9 @@ def opensearch_instance(export: ExportBlock, secrets: SecretsBlock) -> OpenSearc
 # No Prefect-level retries on the export steps: boto3 (standard mode) and the OpenSearch
 # RetryPolicy already retry each request with backoff; a second layer would multiply waits.
 @step("export", timeout_seconds=3600)
-def upload_run(root: str, target: S3Target, flow: str, run_id: str, valid: bool,
-               kpis_file: str | None, project: str) -> ExportResult:
-    """Upload the artifact dir and append its KPI rows to the S3 history dataset.
+def upload_run(root: str, target: S3Target, flow: str, run_id: str,
+               valid: bool) -> ExportResult:
+    """Upload the artifact dir with its manifest (see `tasks.publish.s3.upload_dir`).
 
     Args:
         root: The run's artifact dir.
@@ -91,18 +92,25 @@ def upload_run(root: str, target: S3Target, flow: str, run_id: str, valid: bool,
         flow: Flow name (key level).
         run_id: Run id (key level).
         valid: False when the test failed (the export is marked invalid).
-        kpis_file: The post-process ``kpis.parquet`` to append to the history.
-        project: Project name (history dataset).
 
     Returns:
         The `ExportResult`.
     """
-    result = upload_dir(root, target, flow, run_id, valid=valid)
-    if kpis_file and Path(kpis_file).is_file() and valid:
-        # One identity for both: the block's credentials, never the environment's.
-        HistoryStore(target.history_uri(project), filesystem=target.filesystem()).append(
-            pd.read_parquet(kpis_file))
-    return result
+    return upload_dir(root, target, flow, run_id, valid=valid)
+
+
+@step("export", timeout_seconds=600)
+def append_history(target: S3Target, kpis_file: str, project: str) -> int:
+    """Append the run's KPI rows to the S3 history dataset (the block's own identity).
+
+    A separate step from the upload: when it fails the run's KPIs are not stored, which
+    fails the run whatever ``export_artifacts.fail_on_error`` says.
+
+    Returns:
+        The rows appended.
+    """
+    store = HistoryStore(target.history_uri(project), filesystem=target.filesystem())
+    return store.append(pd.read_parquet(kpis_file))
 
 
 @step("export", timeout_seconds=600)

@@ -27,7 +27,9 @@ class FakePlatform:
     name = "local"
 
     def __init__(self, script: dict[str, Any] | None = None,
-                 users: Sequence[int] = (), prepare_error: Exception | None = None) -> None:
+                 users: Sequence[int] = (), prepare_error: Exception | None = None,
+                 write_log: bool = False) -> None:
+        self.write_log = write_log
         self.script = script or {}
         self.users = list(users)
         self.prepare_error = prepare_error
@@ -46,6 +48,13 @@ class FakePlatform:
         outcome = self.script.get(cell.name, 0)
         if isinstance(outcome, Exception):
             raise outcome
+        if self.write_log:  # what a trainer leaves: the parser computes real KPIs from it
+            from tasks.artifacts import artifact_dir
+            from tests.factories import train_log
+
+            job = artifact_dir() / "001__fine_tuning__run_fine_tuning_job" / "artifacts"
+            job.mkdir(parents=True)
+            (job / "pod.log").write_text(train_log())
         return CellResult(exit_code=outcome, reason="Completed" if outcome == 0 else "Error",
                           log_tail=None if outcome == 0 else "ValueError: boom")
 
@@ -160,3 +169,41 @@ def test_fan_out_aggregates_user_results(run_fake, users: list[int], need_all: b
     assert "users:base" in fake.calls and not any(c.startswith("run:") for c in fake.calls)
     if status == "failed":
         assert cell.reason == f"{users.count(0)}/{len(users)} users succeeded"
+
+
+def test_kpis_not_stored_is_not_green(run_fake, tmp_path: Path) -> None:
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("a file where the history dir should be\n")
+    outcome = run_fake(FakePlatform(write_log=True), ["light"],
+                       {"analysis.history_uri": str(blocked)})
+    assert outcome.cells[0].status == "passed"
+    assert outcome.exit_code == 1
+    assert any("KPIs not stored" in f for f in outcome.failures), outcome.failures
+
+
+def test_s3_refusal_fails_the_run_and_still_publishes_to_opensearch(
+        run_fake, tmp_path: Path, s3_server: str, s3_bucket: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import yaml
+
+    from tests.servers.fault_proxy import fault_proxy
+    from tests.servers.opensearch import opensearch_server
+
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    monkeypatch.setenv("TELLTALE_SECRET_DIR", str(secrets))
+    with fault_proxy(s3_server) as (proxy, faults), \
+            opensearch_server(user="cpt", password="pw") as (url, state):
+        (secrets / "opensearch.yaml").write_text(yaml.safe_dump({"os": {
+            "url": url, "user": "cpt", "password": "pw"}}))
+        faults.fail_next(100_000, status=403)  # S3 refuses everything, at once (no retry)
+        outcome = run_fake(FakePlatform(write_log=True), ["light"], {
+            "export_artifacts.enabled": True, "export_artifacts.s3.bucket": s3_bucket,
+            "export_artifacts.s3.endpoint_url": proxy, "export_artifacts.s3.region": "us-east-1",
+            "export_artifacts.opensearch.enabled": True,
+            "export_artifacts.opensearch.instance": "os"})
+        documents = sum(len(index) for index in state.indices.values())
+    assert outcome.exit_code == 1
+    assert any("KPIs not stored" in f for f in outcome.failures), outcome.failures
+    assert not any(f.startswith("S3 export") for f in outcome.failures)  # not fail_on_error
+    assert documents >= 1  # the S3 failure no longer skips OpenSearch

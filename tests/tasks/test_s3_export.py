@@ -111,7 +111,7 @@ def test_history_append_uses_the_blocks_identity_not_the_environment(
 
     from analysis.history import HistoryStore
     from tasks.artifacts import use_artifact_dir
-    from tasks.publish.export import upload_run
+    from tasks.publish.export import append_history
 
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.delenv(name, raising=False)
@@ -125,6 +125,6 @@ def test_history_append_uses_the_blocks_identity_not_the_environment(
                   "timestamp": [pd.Timestamp("2026-11-23", tz="UTC")]}).to_parquet(kpis)
     block = target(s3_server, s3_bucket)
     with use_artifact_dir(tmp_path / "steps"):
-        upload_run.fn(str(run), block, "fine-tuning", "run-1", True, str(kpis), "fine_tuning")
+        append_history.fn(block, str(kpis), "fine_tuning")
     stored = HistoryStore(block.history_uri("fine_tuning"), filesystem=block.filesystem()).read()
     assert list(stored["run_uuid"]) == ["u1"]
