@@ -15,6 +15,7 @@ Hidden dirs (``.git``...) are not searched.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -55,9 +56,27 @@ class Discovery(BaseModel):
     skipped: list[SkippedDir] = Field(default_factory=list)
 
 
+_SMALL_FILE = 64 * 1024  # settings.yaml, exit_code: anything larger is not ours
+
+
+def _unsafe(path: Path, limit: int) -> str | None:
+    """Why ``path`` must not be read (a symlink, not a regular file, too large), or None."""
+    st = os.lstat(path)  # FileNotFoundError goes to the caller
+    if stat.S_ISLNK(st.st_mode):
+        return f"{path.name} is a symlink: not followed"
+    if not stat.S_ISREG(st.st_mode):
+        return f"{path.name} is not a regular file"
+    if st.st_size > limit:
+        return f"{path.name} is {st.st_size} bytes (over {limit})"
+    return None
+
+
 def read_exit_code(path: Path) -> int | str:
     """Return the integer in ``path/exit_code``, or a reason string when it is unusable."""
     try:
+        reason = _unsafe(path / EXIT_CODE_FILE, _SMALL_FILE)
+        if reason:
+            return reason
         text = (path / EXIT_CODE_FILE).read_text(encoding="utf-8").strip()
     except FileNotFoundError:
         return "no exit_code file"
@@ -96,24 +115,20 @@ def discover(root: str | Path) -> Discovery:
         raise ResultsError(f"results dir not found: {root}")
     found = Discovery(root=str(base))
 
-    def walk(directory: Path, inherited: dict[str, Any]) -> None:
+    # Depth-first with an explicit stack: 1 500 nested dirs hit Python's recursion limit.
+    # Children are pushed in reverse so they are visited in sorted order, as before.
+    stack: list[tuple[Path, dict[str, Any]]] = [(base, {})]
+    while stack:
+        directory, inherited = stack.pop()
         try:
             entries = sorted(os.scandir(directory), key=lambda e: e.name)
         except OSError as exc:
             found.skipped.append(SkippedDir(path=str(directory), reason=f"unreadable: {exc}"))
-            return
+            continue
         names = {e.name for e in entries}
         settings = inherited
         if SETTINGS_FILE in names:
-            try:
-                data, _ = load_yaml(directory / SETTINGS_FILE)
-            except ConfigError as exc:
-                found.skipped.append(SkippedDir(path=str(directory), reason=exc.reason))
-                data = None
-            if data is not None and not isinstance(data, Mapping):
-                found.skipped.append(SkippedDir(path=str(directory),
-                                                reason="settings.yaml is not a mapping"))
-                data = None
+            data = _read_settings(directory, found)
             if isinstance(data, Mapping):
                 settings = _merge(inherited, data)
                 if SKIP_FILE not in names:
@@ -124,9 +139,24 @@ def discover(root: str | Path) -> Discovery:
                                                        settings=settings, exit_code=code))
                     else:
                         found.skipped.append(SkippedDir(path=str(directory), reason=code))
-        for entry in entries:
-            if entry.is_dir(follow_symlinks=False) and not entry.name.startswith("."):
-                walk(Path(entry.path), settings)
-
-    walk(base, {})
+        stack.extend((Path(entry.path), settings) for entry in reversed(entries)
+                     if entry.is_dir(follow_symlinks=False) and not entry.name.startswith("."))
     return found
+
+
+def _read_settings(directory: Path, found: Discovery) -> Any:
+    """The mapping in ``settings.yaml`` (untrusted: no symlink, bounded, no aliases)."""
+    path = directory / SETTINGS_FILE
+    try:
+        reason = _unsafe(path, _SMALL_FILE)
+        if reason is None:
+            data, _ = load_yaml(path, untrusted=True)
+            if data is None or isinstance(data, Mapping):
+                return data
+            reason = "settings.yaml is not a mapping"
+    except ConfigError as exc:
+        reason = exc.reason
+    except OSError as exc:
+        reason = f"unreadable settings.yaml: {exc}"
+    found.skipped.append(SkippedDir(path=str(directory), reason=reason))
+    return None

@@ -6,7 +6,11 @@ which
 
 - degrades gracefully: a missing or corrupt file returns ``None`` and records a
   `ParseProblem` (file, line, message) in the result, it never aborts the parse;
-- records every file (and glob) it touched, so the cache can fingerprint them.
+- records every file (and glob) it touched, so the cache can fingerprint them;
+- treats the tree as untrusted: it never follows a symlink (a link to the system's password
+  file once reached an exported LTS payload), reads regular files only (a FIFO hung the
+  analysis), refuses files over `MAX_FILE_BYTES`, and cuts lines at `MAX_LINE_CHARS` (a 2 GB
+  log without newlines took 4.3 GB of memory).
 
 Cache: ``<result dir>/.telltale_parse_cache.json`` holds the parser name and version, the
 fingerprints (size, mtime) of every file read, and the result as JSON (never pickle). It is
@@ -20,6 +24,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import stat
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -34,6 +39,8 @@ from analysis.yamlio import load_yaml
 __all__ = [
     "CACHE_FILE",
     "FORCE_ENV",
+    "MAX_FILE_BYTES",
+    "MAX_LINE_CHARS",
     "FileReader",
     "ParseProblem",
     "ParsedResult",
@@ -42,6 +49,10 @@ __all__ = [
     "parse_one",
 ]
 
+MAX_FILE_BYTES = 64 * 1024 * 1024
+"""Largest file `FileReader.text`/`json`/`yaml` read whole (logs are streamed by `lines`)."""
+MAX_LINE_CHARS = 64 * 1024
+"""Longest line `FileReader.lines` yields; the rest of a longer line is dropped."""
 CACHE_FILE = ".telltale_parse_cache.json"
 FORCE_ENV = "TELLTALE_FORCE_REPARSE"
 _PARALLEL_MIN = 16  # below this many dirs, worker start-up costs more than it saves
@@ -115,10 +126,37 @@ class FileReader:
         return self.fingerprints.get(rel) is not None if rel in self.fingerprints else (
             self._touch(rel).exists())
 
-    def text(self, rel: str, *, required: bool = True) -> str | None:
-        """Return a file's text, or None (and a problem when ``required``)."""
+    def _checked(self, rel: str, limit: int | None) -> Path | None:
+        """The path of ``rel`` when it is safe to read; else None and a problem.
+
+        Safe: no symlink on the way (the real path is the lexical one), a regular file, and
+        (with ``limit``) not larger than ``limit`` bytes. A missing file raises
+        FileNotFoundError for the caller to report (or not).
+        """
         path = self._touch(rel)
+        lexical = os.path.normpath(os.path.join(os.path.realpath(self.root), rel))
+        if os.path.realpath(path) != lexical:
+            if not os.path.lexists(path) and not os.path.exists(path):
+                raise FileNotFoundError(rel)
+            self.problem(rel, "is or passes through a symlink: not followed (results are "
+                              "read only inside their own tree)")
+            return None
+        st = os.stat(path)  # FileNotFoundError goes to the caller
+        if not stat.S_ISREG(st.st_mode):
+            self.problem(rel, "not a regular file: not read")
+            return None
+        if limit is not None and st.st_size > limit:
+            self.problem(rel, f"{st.st_size} bytes, over the {limit} read whole: not read")
+            return None
+        return path
+
+    def text(self, rel: str, *, required: bool = True,
+             max_bytes: int = MAX_FILE_BYTES) -> str | None:
+        """Return a file's text, or None (and a problem when ``required`` or unsafe)."""
         try:
+            path = self._checked(rel, max_bytes)
+            if path is None:
+                return None
             return path.read_text(encoding="utf-8", errors="replace")
         except FileNotFoundError:
             if required:
@@ -139,23 +177,38 @@ class FileReader:
             return None
 
     def yaml(self, rel: str, *, required: bool = True) -> Any:
-        """Return a YAML file's data, or None (recording a problem with the line)."""
-        path = self._touch(rel)
-        if not path.exists():
+        """Return a YAML file's data, or None (recording a problem with the line).
+
+        Results are untrusted: YAML aliases are refused like in user input.
+        """
+        try:
+            path = self._checked(rel, MAX_FILE_BYTES // 16)
+        except FileNotFoundError:
             if required:
                 self.problem(rel, "missing")
             return None
+        except OSError as exc:
+            self.problem(rel, f"unreadable: {exc.strerror}")
+            return None
+        if path is None:
+            return None
         try:
-            data, _ = load_yaml(path)
+            data, _ = load_yaml(path, untrusted=True)
             return data
         except ConfigError as exc:
             self.problem(rel, exc.reason, exc.line)
             return None
 
     def lines(self, rel: str, *, required: bool = True) -> Iterator[str] | None:
-        """Stream a text file line by line (never loads it whole), or None when missing."""
-        path = self._touch(rel)
+        """Stream a text file line by line (never loads it whole), or None when missing.
+
+        Lines longer than `MAX_LINE_CHARS` are cut there (the rest is skipped without being
+        held in memory) and reported once.
+        """
         try:
+            path = self._checked(rel, None)
+            if path is None:
+                return None
             stream = open(path, encoding="utf-8", errors="replace", newline="")  # noqa: SIM115
         except FileNotFoundError:
             if required:
@@ -166,8 +219,21 @@ class FileReader:
             return None
 
         def iterate() -> Iterator[str]:
+            cut = False
             with stream:
-                yield from stream
+                while True:
+                    line = stream.readline(MAX_LINE_CHARS)
+                    if not line:
+                        return
+                    if len(line) == MAX_LINE_CHARS and not line.endswith(("\n", "\r")):
+                        while True:  # drop the rest of this line, chunk by chunk
+                            rest = stream.readline(MAX_LINE_CHARS)
+                            if not rest or rest.endswith(("\n", "\r")):
+                                break
+                        if not cut:
+                            self.problem(rel, f"line over {MAX_LINE_CHARS} characters: cut")
+                            cut = True
+                    yield line
 
         return iterate()
 

@@ -202,8 +202,10 @@ def _draw_regression(ctx: ReportContext, options: dict[str, Any]) -> str:
         return "<p class='empty'>no verdicts (no history configured?)</p>"
     styled = frame.style.apply(
         lambda row: [f"background-color: {_VERDICT_COLOURS.get(row['verdict'], '#fff')}"]
-        * len(row), axis=1).hide(axis="index").format(precision=4, na_rep="")
-    return str(styled.to_html())
+        * len(row), axis=1).hide(axis="index").format(precision=4, na_rep="", escape="html")
+    # Result dir names and labels are untrusted: escape="html" (Styler escapes nothing by
+    # default; a dir named <img src=x onerror=...> was written raw into the page).
+    return str(styled.format_index(escape="html", axis=1).to_html())
 
 
 def _draw_users(ctx: ReportContext, options: dict[str, Any]) -> str:

@@ -35,7 +35,7 @@ def first_line(text: str | None) -> str | None:
 
 def read_run(result: ResultDir, reader: FileReader, out: RunResult) -> None:
     """Fill ``out``'s identity fields; a missing file is a problem, never an exception."""
-    out.run_uuid = first_line(reader.text(".uuid", required=False))
+    out.run_uuid = first_line(reader.text(".uuid", required=False, max_bytes=4096))
     if out.run_uuid is None:
         # Deterministic fallback so re-importing the same dir stays idempotent.
         out.run_uuid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"telltale:{result.path}"))

@@ -1,0 +1,133 @@
+"""Abuse probes on a results tree (it is untrusted input): each bounded to seconds.
+
+Symlinks out of the tree, FIFOs, huge files, a log with no newline, deep nesting and a dir
+name that is an HTML payload must each end as a recorded problem or a skipped dir, never as
+a leak, a hang, a MemoryError or a RecursionError.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from analysis.discovery import discover
+from analysis.parsing import MAX_LINE_CHARS, FileReader
+from analysis.pipeline import postprocess
+from tests.factories import make_result_dir
+
+SECRET = "root:$6$not-a-real-hash:19000:0:99999:7:::"
+
+
+def _postprocess(results: Path, out: Path) -> object:
+    return postprocess(results, "fine_tuning", out, history_uri=None)
+
+
+def test_symlinks_out_of_the_tree_are_never_read(tmp_path: Path) -> None:
+    secret = tmp_path / "shadow"
+    secret.write_text(SECRET + "\n")
+    results = tmp_path / "results"
+    run = make_result_dir(results, "000__cell")
+    (run / "config.yaml").symlink_to(secret)
+    (run / ".uuid").unlink()
+    (run / ".uuid").symlink_to(secret)
+    linked_dir = tmp_path / "elsewhere"
+    linked_dir.mkdir()
+    (linked_dir / "pod.log").write_text(SECRET)
+    outcome = _postprocess(results, tmp_path / "out")
+    payload = (tmp_path / "out" / "lts_payload.json").read_text()
+    assert SECRET not in payload and "not-a-real-hash" not in payload
+    assert outcome.runs == 1  # the run is still parsed, its links reported
+    problems = json.loads(payload)[0]["problems"]
+    assert any("symlink" in p for p in problems), problems
+
+
+def test_a_symlinked_settings_file_or_dir_is_skipped(tmp_path: Path) -> None:
+    secret = tmp_path / "shadow"
+    secret.write_text("password: " + SECRET + "\n")
+    results = tmp_path / "results"
+    run = results / "000__cell"
+    run.mkdir(parents=True)
+    (run / "settings.yaml").symlink_to(secret)
+    (run / "exit_code").write_text("0\n")
+    (results / "001__link").symlink_to(tmp_path, target_is_directory=True)
+    found = discover(results)
+    assert not found.results
+    assert any("symlink" in s.reason for s in found.skipped)
+
+
+def test_fifo_and_device_files_do_not_hang(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    run = make_result_dir(results, "000__cell")
+    job = next(run.glob("*__run_fine_tuning_job"))
+    (job / "artifacts" / "pod.log").unlink()
+    os.mkfifo(job / "artifacts" / "pod.log")
+    (job / "src" / "config_final.json").unlink()
+    (job / "src" / "config_final.json").symlink_to("/dev/zero")
+    reader = FileReader(run)
+    assert reader.lines(f"{job.name}/artifacts/pod.log") is None
+    assert reader.json(f"{job.name}/src/config_final.json") is None
+    assert {p.message.split(":")[0] for p in reader.problems} >= {"not a regular file"}
+
+
+def test_huge_uuid_is_refused_not_loaded(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    run = make_result_dir(results, "000__cell")
+    with open(run / ".uuid", "wb") as stream:  # sparse: 1 GiB on paper, no disk used
+        stream.truncate(1 << 30)
+    reader = FileReader(run)
+    assert reader.text(".uuid", max_bytes=4096) is None
+    assert "over the 4096 read whole" in reader.problems[0].message
+
+
+def test_a_log_without_newlines_is_streamed_in_bounded_memory(tmp_path: Path) -> None:
+    log = tmp_path / "pod.log"
+    chunk = b"x" * (1 << 20)
+    with open(log, "wb") as stream:
+        for _ in range(64):  # 64 MiB on one line
+            stream.write(chunk)
+        stream.write(b"\n{'train_runtime': 1.0}\n")
+    code = (
+        "import resource, sys\n"
+        "from analysis.parsing import FileReader\n"
+        f"reader = FileReader({str(tmp_path)!r})\n"
+        "lines = list(reader.lines('pod.log'))\n"
+        "peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024\n"
+        "print(len(lines), max(map(len, lines)), peak, reader.problems[0].message)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split()
+    count, longest, peak_mb = int(out[0]), int(out[1]), int(out[2])
+    assert count == 2 and longest == MAX_LINE_CHARS
+    assert peak_mb < 300, f"{peak_mb} MB peak for a 64 MiB line"
+    assert "cut" in out[-1]
+
+
+def test_deep_nesting_does_not_recurse(tmp_path: Path) -> None:
+    """1 500 nested dirs raised RecursionError; here 600 under a recursion limit of 300."""
+    results = tmp_path / "results"
+    deep = results
+    for _ in range(600):  # one-letter names keep the path far under PATH_MAX
+        deep = deep / "d"
+    deep.mkdir(parents=True)
+    (deep / "settings.yaml").write_text("gpu: 0\n")
+    (deep / "exit_code").write_text("0\n")
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(300)
+    try:
+        found = discover(results)
+    finally:
+        sys.setrecursionlimit(limit)
+    assert len(found.results) == 1
+
+
+def test_html_in_a_dir_name_is_escaped_in_every_report_page(tmp_path: Path) -> None:
+    payload = "<img src=x onerror=alert(3)>"
+    results = tmp_path / "results"
+    for index in range(4):  # enough runs for verdicts, so the regression page has rows
+        make_result_dir(results / payload, f"00{index}__cell", seed=index)
+    _ = postprocess(results, "fine_tuning", tmp_path / "out",
+                    history_uri=str(tmp_path / "history"))
+    for page in (tmp_path / "out" / "report").glob("*.html"):
+        assert payload not in page.read_text(), page.name
