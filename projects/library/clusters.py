@@ -56,7 +56,9 @@ class CreateBlock(BaseModel):
     type: Literal["single", "ocp", "managed", "pool", "metal"] | None = Field(
         default=None, description="None: use the given kubeconfig (or the local platform)."
     )
-    name_prefix: str = Field(default="telltale", description="Prefix of created cluster names.")
+    name_prefix: str = Field(default="telltale", pattern=r"^[a-z][a-z0-9-]{0,30}$",
+                             description="Prefix of created cluster names (a DNS label: "
+                             "it reaches installers, hosts and remote shells).")
     ocp_version: str | None = Field(default=None, description="OpenShift version to install.")
     region: str | None = Field(default=None, description="Cloud region (ocp/managed).")
     base_domain: str | None = Field(default=None, description="DNS base domain (ocp/single).")

@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -169,6 +170,14 @@ def metal_install_config(name: str, create: dict[str, Any], hosts: list[str], *,
     return config
 
 
+def _remote(*argv: str) -> str:
+    """One remote command line, every word quoted.
+
+    OpenSSH joins its arguments with spaces and hands the line to the remote user's shell.
+    """
+    return shlex.join(argv)
+
+
 def create_on_bastion(root: Path, name: str, create: dict[str, Any], hosts: list[str], *,
                       pull_secret: str, ssh_key: str, user: str = "root",
                       timeout_s: float = 4 * 3600) -> ClusterRecord:
@@ -182,15 +191,16 @@ def create_on_bastion(root: Path, name: str, create: dict[str, Any], hosts: list
     _save(root, record)
     local = _write_private(root / ".install-config.yaml", dump_yaml(config))
     try:
-        run(["ssh", *_SSH_OPTIONS, bastion, "mkdir", "-p", remote], timeout=120)
+        run(["ssh", *_SSH_OPTIONS, bastion, _remote("mkdir", "-p", remote)], timeout=120)
         run(["scp", *_SSH_OPTIONS, str(local), f"{bastion}:{remote}/install-config.yaml"],
             timeout=300)
     finally:
         local.unlink()  # the pull secret stays off the artifact dir
     redacted = {**config, "pullSecret": "***", "sshKey": config["sshKey"][:20] + "..."}
     (root / "install-config.redacted.yaml").write_text(dump_yaml(redacted), encoding="utf-8")
-    run(["ssh", *_SSH_OPTIONS, bastion, "openshift-install", "create", "cluster", "--dir",
-         remote, "--log-level", "info"], timeout=timeout_s)
+    run(["ssh", *_SSH_OPTIONS, bastion, _remote("openshift-install", "create", "cluster",
+                                                "--dir", remote, "--log-level", "info")],
+        timeout=timeout_s)
     run(["scp", *_SSH_OPTIONS, f"{bastion}:{remote}/auth/kubeconfig", str(root / "kubeconfig")],
         timeout=300)
     os.chmod(root / KUBECONFIG_FILE, 0o600)

@@ -159,3 +159,30 @@ def test_managed_cluster_with_rosa_and_oc(tmp_path: Path, installer_env,
 
     with pytest.raises(StepError, match="quota exceeded"):
         create_managed(failed, "perf-rosa-2", {}, poll_s=0, sleep=lambda s: None)
+
+
+def test_bastion_commands_are_quoted_for_the_remote_shell(tmp_path: Path, installer_env,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ssh stand-in runs its joined arguments through a shell, as OpenSSH does."""
+    from tasks.lab.clusters import create_on_bastion
+
+    home = tmp_path / "bastion-home"
+    monkeypatch.setenv("TELLTALE_FAKE_BASTION_ROOT", str(home))
+    root = tmp_path / "run"
+    root.mkdir()
+    hostile = "x;touch marker-file;"
+    create_on_bastion(root, hostile, {"type": "metal", "base_domain": "perf.example.com"},
+                      ["bastion.example.com", "node1.example.com"],
+                      pull_secret='{"auths": {}}', ssh_key="ssh-ed25519 AAAA test")
+    assert not list(home.rglob("marker-file")), "a name reached the remote shell unquoted"
+    assert (home / "telltale" / hostile / "auth" / "kubeconfig").is_file()  # ran in its dir
+
+
+def test_cluster_name_prefix_must_be_a_dns_label() -> None:
+    from pydantic import ValidationError
+
+    from projects.library import CreateBlock
+
+    with pytest.raises(ValidationError):
+        CreateBlock(name_prefix="x;touch marker-file;")
+    assert CreateBlock(name_prefix="perf-cpt").name_prefix == "perf-cpt"
