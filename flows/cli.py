@@ -24,6 +24,7 @@ __all__ = [
     "exit_code_for",
     "main_guard",
     "overrides_from_args",
+    "pr_comment_keys",
     "prefect_defaults",
     "resolve_from_args",
 ]
@@ -56,8 +57,22 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
                         help="PR comment text; its '/var key: value' lines become overrides")
 
 
-def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """Collect overrides in precedence order: vars files < PR comment < ``--var``."""
+def pr_comment_keys(project: str) -> list[str]:
+    """The keys a PR comment may set: the project's *base* ``pr_comment_keys``.
+
+    Read without presets or overrides, so neither can widen it.
+    """
+    return list(resolve(project, env={}).get("pr_comment_keys", []) or [])
+
+
+def overrides_from_args(args: argparse.Namespace,
+                        pr_allowed: Sequence[str] | None = None) -> dict[str, Any]:
+    """Collect overrides in precedence order: vars files < PR comment < ``--var``.
+
+    Args:
+        args: The parsed command line.
+        pr_allowed: Key patterns a PR comment may set (`pr_comment_keys`); None: none.
+    """
     overrides: dict[str, Any] = {}
     for path in args.vars_file:
         overrides.update(load_vars_file(path))
@@ -67,7 +82,8 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
         except OSError as exc:
             raise ConfigError(f"cannot read PR comment: {exc.strerror}",
                               file=args.pr_args) from None
-        overrides.update(parse_pr_args(text, source=args.pr_args))
+        overrides.update(parse_pr_args(text, source=args.pr_args,
+                                       allowed=list(pr_allowed or [])))
     for item in args.var:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
@@ -78,7 +94,8 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 def resolve_from_args(project: str, args: argparse.Namespace) -> Config:
     """Resolve the project config from parsed command-line arguments."""
-    return resolve(project, presets=args.preset, overrides=overrides_from_args(args))
+    return resolve(project, presets=args.preset,
+                   overrides=overrides_from_args(args, pr_comment_keys(project)))
 
 
 def default_artifact_dir(project: str, root: str | Path = "runs", *,

@@ -24,6 +24,7 @@ from flows.cli import (
     main_guard,
     make_parser,
     overrides_from_args,
+    pr_comment_keys,
     prefect_defaults,
     resolve_from_args,
 )
@@ -93,7 +94,8 @@ def project_main(project: str, argv: Sequence[str] | None = None) -> int:
 
         module = importlib.import_module(f"flows.{project}.flow")
         return run_from_cli(module.FLOW, presets=list(args.preset),
-                            overrides=overrides_from_args(args), platform=platform,
+                            overrides=overrides_from_args(args, pr_comment_keys(project)),
+                            platform=platform,
                             artifact_dir=Path(args.artifact_dir) if args.artifact_dir else None)
 
     return main(argv)

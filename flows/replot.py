@@ -34,6 +34,7 @@ from flows.cli import (
     main_guard,
     make_parser,
     overrides_from_args,
+    pr_comment_keys,
     prefect_defaults,
 )
 from projects.config import resolve
@@ -143,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     prefect_defaults()
     outcome = replot(source=args.source, download=args.download, project=args.project,
                      history_uri=args.history, presets=args.preset,
-                     overrides=overrides_from_args(args))
+                     overrides=overrides_from_args(args, pr_comment_keys(args.project)))
     print(f"outputs : {outcome.out_dir}")
     if outcome.report:
         print(f"report  : {outcome.report}")

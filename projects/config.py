@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextvars
 import copy
 import difflib
+import fnmatch
 import os
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -106,20 +107,26 @@ def parse_override(key: str, text: str) -> Any:
     return value
 
 
-def parse_pr_args(text: str, *, source: str = "PR comment") -> dict[str, Any]:
+def parse_pr_args(text: str, *, source: str = "PR comment",
+                  allowed: Sequence[str] | None = None) -> dict[str, Any]:
     """Extract ``/var key: value`` lines from a PR comment into overrides.
 
-    Other lines (``/test ...``, prose) are ignored; values are parsed as YAML.
+    Other lines (``/test ...``, prose) are ignored; values are parsed as YAML (untrusted: no
+    aliases, bounded). A PR comment is written by anyone who can comment: with ``allowed``
+    (the project's ``pr_comment_keys``, fnmatch patterns) any other key is refused, so a
+    comment cannot point exports, history or secrets elsewhere, or size the fan-out.
 
     Args:
         text: The comment body.
         source: Name used in error messages.
+        allowed: Key patterns a comment may set (None: any key, for trusted callers).
 
     Returns:
         Dotted key → value, in comment order (a later line wins).
 
     Raises:
-        ConfigError: A ``/var`` line without ``key: value``, with its line number.
+        ConfigError: A ``/var`` line without ``key: value``, or with a key outside
+            ``allowed``, with its line number.
     """
     out: dict[str, Any] = {}
     for lineno, raw in enumerate(text.splitlines(), start=1):
@@ -133,6 +140,9 @@ def parse_pr_args(text: str, *, source: str = "PR comment") -> dict[str, Any]:
         key = key.strip()
         if not sep or not key or " " in key:
             raise ConfigError(f"expected '/var key: value', got {line!r}", file=source, line=lineno)
+        if allowed is not None and not any(fnmatch.fnmatchcase(key, p) for p in allowed):
+            raise ConfigError(f"a PR comment may not set {key!r}; allowed (pr_comment_keys): "
+                              f"{', '.join(allowed) or '(nothing)'}", file=source, line=lineno)
         out[key] = parse_override(key, value.strip())
     return out
 

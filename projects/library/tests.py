@@ -75,3 +75,6 @@ class EngineConfig(BaseModel):
     prepare: PrepareBlock = Field(default_factory=PrepareBlock)
     analysis: AnalysisSettings
     export_artifacts: ExportBlock = Field(default_factory=ExportBlock)
+    pr_comment_keys: list[str] = Field(
+        default_factory=list, description="Keys a PR comment's '/var key: value' lines may "
+        "set (fnmatch patterns); a comment is untrusted, every other key is refused.")

@@ -160,3 +160,19 @@ def test_alias_bomb_in_a_pr_comment_is_refused_at_once(tmp_path: Path) -> None:
     proc = cli("--pr-args", str(comment), "--plan", "--artifact-dir", str(tmp_path / "p"))
     assert proc.returncode == 2 and "anchors and aliases" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("line", [
+    "/var export_artifacts.s3.endpoint_url: http://attacker.example",
+    "/var analysis.history_uri: /tmp/elsewhere",
+    "/var secrets.dir.env_key: HOME",
+    "/var tests.fine_tuning.multi_user.user_count: 100000",
+    "/var clusters.create.name_prefix: x",
+])
+def test_a_pr_comment_may_only_set_allowlisted_keys(tmp_path: Path, line: str) -> None:
+    comment = tmp_path / "comment.txt"
+    comment.write_text(f"/test fine_tuning\nLooks good!\n{line}\n")
+    proc = cli("--pr-args", str(comment), "--plan", "--artifact-dir", str(tmp_path / "p"))
+    assert proc.returncode == 2, proc.stdout
+    assert "a PR comment may not set" in proc.stderr and ":3:" in proc.stderr
+    assert "pr_comment_keys" in proc.stderr
