@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import SecretBytes, SecretStr
 
-__all__ = ["REDACTED", "is_secret_key", "redact"]
+__all__ = ["REDACTED", "is_secret_key", "redact", "redact_text"]
 
 REDACTED = "***"
 
@@ -31,11 +31,21 @@ def is_secret_key(key: str) -> bool:
     return bool(_SECRET_KEY.search(str(key).rsplit(".", 1)[-1]))
 
 
+_URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)[^/\s@]+@")
+
+
+def redact_text(text: str) -> str:
+    """Mask the password of every URL in ``text`` (``https://u:pw@host`` → ``u:***@``)."""
+    return _URL_PASSWORD.sub(rf"\1{REDACTED}@", text)
+
+
 def redact(value: Any, *, extra_secrets: frozenset[str] = frozenset()) -> Any:
     """Return a deep copy of ``value`` with every secret replaced by ``***``.
 
     Secrets are `SecretStr`/`SecretBytes` values, values under a key `is_secret_key` matches,
-    and any string equal to one of ``extra_secrets`` (secret values read at run time).
+    passwords inside URLs (by value, whatever the key: ``endpoint_url:
+    https://user:pw@host``), and any string equal to one of ``extra_secrets`` (secret values
+    read at run time).
 
     Args:
         value: Any JSON/YAML-like structure (mappings, sequences, scalars).
@@ -58,6 +68,6 @@ def redact(value: Any, *, extra_secrets: frozenset[str] = frozenset()) -> Any:
         return out
     if isinstance(value, list | tuple):
         return type(value)(redact(v, extra_secrets=extra_secrets) for v in value)
-    if isinstance(value, str) and value in extra_secrets:
-        return REDACTED
+    if isinstance(value, str):
+        return REDACTED if value in extra_secrets else redact_text(value)
     return value

@@ -7,7 +7,9 @@ from contextlib import contextmanager
 from typing import Any
 
 from prefect.blocks.core import Block
-from pydantic import Field, SecretStr
+from pydantic import Field
+
+from blocks.secret import SecretText
 
 __all__ = ["OpenSearchInstance"]
 
@@ -29,7 +31,7 @@ class OpenSearchInstance(Block):
 
     url: str = Field(description="Base URL, e.g. https://opensearch.example:9200.")
     user: str | None = Field(default=None, description="Basic-auth user.")
-    password: SecretStr | None = Field(default=None, description="Basic-auth password.")
+    password: SecretText | None = Field(default=None, description="Basic-auth password.")
     index_prefix: str = Field(default="telltale-", description="Prefix added to index names.")
     verify_certs: bool = Field(default=True, description="Verify the server's TLS certificate.")
     ca_bundle: str | None = Field(default=None, description="CA bundle file for TLS.")

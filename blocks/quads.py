@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from prefect.blocks.core import Block
-from pydantic import Field, SecretStr
+from pydantic import Field
+
+from blocks.secret import SecretText
 
 __all__ = ["QuadsCredentials"]
 
@@ -26,7 +28,7 @@ class QuadsCredentials(Block):
 
     url: str = Field(description="API base URL, ending in /api/v3.")
     email: str = Field(description="User e-mail (its local part is the assignment owner).")
-    password: SecretStr = Field(description="User password.")
+    password: SecretText = Field(description="User password.")
     verify_tls: bool = Field(default=True, description="Verify the server's TLS certificate.")
     timeout_s: float = Field(default=30.0, gt=0, description="Per-request timeout.")
 

@@ -8,7 +8,9 @@ from typing import Any
 from urllib.parse import urlparse
 
 from prefect.blocks.core import Block
-from pydantic import Field, SecretStr
+from pydantic import Field
+
+from blocks.secret import SecretText
 
 __all__ = ["S3Target"]
 
@@ -34,8 +36,8 @@ class S3Target(Block):
     prefix: str = Field(default="telltale", description="Key prefix of every export.")
     endpoint_url: str | None = Field(default=None, description="S3-protocol endpoint URL.")
     region: str | None = Field(default=None, description="Region name.")
-    access_key_id: SecretStr | None = Field(default=None, description="Access key id.")
-    secret_access_key: SecretStr | None = Field(default=None, description="Secret access key.")
+    access_key_id: SecretText | None = Field(default=None, description="Access key id.")
+    secret_access_key: SecretText | None = Field(default=None, description="Secret access key.")
     max_attempts: int = Field(default=6, ge=1, description="boto3 attempts per request.")
     connect_timeout_s: float = Field(default=10.0, gt=0, description="Connect timeout.")
     read_timeout_s: float = Field(default=120.0, gt=0, description="Read timeout.")

@@ -34,7 +34,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from analysis.errors import ConfigError
-from analysis.redact import redact
+from analysis.redact import REDACTED, is_secret_key, redact
 from analysis.yamlio import LineMap, dump_yaml, load_yaml, load_yaml_text
 from projects import registry
 
@@ -306,7 +306,8 @@ class Config:
                         origin = src
             hint = f" (set by {origin})" if origin else ""
             more = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-            got = f"; got {err['input']!r}" if err["type"] != "missing" else ""
+            got = (f"; got {REDACTED}" if is_secret_key(path) else
+                   f"; got {redact(err['input'])!r}") if err["type"] != "missing" else ""
             raise ConfigError(f"{err['msg']}{got}{hint}{more}", file=self.file, key=path,
                               line=self._lines.get(path)) from None
 

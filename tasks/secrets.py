@@ -9,14 +9,30 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import SecretStr
+from pydantic import BaseModel, SecretStr, ValidationError
 
 from analysis.errors import ConfigError
 from analysis.yamlio import load_yaml
 
-__all__ = ["read_env_file", "read_yaml_secret", "secret_dir", "secret_file"]
+__all__ = ["from_secret_file", "read_env_file", "read_yaml_secret", "secret_dir",
+           "secret_file"]
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def from_secret_file(model: type[M], data: Any, *, file: str) -> M:
+    """Validate secret-file data into ``model``; an error names fields, never values.
+
+    pydantic's own message quotes the input, which here is a credential.
+    """
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        fields = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(file)'}: {e['msg']}"
+                           for e in exc.errors())
+        raise ConfigError(f"invalid {model.__name__}: {fields}", file=file) from None
 
 
 def secret_dir(env_key: str) -> Path | None:

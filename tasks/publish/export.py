@@ -24,7 +24,7 @@ from projects.library import ExportBlock, SecretsBlock
 from tasks.artifacts import step
 from tasks.publish.opensearch import export_payloads
 from tasks.publish.s3 import ExportResult, upload_dir
-from tasks.secrets import read_env_file, read_yaml_secret, secret_file
+from tasks.secrets import from_secret_file, read_env_file, read_yaml_secret, secret_file
 
 __all__ = ["append_history", "opensearch_instance", "publish_opensearch", "s3_target",
            "upload_run"]
@@ -68,7 +68,7 @@ def opensearch_instance(export: ExportBlock, secrets: SecretsBlock) -> OpenSearc
             raise ConfigError(f"instance {name!r} is not in the secret file; it has: "
                               f"{', '.join(sorted(instances)) or '(none)'}",
                               key="export_artifacts.opensearch.instance")
-        return OpenSearchInstance(**instances[name])
+        return from_secret_file(OpenSearchInstance, instances[name], file=str(path))
     try:
         return OpenSearchInstance.load(name)
     except (ValueError, RuntimeError) as exc:

@@ -1,0 +1,23 @@
+"""A secret field type for blocks: `pydantic.SecretStr`, accepting a number as its text.
+
+A password written as ``password: 12345`` in a YAML secret file is an integer: a plain
+``SecretStr`` refused it with an error that echoed the value to stderr and the Prefect logs.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, SecretStr
+
+__all__ = ["SecretText"]
+
+
+def _as_text(value: Any) -> Any:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    return value
+
+
+SecretText = Annotated[SecretStr, BeforeValidator(_as_text)]
+"""A `SecretStr` that takes numbers as their text (never echoed in an error)."""
