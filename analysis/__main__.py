@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from analysis.errors import TelltaleError, UserError
+from analysis.paths import writable_dir
 from analysis.pipeline import postprocess
 from analysis.settings import AnalysisSettings, RegressionSettings
 
@@ -44,6 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         mode="cpt" if args.strict else "investigate", strict=args.strict,
         regression=RegressionSettings(fail_on_regression=args.fail_on_regression))
     try:
+        writable_dir(args.out, "--out")
         outcome = postprocess(args.results_dir, args.project, args.out,
                               history_uri=args.history, settings=settings,
                               append_history=not args.no_append, force=args.force,
@@ -53,6 +55,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except TelltaleError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a full disk mid-way: one line, not a traceback
+        print(f"error: {exc.strerror or exc} ({exc.filename or args.out})", file=sys.stderr)
         return 1
     print(f"{outcome.runs} run(s) parsed ({outcome.failed_runs} failed, "
           f"{outcome.problems} problem(s), {len(outcome.skipped)} dir(s) skipped); "

@@ -144,5 +144,9 @@ def main_guard(main: Main) -> Main:
         except KeyboardInterrupt as exc:
             print("interrupted", file=sys.stderr)
             return exit_code_for(exc)
+        except OSError as exc:  # e.g. a full disk: one line, not a 162-line traceback
+            where = f" ({exc.filename})" if exc.filename else ""
+            print(f"error: {exc.strerror or exc}{where}", file=sys.stderr)
+            return EXIT_FAILED
 
     return guarded

@@ -432,6 +432,10 @@ def run_from_cli(flow_fn: Callable[..., RunOutcome], presets: list[str],
         print("interrupted: the run's cleanup ran; partial results are kept "
               f"({artifact_dir or 'see runs/'})", file=sys.stderr)
         return exit_code_for(exc)
+    except OSError as exc:  # e.g. a full artifact disk: outcome.json was attempted already
+        print(f"error: {exc.strerror or exc} ({exc.filename or artifact_dir or 'runs/'})",
+              file=sys.stderr)
+        return EXIT_FAILED
     print()
     print(f"artifacts : {outcome.artifact_dir}")
     for cell in outcome.cells:

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from analysis.paths import writable_dir
 from flows.cli import (
     EXIT_OK,
     add_config_arguments,
@@ -71,6 +72,8 @@ def project_main(project: str, argv: Sequence[str] | None = None) -> int:
         if args.show_schema:
             print(json.dumps(json_schema(project), indent=2))
             return EXIT_OK
+        if args.artifact_dir:
+            writable_dir(args.artifact_dir, "--artifact-dir")
         config = resolve_from_args(project, args)
         if args.show_config:
             sys.stdout.write(config.to_yaml())

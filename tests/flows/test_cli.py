@@ -176,3 +176,31 @@ def test_a_pr_comment_may_only_set_allowlisted_keys(tmp_path: Path, line: str) -
     assert proc.returncode == 2, proc.stdout
     assert "a PR comment may not set" in proc.stderr and ":3:" in proc.stderr
     assert "pr_comment_keys" in proc.stderr
+
+
+def test_an_unusable_artifact_dir_is_one_line_exit_2(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory\n")
+    proc = cli("--preset", "light", "--plan", "--artifact-dir", str(blocker / "run"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (f"error: --artifact-dir {blocker / 'run'} is not a usable "
+                                   "directory: Not a directory")
+
+
+def test_a_full_disk_during_analysis_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    """RLIMIT_FSIZE stands in for a full disk: writes past it fail (EFBIG) like ENOSPC."""
+    import resource
+
+    from tests.factories import make_result_dir
+
+    make_result_dir(tmp_path / "results", "000__cell")
+
+    def small_disk() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))
+
+    proc = subprocess.run([sys.executable, "-m", "analysis", str(tmp_path / "results"),
+                           "--project", "fine_tuning", "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=120, preexec_fn=small_disk)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert "File too large" in proc.stderr
