@@ -16,7 +16,7 @@ from typing import Any, Literal
 import pandas as pd
 from pydantic import BaseModel, Field
 
-from analysis.discovery import Discovery, discover
+from analysis.discovery import Discovery, SkippedDir, discover
 from analysis.errors import ResultsError
 from analysis.history import HistorySource, HistoryStore
 from analysis.kpi import Kpi, compute_kpis, kpi_table, to_openmetrics
@@ -231,7 +231,19 @@ def postprocess(
                            + (f" (skipped: {reasons})" if reasons else ""))
     parsed = parse_dirs(found.results, hooks.parser, project=hooks.name, force=force,
                         trust_cache=trust_cache)
-    runs = [analyse_run(hooks, r, presets, config_text) for r in parsed]
+    runs: list[RunAnalysis] = []
+    skipped = list(found.skipped)
+    for result in parsed:
+        try:
+            runs.append(analyse_run(hooks, result, presets, config_text))
+        except (TypeError, ValueError, AttributeError, KeyError) as exc:
+            # Result trees are untrusted: a badly typed field (numbers for strings, a
+            # scalar for a mapping) is this run's problem, never the whole analysis's.
+            skipped.append(SkippedDir(path=result.path, reason=(
+                f"labels/KPIs could not be computed: {type(exc).__name__}: {exc}")[:300]))
+    if not runs:
+        raise ResultsError(f"no usable run under {results_dir}: "
+                           + "; ".join(f"{s.path}: {s.reason}" for s in skipped[:5]))
     for run in runs:
         require_complete(run.payload, settings.mode)
 
@@ -278,7 +290,7 @@ def postprocess(
     outcome = PostprocessOutcome(
         out_dir=str(out_dir), runs=len(runs),
         failed_runs=sum(1 for r in parsed if r.exit_code != 0),
-        skipped=[s.model_dump() for s in found.skipped],
+        skipped=[s.model_dump() for s in skipped],
         problems=sum(len(r.problems) for r in parsed), kpi_rows=len(frame),
         verdicts=verdicts, verdict_counts=counts, history_uri=history_uri, files=files,
         gate_failures=_gate(verdicts, settings),

@@ -8,6 +8,7 @@ run dir (``config.yaml``, ``presets_applied``); the field's tool writes the same
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 
 from analysis.discovery import ResultDir
 from analysis.parsing import FileReader, ParsedResult
@@ -42,7 +43,10 @@ def read_run(result: ResultDir, reader: FileReader, out: RunResult) -> None:
         reader.problem(".uuid", "missing; derived a uuid from the path")
     times = reader.json("test_start_end.json", required=False)
     if isinstance(times, dict):
-        out.start, out.end = times.get("start"), times.get("end")
+        out.start = _timestamp(reader, times, "start")
+        out.end = _timestamp(reader, times, "end")
+    elif times is not None:
+        reader.problem("test_start_end.json", "not a mapping of start/end")
     for rel in ("config.yaml", "../config.yaml"):
         if reader.exists(rel):
             out.config_text = reader.text(rel)
@@ -52,6 +56,21 @@ def read_run(result: ResultDir, reader: FileReader, out: RunResult) -> None:
             text = reader.text(rel) or ""
             out.presets = [p.strip() for p in text.splitlines() if p.strip()]
             break
+
+
+def _timestamp(reader: FileReader, times: dict[str, object], key: str) -> str | None:
+    """An ISO 8601 time from the file, or None and a problem (never a later crash)."""
+    value = times.get(key)
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            datetime.fromisoformat(value.replace("Z", "+00:00"))
+            return value
+        except ValueError:
+            pass
+    reader.problem("test_start_end.json", f"{key} is not an ISO 8601 time: {str(value)[:40]!r}")
+    return None
 
 
 def run_uuid(result: ParsedResult) -> str:

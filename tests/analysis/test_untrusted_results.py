@@ -132,3 +132,18 @@ def test_html_in_a_dir_name_is_escaped_in_every_report_page(tmp_path: Path) -> N
                     history_uri=str(tmp_path / "history"))
     for page in (tmp_path / "out" / "report").glob("*.html"):
         assert payload not in page.read_text(), page.name
+
+
+def test_badly_typed_fields_are_problems_not_tracebacks(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    times = make_result_dir(results, "000__cell")
+    (times / "test_start_end.json").write_text(json.dumps({"start": "garbage", "end": 12}))
+    settings = make_result_dir(results, "001__cell")
+    (settings / "settings.yaml").write_text("name: 7\nmodel_name: [1, 2]\nhyper_parameters: 3\n")
+    make_result_dir(results, "002__cell")
+    outcome = _postprocess(results, tmp_path / "out")
+    assert outcome.runs == 2  # the run whose settings cannot be labelled is skipped, with why
+    assert any("labels/KPIs could not be computed" in s["reason"] for s in outcome.skipped)
+    payloads = json.loads((tmp_path / "out" / "lts_payload.json").read_text())
+    assert any("start is not an ISO 8601 time" in p for p in payloads[0]["problems"])
+    assert payloads[0]["metadata"]["end"] is None
