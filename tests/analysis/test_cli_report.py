@@ -111,3 +111,28 @@ def test_kpi_history_shape_without_matching_kpis(tmp_path: Path) -> None:
     frame = kpi_table((r.run_uuid, r.timestamp, r.kpis) for r in runs)
     ctx = ReportContext(project, runs, frame, None, [], found)
     assert shape_kpi_history(ctx, ["no_such_kpi"]).empty
+
+
+def test_kpi_history_shape_without_label_columns_and_large_history(tmp_path: Path) -> None:
+    """Current runs with no configuration labels next to a labelled history: no IndexError,
+    and no cartesian join (10 000 history runs stay linear)."""
+    from analysis.report import shape_kpi_history
+
+    make_result_dir(tmp_path, "000__cell")
+    project = load_project("fine_tuning")
+    found = discover(tmp_path)
+    runs = [analyse_run(project, r) for r in parse_dirs(found.results, project.parser)]
+    current = pd.DataFrame({"run_uuid": ["now"], "timestamp": [pd.Timestamp("2026-11-23",
+                                                                             tz="UTC")],
+                            "kpi": ["train_runtime"], "value": [40.0], "unit": ["s"]})
+    n = 10_000
+    history = pd.DataFrame({
+        "run_uuid": [f"r{i}" for i in range(n)], "kpi": "train_runtime", "value": 41.0,
+        "unit": "s", "timestamp": pd.date_range("2020-01-01", periods=n, freq="h", tz="UTC"),
+        "model_name": "tiny-llama", "platform": "local"})
+    ctx = ReportContext(project, runs, current, history, [], found)
+    shaped = shape_kpi_history(ctx)
+    assert list(shaped["run_uuid"]) == ["now"]  # other configurations are not its history
+    labelled = current.assign(model_name="tiny-llama", platform="local")
+    shaped = shape_kpi_history(ReportContext(project, runs, labelled, history, [], found))
+    assert len(shaped) == n + 1
