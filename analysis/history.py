@@ -22,6 +22,7 @@ credentials from the usual AWS environment variables.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import time
@@ -55,6 +56,8 @@ logger = logging.getLogger("telltale.history")
 _WRITTEN_AT = "_written_at"
 _PART = "part-"
 _COMPACTED = "compacted-"
+QUARANTINE = "quarantine"
+"""Sub-directory where unreadable history files are moved (kept for inspection)."""
 
 
 class HistorySource(Protocol):
@@ -154,7 +157,11 @@ class HistoryStore:
             pq.write_table(table, target, filesystem=self.fs, compression="zstd")
 
     def append(self, frame: pd.DataFrame) -> int:
-        """Append KPI rows (the tidy table); one file per run, replacing an earlier write.
+        """Append KPI rows (the tidy table); one new file per run and write.
+
+        A re-append of a run writes a new file: readers keep the newest write of each run,
+        and a concurrent compaction (which deletes only the files it merged) can never
+        delete it and revert the run to an older write.
 
         Args:
             frame: Rows with at least `BASE_COLUMNS`.
@@ -175,7 +182,8 @@ class HistoryStore:
             rows = rows.copy()
             rows[_WRITTEN_AT] = now
             table = pa.Table.from_pandas(rows, preserve_index=False)
-            self._write_table(table, f"{_PART}{_safe_name(str(run_uuid))}.parquet")
+            self._write_table(table, f"{_PART}{_safe_name(str(run_uuid))}-{now}-"
+                                     f"{uuid.uuid4().hex[:8]}.parquet")
         if len(self._files(_PART)) > AUTO_COMPACT_PARTS:
             try:
                 self.compact()
@@ -243,9 +251,36 @@ class HistoryStore:
                 names.append(info.path)
         return sorted(names)
 
+    def _quarantine(self, path: str, reason: str) -> None:
+        """Move an unreadable file aside so it stops poisoning every later query."""
+        target = f"{self.base}/{QUARANTINE}/{path.rsplit('/', 1)[-1]}"
+        logger.warning("history file %s is unreadable (%s): moved to %s", path, reason,
+                       target)
+        try:
+            if isinstance(self.fs, pafs.LocalFileSystem):
+                self.fs.create_dir(f"{self.base}/{QUARANTINE}", recursive=True)
+            self.fs.move(path, target)
+        except (OSError, pa.ArrowException) as exc:  # another reader moved it already
+            logger.warning("could not quarantine %s: %s", path, exc)
+
     def _schema(self, files: list[str]) -> pa.Schema:
-        return pa.unify_schemas([pq.read_schema(f, filesystem=self.fs) for f in files],
-                                promote_options="permissive")
+        """The unified schema of ``files``.
+
+        A file whose footer cannot be read is quarantined (and removed from ``files``)
+        instead of failing every query.
+        """
+        schemas = []
+        for path in list(files):
+            try:
+                schemas.append(pq.read_schema(path, filesystem=self.fs))
+            except FileNotFoundError:
+                raise
+            except (pa.ArrowInvalid, OSError) as exc:
+                self._quarantine(path, str(exc)[:200])
+                files.remove(path)
+        if not schemas:
+            return pa.schema([])
+        return pa.unify_schemas(schemas, promote_options="permissive")
 
     def _read_files(self, files: list[str], filter_expr: Any = None,
                     columns: list[str] | None = None,
@@ -253,8 +288,22 @@ class HistoryStore:
         if not files:
             return None
         schema = schema if schema is not None else self._schema(files)
-        dataset = ds.dataset(files, schema=schema, format="parquet", filesystem=self.fs)
-        table = dataset.to_table(filter=filter_expr, columns=columns)
+        if not files:
+            return None
+        try:
+            dataset = ds.dataset(files, schema=schema, format="parquet", filesystem=self.fs)
+            table = dataset.to_table(filter=filter_expr, columns=columns)
+        except pa.ArrowInvalid:  # a file with a sound footer but broken data: find it
+            for path in list(files):
+                try:
+                    pq.read_table(path, filesystem=self.fs)
+                except pa.ArrowInvalid as exc:
+                    self._quarantine(path, str(exc)[:200])
+                    files.remove(path)
+            if not files:
+                return None
+            dataset = ds.dataset(files, schema=schema, format="parquet", filesystem=self.fs)
+            table = dataset.to_table(filter=filter_expr, columns=columns)
         frame = table.to_pandas()
         if frame.empty:
             return frame
@@ -306,6 +355,8 @@ class HistoryStore:
         if not files:
             return pd.DataFrame(columns=BASE_COLUMNS)
         schema = self._schema(files)  # read once: the scan below reuses it
+        if not files:  # every file was unreadable (and is quarantined now)
+            return pd.DataFrame(columns=BASE_COLUMNS)
         known = set(schema.names)
         expr = None
         for name, value in labels.items():
@@ -328,4 +379,9 @@ class HistoryStore:
 
 
 def _safe_name(run_uuid: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in run_uuid)[:200]
+    """A file-name-safe, collision-free name: readable prefix + a hash of the whole id.
+
+    ``run/a`` and ``run:a`` used to share one file (and lose each other's rows).
+    """
+    readable = "".join(c if c.isalnum() or c in "-_" else "_" for c in run_uuid)[:80]
+    return f"{readable}-{hashlib.sha256(run_uuid.encode()).hexdigest()[:16]}"
