@@ -62,6 +62,8 @@ class ExportResult(BaseModel):
     seconds: float
     valid: bool
     manifest_key: str = Field(description="Key of the uploaded manifest.")
+    complete: bool = Field(default=True, description="Every file and the final manifest "
+                                                     "were uploaded.")
 
 
 def map_s3_error(exc: BaseException, what: str) -> Exception:
@@ -166,22 +168,42 @@ def upload_tree(root: str | Path, target: S3Target, url: str, *, valid: bool = T
             raise map_s3_error(exc, f"upload {rel}") from exc
         return {"path": rel, "size": path.stat().st_size, "sha256": digest}
 
-    with target.client() as client, ThreadPoolExecutor(max_workers=workers) as pool:
-        for entry in pool.map(lambda p: put(p, client), files):
-            entries.append(entry)
-        manifest = {
-            **(meta or {}), "valid": valid,
-            "exported_at": datetime.now(UTC).isoformat(),
-            "files": entries, "bytes": sum(e["size"] for e in entries),
-        }
-        (base / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+    def manifest(complete: bool, error: str | None = None) -> dict[str, Any]:
+        data = {**(meta or {}), "valid": valid, "complete": complete,
+                "exported_at": datetime.now(UTC).isoformat(),
+                "files": entries, "bytes": sum(e["size"] for e in entries)}
+        if error:
+            data["error"] = error[:500]
+        return data
+
+    def put_manifest(client: Any, data: dict[str, Any]) -> None:
+        (base / MANIFEST).write_text(json.dumps(data, indent=1), encoding="utf-8")
         try:
             client.upload_file(str(base / MANIFEST), bucket, f"{key_root}/{MANIFEST}")
         except Exception as exc:
             raise map_s3_error(exc, "upload manifest") from exc
+
+    with target.client() as client:
+        # First a manifest saying "incomplete": an export cut short (a 403 mid-way, a
+        # crash) is marked as such, and replot refuses it, instead of objects with no
+        # manifest at all.
+        put_manifest(client, manifest(False))
+        try:
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                for entry in pool.map(lambda p: put(p, client), files):
+                    entries.append(entry)
+        except Exception as exc:
+            try:
+                put_manifest(client, manifest(False, f"{type(exc).__name__}: {exc}"))
+            except Exception as marker_error:  # the server refuses even that: say so
+                logger.error("export to s3://%s/%s is partial and unmarked: %s", bucket,
+                             key_root, marker_error)
+            raise
+        final = manifest(True)
+        put_manifest(client, final)
     url = f"s3://{bucket}/{key_root}/"
     (base / EXPORT_URL).write_text(url + "\n", encoding="utf-8")
-    result = ExportResult(url=url, files=len(entries), bytes=manifest["bytes"],
+    result = ExportResult(url=url, files=len(entries), bytes=final["bytes"],
                           seconds=time.monotonic() - started, valid=valid,
                           manifest_key=f"{key_root}/{MANIFEST}")
     logger.info("exported %d files (%.1f MB) to %s in %.1fs%s", result.files,
@@ -215,15 +237,44 @@ def _wanted(rel: str, mode: Literal["cache", "important", "all"]) -> bool:
     return name.endswith(_IMPORTANT_SUFFIXES) or name == ".telltale_parse_cache.json"
 
 
+def _manifest_of(client: Any, bucket: str, prefix: str, url: str) -> dict[str, Any]:
+    """The export's manifest; refuse an export without one or marked incomplete."""
+    try:
+        body = client.get_object(Bucket=bucket, Key=f"{prefix}{MANIFEST}")["Body"].read()
+    except Exception as exc:
+        error = map_s3_error(exc, f"read {MANIFEST}")
+        if getattr(error, "status", None) == 404 or "NoSuchKey" in str(error):
+            raise ResultsError(f"{url} has no {MANIFEST}: not a Telltale export, or one "
+                               "cut short before it began") from None
+        raise error from exc
+    try:
+        manifest = json.loads(body[:64 * 1024 * 1024])
+    except ValueError:
+        raise ResultsError(f"{url}: {MANIFEST} is not JSON") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), list):
+        raise ResultsError(f"{url}: {MANIFEST} has no file list")
+    if manifest.get("complete") is False:
+        raise ResultsError(f"{url} is a partial export ({manifest.get('error') or 'cut short'})"
+                           ": its files cannot be trusted")
+    return manifest
+
+
 def download_run(url: str, dest: str | Path, *, mode: Literal["cache", "important", "all"],
                  target: S3Target) -> list[str]:
     """Fetch an exported run (``s3://bucket/prefix/flow/run-id``) into ``dest``.
 
+    The export's manifest decides: no manifest, or one marked incomplete, stops the fetch;
+    only the files it lists are fetched, and each must match its recorded size and sha256.
     Every key is checked with `safe_target` first: a key that would land outside ``dest``
-    stops the download with an error, before anything is written.
+    stops the download with an error, before anything is written. Directory markers
+    (``somedir/``, as S3 consoles create) are skipped.
 
     Returns:
         The relative paths fetched.
+
+    Raises:
+        ResultsError: No or partial manifest, an escaping key, or a file whose content is
+            not what the manifest recorded.
     """
     if mode not in DOWNLOAD_MODES:
         raise ResultsError(f"unknown download mode {mode!r}; choose {', '.join(DOWNLOAD_MODES)}")
@@ -243,11 +294,13 @@ def download_run(url: str, dest: str | Path, *, mode: Literal["cache", "importan
             raise map_s3_error(exc, f"list {url}") from exc
         if not keys:
             raise ResultsError(f"nothing exported under {url}")
-        plan = [(key, key[len(prefix):]) for key in keys]
+        manifest = _manifest_of(client, bucket, prefix, url)
+        expected = {str(e.get("path")): e for e in manifest["files"] if isinstance(e, dict)}
+        plan = [(key, key[len(prefix):]) for key in keys if not key.endswith("/")]
         targets = {rel: safe_target(root, rel) for _, rel in plan}  # all checked up front
         for key, rel in plan:
-            if not _wanted(rel, mode):
-                continue
+            if rel not in expected or not _wanted(rel, mode):
+                continue  # not part of this export (e.g. a later replot's plot/), or unwanted
             path = targets[rel]
             path.parent.mkdir(parents=True, exist_ok=True)
             try:
@@ -255,6 +308,10 @@ def download_run(url: str, dest: str | Path, *, mode: Literal["cache", "importan
                 head = client.head_object(Bucket=bucket, Key=key)
             except Exception as exc:
                 raise map_s3_error(exc, f"download {rel}") from exc
+            entry = expected[rel]
+            if path.stat().st_size != entry.get("size") or _sha256(path) != entry.get("sha256"):
+                raise ResultsError(f"{url}{rel} does not match the export's manifest "
+                                   "(size or sha256): refusing a corrupted or altered run")
             mtime = (head.get("Metadata") or {}).get("mtime-ns")
             if mtime and mtime.isdigit():
                 os.utime(path, ns=(int(mtime), int(mtime)))

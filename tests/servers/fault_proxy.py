@@ -34,6 +34,11 @@ class FaultState:
         with self.lock:
             self.pending.extend([status] * count)
 
+    def fail_after(self, passed: int, count: int, status: int = 503) -> None:
+        """Forward the next ``passed`` requests, then answer ``count`` with ``status``."""
+        with self.lock:
+            self.pending.extend([0] * passed + [status] * count)
+
 
 def _read_body(handler: BaseHTTPRequestHandler) -> bytes:
     if handler.headers.get("Transfer-Encoding", "").lower() == "chunked":
@@ -62,11 +67,11 @@ class _Handler(BaseHTTPRequestHandler):
         body = _read_body(self)
         with self.state.lock:
             status = self.state.pending.pop(0) if self.state.pending else None
-            if status is not None:
+            if status:  # 0 (fail_after) or None: forward
                 self.state.injected += 1
             else:
                 self.state.forwarded += 1
-        if status is not None:
+        if status:
             data = (b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>"
                     + (b"SlowDown" if status == 503 else b"InternalError")
                     + b"</Code><Message>injected fault</Message></Error>")

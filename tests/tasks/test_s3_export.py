@@ -90,6 +90,9 @@ def test_malicious_keys_are_refused(tmp_path: Path, s3_server: str, s3_bucket: s
     s3 = boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1")
     s3.put_object(Bucket=s3_bucket, Key="telltale/f/evil/ok.txt", Body=b"fine")
     s3.put_object(Bucket=s3_bucket, Key="telltale/f/evil/../../escape.txt", Body=b"bad")
+    s3.put_object(Bucket=s3_bucket, Key="telltale/f/evil/manifest.json", Body=json.dumps({
+        "complete": True, "files": [{"path": "ok.txt", "size": 4,
+                                     "sha256": hashlib.sha256(b"fine").hexdigest()}]}))
     with pytest.raises(ResultsError, match="refusing key"):
         download_run(f"s3://{s3_bucket}/telltale/f/evil", tmp_path / "dest", mode="all",
                      target=target(s3_server, s3_bucket))
@@ -128,3 +131,37 @@ def test_history_append_uses_the_blocks_identity_not_the_environment(
         append_history.fn(block, str(kpis), "fine_tuning")
     stored = HistoryStore(block.history_uri("fine_tuning"), filesystem=block.filesystem()).read()
     assert list(stored["run_uuid"]) == ["u1"]
+
+
+def test_an_export_cut_short_is_marked_partial_and_refused(tmp_path: Path, s3_server: str,
+                                                           s3_bucket: str) -> None:
+    run = make_run(tmp_path / "run")
+    with fault_proxy(s3_server) as (proxy, faults):
+        block = target(proxy, s3_bucket, max_attempts=1)
+        faults.fail_after(1, count=1_000, status=403)  # the first manifest, then refused
+        with pytest.raises(PermanentServiceError):
+            upload_dir(run, block, "fine-tuning", "run-1")
+        faults.pending.clear()
+    direct = target(s3_server, s3_bucket)
+    s3 = boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1")
+    manifest = json.loads(s3.get_object(Bucket=s3_bucket, Key="telltale/fine-tuning/run-1/"
+                                        "manifest.json")["Body"].read())
+    assert manifest["complete"] is False  # marked before the first file went up
+    with pytest.raises(ResultsError, match="partial export"):
+        download_run(f"s3://{s3_bucket}/telltale/fine-tuning/run-1", tmp_path / "dest",
+                     mode="all", target=direct)
+
+
+def test_replot_downloads_are_verified_against_the_manifest(tmp_path: Path, s3_server: str,
+                                                            s3_bucket: str) -> None:
+    run = make_run(tmp_path / "run")
+    block = target(s3_server, s3_bucket)
+    result = upload_dir(run, block, "fine-tuning", "run-2")
+    s3 = boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1")
+    base = result.manifest_key.rsplit("/", 1)[0]
+    s3.put_object(Bucket=s3_bucket, Key=f"{base}/somedir/", Body=b"")  # a console's marker
+    fetched = download_run(result.url.rstrip("/"), tmp_path / "ok", mode="all", target=block)
+    assert "000__cell/artifacts/pod.log" in fetched and "somedir/" not in fetched
+    s3.put_object(Bucket=s3_bucket, Key=f"{base}/000__cell/artifacts/pod.log", Body=b"altered")
+    with pytest.raises(ResultsError, match="does not match the export's manifest"):
+        download_run(result.url.rstrip("/"), tmp_path / "bad", mode="all", target=block)
