@@ -21,6 +21,7 @@ in parallel worker processes.
 
 from __future__ import annotations
 
+import collections
 import fnmatch
 import json
 import os
@@ -46,6 +47,7 @@ __all__ = [
     "ParsedResult",
     "ResultParser",
     "parse_dirs",
+    "last_lines",
     "parse_one",
 ]
 
@@ -78,6 +80,8 @@ class ParsedResult(BaseModel):
     parser: str
     parser_version: str
     problems: list[ParseProblem] = Field(default_factory=list)
+    failure: str | None = Field(default=None, description="Why a failed run failed, in the "
+                                "workload's own words (the last lines of its log).")
 
     @property
     def failed(self) -> bool:
@@ -236,6 +240,20 @@ class FileReader:
                     yield line
 
         return iterate()
+
+
+def last_lines(lines: Iterator[str], keep: list[str], count: int = 5) -> Iterator[str]:
+    """Pass ``lines`` through, keeping the last ``count`` non-empty ones in ``keep``.
+
+    A parser streams a log once: this lets it collect a failed run's last words (for
+    `ParsedResult.failure`) on the way, without a second read.
+    """
+    window: collections.deque[str] = collections.deque(maxlen=count)
+    for line in lines:
+        if line.strip():
+            window.append(line.rstrip()[:500])
+        yield line
+    keep[:] = list(window)
 
 
 def _listdir(path: Path) -> list[str]:

@@ -137,8 +137,9 @@ def shape_errors(ctx: ReportContext) -> pd.DataFrame:
     rows = []
     for run in ctx.runs:
         if run.result.exit_code != 0:
+            why = f": {run.result.failure}" if run.result.failure else ""
             rows.append({"where": run.result.rel_path, "kind": "failed run",
-                         "detail": f"exit code {run.result.exit_code}"})
+                         "detail": f"exit code {run.result.exit_code}{why}"})
         for problem in run.result.problems:
             where = f"{run.result.rel_path}/{problem.file}"
             rows.append({"where": where + (f":{problem.line}" if problem.line else ""),

@@ -57,7 +57,8 @@ from tasks.publish.export import (
 from tasks.publish.prefect_artifacts import publish_results, start_progress, update_progress
 from tasks.runner import run_and_catch
 
-__all__ = ["CellOutcome", "RunOutcome", "cleanup_hook", "orchestrate", "run_from_cli"]
+__all__ = ["CellOutcome", "RunFailed", "RunOutcome", "cleanup_hook", "finish", "orchestrate",
+           "outcome_of", "run_from_cli"]
 
 CELL_FILE = "cell.json"
 PlatformFactory = Callable[[str], Platform]
@@ -87,6 +88,45 @@ class RunOutcome(BaseModel):
     verdict_counts: dict[str, int] = Field(default_factory=dict)
     export_url: str | None = Field(default=None, description="Where the run was exported.")
     failures: list[str] = Field(default_factory=list, description="Why the run failed.")
+
+
+class RunFailed(TelltaleError):
+    """The run finished and failed (a cell, the regression gate, unstored KPIs).
+
+    It is the data of the flow run's Failed state, so the Prefect UI, automations and
+    deployments see a failed run; ``outcome`` carries everything the run recorded.
+    """
+
+    def __init__(self, outcome: RunOutcome) -> None:
+        super().__init__("; ".join(outcome.failures[:3]) or "the run failed")
+        self.outcome = outcome
+
+
+def finish(outcome: RunOutcome) -> Any:
+    """What a project's flow returns: the outcome, or a Failed state carrying it."""
+    if outcome.exit_code == EXIT_OK:
+        return outcome
+    from prefect.states import Failed
+
+    return Failed(message=str(RunFailed(outcome))[:1000], data=RunFailed(outcome))
+
+
+def outcome_of(result: Any) -> RunOutcome:
+    """The `RunOutcome` of a flow call made with ``return_state=True`` (or its value).
+
+    Raises:
+        BaseException: The run ended with another error (a user error before any cell
+            ran, a crash): it is raised as it was.
+    """
+    if hasattr(result, "result") and hasattr(result, "type"):  # a Prefect State
+        result = result.result(raise_on_failure=False)
+    if isinstance(result, RunFailed):
+        return result.outcome
+    if isinstance(result, RunOutcome):
+        return result
+    if isinstance(result, BaseException):
+        raise result
+    raise TypeError(f"not a run outcome: {type(result).__name__}")
 
 
 def _log() -> Any:
@@ -423,8 +463,9 @@ def run_from_cli(flow_fn: Callable[..., RunOutcome], presets: list[str],
     updates = {} if PREFECT_API_URL.value() else {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
     try:
         with prefect_api(), temporary_settings(updates=updates):
-            outcome = flow_fn(presets=presets, overrides=overrides, platform=platform,
-                              artifact_dir=str(artifact_dir) if artifact_dir else None)
+            outcome = outcome_of(flow_fn(
+                presets=presets, overrides=overrides, platform=platform,
+                artifact_dir=str(artifact_dir) if artifact_dir else None, return_state=True))
     except TelltaleError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exit_code_for(exc)

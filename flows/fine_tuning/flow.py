@@ -9,7 +9,7 @@ from typing import Any, Literal
 from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from flows.orchestration import RunOutcome, cleanup_hook, orchestrate
+from flows.orchestration import RunOutcome, cleanup_hook, finish, orchestrate
 
 __all__ = ["FLOW", "RunOutcome", "fine_tuning"]
 
@@ -32,8 +32,11 @@ def fine_tuning(
         platform: auto (a kubeconfig selects kubernetes, else local), local or kubernetes.
         artifact_dir: Where to write artifacts (default: runs/<date>-fine_tuning-<run id>);
             reusing one resumes its passed cells.
+
+    Returns:
+        The `RunOutcome`; a failed run ends Failed, its outcome in the state's data.
     """
-    return orchestrate(PROJECT, presets, overrides, platform, artifact_dir)
+    return finish(orchestrate(PROJECT, presets, overrides, platform, artifact_dir))
 
 
 FLOW = fine_tuning

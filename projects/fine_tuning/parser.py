@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, Field
 
 from analysis.discovery import ResultDir
-from analysis.parsing import FileReader, ParsedResult
+from analysis.parsing import FileReader, ParsedResult, last_lines
 from projects.fine_tuning.logparse import DatasetStats, Progress, TrainSummary, parse_train_log
 from projects.library.runs import RunResult, first_line, read_run
 
@@ -114,7 +114,7 @@ class FineTuningParser:
     """`analysis.parsing.ResultParser` for fine_tuning runs."""
 
     name: ClassVar[str] = "fine_tuning"
-    version: ClassVar[str] = "1.3"
+    version: ClassVar[str] = "1.4"
     result_model: ClassVar[type[ParsedResult]] = FineTuningResult
 
     def parse(self, result: ResultDir, reader: FileReader) -> FineTuningResult:
@@ -141,7 +141,10 @@ class FineTuningParser:
             return
         lines = reader.lines(f"{job}/artifacts/pod.log")
         if lines is not None:
-            metrics = parse_train_log(lines)
+            tail: list[str] = []
+            metrics = parse_train_log(last_lines(lines, tail))
+            if out.exit_code != 0:
+                out.failure = "\n".join(tail) or None
             out.dataset_stats = metrics.dataset_stats
             out.summary = metrics.summary
             out.progress = metrics.progress

@@ -136,3 +136,15 @@ def test_kpi_history_shape_without_label_columns_and_large_history(tmp_path: Pat
     labelled = current.assign(model_name="tiny-llama", platform="local")
     shaped = shape_kpi_history(ReportContext(project, runs, labelled, history, [], found))
     assert len(shaped) == n + 1
+
+
+def test_errors_page_shows_a_failed_runs_own_last_words(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    run = make_result_dir(results, "000__cell", exit_code=1, broken={"summary"})
+    log = next(run.glob("*__run_fine_tuning_job")) / "artifacts" / "pod.log"
+    log.write_text(log.read_text() + "Traceback (most recent call last):\n"
+                   "ValueError: peft_method 'prefix' is not supported\n\n")
+    out = tmp_path / "out"
+    assert run_cli(str(results), "--project", "fine_tuning", "--out", str(out)).returncode == 0
+    page = next((out / "report").glob("*_errors.html")).read_text()
+    assert "exit code 1: " in page and "ValueError: peft_method" in page

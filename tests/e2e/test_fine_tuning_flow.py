@@ -63,10 +63,11 @@ def test_cli_light_preset_end_to_end(tmp_path: Path) -> None:
 
 def test_successive_runs_build_history_and_verdicts(tmp_path: Path, prefect_harness) -> None:
     from flows.fine_tuning.flow import fine_tuning
+    from flows.orchestration import outcome_of
 
     overrides = {**FAST, "analysis.history_uri": str(tmp_path / "history")}
-    outcomes = [fine_tuning(presets=["light"], overrides=overrides,
-                            artifact_dir=str(tmp_path / f"run{i}")) for i in range(4)]
+    outcomes = [outcome_of(fine_tuning(presets=["light"], overrides=overrides,
+                            artifact_dir=str(tmp_path / f"run{i}"), return_state=True)) for i in range(4)]
     assert all(o.exit_code == 0 for o in outcomes), [o.failures for o in outcomes]
     assert outcomes[0].verdict_counts == {"insufficient_history": 8}
     last = outcomes[-1].verdict_counts
@@ -81,13 +82,14 @@ def test_successive_runs_build_history_and_verdicts(tmp_path: Path, prefect_harn
 def test_failing_cell_does_not_stop_the_matrix_and_cleanup_runs(tmp_path: Path,
                                                                 prefect_harness) -> None:
     from flows.fine_tuning.flow import fine_tuning
+    from flows.orchestration import outcome_of
 
     overrides = {**FAST, "analysis.history_uri": str(tmp_path / "history"),
                  "tests.fine_tuning.test_extra_settings": [
                      {"hyper_parameters.peft_method": "prefix"},  # unsupported: exits 1
                      {"hyper_parameters.peft_method": "lora"}]}
-    outcome = fine_tuning(presets=["light"], overrides=overrides,
-                          artifact_dir=str(tmp_path / "run"))
+    outcome = outcome_of(fine_tuning(presets=["light"], overrides=overrides,
+                          artifact_dir=str(tmp_path / "run"), return_state=True))
     assert [c.status for c in outcome.cells] == ["failed", "passed"]
     assert outcome.exit_code == 1 and "failed" in outcome.failures[0]
     root = tmp_path / "run"
@@ -100,19 +102,20 @@ def test_failing_cell_does_not_stop_the_matrix_and_cleanup_runs(tmp_path: Path,
     payloads = json.loads(next(root.glob("*__analysis__*/lts_payload.json")).read_text())
     assert [p["metadata"]["status"] for p in payloads] == ["failed", "success"]
 
-    stop = fine_tuning(presets=["light"], overrides={
+    stop = outcome_of(fine_tuning(presets=["light"], overrides={
         **overrides, "tests.fine_tuning.stop_on_error": True},
-        artifact_dir=str(tmp_path / "stop"))
+        artifact_dir=str(tmp_path / "stop"), return_state=True))
     assert [c.status for c in stop.cells] == ["failed", "not_run"]
 
 
 def test_rerun_into_same_dir_resumes_finished_cells(tmp_path: Path, prefect_harness) -> None:
     from flows.fine_tuning.flow import fine_tuning
+    from flows.orchestration import outcome_of
 
     overrides = {**FAST, "analysis.history_uri": str(tmp_path / "history")}
-    first = fine_tuning(presets=["light"], overrides=overrides, artifact_dir=str(tmp_path / "r"))
+    first = outcome_of(fine_tuning(presets=["light"], overrides=overrides, artifact_dir=str(tmp_path / "r"), return_state=True))
     assert [c.status for c in first.cells] == ["passed"]
-    second = fine_tuning(presets=["light"], overrides=overrides, artifact_dir=str(tmp_path / "r"))
+    second = outcome_of(fine_tuning(presets=["light"], overrides=overrides, artifact_dir=str(tmp_path / "r"), return_state=True))
     assert [c.status for c in second.cells] == ["resumed"]
     assert len(list((tmp_path / "r").glob("*__cell"))) == 1
 
@@ -199,10 +202,11 @@ def test_missing_dataset_fails_in_prepare_with_exit_2(tmp_path: Path) -> None:
 
 def test_scale_test_preset_fans_out_real_users(tmp_path: Path, prefect_harness) -> None:
     from flows.fine_tuning.flow import fine_tuning
+    from flows.orchestration import outcome_of
 
-    outcome = fine_tuning(presets=["scale_test"], overrides={
+    outcome = outcome_of(fine_tuning(presets=["scale_test"], overrides={
         "tests.fine_tuning.test_settings.dataset_replication": 1,
-        "analysis.history_uri": str(tmp_path / "history")}, artifact_dir=str(tmp_path / "run"))
+        "analysis.history_uri": str(tmp_path / "history")}, artifact_dir=str(tmp_path / "run"), return_state=True))
     assert outcome.exit_code == 0, outcome.failures
     assert outcome.cells[0].reason is None
     job = next((tmp_path / "run").glob("*__cell/*__fine_tuning__run_fine_tuning_job"))

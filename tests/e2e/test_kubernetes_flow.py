@@ -17,6 +17,7 @@ pytestmark = pytest.mark.slow
 
 def _run(tmp_path: Path, scenario: str, name: str):
     from flows.fine_tuning.flow import fine_tuning
+    from flows.orchestration import outcome_of
 
     with kube_server() as (url, state):
         seed_cluster(state, rhoai=None)  # the gpu preset installs RHOAI itself
@@ -27,10 +28,10 @@ def _run(tmp_path: Path, scenario: str, name: str):
         try:
             kubeconfig = write_kubeconfig(tmp_path / f"{name}.kubeconfig", url)
             started = time.monotonic()
-            outcome = fine_tuning(presets=["gpu"], platform="kubernetes", overrides={
+            outcome = outcome_of(fine_tuning(presets=["gpu"], platform="kubernetes", overrides={
                 "clusters.kubeconfig": kubeconfig,
                 "analysis.history_uri": str(tmp_path / "history")},
-                artifact_dir=str(tmp_path / name))
+                artifact_dir=str(tmp_path / name), return_state=True))
             elapsed = time.monotonic() - started
         finally:
             operator.stop()
@@ -88,6 +89,7 @@ def test_scale_test_on_the_cluster_fans_out_an_indexed_job(tmp_path: Path, prefe
                                                            s3_server: str,
                                                            s3_bucket: str) -> None:
     from flows.fine_tuning.flow import fine_tuning
+    from flows.orchestration import outcome_of
     from tests.servers.fake_operators import IndexedJobController
 
     summary = ("{'train_runtime': 10.0, 'train_samples_per_second': 5.0, "
@@ -100,7 +102,7 @@ def test_scale_test_on_the_cluster_fans_out_an_indexed_job(tmp_path: Path, prefe
         controller = IndexedJobController(state, str(mount))
         controller.start()
         try:
-            outcome = fine_tuning(presets=["scale_test"], platform="kubernetes", overrides={
+            outcome = outcome_of(fine_tuning(presets=["scale_test"], platform="kubernetes", overrides={
                 "clusters.kubeconfig": write_kubeconfig(tmp_path / "kc", url),
                 "analysis.history_uri": str(tmp_path / "history"),
                 "tests.fine_tuning.multi_user.user_count": 5,
@@ -109,7 +111,7 @@ def test_scale_test_on_the_cluster_fans_out_an_indexed_job(tmp_path: Path, prefe
                 "tests.fine_tuning.multi_user.s3_endpoint": s3_server,
                 "tests.fine_tuning.multi_user.s3_bucket": s3_bucket,
                 "tests.fine_tuning.multi_user.command": ["python3", "-c", f"print({summary!r})"]},
-                artifact_dir=str(tmp_path / "run"))
+                artifact_dir=str(tmp_path / "run"), return_state=True))
         finally:
             controller.stop()
         assert outcome.exit_code == 0, outcome.failures

@@ -23,6 +23,7 @@ BIN = Path(__file__).resolve().parent.parent / "bin"
 def _run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scenario: str, name: str,
          create_type: str = "ocp"):
     from flows.fine_tuning.flow import fine_tuning
+    from flows.orchestration import outcome_of
 
     secrets = tmp_path / "secrets"
     secrets.mkdir(exist_ok=True)
@@ -43,13 +44,13 @@ def _run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scenario: str, name: s
         for operator in operators:
             operator.start()
         try:
-            outcome = fine_tuning(presets=["metal_quads"], overrides={
+            outcome = outcome_of(fine_tuning(presets=["metal_quads"], overrides={
                 "clusters.create.type": create_type,
                 "clusters.create.base_domain": "lab.example.com",
                 "clusters.sutest.lab.poll_seconds": 0.05,
                 "clusters.sutest.lab.count": 2,
                 "analysis.history_uri": str(tmp_path / "history")},
-                artifact_dir=str(tmp_path / name))
+                artifact_dir=str(tmp_path / name), return_state=True))
         finally:
             for operator in operators:
                 operator.stop()

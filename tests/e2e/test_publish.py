@@ -44,13 +44,14 @@ def _overrides(tmp_path: Path, s3_server: str, bucket: str, **extra: object) -> 
 def test_run_is_exported_to_s3_and_opensearch(tmp_path: Path, prefect_harness, secret_dir: Path,
                                              s3_server: str, s3_bucket: str) -> None:
     from flows.fine_tuning.flow import fine_tuning
+    from flows.orchestration import outcome_of
 
     with opensearch_server(user="cpt", password="pw-not-logged") as (url, state):
         (secret_dir / "opensearch.yaml").write_text(yaml.safe_dump({"test": {
             "url": url, "user": "cpt", "password": "pw-not-logged"}}))
-        outcome = fine_tuning(presets=["light"], overrides=_overrides(tmp_path, s3_server,
+        outcome = outcome_of(fine_tuning(presets=["light"], overrides=_overrides(tmp_path, s3_server,
                                                                       s3_bucket),
-                              artifact_dir=str(tmp_path / "run"))
+                              artifact_dir=str(tmp_path / "run"), return_state=True))
         assert outcome.exit_code == 0, outcome.failures
         root = tmp_path / "run"
         assert (root / "export.url").read_text().strip() == outcome.export_url
@@ -82,19 +83,20 @@ def test_opensearch_down_keeps_local_artifacts(tmp_path: Path, prefect_harness,
                                                secret_dir: Path, s3_server: str,
                                                s3_bucket: str) -> None:
     from flows.fine_tuning.flow import fine_tuning
+    from flows.orchestration import outcome_of
 
     with opensearch_server() as (url, _):
         pass  # nothing listens there any more
     (secret_dir / "opensearch.yaml").write_text(yaml.safe_dump({"test": {"url": url,
                                                                          "timeout_s": 2}}))
     overrides = _overrides(tmp_path, s3_server, s3_bucket)
-    outcome = fine_tuning(presets=["light"], overrides=overrides,
-                          artifact_dir=str(tmp_path / "lenient"))
+    outcome = outcome_of(fine_tuning(presets=["light"], overrides=overrides,
+                          artifact_dir=str(tmp_path / "lenient"), return_state=True))
     assert outcome.exit_code == 0  # reported, not fatal by default
     assert list((tmp_path / "lenient").glob("*__cell/exit_code"))
-    strict = fine_tuning(presets=["light"], overrides={
+    strict = outcome_of(fine_tuning(presets=["light"], overrides={
         **overrides, "export_artifacts.fail_on_error": True},
-        artifact_dir=str(tmp_path / "strict"))
+        artifact_dir=str(tmp_path / "strict"), return_state=True))
     assert strict.exit_code == 1
     assert any("export failed" in f and "opensearch" in f for f in strict.failures)
     assert next((tmp_path / "strict").glob("*__analysis__*/report/index.html")).is_file()
@@ -104,12 +106,13 @@ def test_replot_from_s3_and_from_local(tmp_path: Path, prefect_harness, secret_d
                                        s3_server: str, s3_bucket: str,
                                        monkeypatch: pytest.MonkeyPatch) -> None:
     from flows.fine_tuning.flow import fine_tuning
+    from flows.orchestration import outcome_of
     from flows.replot import replot
 
     overrides = _overrides(tmp_path, s3_server, s3_bucket,
                            **{"export_artifacts.opensearch.enabled": False})
-    outcome = fine_tuning(presets=["light"], overrides=overrides,
-                          artifact_dir=str(tmp_path / "run"))
+    outcome = outcome_of(fine_tuning(presets=["light"], overrides=overrides,
+                          artifact_dir=str(tmp_path / "run"), return_state=True))
     monkeypatch.chdir(tmp_path)
     for mode in ("cache", "important"):
         result = replot(source=outcome.export_url.rstrip("/"), download=mode,

@@ -207,3 +207,28 @@ def test_s3_refusal_fails_the_run_and_still_publishes_to_opensearch(
     assert any("KPIs not stored" in f for f in outcome.failures), outcome.failures
     assert not any(f.startswith("S3 export") for f in outcome.failures)  # not fail_on_error
     assert documents >= 1  # the S3 failure no longer skips OpenSearch
+
+
+def test_a_failed_run_ends_its_flow_run_failed(prefect_harness, tmp_path: Path) -> None:
+    """The Prefect UI, automations and deployments see a failed cell as a Failed run."""
+    from prefect import flow
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    from flows.orchestration import RunFailed, finish, orchestrate, outcome_of
+
+    @flow(name="fake-finish")
+    def finishing(artifact_dir: str, code: int) -> Any:
+        return finish(orchestrate(
+            "fine_tuning", ["light"], {**QUICK, "analysis.history_uri": str(tmp_path / "h")},
+            "local", artifact_dir, platform_factory=lambda name: FakePlatform(
+                script={"base": code})))
+
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        state = finishing(str(tmp_path / "failed"), 3, return_state=True)
+        assert state.is_failed() and "cell base failed" in str(state.message)
+        assert outcome_of(state).cells[0].exit_code == 3
+        with pytest.raises(RunFailed) as raised:
+            finishing(str(tmp_path / "raised"), 1)
+        assert raised.value.outcome.exit_code == 1
+        passed = finishing(str(tmp_path / "passed"), 0, return_state=True)
+        assert passed.is_completed() and outcome_of(passed).exit_code == 0
