@@ -21,7 +21,6 @@ in parallel worker processes.
 
 from __future__ import annotations
 
-import collections
 import fnmatch
 import json
 import os
@@ -47,8 +46,8 @@ __all__ = [
     "ParsedResult",
     "ResultParser",
     "parse_dirs",
-    "last_lines",
     "parse_one",
+    "read_tail",
 ]
 
 MAX_FILE_BYTES = 64 * 1024 * 1024
@@ -203,6 +202,81 @@ class FileReader:
             self.problem(rel, exc.reason, exc.line)
             return None
 
+    def tail(self, rel: str, lines: int = 5) -> str | None:
+        """The last non-empty lines of a file (see `read_tail`), or None."""
+        try:
+            path = self._checked(rel, None)
+        except OSError:
+            return None
+        return read_tail(path, lines) if path is not None else None
+
+    def matching_lines(self, rel: str, needle: str, *,
+                       required: bool = True) -> Iterator[tuple[int, str]] | None:
+        """Stream ``(line number, line)`` for the lines that contain ``needle``.
+
+        The file is scanned in 1 MiB binary blocks with ``bytes.find`` (C speed), so the
+        lines without ``needle`` — a trainer log's progress bars, most of its size — cost
+        no Python work; line numbers stay exact. Memory is bounded like `lines`: a line
+        longer than `MAX_LINE_CHARS` bytes is cut there and reported once.
+        """
+        try:
+            path = self._checked(rel, None)
+            if path is None:
+                return None
+            stream = open(path, "rb")  # noqa: SIM115
+        except FileNotFoundError:
+            if required:
+                self.problem(rel, "missing")
+            return None
+        except OSError as exc:
+            self.problem(rel, f"unreadable: {exc.strerror}")
+            return None
+        token = needle.encode()
+
+        def scan(block: bytes, first: int) -> tuple[list[tuple[int, str]], int]:
+            """Matching lines of complete lines ``block`` starting at line ``first``."""
+            found, lineno, pos = [], first, 0
+            hit = block.find(token)
+            while hit >= 0:
+                start = block.rfind(b"\n", 0, hit) + 1
+                stop = block.find(b"\n", hit)
+                stop = len(block) if stop < 0 else stop
+                lineno += block.count(b"\n", pos, start)
+                pos = start
+                found.append((lineno, block[start:stop][:MAX_LINE_CHARS].decode(
+                    "utf-8", errors="replace")))
+                hit = block.find(token, stop + 1)
+            return found, lineno + block.count(b"\n", pos)
+
+        def iterate() -> Iterator[tuple[int, str]]:
+            lineno, carry, skipping, cut = 1, b"", False, False
+            with stream:
+                while True:
+                    block = stream.read(1 << 20)
+                    if not block:
+                        break
+                    if skipping:  # the rest of an over-long line: drop it
+                        newline = block.find(b"\n")
+                        if newline < 0:
+                            continue
+                        block, skipping, lineno = block[newline + 1:], False, lineno + 1
+                    data = carry + block
+                    end = data.rfind(b"\n") + 1
+                    found, lineno = scan(data[:end], lineno)
+                    yield from found
+                    carry = data[end:]
+                    if len(carry) > MAX_LINE_CHARS:  # no newline in sight: cut the line
+                        if not cut:
+                            self.problem(rel, f"line over {MAX_LINE_CHARS} characters: cut")
+                            cut = True
+                        if token in carry[:MAX_LINE_CHARS]:
+                            yield lineno, carry[:MAX_LINE_CHARS].decode("utf-8", "replace")
+                        carry, skipping = b"", True
+                if carry and token in carry:
+                    yield lineno, carry.decode("utf-8", errors="replace")
+
+        return iterate()
+
     def lines(self, rel: str, *, required: bool = True) -> Iterator[str] | None:
         """Stream a text file line by line (never loads it whole), or None when missing.
 
@@ -242,18 +316,21 @@ class FileReader:
         return iterate()
 
 
-def last_lines(lines: Iterator[str], keep: list[str], count: int = 5) -> Iterator[str]:
-    """Pass ``lines`` through, keeping the last ``count`` non-empty ones in ``keep``.
+def read_tail(path: str | Path, lines: int = 5, limit: int = 64 * 1024) -> str | None:
+    """The last non-empty lines of a file, read from its end only (None when unreadable).
 
-    A parser streams a log once: this lets it collect a failed run's last words (for
-    `ParsedResult.failure`) on the way, without a second read.
+    For a failed workload's last words: a multi-GB log is never read whole.
     """
-    window: collections.deque[str] = collections.deque(maxlen=count)
-    for line in lines:
-        if line.strip():
-            window.append(line.rstrip()[:500])
-        yield line
-    keep[:] = list(window)
+    try:
+        with open(path, "rb") as stream:
+            stream.seek(0, os.SEEK_END)
+            stream.seek(max(0, stream.tell() - limit))
+            text = stream.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    kept = [line.rstrip()[-500:] for line in text.replace("\r", "\n").splitlines()
+            if line.strip()][-lines:]
+    return "\n".join(kept) or None
 
 
 def _listdir(path: Path) -> list[str]:

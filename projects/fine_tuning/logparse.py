@@ -24,7 +24,8 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel, Field
 
-__all__ = ["DatasetStats", "LogMetrics", "Progress", "TrainSummary", "parse_train_log"]
+__all__ = ["DatasetStats", "LogMetrics", "Progress", "TrainSummary", "parse_numbered_lines",
+           "parse_train_log"]
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _PAIR = re.compile(r"'([A-Za-z_][A-Za-z0-9_]*)'\s*:\s*('?)([^',}]*)\2")
@@ -109,10 +110,19 @@ def parse_train_log(lines: Iterable[str]) -> LogMetrics:
     Returns:
         The `LogMetrics`; malformed metric lines are listed in ``problems``.
     """
+    return parse_numbered_lines(enumerate(lines, start=1))
+
+
+def parse_numbered_lines(lines: Iterable[tuple[int, str]]) -> LogMetrics:
+    """`parse_train_log` over ``(line number, line)`` pairs.
+
+    Only lines holding a ``{`` matter, so a caller may pass just those (e.g.
+    `analysis.parsing.FileReader.matching_lines`), which skips a log's progress-bar noise.
+    """
     out = LogMetrics()
     summary: dict[str, float | None] = {}
     last_tokens_rate: float | None = None
-    for lineno, raw in enumerate(lines, start=1):
+    for lineno, raw in lines:
         if "{" not in raw:
             continue
         line = _ANSI.sub("", raw)

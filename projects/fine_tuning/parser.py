@@ -18,8 +18,13 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, Field
 
 from analysis.discovery import ResultDir
-from analysis.parsing import FileReader, ParsedResult, last_lines
-from projects.fine_tuning.logparse import DatasetStats, Progress, TrainSummary, parse_train_log
+from analysis.parsing import FileReader, ParsedResult
+from projects.fine_tuning.logparse import (
+    DatasetStats,
+    Progress,
+    TrainSummary,
+    parse_numbered_lines,
+)
 from projects.library.runs import RunResult, first_line, read_run
 
 __all__ = ["FineTuningParser", "FineTuningResult", "PlatformFacts", "UserResult",
@@ -139,12 +144,11 @@ class FineTuningParser:
         if user_dirs:
             self._users(reader, out, job, user_dirs)
             return
-        lines = reader.lines(f"{job}/artifacts/pod.log")
+        lines = reader.matching_lines(f"{job}/artifacts/pod.log", "{")
         if lines is not None:
-            tail: list[str] = []
-            metrics = parse_train_log(last_lines(lines, tail))
+            metrics = parse_numbered_lines(lines)
             if out.exit_code != 0:
-                out.failure = "\n".join(tail) or None
+                out.failure = reader.tail(f"{job}/artifacts/pod.log")
             out.dataset_stats = metrics.dataset_stats
             out.summary = metrics.summary
             out.progress = metrics.progress
@@ -181,9 +185,10 @@ class FineTuningParser:
                 user.time_to_start_s = started - launched
             if started is not None and ended is not None:
                 user.runtime_s = ended - started
-            lines = reader.lines(f"{job}/users/{name}/pod.log", required=user.exit_code != 124)
+            lines = reader.matching_lines(f"{job}/users/{name}/pod.log", "{",
+                                          required=user.exit_code != 124)
             if lines is not None:
-                metrics = parse_train_log(lines)
+                metrics = parse_numbered_lines(lines)
                 if metrics.summary is not None:
                     user.train_tokens_per_second = metrics.summary.train_tokens_per_second
                     user.train_runtime = metrics.summary.train_runtime

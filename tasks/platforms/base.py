@@ -17,6 +17,7 @@ from typing import Protocol
 
 from pydantic import BaseModel, Field
 
+from analysis.parsing import read_tail
 from projects.config import Config
 from projects.contract import CellContext, Project
 from projects.library.tests import EngineConfig, TestBlock
@@ -93,18 +94,9 @@ class Platform(Protocol):
         """Hold the platform for this run (one run per cluster at a time)."""
 
 
-def tail_lines(path: Path, lines: int = 5, limit: int = 64 * 1024) -> str | None:
-    """The last non-empty lines of a log (read from its end only), or None."""
-    try:
-        with open(path, "rb") as stream:
-            stream.seek(0, 2)
-            size = stream.tell()
-            stream.seek(max(0, size - limit))
-            text = stream.read().decode("utf-8", errors="replace")
-    except OSError:
-        return None
-    kept = [line.rstrip()[-500:] for line in text.splitlines() if line.strip()][-lines:]
-    return "\n".join(kept) or None
+def tail_lines(path: Path, lines: int = 5) -> str | None:
+    """The last non-empty lines of a log (see `analysis.parsing.read_tail`)."""
+    return read_tail(path, lines)
 
 
 def read_users(users_dir: Path, users: int) -> list[CellResult]:
