@@ -95,6 +95,38 @@ class FileReader:
         self.root = Path(root)
         self.problems: list[ParseProblem] = []
         self.fingerprints: dict[str, Any] = {}
+        self._real_root: str | None = None
+        self._safe_dirs: dict[str, bool] = {}  # dir (absolute) -> no symlink down to it
+
+    def _through_symlink(self, rel: str) -> bool:
+        """Whether ``rel`` is, or passes through, a symlink below the result dir's parent.
+
+        A few ``lstat`` calls on the components under the base (cached per dir), instead
+        of a ``realpath`` of the whole absolute path per file.
+        """
+        if self._real_root is None:
+            self._real_root = os.path.realpath(self.root)
+        lexical = os.path.normpath(os.path.join(self._real_root, rel))
+        base = self._real_root if lexical.startswith(self._real_root + os.sep) else \
+            os.path.dirname(self._real_root)  # "../config.yaml" reads the run dir's parent
+        parts = os.path.relpath(lexical, base).split(os.sep)
+        current = base
+        for depth, part in enumerate(parts):
+            current = os.path.join(current, part)
+            last = depth == len(parts) - 1
+            if not last and current in self._safe_dirs:
+                if not self._safe_dirs[current]:
+                    return True
+                continue
+            try:
+                linked = stat.S_ISLNK(os.lstat(current).st_mode)
+            except FileNotFoundError:
+                return False  # missing: the caller reports it as missing
+            if not last:
+                self._safe_dirs[current] = not linked
+            if linked:
+                return True
+        return False
 
     def _touch(self, rel: str) -> Path:
         path = self.root / rel
@@ -137,10 +169,7 @@ class FileReader:
         FileNotFoundError for the caller to report (or not).
         """
         path = self._touch(rel)
-        lexical = os.path.normpath(os.path.join(os.path.realpath(self.root), rel))
-        if os.path.realpath(path) != lexical:
-            if not os.path.lexists(path) and not os.path.exists(path):
-                raise FileNotFoundError(rel)
+        if self._through_symlink(rel):
             self.problem(rel, "is or passes through a symlink: not followed (results are "
                               "read only inside their own tree)")
             return None

@@ -125,9 +125,9 @@ def parse_numbered_lines(lines: Iterable[tuple[int, str]]) -> LogMetrics:
     for lineno, raw in lines:
         if "{" not in raw:
             continue
-        line = _ANSI.sub("", raw)
+        line = _ANSI.sub("", raw) if "\x1b" in raw else raw
         # Progress bars redraw with \r: the metrics are in the frame that holds a dict.
-        for frame in line.split("\r"):
+        for frame in line.split("\r") if "\r" in line else (line,):
             start = frame.find("{")
             if start < 0:
                 continue
