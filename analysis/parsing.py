@@ -28,13 +28,13 @@ import stat
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, TypeVar
+from typing import IO, Any, ClassVar, Protocol, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
 from analysis.discovery import ResultDir
 from analysis.errors import ConfigError
-from analysis.yamlio import load_yaml
+from analysis.yamlio import load_yaml_text
 
 __all__ = [
     "CACHE_FILE",
@@ -182,20 +182,38 @@ class FileReader:
             return None
         return path
 
-    def text(self, rel: str, *, required: bool = True,
-             max_bytes: int = MAX_FILE_BYTES) -> str | None:
-        """Return a file's text, or None (and a problem when ``required`` or unsafe)."""
+    def _open(self, rel: str, *, limit: int | None, required: bool,
+              binary: bool = False) -> IO[Any] | None:
+        """Open ``rel`` when `_checked` allows it; else None, with a problem recorded.
+
+        A missing file is a problem only when ``required``.
+        """
         try:
-            path = self._checked(rel, max_bytes)
+            path = self._checked(rel, limit)
             if path is None:
                 return None
-            return path.read_text(encoding="utf-8", errors="replace")
+            if binary:
+                return open(path, "rb")  # noqa: SIM115
+            return open(path, encoding="utf-8", errors="replace", newline="")  # noqa: SIM115
         except FileNotFoundError:
             if required:
                 self.problem(rel, "missing")
         except OSError as exc:
             self.problem(rel, f"unreadable: {exc.strerror}")
         return None
+
+    def text(self, rel: str, *, required: bool = True,
+             max_bytes: int = MAX_FILE_BYTES) -> str | None:
+        """Return a file's text, or None (and a problem when ``required`` or unsafe)."""
+        stream = self._open(rel, limit=max_bytes, required=required)
+        if stream is None:
+            return None
+        with stream:
+            try:
+                return str(stream.read())
+            except OSError as exc:
+                self.problem(rel, f"unreadable: {exc.strerror}")
+                return None
 
     def json(self, rel: str, *, required: bool = True) -> Any:
         """Return a JSON file's data, or None (recording a problem with the line)."""
@@ -213,19 +231,11 @@ class FileReader:
 
         Results are untrusted: YAML aliases are refused like in user input.
         """
-        try:
-            path = self._checked(rel, MAX_FILE_BYTES // 16)
-        except FileNotFoundError:
-            if required:
-                self.problem(rel, "missing")
-            return None
-        except OSError as exc:
-            self.problem(rel, f"unreadable: {exc.strerror}")
-            return None
-        if path is None:
+        text = self.text(rel, required=required, max_bytes=MAX_FILE_BYTES // 16)
+        if text is None:
             return None
         try:
-            data, _ = load_yaml(path, untrusted=True)
+            data, _ = load_yaml_text(text, source=rel, untrusted=True)
             return data
         except ConfigError as exc:
             self.problem(rel, exc.reason, exc.line)
@@ -248,17 +258,8 @@ class FileReader:
         no Python work; line numbers stay exact. Memory is bounded like `lines`: a line
         longer than `MAX_LINE_CHARS` bytes is cut there and reported once.
         """
-        try:
-            path = self._checked(rel, None)
-            if path is None:
-                return None
-            stream = open(path, "rb")  # noqa: SIM115
-        except FileNotFoundError:
-            if required:
-                self.problem(rel, "missing")
-            return None
-        except OSError as exc:
-            self.problem(rel, f"unreadable: {exc.strerror}")
+        stream = self._open(rel, limit=None, required=required, binary=True)
+        if stream is None:
             return None
         token = needle.encode()
 
@@ -312,17 +313,8 @@ class FileReader:
         Lines longer than `MAX_LINE_CHARS` are cut there (the rest is skipped without being
         held in memory) and reported once.
         """
-        try:
-            path = self._checked(rel, None)
-            if path is None:
-                return None
-            stream = open(path, encoding="utf-8", errors="replace", newline="")  # noqa: SIM115
-        except FileNotFoundError:
-            if required:
-                self.problem(rel, "missing")
-            return None
-        except OSError as exc:
-            self.problem(rel, f"unreadable: {exc.strerror}")
+        stream = self._open(rel, limit=None, required=required)
+        if stream is None:
             return None
 
         def iterate() -> Iterator[str]:
