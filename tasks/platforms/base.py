@@ -9,11 +9,11 @@ platform itself could not do its job (the engine records it as the cell's failur
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
@@ -22,8 +22,9 @@ from projects.config import Config
 from projects.contract import CellContext, Project
 from projects.library.tests import EngineConfig, TestBlock
 from projects.matrix import Cell
+from tasks.artifacts import step
 
-__all__ = ["CellResult", "Platform", "RunContext", "read_users", "tail_lines"]
+__all__ = ["CellResult", "Platform", "RunContext", "project_step", "read_users", "tail_lines"]
 
 
 class CellResult(BaseModel):
@@ -92,6 +93,22 @@ class Platform(Protocol):
 
     def lock(self, run: RunContext) -> AbstractContextManager[object]:
         """Hold the platform for this run (one run per cluster at a time)."""
+
+
+_STEPS: dict[tuple[str, str, str], Any] = {}
+
+
+def project_step(run: RunContext, fn: Callable[..., Any], *,
+                 timeout_seconds: float | None = None) -> Any:
+    """``fn`` as the project's workload step (``NNN__<project>__<workload_step>``), built once.
+
+    The step dir keeps the name the project's parser looks for, whatever platform ran it.
+    """
+    key = (run.project.name, run.project.workload_step, fn.__name__)
+    if key not in _STEPS:
+        _STEPS[key] = step(run.project.name, name=run.project.workload_step,
+                           timeout_seconds=timeout_seconds)(fn)
+    return _STEPS[key]
 
 
 def tail_lines(path: Path, lines: int = 5) -> str | None:

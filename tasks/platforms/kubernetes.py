@@ -28,8 +28,8 @@ from tasks.kube.api import Kube, api_client
 from tasks.kube.lock import cluster_lock
 from tasks.kube.users import UsersJobStatus, collect_users, follow_users
 from tasks.kube.workload import capture_environment, capture_state, cleanup_k8s, run_kube_workload
-from tasks.platforms.base import CellResult, RunContext, read_users, tail_lines
-from tasks.platforms.plan import users_manifests, users_s3_endpoint
+from tasks.platforms.base import CellResult, RunContext, project_step, read_users, tail_lines
+from tasks.platforms.plan import users_manifests, users_prefix, users_s3_endpoint
 
 __all__ = ["KubernetesPlatform", "collect_batch", "follow"]
 
@@ -73,10 +73,9 @@ def launch_users(run_ctx: RunContext, cell: Cell) -> dict[str, Any]:
                 "metadata": {"name": run_ctx.test.namespace}})
     for manifest in manifests:
         kube.apply(manifest)
-    prefix = next(e["value"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]
-                  if e["name"] == "TELLTALE_S3_PREFIX")
-    return {"job": job["metadata"]["name"], "dir": str(here),
-            "url": f"s3://{run_ctx.test.multi_user.s3_bucket}/{prefix}"}
+    name = job["metadata"]["name"]
+    return {"job": name, "dir": str(here),
+            "url": f"s3://{run_ctx.test.multi_user.s3_bucket}/{users_prefix(run_ctx, name)}"}
 
 
 @step("users", timeout_seconds=None)
@@ -107,18 +106,6 @@ def follow(kubeconfig: str | None, namespace: str, job: str, users: int, deadlin
 def collect_batch(indices: list[int], url: str, dest: str, target: S3Target) -> list[int]:
     """Download one batch of users' results (mapped over batches by the platform)."""
     return collect_users(indices, url, dest, target)
-
-
-_STEPS: dict[tuple[str, str, str], Any] = {}
-
-
-def _project_step(run_ctx: RunContext, fn: Any, timeout_s: float | None = None) -> Any:
-    """``fn`` as the project's workload step (``<project>.<workload_step>``), built once."""
-    key = (run_ctx.project.name, run_ctx.project.workload_step, fn.__name__)
-    if key not in _STEPS:
-        _STEPS[key] = step(run_ctx.project.name, name=run_ctx.project.workload_step,
-                           timeout_seconds=timeout_s)(fn)
-    return _STEPS[key]
 
 
 class KubernetesPlatform:
@@ -159,7 +146,7 @@ class KubernetesPlatform:
 
     def run_cell(self, run_ctx: RunContext, cell: Cell) -> CellResult:
         """Apply and follow the cell's workload."""
-        result: CellResult = _project_step(run_ctx, run_cluster_workload)(run_ctx, cell)
+        result: CellResult = project_step(run_ctx, run_cluster_workload)(run_ctx, cell)
         return result
 
     def run_users(self, run_ctx: RunContext, cell: Cell) -> list[CellResult]:
@@ -173,7 +160,7 @@ class KubernetesPlatform:
                               key=f"{run_ctx.project.test_key}.multi_user.s3_endpoint")
         endpoint = users_s3_endpoint(run_ctx)
         users = multi_user.user_count
-        launched = _project_step(run_ctx, launch_users, 300)(run_ctx, cell)
+        launched = project_step(run_ctx, launch_users, timeout_seconds=300)(run_ctx, cell)
         status = follow(run_ctx.kubeconfig, run_ctx.test.namespace, launched["job"], users,
                         run_ctx.test.timeout_minutes * 60, multi_user.abort_on_failure)
         s3 = S3Target(bucket=multi_user.s3_bucket,

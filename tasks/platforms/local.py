@@ -33,7 +33,13 @@ from analysis.errors import ConfigError, StepError
 from projects.contract import SCRATCH_DIR, LocalWorkload
 from projects.matrix import Cell
 from tasks.artifacts import artifact_dir, step
-from tasks.platforms.base import CellResult, RunContext, read_users, tail_lines
+from tasks.platforms.base import (
+    CellResult,
+    RunContext,
+    project_step,
+    read_users,
+    tail_lines,
+)
 from tasks.runner import CommandTimeout, die_with_parent, run
 
 __all__ = [
@@ -345,18 +351,6 @@ def cleanup(root: str) -> dict[str, Any]:
     return summary
 
 
-_STEPS: dict[tuple[str, str, bool], Any] = {}
-
-
-def _workload_step(run_ctx: RunContext, users: bool) -> Any:
-    """The project's workload step (``<project>.<workload_step>``), built once."""
-    key = (run_ctx.project.name, run_ctx.project.workload_step, users)
-    if key not in _STEPS:
-        fn = run_local_users if users else run_local_workload
-        _STEPS[key] = step(run_ctx.project.name, name=run_ctx.project.workload_step)(fn)
-    return _STEPS[key]
-
-
 class LocalPlatform:
     """This machine: the workload as a local process (see the module docstring)."""
 
@@ -373,14 +367,14 @@ class LocalPlatform:
     def run_cell(self, run_ctx: RunContext, cell: Cell) -> CellResult:
         """Run the cell's workload; Prefect's timeout backs up the process deadline."""
         minutes = run_ctx.test.timeout_minutes
-        task = _workload_step(run_ctx, users=False).with_options(
+        task = project_step(run_ctx, run_local_workload).with_options(
             timeout_seconds=minutes * 60 + 120)
         result: CellResult = task(run_ctx, cell, minutes)
         return result
 
     def run_users(self, run_ctx: RunContext, cell: Cell) -> list[CellResult]:
         """Run the fan-out of the cell's workload."""
-        result: list[CellResult] = _workload_step(run_ctx, users=True)(
+        result: list[CellResult] = project_step(run_ctx, run_local_users)(
             run_ctx, cell, run_ctx.test.timeout_minutes)
         return result
 

@@ -22,7 +22,7 @@ from tasks.kube.olm import prepare_manifests
 from tasks.kube.users import user_job_manifests
 from tasks.platforms.base import RunContext
 
-__all__ = ["plan_run", "users_manifests", "users_s3_endpoint", "write_manifests"]
+__all__ = ["plan_run", "users_manifests", "users_prefix", "users_s3_endpoint", "write_manifests"]
 
 
 def write_manifests(directory: Path, manifests: Sequence[dict[str, Any]]) -> int:
@@ -40,6 +40,11 @@ def users_s3_endpoint(run: RunContext) -> str:
     return multi_user.s3_endpoint or f"http://telltale-s3.{run.test.namespace}.svc:9000"
 
 
+def users_prefix(run: RunContext, job: str) -> str:
+    """Where a fan-out's users upload their results in the bucket (``<run id>/<job>``)."""
+    return f"{run.run_id}/{job}"
+
+
 def users_manifests(run: RunContext, cell: Cell, context: CellContext) -> list[dict[str, Any]]:
     """The ConfigMap and Indexed Job of a cell's cluster fan-out (the project's `KubeUsers`)."""
     if run.project.kube_users is None:
@@ -52,7 +57,7 @@ def users_manifests(run: RunContext, cell: Cell, context: CellContext) -> list[d
         config=dict(users.config), command=list(multi_user.command or users.command),
         batch_size=multi_user.batch_size, sleep_factor=multi_user.sleep_factor,
         deadline_s=run.test.timeout_minutes * 60, s3_endpoint=users_s3_endpoint(run),
-        bucket=multi_user.s3_bucket, prefix=f"{run.run_id}/{users.name}", gpus=users.gpus,
+        bucket=multi_user.s3_bucket, prefix=users_prefix(run, users.name), gpus=users.gpus,
         env=users.env)
 
 
