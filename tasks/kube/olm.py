@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from analysis.errors import StepError
+from projects.library import GpuOperatorBlock, NfdBlock, PrepareBlock, RhoaiBlock
 from tasks.kube.api import Kube
 
 __all__ = [
@@ -160,7 +161,7 @@ def uninstall(kube: Kube, spec: OperatorSpec) -> list[str]:
     return removed
 
 
-def cluster_policy(block: dict[str, Any]) -> list[dict[str, Any]]:
+def cluster_policy(block: GpuOperatorBlock) -> list[dict[str, Any]]:
     """The GPU operator's ClusterPolicy (and its time-sharing ConfigMap when asked)."""
     namespace = GPU_OPERATOR.namespace
     spec: dict[str, Any] = {
@@ -169,17 +170,17 @@ def cluster_policy(block: dict[str, Any]) -> list[dict[str, Any]]:
         "devicePlugin": {"enabled": True}, "gfd": {"enabled": True},
         "dcgm": {"enabled": True}, "dcgmExporter": {"enabled": True},
         "nodeStatusExporter": {"enabled": True},
-        "daemonsets": {"tolerations": list(block.get("tolerations") or [])},
+        "daemonsets": {"tolerations": list(block.tolerations)},
     }
     out: list[dict[str, Any]] = []
-    replicas = block.get("time_sharing_replicas")
+    replicas = block.time_sharing_replicas
     if replicas:
         out.append({"apiVersion": "v1", "kind": "ConfigMap",
                     "metadata": {"name": "time-slicing-config", "namespace": namespace},
                     "data": {"any": ("version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
                                      f"    - name: nvidia.com/gpu\n      replicas: {replicas}\n")}})
         spec["devicePlugin"]["config"] = {"name": "time-slicing-config", "default": "any"}
-    if block.get("extended_dcgm_metrics"):
+    if block.extended_dcgm_metrics:
         out.append({"apiVersion": "v1", "kind": "ConfigMap",
                     "metadata": {"name": "dcgm-extended-metrics", "namespace": namespace},
                     "data": {"dcgm-metrics.csv": (
@@ -200,9 +201,9 @@ def nfd_instance() -> dict[str, Any]:
             "spec": {"operand": {"servicePort": 12000}}}
 
 
-def datasciencecluster(block: dict[str, Any]) -> dict[str, Any]:
+def datasciencecluster(block: RhoaiBlock) -> dict[str, Any]:
     """RHOAI's DataScienceCluster with the wanted components Managed, the others Removed."""
-    wanted = set(block.get("components") or [])
+    wanted = set(block.components)
     components = {name: {"managementState": "Managed" if name in wanted else "Removed"}
                   for name in sorted(wanted | {"dashboard", "trainingoperator",
                                                "workbenches", "kserve"})}
@@ -211,37 +212,35 @@ def datasciencecluster(block: dict[str, Any]) -> dict[str, Any]:
             "spec": {"components": components}}
 
 
-def _rhoai_spec(block: dict[str, Any]) -> OperatorSpec:
-    return RHOAI.model_copy(update={"channel": block.get("channel", "stable"),
-                                    "version": block.get("version"),
-                                    "catalog_image": block.get("catalog_image")})
+def _rhoai_spec(block: RhoaiBlock) -> OperatorSpec:
+    return RHOAI.model_copy(update={"channel": block.channel, "version": block.version,
+                                    "catalog_image": block.catalog_image})
 
 
-def _nfd_spec(nfd: dict[str, Any]) -> OperatorSpec:
-    return NFD.model_copy(update={"channel": nfd.get("channel", "stable")})
+def _nfd_spec(nfd: NfdBlock) -> OperatorSpec:
+    return NFD.model_copy(update={"channel": nfd.channel})
 
 
-def _gpu_spec(block: dict[str, Any]) -> OperatorSpec:
-    return GPU_OPERATOR.model_copy(update={"channel": block.get("channel", "stable"),
-                                           "version": block.get("version")})
+def _gpu_spec(block: GpuOperatorBlock) -> OperatorSpec:
+    return GPU_OPERATOR.model_copy(update={"channel": block.channel, "version": block.version})
 
 
-def prepare_manifests(prepare: dict[str, Any]) -> list[dict[str, Any]]:
+def prepare_manifests(prepare: PrepareBlock) -> list[dict[str, Any]]:
     """Everything the prepare phase would apply for a ``prepare`` block (for ``--plan``).
 
     Pure: the same builders the install uses, in install order (service mesh, RHOAI and
     its DataScienceCluster; NFD and its instance; the GPU operator and its ClusterPolicy).
     """
-    if not prepare.get("enabled", True):
+    if not prepare.enabled:
         return []
     out: list[dict[str, Any]] = []
-    rhoai = prepare.get("rhoai") or {}
-    if rhoai.get("enabled"):
+    rhoai = prepare.rhoai
+    if rhoai.enabled:
         out += operator_manifests(SERVICE_MESH) + operator_manifests(_rhoai_spec(rhoai))
         out.append(datasciencecluster(rhoai))
-    gpu, nfd = prepare.get("gpu_operator") or {}, prepare.get("nfd") or {}
-    if gpu.get("enabled"):
-        if nfd.get("enabled", True):
+    gpu, nfd = prepare.gpu_operator, prepare.nfd
+    if gpu.enabled:
+        if nfd.enabled:
             out += operator_manifests(_nfd_spec(nfd)) + [nfd_instance()]
         out += operator_manifests(_gpu_spec(gpu)) + cluster_policy(gpu)
     return out
@@ -254,10 +253,10 @@ def _ready_daemonsets(kube: Kube, namespace: str) -> bool:
         (d.get("status") or {}).get("desiredNumberScheduled", 1) for d in sets)
 
 
-def prepare_gpu(kube: Kube, block: dict[str, Any], nfd: dict[str, Any], *,
+def prepare_gpu(kube: Kube, block: GpuOperatorBlock, nfd: NfdBlock, *,
                 deadline_s: float = 1800) -> dict[str, Any]:
     """NFD + NodeFeatureDiscovery, then the GPU operator + ClusterPolicy + ready DaemonSets."""
-    if nfd.get("enabled", True):
+    if nfd.enabled:
         install(kube, _nfd_spec(nfd), deadline_s=deadline_s)
         kube.apply(nfd_instance())
     csv = install(kube, _gpu_spec(block), deadline_s=deadline_s)
@@ -274,7 +273,7 @@ def prepare_gpu(kube: Kube, block: dict[str, Any], nfd: dict[str, Any], *,
     return {"csv": csv["metadata"]["name"]}
 
 
-def prepare_rhoai(kube: Kube, block: dict[str, Any], *,
+def prepare_rhoai(kube: Kube, block: RhoaiBlock, *,
                   deadline_s: float = 1800) -> dict[str, Any]:
     """Service mesh, then RHOAI, then a DataScienceCluster with the wanted components Ready."""
     install(kube, SERVICE_MESH, deadline_s=deadline_s)

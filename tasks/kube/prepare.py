@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from projects.library import GpuOperatorBlock, NfdBlock, RhoaiBlock
 from tasks.artifacts import step
 from tasks.kube.api import Kube, api_client
 from tasks.kube.olm import RHOAI, prepare_gpu, prepare_rhoai, uninstall
@@ -19,14 +20,14 @@ def deploy_s3(kubeconfig: str | None, namespace: str, bucket: str) -> str:
 
 
 @step("rhods", timeout_seconds=3600)
-def deploy_rhoai(kubeconfig: str | None, block: dict[str, Any]) -> dict[str, Any]:
+def deploy_rhoai(kubeconfig: str | None, block: RhoaiBlock) -> dict[str, Any]:
     """Install service mesh + RHOAI and a DataScienceCluster (no-op when already there)."""
     return prepare_rhoai(Kube(api_client(kubeconfig)), block)
 
 
 @step("gpu_operator", timeout_seconds=3600)
-def deploy_gpu_operator(kubeconfig: str | None, block: dict[str, Any],
-                        nfd: dict[str, Any]) -> dict[str, Any]:
+def deploy_gpu_operator(kubeconfig: str | None, block: GpuOperatorBlock,
+                        nfd: NfdBlock) -> dict[str, Any]:
     """Install NFD + the GPU operator, its ClusterPolicy, and wait for its DaemonSets."""
     return prepare_gpu(Kube(api_client(kubeconfig)), block, nfd)
 

@@ -129,12 +129,10 @@ class KubernetesPlatform:
         # Independent stacks install concurrently; each is a no-op on a prepared cluster.
         futures = []
         if prepare.rhoai.enabled:
-            futures.append(kube_prepare.deploy_rhoai.submit(run_ctx.kubeconfig,
-                                                            prepare.rhoai.model_dump()))
+            futures.append(kube_prepare.deploy_rhoai.submit(run_ctx.kubeconfig, prepare.rhoai))
         if prepare.gpu_operator.enabled:
             futures.append(kube_prepare.deploy_gpu_operator.submit(
-                run_ctx.kubeconfig, prepare.gpu_operator.model_dump(),
-                prepare.nfd.model_dump()))
+                run_ctx.kubeconfig, prepare.gpu_operator, prepare.nfd))
         for future in futures:
             future.result()  # raises the step's error
 

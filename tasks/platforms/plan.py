@@ -75,7 +75,7 @@ def plan_run(project: Project, config: Config, platform: str, artifact_dir: Path
     run = RunContext(project=project, config=config, model=model,
                      test=project.test_block(model), root=artifact_dir, run_id="plan")
     written = write_manifests(artifact_dir / "manifests" / "prepare",
-                              prepare_manifests(model.prepare.model_dump()))
+                              prepare_manifests(model.prepare))
     for cell in plan.runnable:
         target = artifact_dir / "manifests" / f"{cell.index:03d}__cell"
         context = run.cell_context(cell, target)

@@ -12,6 +12,7 @@ import pytest
 
 from projects.config import resolve
 from projects.fine_tuning.manifests import cell_manifests
+from projects.library import GpuOperatorBlock
 from projects.plan import cells_of
 from tasks.kube.olm import (
     GPU_OPERATOR,
@@ -51,9 +52,10 @@ def all_manifests() -> list[dict]:
                                                         "catalog_image": "quay.io/x/y:1"}),
                  NFD, GPU_OPERATOR):
         out += operator_manifests(spec)
-    out += cluster_policy({"time_sharing_replicas": 4, "extended_dcgm_metrics": True,
-                           "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists",
-                                            "effect": "NoSchedule"}]})
+    out += cluster_policy(GpuOperatorBlock.model_validate({
+        "time_sharing_replicas": 4, "extended_dcgm_metrics": True,
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists",
+                         "effect": "NoSchedule"}]}))
     return out
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from analysis.errors import StepError
+from projects.library import GpuOperatorBlock, NfdBlock, RhoaiBlock
 from tasks.kube.api import Kube, api_client
 from tasks.kube.olm import (
     GPU_OPERATOR,
@@ -73,15 +74,18 @@ def test_failed_csv_fails_fast(cluster) -> None:
 
 def test_rhoai_and_gpu_stacks(cluster) -> None:
     kube, state = cluster
-    prepare_rhoai(kube, {"channel": "fast", "components": ["trainingoperator"]}, deadline_s=10)
+    prepare_rhoai(kube, RhoaiBlock(channel="fast", components=["trainingoperator"]),
+                  deadline_s=10)
     dsc = state.get("datasciencecluster.opendatahub.io/v1", "DataScienceCluster", "default-dsc")
     assert dsc["spec"]["components"]["trainingoperator"]["managementState"] == "Managed"
     assert dsc["spec"]["components"]["kserve"]["managementState"] == "Removed"
     assert is_installed(kube, SERVICE_MESH)  # the dependency came first
-    block = {"time_sharing_replicas": 4, "extended_dcgm_metrics": True,
-             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists",
-                              "effect": "NoSchedule"}]}
-    prepare_gpu(kube, block, {"enabled": True}, deadline_s=10)
+    block = GpuOperatorBlock.model_validate({"time_sharing_replicas": 4,
+                                             "extended_dcgm_metrics": True,
+                                             "tolerations": [{"key": "nvidia.com/gpu",
+                                                              "operator": "Exists",
+                                                              "effect": "NoSchedule"}]})
+    prepare_gpu(kube, block, NfdBlock(enabled=True), deadline_s=10)
     policy = state.get("nvidia.com/v1", "ClusterPolicy", "gpu-cluster-policy")
     assert policy["spec"]["devicePlugin"]["config"] == {"name": "time-slicing-config",
                                                         "default": "any"}
@@ -93,6 +97,6 @@ def test_rhoai_and_gpu_stacks(cluster) -> None:
 
 
 def test_cluster_policy_without_options() -> None:
-    manifests = cluster_policy({})
+    manifests = cluster_policy(GpuOperatorBlock())
     assert [m["kind"] for m in manifests] == ["ClusterPolicy"]
     assert "config" not in manifests[0]["spec"]["devicePlugin"]
