@@ -8,6 +8,7 @@ result. `compute_kpis` applies the definitions; a KPI whose inputs are missing i
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -106,6 +107,7 @@ def _escape_label(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
+@functools.lru_cache(maxsize=4096)  # a few label names, repeated on every sample
 def _label_name(name: str) -> str:
     clean = re.sub(r"[^a-zA-Z0-9_]", "_", name)
     return clean if re.match(r"[a-zA-Z_]", clean) else f"_{clean}"
