@@ -354,7 +354,7 @@ def read_tail(path: str | Path, lines: int = 5, limit: int = 64 * 1024) -> str |
     return "\n".join(kept) or None
 
 
-def _listdir(path: Path) -> list[str]:
+def _listdir(path: str | Path) -> list[str]:
     try:
         return os.listdir(path)
     except OSError:
@@ -378,13 +378,14 @@ def _fingerprints_match(root: str, recorded: dict[str, Any]) -> bool:
     for rel, expected in recorded.items():
         if rel.startswith("glob:"):
             if names is None:
-                names = _listdir(Path(root))
+                names = _listdir(root)  # plain strings: the warm path runs per dir
             if sorted(fnmatch.filter(names, rel[len("glob:"):])) != expected:
                 return False
             continue
         if rel.startswith("list:"):
             directory, _, pattern = rel[len("list:"):].rpartition("/")
-            if sorted(fnmatch.filter(_listdir(Path(root) / directory), pattern)) != expected:
+            if sorted(fnmatch.filter(_listdir(os.path.join(root, directory)),
+                                     pattern)) != expected:
                 return False
             continue
         try:
