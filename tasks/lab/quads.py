@@ -4,9 +4,10 @@
   401 on an authenticated call logs in again once and repeats the call. GETs need no auth.
 - Retries (with backoff, `tasks.retry.RetryPolicy`): connection errors, timeouts and 502/503/504
   only. Every 4xx is a `QuadsError` quoting the server's ``message``; a 500 is a server fault,
-  reported as such and not retried (some 2.2.x servers answer 500 to ``/assignments/self`` when
-  ticket auto-creation is off). Creating an assignment is never retried blindly: a lost answer
-  could leave a second assignment behind.
+  reported as such and not retried (2.2.x answers 500 to ``/assignments/self`` when JIRA ticket
+  auto-creation is off and a ticket is given, or when auto-creation is on and JIRA unreachable;
+  without a ticket and auto-creation off it answers 400). Creating an assignment is never
+  retried blindly: a lost answer could leave a second assignment behind.
 """
 
 from __future__ import annotations
@@ -182,10 +183,9 @@ class QuadsClient:
         response = call_with_retries(call, self.policy if retry else RetryPolicy(attempts=1),
                                      what=f"quads {method} {path}")
         if response.status_code == 500:
+            hint = _SELF_SCHEDULE_500 if path == "/assignments/self" else ""
             raise QuadsError(f"{method} {path}: server fault (HTTP 500): {_message(response)}"
-                             " — not retried; check the QUADS server (for /assignments/self "
-                             "some 2.2.x servers fail when ticket auto-creation is off: pass a "
-                             "ticket)", service="quads", status=500)
+                             f" — not retried{hint}", service="quads", status=500)
         if response.status_code >= 400:
             raise QuadsError(f"{method} {path}: {_message(response)}", service="quads",
                              status=response.status_code)
@@ -221,8 +221,14 @@ class QuadsClient:
         return list(self._send("GET", "/available", auth=False, params=params))
 
     def is_available(self, host: str) -> bool:
-        """Whether ``host`` is free now (QUADS answers the string "True"/"False")."""
+        """Whether ``host`` is free now.
+
+        QUADS 2.2.6 answers ``{"<host>": "True"}`` (a string value), and
+        ``{"<host>": "False"}`` with HTTP 200 for a host it does not know.
+        """
         answer = self._send("GET", f"/available/{host}", auth=False)
+        if isinstance(answer, dict):
+            answer = answer.get(host, False)
         return str(answer).strip().lower() == "true"
 
     def request_assignment(self, *, description: str, ticket: str | None = None,
@@ -230,7 +236,9 @@ class QuadsClient:
                            cc_users: list[str] | None = None) -> Assignment:
         """Create a self-scheduled assignment (a cloud); never retried blindly."""
         body: dict[str, Any] = {"description": description, "owner": self.owner,
-                                "wipe": wipe, "qinq": qinq, "cc_user": cc_users or []}
+                                "wipe": wipe, "qinq": qinq}
+        if cc_users:  # the server splits a comma-separated string (a list crashes it)
+            body["cc_user"] = ",".join(cc_users)
         if ticket:
             body["ticket"] = ticket
         if vlan is not None:
@@ -281,10 +289,19 @@ class QuadsClient:
             sleep(min(poll_s, max(0.0, deadline_s - elapsed)))
 
 
+_SELF_SCHEDULE_500 = (
+    ". On QUADS 2.2.x a self-schedule request fails this way when JIRA ticket auto-creation "
+    "is off and a ticket is given (without a ticket the server answers 400 'Missing Jira "
+    "ticket number'), and when auto-creation is on but JIRA is unreachable: ask the lab "
+    "admins to enable auto-ticketing and check the JIRA connection")
+
+
 def _message(response: Any) -> str:
     try:
         body = response.json()
     except ValueError:
+        if "html" in response.headers.get("content-type", "").lower():
+            return f"HTTP {response.status_code}: an HTML error page (no details)"
         return f"HTTP {response.status_code}: {response.text[:256]}"
     if isinstance(body, dict):
         return str(body.get("message") or body.get("error") or body)[:256]

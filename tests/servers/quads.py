@@ -2,8 +2,8 @@
 
 Follows the documented API (DESIGN §9): ``/register``, ``/login`` (HTTP Basic → token with a
 lifetime; a bad or expired token gives 401, missing auth 400), ``/available`` with metadata
-filters and operator suffixes, ``/available/<host>`` answering the string ``"True"`` or
-``"False"``, ``/assignments/self`` (201; 403 when self-scheduling is off or the per-user limit
+filters and operator suffixes, ``/available/<host>`` answering ``{"<host>": "True"}`` or
+``{"<host>": "False"}`` (200, unknown hosts too), ``/assignments/self`` (201; 403 when self-scheduling is off or the per-user limit
 is reached; 400 business errors; 500 when ticket auto-creation is off, like some 2.2.x
 servers), ``/schedules`` (≤ 10 hosts per cloud), ``/assignments/<id>`` and
 ``/assignments/terminate/<id>`` (idempotent, owner only). Dates are RFC 1123 strings; errors
@@ -174,11 +174,9 @@ class _Handler(BaseHTTPRequestHandler):
         if parts[0] == "available" and len(parts) == 1:
             self._available(dict(parse_qsl(url.query)))
         elif parts[0] == "available" and len(parts) == 2:
-            host = parts[1]
-            if host not in self.state.hosts:
-                self._error(400, "Bad Request", f"Host not found: {host}")
-                return
-            self._send(200, "False" if host in self.state.scheduled else "True")
+            host = parts[1]  # 2.2.6: a mapping with a string value, 200 even when unknown
+            free = host in self.state.hosts and host not in self.state.scheduled
+            self._send(200, {host: "True" if free else "False"})
         elif parts[0] == "assignments" and len(parts) == 2 and parts[1].isdigit():
             assignment = self.state.assignments.get(int(parts[1]))
             if assignment is None:
@@ -270,8 +268,15 @@ class _Handler(BaseHTTPRequestHandler):
             if not body.get(field):
                 self._error(400, "Bad Request", f"Missing argument: {field}")
                 return
-        if not state.ticket_autocreate and not body.get("ticket"):
-            self._error(500, "Internal Server Error", "Failed to create ticket")
+        if "cc_user" in body and not isinstance(body["cc_user"], str):
+            self._html_500()  # 2.2.6 splits a comma-separated string; a list crashes it
+            return
+        if not state.ticket_autocreate:  # 2.2.6 with JIRA auto-ticketing off
+            if not body.get("ticket"):
+                self._error(400, "Bad Request", "Missing Jira ticket number while automatic "
+                                                "ticket creation is disabled")
+            else:  # TypeError ... missing 'ticket' inside the server
+                self._html_500()
             return
         with state.lock:
             used = {a["cloud"]["name"] for a in state.assignments.values() if a["active"]}
@@ -285,7 +290,8 @@ class _Handler(BaseHTTPRequestHandler):
                 "description": body["description"], "owner": body["owner"],
                 "ticket": body.get("ticket") or f"{1000 + state.next_id}",
                 "qinq": body.get("qinq", 0), "wipe": bool(body.get("wipe", True)),
-                "ccuser": body.get("cc_user", []), "created_at": _now(),
+                "ccuser": [u for u in str(body.get("cc_user") or "").replace(" ", ",")
+                           .split(",") if u], "created_at": _now(),
                 "cloud": {"id": int(cloud[5:]), "name": cloud, "last_redefined": _now()},
                 "vlan": body.get("vlan"), "is_self_schedule": True, "user": user,
                 "notification": {"fail": False, "success": False, "initial": True,
@@ -295,6 +301,18 @@ class _Handler(BaseHTTPRequestHandler):
             state.assignments[state.next_id] = assignment
             state.next_id += 1
         self._send(201, assignment)
+
+    def _html_500(self) -> None:
+        """What a crashing QUADS answers: Flask's HTML error page, not JSON."""
+        page = (b"<!doctype html>\n<html lang=en>\n<title>500 Internal Server Error</title>\n"
+                b"<h1>Internal Server Error</h1>\n<p>The server encountered an internal error "
+                b"and was unable to complete your request.</p>\n")
+        self.send_response(500)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(page)))
+        self.end_headers()
+        self.wfile.write(page)
+        self.state.requests.append((self.command, self.path, 500))
 
     def _schedule(self, user: str, body: dict[str, Any]) -> None:
         state = self.state

@@ -136,14 +136,34 @@ def test_business_errors_quote_the_server(quads) -> None:
 
 
 def test_500_on_self_assignment_is_reported_not_retried(quads) -> None:
+    """2.2.6 with JIRA auto-ticketing off: 400 without a ticket, an HTML 500 with one."""
     client, state = quads
     state.ticket_autocreate = False
+    with pytest.raises(QuadsError, match="Missing Jira ticket number") as info:
+        client.request_assignment(description="x")
+    assert info.value.status == 400
     before = len(state.requests)
     with pytest.raises(QuadsError, match="server fault") as info:
-        client.request_assignment(description="x")
+        client.request_assignment(description="x", ticket="8001")
     assert info.value.status == 500
+    message = str(info.value)
+    assert "auto-creation is off and a ticket is given" in message  # the advice, not inverted
+    assert "<html" not in message and "an HTML error page" in message
     assert len([r for r in state.requests[before:] if "assignments/self" in r[1]]) == 1
+    state.ticket_autocreate = True
     assert client.request_assignment(description="x", ticket="T-9").ticket == "T-9"
+
+
+def test_availability_of_one_host_reads_the_2_2_6_mapping(quads) -> None:
+    client, _ = quads
+    assert client.is_available("host01.example.com") is True
+    assert client.is_available("no-such-host.example.com") is False  # 200 {"host": "False"}
+
+
+def test_cc_users_go_as_a_comma_separated_string(quads) -> None:
+    client, state = quads
+    assignment = client.request_assignment(description="x", cc_users=["ana", "bo"])
+    assert state.assignments[assignment.id]["ccuser"] == ["ana", "bo"]
 
 
 def test_too_few_hosts_waits_then_fails_without_assigning(quads, tmp_path: Path) -> None:
