@@ -306,8 +306,10 @@ class Config:
                         origin = src
             hint = f" (set by {origin})" if origin else ""
             more = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-            got = (f"; got {REDACTED}" if is_secret_key(path) else
-                   f"; got {redact(err['input'])!r}") if err["type"] != "missing" else ""
+            # A whole block (a model-level rule) is not echoed: the message says what is wrong.
+            got = "" if err["type"] == "missing" or isinstance(err["input"], dict | list) \
+                else f"; got {REDACTED}" if is_secret_key(path) \
+                else f"; got {redact(err['input'])!r}"
             raise ConfigError(f"{err['msg']}{got}{hint}{more}", file=self.file, key=path,
                               line=self._lines.get(path)) from None
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 __all__ = ["ClustersBlock", "CreateBlock", "QuadsLabBlock", "SutestBlock"]
 
@@ -81,3 +81,11 @@ class ClustersBlock(BaseModel):
     cleanup_on_exit: bool = Field(default=True, description="Run the cleanup phase.")
     sutest: SutestBlock = Field(default_factory=SutestBlock)
     create: CreateBlock = Field(default_factory=CreateBlock)
+
+    @model_validator(mode="after")
+    def _metal_needs_two_hosts(self) -> ClustersBlock:
+        """A bare-metal install needs a bastion and a node: refuse before any lease."""
+        if self.create.type == "metal" and self.sutest.lab.enabled and self.sutest.lab.count < 2:
+            raise ValueError(f"sutest.lab.count is {self.sutest.lab.count}: a bare-metal "
+                             "cluster needs at least 2 hosts (a bastion and a node)")
+        return self

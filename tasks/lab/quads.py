@@ -265,23 +265,36 @@ class QuadsClient:
                        sleep: Callable[[float], None] = time.sleep) -> Assignment:
         """Poll until provisioned and validated.
 
+        ``notification.fail`` is a one-time notice in QUADS (validation goes on, and later
+        answers can read ``validated: true, fail: false``): it is logged, and the wait goes
+        on until the deadline.
+
         Raises:
-            QuadsValidationFailed: ``notification.fail`` was set.
-            StepError: The deadline passed.
+            QuadsValidationFailed: The deadline passed after QUADS reported a failed
+                validation.
+            StepError: The deadline passed otherwise.
         """
         started = time.monotonic()
+        noticed: float | None = None
         while True:
             current = self.assignment(assignment_id)
             elapsed = time.monotonic() - started
             if progress is not None:
                 progress(current, elapsed)
-            if current.failed:
-                raise QuadsValidationFailed(
-                    f"QUADS validation failed for assignment {assignment_id} "
-                    f"({current.cloud.name}, ticket {current.ticket})")
             if current.provisioned and current.validated:
                 return current
+            if current.failed and noticed is None:
+                noticed = elapsed
+                logger.warning("QUADS reports a failed validation of assignment %d (%s): "
+                               "waiting, validation goes on", assignment_id,
+                               current.cloud.name)
             if elapsed >= deadline_s:
+                if noticed is not None:
+                    raise QuadsValidationFailed(
+                        f"QUADS validation of assignment {assignment_id} "
+                        f"({current.cloud.name}, ticket {current.ticket}) failed at "
+                        f"{noticed / 60:.0f} min and did not pass before the deadline "
+                        f"({elapsed / 60:.0f} min)")
                 raise StepError(f"assignment {assignment_id} ({current.cloud.name}) not "
                                 f"delivered after {elapsed / 60:.0f} min "
                                 f"(provisioned={current.provisioned}, "

@@ -204,3 +204,9 @@ def test_a_full_disk_during_analysis_is_one_line_not_a_traceback(tmp_path: Path)
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
     assert "File too large" in proc.stderr
+
+
+def test_bare_metal_with_one_host_is_refused_at_plan_time(tmp_path: Path) -> None:
+    proc = cli("--preset", "metal_quads", "--var", "clusters.sutest.lab.count=1", "--plan",
+               "--artifact-dir", str(tmp_path))
+    assert proc.returncode == 2 and "at least 2 hosts" in proc.stderr

@@ -108,19 +108,29 @@ def test_503_bursts_are_retried(quads) -> None:
         client.available(*window())
 
 
-def test_validation_failure_releases(quads, tmp_path: Path) -> None:
+def test_a_failed_validation_notice_is_not_final(quads, tmp_path: Path) -> None:
+    """QUADS' notification.fail is a one-time notice: validation goes on and may pass."""
     client, state = quads
     calls = {"n": 0}
 
     def sleep(_: float) -> None:
         calls["n"] += 1
-        state.deliver(1, fail=True)
+        if calls["n"] == 1:
+            state.deliver(1, fail=True)
+        elif calls["n"] == 3:
+            state.revalidate(1)
 
-    with pytest.raises(QuadsValidationFailed, match="validation failed"):
-        with leased(client, LeaseRequest(count=2), root=tmp_path, sleep=sleep, poll_s=0):
-            pytest.fail("must not get here")
+    with leased(client, LeaseRequest(count=2), root=tmp_path, sleep=sleep, poll_s=0) as lease:
+        assert lease.assignment_id == 1 and calls["n"] >= 3
     assert not state.assignments[1]["active"]
-    assert json.loads((tmp_path / "lease.json").read_text())["state"] == "released"
+
+
+def test_a_validation_that_never_passes_fails_at_the_deadline(quads) -> None:
+    client, state = quads
+    assignment = client.request_assignment(description="x")
+    state.deliver(assignment.id, fail=True)
+    with pytest.raises(QuadsValidationFailed, match="did not pass before the deadline"):
+        client.wait_delivered(assignment.id, deadline_s=0, sleep=lambda _: None)
 
 
 def test_business_errors_quote_the_server(quads) -> None:
