@@ -19,6 +19,7 @@ Note: no ``from __future__ import annotations`` in flow modules: ``flow.serve()`
 parameters from real annotations (DESIGN §12).
 """
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -332,8 +333,7 @@ def _provision(run: RunContext, creates: bool) -> RunContext:
         return run
     record = provision.create_cluster(str(run.root), clusters.create, secrets,
                                       run.run_id, run.kubeconfig)
-    return RunContext(project=run.project, config=run.config, model=run.model, test=run.test,
-                      root=run.root, run_id=run.run_id, kubeconfig=record.kubeconfig)
+    return dataclasses.replace(run, kubeconfig=record.kubeconfig)
 
 
 def orchestrate(project_name: str, presets: Sequence[str], overrides: dict[str, Any] | None,

@@ -162,7 +162,8 @@ class Project(AnalysisProject):
     labels, plots), so ``python -m analysis`` reads the same object without the engine.
 
     Attributes:
-        folder: The project's folder (``config.yaml``, ``plots.yaml``, ``data/``).
+        folder: The project's folder (``config.yaml``, ``plots.yaml``, ``data/``; the config
+            is found through `projects.registry.locate`).
         flow_name: Prefect flow name (``fine-tuning``).
         config_model: Validates the whole config file (an `EngineConfig`).
         settings_model: Validates one cell's settings.
@@ -184,11 +185,6 @@ class Project(AnalysisProject):
     kubernetes: KubeHook | None = None
     kube_users: UsersHook | None = None
     check_local: CheckHook | None = None
-
-    @property
-    def config_file(self) -> Path:
-        """The project's base ``config.yaml``."""
-        return self.folder / "config.yaml"
 
     @property
     def data_dir(self) -> Path:
