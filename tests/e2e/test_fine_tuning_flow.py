@@ -30,13 +30,12 @@ def _cli_env(tmp_path: Path) -> dict[str, str]:
 
 def test_cli_light_preset_end_to_end(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    started = time.monotonic()
+    # No wall-clock bound here: the suite must pass on a loaded machine. The light preset's
+    # duration is measured in benchmarks/flow_overhead.py and recorded in the README.
     proc = subprocess.run([sys.executable, "-m", "flows.fine_tuning", "--preset", "light",
                            "--artifact-dir", str(run_dir)], capture_output=True, text=True,
                           env=_cli_env(tmp_path), timeout=300)
-    elapsed = time.monotonic() - started
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert elapsed < 120, f"light preset took {elapsed:.0f}s"
     # layout
     for name in ("config.yaml", "plan.yaml", "presets_applied", "outcome.json", "report.html"):
         assert (run_dir / name).is_file(), name

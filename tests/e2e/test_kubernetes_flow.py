@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -27,20 +26,18 @@ def _run(tmp_path: Path, scenario: str, name: str):
         olm.start()
         try:
             kubeconfig = write_kubeconfig(tmp_path / f"{name}.kubeconfig", url)
-            started = time.monotonic()
             outcome = outcome_of(fine_tuning(presets=["gpu"], platform="kubernetes", overrides={
                 "clusters.kubeconfig": kubeconfig,
                 "analysis.history_uri": str(tmp_path / "history")},
                 artifact_dir=str(tmp_path / name), return_state=True))
-            elapsed = time.monotonic() - started
         finally:
             operator.stop()
             olm.stop()
-        return outcome, state, elapsed
+        return outcome, state
 
 
 def test_flow_runs_green_against_the_api_server(tmp_path: Path, prefect_harness) -> None:
-    outcome, state, _ = _run(tmp_path, "success", "ok")
+    outcome, state = _run(tmp_path, "success", "ok")
     assert outcome.exit_code == 0, outcome.failures
     root = tmp_path / "ok"
     cell = next(root.glob("*__cell"))
@@ -74,11 +71,12 @@ def test_flow_runs_green_against_the_api_server(tmp_path: Path, prefect_harness)
 
 
 def test_image_pull_backoff_fails_fast_and_cleans_up(tmp_path: Path, prefect_harness) -> None:
-    outcome, state, elapsed = _run(tmp_path, "image_pull_backoff", "pull")
+    outcome, state = _run(tmp_path, "image_pull_backoff", "pull")
     assert outcome.exit_code == 1
     assert "ImagePullBackOff" in outcome.cells[0].reason
     assert 'Back-off pulling image "quay.io/modh/fms-hf-tuning' in outcome.cells[0].reason
-    assert elapsed < 30
+    # failed on the pod's own status, not on the wait's deadline (no clock bound: load-safe)
+    assert "not ready after" not in outcome.cells[0].reason
     assert not state.list("kubeflow.org/v1", "PyTorchJob")
     assert not state.list("v1", "ConfigMap")
     job_dir = next((tmp_path / "pull").glob("*__cell/*__fine_tuning__run_fine_tuning_job"))

@@ -88,10 +88,11 @@ def test_fail_fast_on_image_pull_backoff(kube) -> None:
                 return f"{waiting['reason']}: {waiting.get('message', '')}"
         return None
 
-    started = time.monotonic()
-    with pytest.raises(StepError, match="ImagePullBackOff: Back-off pulling image"):
-        k.wait("v1", "Pod", "p", "ft", ready=phase("Succeeded"), fail=fail, deadline_s=60)
-    assert time.monotonic() - started < 5
+    # The error names the pod's own reason, not the deadline: the wait stopped on the first
+    # failing status (a clock bound here would break on a loaded machine).
+    with pytest.raises(StepError, match="ImagePullBackOff: Back-off pulling image") as err:
+        k.wait("v1", "Pod", "p", "ft", ready=phase("Succeeded"), fail=fail, deadline_s=600)
+    assert "not ready after" not in str(err.value)
 
 
 def test_deadline_reports_the_last_status(kube) -> None:
