@@ -112,23 +112,24 @@ class SeqScore:
     false_alarms_per_stable_run: float
 
 
-def seq_queries(s: Series) -> list[int]:
-    return list(range(SEQ_START, len(s.values)))
+def seq_queries(s: Series, start: int = SEQ_START) -> list[int]:
+    return list(range(start, len(s.values)))
 
 
-def score_seq(series: Sequence[Series], flags: Sequence[Sequence[bool]]) -> SeqScore:
+def score_seq(series: Sequence[Series], flags: Sequence[Sequence[bool]],
+              start: int = SEQ_START) -> SeqScore:
     right = wrong = 0
     regressions = regressions_flagged = 0
     stable_runs = false_alarms = 0
     for s, f in zip(series, flags, strict=True):
-        queries = seq_queries(s)
+        queries = seq_queries(s, start)
         reg_windows = [range(c, c + WINDOW) for c, k in zip(s.change_points, s.cp_kinds,
                                                             strict=True) if k == "regression"]
         any_windows = [range(c, c + WINDOW) for c in s.change_points]
         for window in reg_windows:
-            if window.start >= SEQ_START:
+            if window.start >= start:
                 regressions += 1
-                regressions_flagged += any(f[q - SEQ_START] for q in window
+                regressions_flagged += any(f[q - start] for q in window
                                            if q < len(s.values))
         for q, yes in zip(queries, f, strict=True):
             in_reg = any(q in w for w in reg_windows)
