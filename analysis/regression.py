@@ -45,23 +45,38 @@ Method (`change_points`)
 Cost: ``O(n^2)`` at worst (PELT prunes little in a stable series): about 8 ms for 1 000
 points, 100 ms for 5 000.
 
+Edges (``edge_z``)
+------------------
+The segmentation needs ``min_size`` runs on each side of a change, so a level that began in
+the newest (or oldest) few runs is invisible to it. Such an edge level is judged like the
+verdict judges the newest runs (below), at ``edge_z`` standard errors; a change the
+segmentation pinned at its limit is moved there. Series from ``min_history + 2`` runs on
+are examined this way (shorter than ``2 x min_size`` runs, only this way).
+
 Verdict (`verdict`)
 -------------------
-The question is whether a new level began in the last ``recent_runs`` (5) runs. For every
-possible start ``k`` runs ago (``k`` = 1 .. 2 x ``recent_runs``), the newest ``k`` runs (the
-tail) are compared with the runs of the history's current segment (after its last change
-point) before them, up to ``baseline_window`` (30). The likeliest start is the ``k`` whose
-tail mean departs most from its baseline (in standard errors); that shift is then tested with
-a cautious robust level of the tail (of 2 runs, the one closer to the baseline; 3-4 runs,
-the median; more, the trimmed mean), so one outlier never moves it:
-``z = (level(tail) - baseline) / se``. The baseline follows the history's drift when that
-drift, measured on the outlier-shielded history before the last 2 x ``recent_runs`` runs, is
-beyond ``verdict_drift_z`` (4) standard errors. The newest run is a regression when the start
-is within ``recent_runs``, ``|z| >= verdict_z`` (3.5), the shift is at least
-``min_magnitude`` (2%), against the KPI's direction, and the newest run itself deviates the
-same way by ``confirm_factor`` (0.6) x ``verdict_z``. A single run is never a shift on its
-own (several repeats of it are); a start further back is the current level, not news.
-Improvements are reported, never called regressions.
+The question is whether a new level began in the last ``recent_runs`` (5) runs: the *alert
+window*. Positive series are judged in log space (so mirror KPIs, a runtime and its
+throughput, get the same verdict). For every possible start ``k`` runs ago (``k`` = 1 .. 2 x
+``recent_runs``), the newest ``k`` runs (the tail) are compared with the runs of the history's
+current segment before them, up to ``baseline_window`` (30). The current segment starts at
+the last change point older than the candidate starts (a change the segmentation already
+found among the newest runs is a candidate start, not the baseline: the regression stays
+visible for its whole alert window), or at a level a person accepted (``accepted``). The
+likeliest start is the ``k`` whose tail mean departs most from its baseline (in standard
+errors); that shift is then tested with a cautious robust level of the tail (of 2 runs, the
+one closer to the baseline; 3-4 runs, the median; more, the trimmed mean), so one outlier
+never moves it: ``z = (level(tail) - baseline) / se``. The baseline follows the history's
+drift when that drift, measured on the outlier-shielded history before the last 2 x
+``recent_runs`` runs, is beyond ``verdict_drift_z`` (4) standard errors. The newest run is a
+regression when the start is within ``recent_runs``, ``|z| >= verdict_z``, the shift is at
+least ``min_magnitude`` (2%), against the KPI's direction, and the newest run itself deviates
+the same way by ``confirm_factor`` x ``verdict_z``. A single run without repeats is a shift
+only beyond ``single_run_z``; below it, a run that alone deviates beyond ``verdict_z``
+against the KPI's direction is a *suspect* (``Verdict.suspect``): the flow re-runs its cell
+(``analysis.confirm_reruns``) and judges the repeats together. A start further back than the
+alert window is the current level, not news. Improvements are reported, never called
+regressions.
 
 Tuned on the labelled synthetic set of ``benchmarks/regression`` (see the README's
 performance section for the scores against the E-Divisive implementations).
@@ -128,6 +143,12 @@ class DetectorSettings:
             most this many runs ago.
         verdict_drift_z: The verdict's baseline follows the history's drift beyond this
             many standard errors.
+        single_run_z: The newest run alone (no repeats) is a *suspect* regression or
+            improvement beyond this many standard errors (inf: never; a re-run confirms or
+            withdraws it, see ``analysis.confirm_reruns``).
+        edge_z: A level that began in the last (or first) ``min_size - 1`` runs of a series,
+            too short a segment for the segmentation, counts as a change point beyond this
+            many standard errors (inf: never).
     """
 
     min_size: int = 5
@@ -148,6 +169,8 @@ class DetectorSettings:
     confirm_factor: float = 0.6
     recent_runs: int = 5
     verdict_drift_z: float = 4.0
+    single_run_z: float = math.inf
+    edge_z: float = math.inf
 
 
 DEFAULTS = DetectorSettings()
@@ -165,6 +188,8 @@ class Verdict(BaseModel):
     latest: float | None = Field(default=None, description="The newest run's value "
                                                             "(median of repeats).")
     history_used: int = Field(default=0, description="Historical points in the baseline.")
+    suspect: bool = Field(default=False, description="The newest run alone (no repeats) "
+                          "deviates like a regression: a re-run would confirm or withdraw it.")
     explanation: str = Field(description="One sentence a human can check.")
 
 
@@ -488,7 +513,9 @@ def change_points(values: Sequence[float], direction: Direction = "higher_better
     if direction not in ("higher_better", "lower_better"):
         raise ValueError(f"direction must be higher_better or lower_better, not {direction!r}")
     y, index = _finite(values)
-    if len(y) < 2 * settings.min_size or float(np.ptp(y)) == 0.0:
+    edges = math.isfinite(settings.edge_z)
+    shortest = settings.min_history + 2 if edges else 2 * settings.min_size
+    if len(y) < shortest or float(np.ptp(y)) == 0.0:
         return []
     log_scale = settings.log_scale and bool(np.all(y > 0))
     if log_scale:  # multiplicative noise becomes additive: one noise scale for all levels
@@ -499,13 +526,71 @@ def change_points(values: Sequence[float], direction: Direction = "higher_better
 
     settings = _for_length(settings, len(y))
     shielded, sigma = _shielded_noise(y, settings, floor)
-    kept = _detect(shielded, sigma, settings, log_scale)
-    if len(y) < settings.short_length:
+    segmentable = len(y) >= 2 * settings.min_size
+    kept = _detect(shielded, sigma, settings, log_scale) if segmentable else []
+    if segmentable and len(y) < settings.short_length:
         # Short series: measure the noise again around the levels found, and detect again.
         sigma = floor(_residual_noise(shielded, kept, sigma, settings))
         shielded = _shield(y, sigma, settings.outlier_z)
         kept = _detect(shielded, sigma, settings, log_scale)
+    if edges:
+        kept = _edge_changes(y, kept, settings, log_scale)
     return [int(index[t]) for t in kept]
+
+
+def _edge_change(y: np.ndarray, cps: list[int], s: DetectorSettings,
+                 log_scale: bool) -> int | None:
+    """A level that began in the last ``min_size - 1`` runs of ``y`` (index), or None.
+
+    The segmentation needs ``min_size`` runs on each side of a change, so a level that began
+    in the newest few runs is invisible to it. It is judged like the verdict judges the
+    newest runs (`_tail_shifts`: a cautious level of the tail against the current segment,
+    the newest run on the same side), at ``edge_z`` standard errors.
+    """
+    n = len(y)
+    longest = s.min_size - 1 if n >= 2 * s.min_size else n - s.min_history
+    if longest < 2:
+        return None
+    shifts = _tail_shifts(y[:-1], y[-1:], s, [c for c in cps if c < n - 1],
+                          log_scale=log_scale)
+    newest = shifts[0]
+    edge = [x for x in shifts if 2 <= x.runs <= longest]
+    if not edge:
+        return None
+    best = max(edge, key=lambda x: x.fit)
+    step = best.level - best.baseline
+    rel = abs(math.expm1(step)) if log_scale else abs(_relative(step, best.baseline))
+    if (abs(best.z) >= s.edge_z and rel >= s.min_magnitude and np.sign(newest.z) ==
+            np.sign(best.z) and abs(newest.z) >= s.edge_z * s.confirm_factor):
+        return n - best.runs
+    return None
+
+
+def _edge_changes(y: np.ndarray, cps: list[int], s: DetectorSettings,
+                  log_scale: bool) -> list[int]:
+    """``cps`` plus a change in the newest and in the oldest few runs (`_edge_change`).
+
+    A change the segmentation placed at its limit (``min_size`` runs from an end) is where
+    it put a shorter edge level it could not place better: the edge test moves it.
+    """
+    n, m = len(y), s.min_size
+    out = list(cps)
+    pinned = bool(out) and out[-1] >= n - m
+    tail = _edge_change(y, out[:-1] if pinned else out, s, log_scale)
+    if tail is not None:
+        if pinned and abs(tail - out[-1]) < m:
+            out[-1] = tail
+        elif not out or tail - out[-1] >= s.min_history:
+            out.append(tail)
+    pinned = bool(out) and out[0] <= m
+    mirrored = sorted(n - c for c in (out[1:] if pinned else out))
+    head = _edge_change(y[::-1].copy(), mirrored, s, log_scale)
+    if head is not None:
+        if pinned and abs((n - head) - out[0]) < m:
+            out[0] = n - head
+        elif not out or (n - head) <= out[0] - s.min_history:
+            out.insert(0, n - head)
+    return sorted(set(out))
 
 
 def _normal_confidence(z: float) -> float:
@@ -524,19 +609,26 @@ class _Shift:
     fit: float  # |z| of the tail's plain mean: how well this start explains the data
 
 
-def _tail_shifts(h: np.ndarray, repeats: np.ndarray, s: DetectorSettings) -> list[_Shift]:
+def _tail_shifts(h: np.ndarray, repeats: np.ndarray, s: DetectorSettings,
+                 cps: Sequence[int], accepted: int = 0, log_scale: bool = False
+                 ) -> list[_Shift]:
     """Every candidate "the newest level began k runs ago", k = 1 .. 2 * recent_runs.
 
-    The baseline of each candidate is the part of the history's current segment (after its
-    last change point) before the tail, extrapolated along the history's drift when it has
-    a significant one; the tail is the last ``k - 1`` historical runs plus the repeats of
-    the newest run.
+    The baseline of each candidate is the part of the history's current segment before the
+    tail, extrapolated along the history's drift when it has a significant one; the tail is
+    the last ``k - 1`` historical runs plus the repeats of the newest run. The current
+    segment starts at the last change point ``cps`` of ``h`` older than the candidate starts
+    (``2 x recent_runs`` runs), or at ``accepted``: a level that began inside the alert
+    window is still news, so it is compared with the level before it until the window has
+    passed (or a person accepted it).
     """
-    cps = change_points(h, settings=s)
-    start = cps[-1] if cps else 0
+    # Change points among the last 2 x recent_runs runs are candidate starts of the tail
+    # (the loop below places them); the segmentation may misplace a young one by a few runs.
+    settled_cps = [c for c in cps if c <= len(h) - 2 * s.recent_runs]
+    start = max(settled_cps[-1] if settled_cps else 0, min(max(accepted, 0), len(h)))
     current = h[start:]
     sigma = noise_scale(current) if len(current) >= 10 else noise_scale(h)
-    sigma = _sigma_floor(h, sigma)
+    sigma = max(sigma, 1e-4) if log_scale else _sigma_floor(h, sigma)
     # Extrapolate along the history's drift only when it is clear, and measure it before the
     # runs under test: at the end of a series a fresh step (or an outlier) and a drift look
     # alike, and a doubtful slope costs more than it saves.
@@ -544,7 +636,7 @@ def _tail_shifts(h: np.ndarray, repeats: np.ndarray, s: DetectorSettings) -> lis
     slope = sxx = 0.0
     if settled >= 2 * s.min_size:
         before = _shield(h[:settled], sigma, s.outlier_z)
-        slope, sxx = _drift_slope(before, [0, *[c for c in cps if c < settled], settled])
+        slope, sxx = _drift_slope(before, [0, *[c for c in cps if 0 < c < settled], settled])
     if not _is_drift(slope, sxx, sigma, s.verdict_drift_z):
         slope = sxx = 0.0
     out = []
@@ -598,7 +690,8 @@ def _relative(delta: float, baseline: float) -> float:
 
 
 def verdict(history: Sequence[float], latest: float | Sequence[float],
-            direction: Direction, *, settings: DetectorSettings = DEFAULTS) -> Verdict:
+            direction: Direction, *, settings: DetectorSettings = DEFAULTS,
+            accepted: int | None = None) -> Verdict:
     """Judge the newest run against the history of the same configuration.
 
     Args:
@@ -606,6 +699,9 @@ def verdict(history: Sequence[float], latest: float | Sequence[float],
         latest: The newest run's value, or several repeats of it.
         direction: ``higher_better`` or ``lower_better``.
         settings: Detector tuning.
+        accepted: Index into ``history`` of the first run of a level a person accepted as
+            the new baseline: the verdict compares with that level only, and a shift that
+            began at or before it is not news.
 
     Returns:
         The `Verdict`: kind, relative magnitude, confidence, baseline and an explanation.
@@ -618,56 +714,109 @@ def verdict(history: Sequence[float], latest: float | Sequence[float],
         raise ValueError(f"direction must be higher_better or lower_better, not {direction!r}")
     repeats = np.atleast_1d(np.asarray(latest, dtype=float))
     repeats = repeats[np.isfinite(repeats)]
-    h, _ = _finite(history)
+    h, index = _finite(history)
     if len(repeats) == 0:
         return Verdict(kind="insufficient_history", magnitude=0.0, confidence=0.0,
                        baseline=None, explanation="the newest run has no finite value")
     value = float(np.median(repeats))
-    if len(h) < settings.min_history:
+    first = int(np.searchsorted(index, accepted)) if accepted is not None else 0
+    if len(h) - first < settings.min_history:
         return Verdict(kind="insufficient_history", magnitude=0.0, confidence=0.0,
-                       baseline=None, latest=value, history_used=len(h),
-                       explanation=f"{len(h)} historical point(s); "
+                       baseline=None, latest=value, history_used=len(h) - first,
+                       explanation=f"{len(h) - first} historical point(s)"
+                                   f"{' since the accepted baseline' if first else ''}; "
                                    f"{settings.min_history} needed")
-    shifts = _tail_shifts(h, repeats, settings)
+    cps = change_points(h, settings=settings)
+    # Positive series are judged in log space, like `change_points` analyses them: noise
+    # proportional to the level has one scale, and mirror KPIs (a runtime and its
+    # throughput) are exact negatives of each other there, so they get the same verdict.
+    log_scale = settings.log_scale and bool(np.all(h > 0) and np.all(repeats > 0))
+    if log_scale:
+        h, repeats = np.log(h), np.log(repeats)
+    shifts = _tail_shifts(h, repeats, settings, cps, first, log_scale)
+    return _judge(shifts, repeats, value, direction, settings, log_scale)
+
+
+def _judge(shifts: list[_Shift], repeats: np.ndarray, value: float, direction: Direction,
+           s: DetectorSettings, log_scale: bool) -> Verdict:
+    """The verdict from the candidate starts of the newest level (see `verdict`).
+
+    ``repeats`` and the shifts are in analysis units (logs with ``log_scale``); ``value``,
+    the verdict's numbers and its explanation are in the KPI's own units.
+    """
+
+    def shown(x: float) -> float:
+        return math.exp(x) if log_scale else x
+
+    def change(level: float, baseline: float) -> float:
+        return math.expm1(level - baseline) if log_scale else _relative(level - baseline,
+                                                                        baseline)
+
     newest = shifts[0]  # the newest run alone against the current level
     # A shift needs two measurements: several repeats, or the newest run plus earlier ones.
     testable = [x for x in shifts if x.runs - 1 + len(repeats) >= 2]
-    # the likeliest start of the newest level
     shift = max(testable, key=lambda x: x.fit) if testable else newest
-    magnitude = _relative(shift.level - shift.baseline, shift.baseline)
-    newest_z = newest.z
-    same_side = np.sign(newest_z) == np.sign(shift.z) and (
-        abs(newest_z) >= settings.verdict_z * settings.confirm_factor)
-    significant = (bool(testable) and abs(shift.z) >= settings.verdict_z
-                   and abs(magnitude) >= settings.min_magnitude and same_side)
-    fresh = shift.runs <= settings.recent_runs
+    magnitude = change(shift.level, shift.baseline)
+    same_side = np.sign(newest.z) == np.sign(shift.z) and (
+        abs(newest.z) >= s.verdict_z * s.confirm_factor)
+    big = abs(magnitude) >= s.min_magnitude
+    significant = bool(testable) and abs(shift.z) >= s.verdict_z and big and same_side
+    fresh = shift.runs <= s.recent_runs
+    suspect = False
+    if not (significant and fresh) and not testable:
+        # One run, no repeats: a suspect only far beyond the noise (a re-run decides).
+        newest_mag = change(newest.level, newest.baseline)
+        if abs(newest.z) >= s.single_run_z and abs(newest_mag) >= s.min_magnitude:
+            shift, magnitude, significant, fresh, suspect = newest, newest_mag, True, True, True
     worse = (shift.z < 0) == (direction == "higher_better")
-    pct = f"{magnitude * 100:+.1f}%"
     z = abs(shift.z)
-    span = "in the newest run" if shift.runs == 1 else f"over the last {shift.runs} runs"
     if significant and fresh:
         kind: VerdictKind = "regression" if worse else "improvement"
-        confidence = min(1.0, _normal_confidence(z - settings.verdict_z + 2.0))
-        explanation = (f"level {shift.level:.4g} {span} vs baseline "
-                       f"{shift.baseline:.4g} ({pct}, {z:.1f} noise SE, "
-                       f"{shift.history_used} runs before)")
-    else:
-        kind = "no_change"
-        confidence = 1.0 - min(1.0, _normal_confidence(z - settings.verdict_z + 2.0)) * 0.5
-        if significant:
-            reason = (f"the level changed {shift.runs} runs ago: that is the current level, "
-                      f"not news")
-        elif testable and abs(shift.z) >= settings.verdict_z and not same_side:
-            reason = "the newest run does not share the earlier runs' shift"
-        elif newest not in testable and abs(newest.z) >= settings.verdict_z:
-            reason = "one run alone is not a shift (an outlier?); the next run will tell"
+        threshold = s.single_run_z if suspect else s.verdict_z
+        confidence = min(1.0, _normal_confidence(z - threshold + 2.0))
+        if suspect:
+            span = "the newest run alone (a single run: confirm it by a re-run)"
+        elif shift.runs == 1:
+            span = "in the newest run" + (f" ({len(repeats)} repeats)" if len(repeats) > 1
+                                          else "")
         else:
-            reason = (f"below the {settings.min_magnitude:.0%} / {settings.verdict_z:.1f} SE "
-                      f"threshold")
-        magnitude = _relative(value - newest.baseline, newest.baseline)
-        explanation = (f"{value:.4g} vs baseline {newest.baseline:.4g} "
-                       f"({magnitude * 100:+.1f}%): {reason}")
-        shift = newest
-    return Verdict(kind=kind, magnitude=float(magnitude), confidence=round(confidence, 4),
-                   baseline=shift.baseline, latest=value, history_used=shift.history_used,
-                   explanation=explanation)
+            span = (f"over the last {shift.runs} runs (began {shift.runs - 1} run(s) before the "
+                    f"newest)")
+        explanation = (f"{magnitude * 100:+.1f}%: level {shown(shift.level):.4g} {span} vs "
+                       f"baseline {shown(shift.baseline):.4g} ({z:.1f} noise SE, "
+                       f"{shift.history_used} runs "
+                       f"before)")
+        return Verdict(kind=kind, magnitude=float(magnitude), confidence=round(confidence, 4),
+                       baseline=shown(shift.baseline), latest=value,
+                       history_used=shift.history_used, explanation=explanation,
+                       suspect=suspect and kind == "regression")
+    confidence = 1.0 - min(1.0, _normal_confidence(z - s.verdict_z + 2.0)) * 0.5
+    suspect = False
+    # The explanation shows the newest run's own numbers, so its reason is about them too
+    # (an earlier "-36.8%: below the 2% threshold" read as a contradiction).
+    magnitude = change(math.log(value) if log_scale else value, newest.baseline)
+    if significant:
+        reason = (f"the level changed {shift.runs - 1} runs ago, before the "
+                  f"{s.recent_runs}-run alert window: that is the current level")
+    elif abs(newest.z) >= s.verdict_z and abs(magnitude) >= s.min_magnitude:
+        reason = ("one run alone is not a shift (an outlier?); a re-run or the next run will "
+                  "tell")
+        suspect = len(repeats) == 1 and (newest.z < 0) == (direction == "higher_better")
+    elif testable and abs(shift.z) >= s.verdict_z and big:
+        earlier = change(shift.level, shift.baseline)
+        reason = f"the earlier runs' shift ({earlier * 100:+.1f}%) is not shared by the newest run"
+    elif abs(magnitude) < s.min_magnitude:
+        reason = f"smaller than the {s.min_magnitude:.0%} minimum change"
+    elif len(repeats) > 1:
+        listed = ", ".join(f"{shown(x):.4g}" for x in repeats[:5])
+        reason = (f"the {len(repeats)} repeats ({listed}) do not agree on a shift "
+                  f"({abs(newest.z):.1f} SE for the cautious level; {s.verdict_z:.1f} needed)")
+    else:
+        reason = f"within the noise ({abs(newest.z):.1f} SE; {s.verdict_z:.1f} needed)"
+    explanation = (f"{magnitude * 100:+.1f}%: {value:.4g} vs baseline "
+                   f"{shown(newest.baseline):.4g}: "
+                   f"{reason}")
+    return Verdict(kind="no_change", magnitude=float(magnitude),
+                   confidence=round(confidence, 4), baseline=shown(newest.baseline),
+                   latest=value,
+                   history_used=newest.history_used, explanation=explanation, suspect=suspect)

@@ -1,0 +1,113 @@
+"""Verdict behaviour a CPT user relies on: alert window, accepted baselines, mirrors, wording."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from analysis.regression import change_points, verdict
+
+
+def _dropped(seed: int, n: int = 45, at: int = 30, factor: float = 0.9) -> list[float]:
+    rng = np.random.default_rng(seed)
+    values = 100 * (1 + rng.normal(0, 0.01, n))
+    values[at:] *= factor
+    return [float(v) for v in values]
+
+
+@pytest.mark.parametrize("seed", [3, 4, 5])
+def test_a_regression_stays_visible_through_its_alert_window(seed: int) -> None:
+    values = _dropped(seed)
+    kinds = {q: verdict(values[:q], values[q], "higher_better") for q in range(31, 45)}
+    # runs 31-34 (the second to fifth run of the new level): still news, named as such
+    for q in range(31, 35):
+        assert kinds[q].kind == "regression", (q, kinds[q].explanation)
+        assert f"began {q - 30} run(s) before the newest" in kinds[q].explanation
+        assert kinds[q].magnitude == pytest.approx(-0.1, abs=0.03)
+    # after the window the new level is the current one, and the verdict says why
+    for q in range(36, 45):
+        assert kinds[q].kind == "no_change", (q, kinds[q].explanation)
+    assert "before the 5-run alert window" in kinds[36].explanation
+
+
+def test_an_accepted_level_is_the_baseline_and_no_longer_news() -> None:
+    values = _dropped(3)
+    assert verdict(values[:32], values[32], "higher_better").kind == "regression"
+    accepted = verdict(values[:32], values[32], "higher_better", accepted=30)
+    assert accepted.kind == "insufficient_history"  # two runs since the accepted one
+    later = verdict(values[:34], values[34], "higher_better", accepted=30)
+    assert later.kind == "no_change"
+    assert later.baseline == pytest.approx(90, rel=0.03)
+    # a regression after the accepted level is still found
+    again = values[:40] + [v * 0.9 for v in values[40:43]]
+    assert verdict(again[:42], again[42], "higher_better", accepted=30).kind == "regression"
+
+
+def test_one_run_alone_is_a_suspect_that_a_repeat_confirms_or_withdraws() -> None:
+    history = _dropped(3)[:30]
+    alone = verdict(history, 90.0, "higher_better")
+    assert alone.kind == "no_change" and alone.suspect
+    assert "one run alone" in alone.explanation
+    confirmed = verdict(history, [90.0, 90.4], "higher_better")
+    assert confirmed.kind == "regression" and not confirmed.suspect
+    assert "2 repeats" in confirmed.explanation
+    withdrawn = verdict(history, [90.0, 100.2], "higher_better")
+    assert withdrawn.kind == "no_change" and not withdrawn.suspect
+    assert "do not agree" in withdrawn.explanation
+    # an improvement is reported, never re-run
+    assert not verdict(history, 110.0, "higher_better").suspect
+
+
+def test_mirror_kpis_get_the_same_verdict_kind() -> None:
+    """A runtime and its throughput (reciprocals) are judged alike, in both directions."""
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n = int(rng.integers(5, 60))
+        throughput = 1000 * (1 + rng.normal(0, rng.uniform(0.01, 0.1), n + 1))
+        if rng.random() < 0.5:
+            throughput[-int(rng.integers(1, 4)):] *= rng.uniform(0.8, 1.2)
+        runtime = 3600 / throughput
+        a = verdict(throughput[:-1], throughput[-1], "higher_better")
+        b = verdict(runtime[:-1], runtime[-1], "lower_better")
+        assert a.kind == b.kind, (a.explanation, b.explanation)
+        assert a.suspect == b.suspect
+
+
+_PCT = re.compile(r"^([+-]\d+\.\d)%")
+
+
+def test_explanations_never_contradict_their_numbers() -> None:
+    """"-36.8 %: below the 2 % threshold" was printed; each reason must fit its number."""
+    rng = np.random.default_rng(1)
+    for _ in range(400):
+        n = int(rng.integers(3, 50))
+        cv = rng.uniform(0.005, 0.3)
+        history = 50 * (1 + rng.normal(0, cv, n))
+        latest = 50 * (1 + rng.normal(0, cv) + rng.choice([0, -0.4, 0.4, -0.05]))
+        if min(history.min(), latest) <= 0:
+            continue
+        judged = verdict(history, latest, "higher_better")
+        match = _PCT.match(judged.explanation)
+        if judged.kind == "insufficient_history":
+            continue
+        assert match, judged.explanation
+        shown = float(match.group(1))
+        assert shown == pytest.approx(judged.magnitude * 100, abs=0.051), judged.explanation
+        if "minimum change" in judged.explanation:
+            assert abs(shown) < 2.05, judged.explanation
+        if judged.kind == "regression":
+            assert shown < 0, judged.explanation
+        if judged.kind == "improvement":
+            assert shown > 0, judged.explanation
+
+
+def test_a_level_in_the_newest_runs_is_a_change_point_of_the_series() -> None:
+    rng = np.random.default_rng(2)
+    values = list(100 * (1 + rng.normal(0, 0.01, 60)))
+    values[57:] = [v * 0.85 for v in values[57:]]  # three runs: too short for a segment
+    assert change_points(values) == [57]
+    assert change_points(values[:57]) == []
+    short = [100.0, 101.0, 99.5, 100.4, 99.8, 100.1, 85.0, 85.4, 84.7]
+    assert change_points(short) == [6]
