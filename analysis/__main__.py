@@ -1,5 +1,9 @@
 """``python -m analysis RESULTS_DIR --project fine_tuning --out OUT [--history URI] [--strict]``.
 
+``python -m analysis accept --history URI RUN_UUID [--kpi NAME]... [--by WHO] [--note TEXT]``
+records that a run's level is the new baseline (all its KPIs, or the named ones): later
+verdicts compare with it, and the shift it carries stops being reported.
+
 Exit codes: 0 parsing succeeded (failed runs still count as parsed), 1 the regression gate
 failed (``--fail-on-regression``), 2 a user error (bad path, unknown project, cpt-incomplete
 payload), with one line on stderr.
@@ -12,9 +16,10 @@ import sys
 from collections.abc import Sequence
 
 from analysis.errors import TelltaleError, UserError
+from analysis.history import ALL_KPIS, HistoryStore
 from analysis.paths import writable_dir
-from analysis.pipeline import postprocess
-from analysis.settings import AnalysisSettings, RegressionSettings
+from analysis.pipeline import postprocess, settings_for
+from analysis.project import load_project
 
 
 class _Parser(argparse.ArgumentParser):
@@ -22,8 +27,43 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+def accept_main(argv: Sequence[str]) -> int:
+    """``accept``: record an accepted baseline in the history; returns the exit code."""
+    parser = _Parser(prog="python -m analysis accept",
+                     description="Accept a run's level as the new baseline of its KPIs.")
+    parser.add_argument("run_uuid", metavar="RUN_UUID")
+    parser.add_argument("--history", metavar="URI", required=True,
+                        help="Parquet history: local dir or s3://bucket/prefix")
+    parser.add_argument("--kpi", action="append", default=[],
+                        help="only this KPI (repeatable; default: every KPI of the run)")
+    parser.add_argument("--by", default="", help="who accepted it (recorded)")
+    parser.add_argument("--note", default="", help="why (recorded)")
+    args = parser.parse_args(argv)
+    try:
+        store = HistoryStore(args.history)
+        known = store.query({}, exclude_runs=())
+        if known.empty or args.run_uuid not in set(known["run_uuid"]):
+            raise UserError(f"run {args.run_uuid!r} is not in the history {store!r}")
+        kpis = set(known.loc[known["run_uuid"] == args.run_uuid, "kpi"])
+        unknown = sorted(set(args.kpi) - kpis)
+        if unknown:
+            raise UserError(f"run {args.run_uuid!r} has no KPI {', '.join(unknown)} "
+                            f"(it has: {', '.join(sorted(kpis))})")
+        path = store.accept(args.run_uuid, args.kpi or [ALL_KPIS], by=args.by,
+                            note=args.note)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"accepted {args.run_uuid} as the baseline of "
+          f"{', '.join(args.kpi) if args.kpi else 'every KPI'}: {path}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run post-processing from the command line; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["accept"]:
+        return accept_main(argv[1:])
     parser = _Parser(prog="python -m analysis",
                      description="Post-process a results tree: KPIs, LTS payloads, "
                                  "history, regression verdicts and an HTML report.")
@@ -41,10 +81,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="re-parse, ignoring caches")
     parser.add_argument("--no-report", action="store_true", help="skip the HTML report")
     args = parser.parse_args(argv)
-    settings = AnalysisSettings(
-        mode="cpt" if args.strict else "investigate", strict=args.strict,
-        regression=RegressionSettings(fail_on_regression=args.fail_on_regression))
     try:
+        # the run's (or the project's) analysis block: the same history selection and
+        # ignored labels as the run itself; the command line's flags go on top
+        base = settings_for(load_project(args.project), args.results_dir)
+        settings = base.model_copy(update={
+            "mode": "cpt" if args.strict else base.mode, "strict": args.strict or base.strict,
+            "regression": base.regression.model_copy(update={
+                "fail_on_regression": args.fail_on_regression})})
         writable_dir(args.out, "--out")
         outcome = postprocess(args.results_dir, args.project, args.out,
                               history_uri=args.history, settings=settings,

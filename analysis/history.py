@@ -56,6 +56,9 @@ logger = logging.getLogger("telltale.history")
 _WRITTEN_AT = "_written_at"
 _PART = "part-"
 _COMPACTED = "compacted-"
+_ACCEPT = "accept-"
+ALL_KPIS = "*"
+"""An accept record for every KPI of a run."""
 QUARANTINE = "quarantine"
 """Sub-directory where unreadable history files are moved (kept for inspection)."""
 
@@ -236,6 +239,39 @@ class HistoryStore:
         return len(files)
 
     # -- reading ---------------------------------------------------------------------------
+
+    # -- accepted baselines ----------------------------------------------------------------
+
+    def accept(self, run_uuid: str, kpis: Iterable[str] = (ALL_KPIS,), *, by: str = "",
+               note: str = "") -> str:
+        """Record that ``run_uuid``'s level is the new baseline of ``kpis`` (default: all).
+
+        Verdicts of later runs compare with that run's level onwards, and a shift that began
+        at or before it is no longer news. One small Parquet file per accept (like the
+        appends: concurrent accepts never lose each other); returns its path.
+        """
+        names = sorted({str(k) for k in kpis}) or [ALL_KPIS]
+        now = pd.Timestamp.now(tz="UTC")
+        table = pa.table({"run_uuid": [run_uuid] * len(names), "kpi": names,
+                          "accepted_by": [by] * len(names), "note": [note] * len(names),
+                          "accepted_at": [now] * len(names)})
+        name = f"{_ACCEPT}{_safe_name(run_uuid)}-{uuid.uuid4().hex[:8]}.parquet"
+        self._write_table(table, name)
+        return f"{self.base}/{name}"
+
+    def accepted(self) -> dict[str, set[str]]:
+        """KPI name (or `ALL_KPIS`) → the run uuids accepted as its baseline."""
+        out: dict[str, set[str]] = {}
+        for path in self._files(_ACCEPT):
+            try:
+                table = pq.read_table(path, filesystem=self.fs, columns=["run_uuid", "kpi"])
+            except (OSError, pa.ArrowInvalid) as exc:
+                self._quarantine(path, str(exc))
+                continue
+            for run, kpi in zip(table["run_uuid"].to_pylist(), table["kpi"].to_pylist(),
+                                strict=True):
+                out.setdefault(str(kpi), set()).add(str(run))
+        return out
 
     def _files(self, prefix: str | None = None) -> list[str]:
         try:

@@ -7,25 +7,27 @@ it writes its outputs into ``out`` and returns a `PostprocessOutcome` describing
 from __future__ import annotations
 
 import json
+import logging
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
 import pandas as pd
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from analysis.discovery import Discovery, SkippedDir, discover
-from analysis.errors import ResultsError
-from analysis.history import HistorySource, HistoryStore
+from analysis.errors import ConfigError, ResultsError
+from analysis.history import ALL_KPIS, HistorySource, HistoryStore
 from analysis.kpi import Kpi, compute_kpis, kpi_table, to_openmetrics
 from analysis.lts import LtsKpi, LtsMetadata, LtsPayload, require_complete
 from analysis.parsing import ParsedResult, parse_dirs
 from analysis.project import AnalysisProject, load_project
-from analysis.regression import verdict
+from analysis.regression import DEFAULTS, verdict
 from analysis.settings import AnalysisSettings
-from analysis.yamlio import dump_yaml
+from analysis.yamlio import dump_yaml, load_yaml
 
 __all__ = [
     "PostprocessOutcome",
@@ -34,7 +36,11 @@ __all__ = [
     "judge_runs",
     "postprocess",
     "runs_table",
+    "settings_for",
+    "suspects",
 ]
+
+logger = logging.getLogger("telltale.analysis")
 
 
 class VerdictRow(BaseModel):
@@ -44,11 +50,15 @@ class VerdictRow(BaseModel):
     test_path: str
     kpi: str
     unit: str
-    latest: float | None
+    latest: float | None = Field(description="The run's value (median of its repeats).")
+    repeats: list[float] = Field(default_factory=list, description="The values judged "
+                                 "together: the run and its confirmation re-runs.")
     baseline: float | None
     change_pct: float | None
     verdict: str
     confidence: float
+    suspect: bool = Field(default=False, description="The newest run alone looks like a "
+                          "regression: a re-run would confirm or withdraw it.")
     history_used: int
     explanation: str
 
@@ -124,36 +134,95 @@ def analyse_run(project: AnalysisProject, result: ParsedResult,
                        labels=labels, kpis=kpis, payload=payload)
 
 
+def settings_for(project: AnalysisProject, results_dir: str | Path) -> AnalysisSettings:
+    """The ``analysis`` block a run used, so a re-analysis gives the verdicts the run gave.
+
+    The run's own ``config.yaml`` at the top of ``results_dir`` (a Telltale artifact dir)
+    wins; otherwise the project's defaults (`AnalysisProject.analysis_defaults`). A missing,
+    linked or invalid run config falls back to the defaults with a warning.
+    """
+    config = Path(results_dir) / "config.yaml"
+    block: object = None
+    if config.is_file() and not config.is_symlink():
+        try:
+            data, _ = load_yaml(config, untrusted=True)
+            block = data.get("analysis") if isinstance(data, dict) else None
+            if block is not None:
+                return AnalysisSettings.model_validate(block)
+        except (ConfigError, ValidationError) as exc:
+            logger.warning("%s: its analysis block is unusable (%s); using the project's "
+                           "defaults", config, str(exc).splitlines()[0])
+    return AnalysisSettings.model_validate(project.analysis_defaults())
+
+
 def judge_runs(runs: Sequence[RunAnalysis], store: HistorySource | None,
                settings: AnalysisSettings) -> list[VerdictRow]:
-    """Judge each run's KPIs against the history of runs with matching labels."""
+    """Judge each run's KPIs against the history of runs with matching labels.
+
+    A run a person accepted as a KPI's new baseline (`HistoryStore.accept`) starts that
+    KPI's history: earlier levels no longer count, and its shift is not news.
+    """
     rows: list[VerdictRow] = []
-    for run in runs:
+    accepts = getattr(store, "accepted", None)
+    accepted: dict[str, set[str]] = accepts() if callable(accepts) else {}
+    tuning = replace(DEFAULTS, min_history=settings.regression.min_history)
+    for group in _repeat_groups(runs):
+        first = group[0]
         history = pd.DataFrame()
         if store is not None:
-            history = store.query(run.labels,
+            history = store.query(first.labels,
                                   compared_label=settings.comparison.compared_label,
                                   ignored_labels=settings.comparison.ignored_labels,
-                                  exclude_runs=[run.run_uuid])
-            if not history.empty and run.timestamp:
-                stamp = pd.Timestamp(run.timestamp)
-                stamp = stamp.tz_localize("UTC") if stamp.tzinfo is None else stamp
+                                  exclude_runs=[r.run_uuid for r in group])
+            stamps = [pd.Timestamp(r.timestamp) for r in group if r.timestamp]
+            if not history.empty and stamps:
+                stamp = min(s if s.tzinfo else s.tz_localize("UTC") for s in stamps)
                 history = history[history["timestamp"] < stamp]
-        for kpi in run.kpis:
+        for kpi in first.kpis:
             if kpi.ignored_for_regression:
                 continue
-            values = (history.loc[history["kpi"] == kpi.name, "value"].tolist()
-                      if not history.empty else [])
+            repeats = [k.value for r in group for k in r.kpis if k.name == kpi.name]
+            rows_of_kpi = (history[history["kpi"] == kpi.name] if not history.empty
+                           else pd.DataFrame(columns=["value", "run_uuid"]))
             direction = "lower_better" if kpi.lower_better else "higher_better"
-            judged = verdict(values, kpi.value, direction)
-            rows.append(VerdictRow(
-                run_uuid=run.run_uuid, test_path=run.result.rel_path, kpi=kpi.name,
-                unit=kpi.unit, latest=kpi.value, baseline=judged.baseline,
-                change_pct=round(judged.magnitude * 100, 3) if judged.baseline is not None
-                else None,
-                verdict=judged.kind, confidence=judged.confidence,
-                history_used=judged.history_used, explanation=judged.explanation))
+            judged = verdict(rows_of_kpi["value"].tolist(), repeats, direction,
+                             settings=tuning,
+                             accepted=_accepted_index(rows_of_kpi["run_uuid"].tolist(),
+                                                      accepted, kpi.name))
+            for run in group:
+                rows.append(VerdictRow(
+                    run_uuid=run.run_uuid, test_path=run.result.rel_path, kpi=kpi.name,
+                    unit=kpi.unit, latest=judged.latest, repeats=repeats,
+                    baseline=judged.baseline,
+                    change_pct=round(judged.magnitude * 100, 3) if judged.baseline is not None
+                    else None,
+                    verdict=judged.kind, confidence=judged.confidence, suspect=judged.suspect,
+                    history_used=judged.history_used, explanation=judged.explanation))
     return rows
+
+
+def _repeat_groups(runs: Sequence[RunAnalysis]) -> list[list[RunAnalysis]]:
+    """Runs grouped with their confirmation re-runs (``repeat_of``), in order of first run.
+
+    A re-run whose original is not in this batch is judged on its own.
+    """
+    uuids = {r.run_uuid for r in runs}
+    groups: dict[str, list[RunAnalysis]] = {}
+    for run in runs:
+        original = getattr(run.result, "repeat_of", None)
+        key = original if original in uuids else run.run_uuid
+        groups.setdefault(key, []).append(run)
+    return list(groups.values())
+
+
+def _accepted_index(run_uuids: Sequence[str], accepted: dict[str, set[str]],
+                    kpi: str) -> int | None:
+    """Position of the newest accepted run of ``kpi`` in its history (None: none)."""
+    runs = accepted.get(kpi, set()) | accepted.get(ALL_KPIS, set())
+    for i in range(len(run_uuids) - 1, -1, -1):
+        if run_uuids[i] in runs:
+            return i
+    return None
 
 
 def runs_table(runs: Sequence[RunAnalysis]) -> pd.DataFrame:
@@ -174,6 +243,51 @@ def _gate(rows: Sequence[VerdictRow], settings: AnalysisSettings) -> list[str]:
         if row.verdict == "improvement" and settings.regression.fail_on_improvement:
             failures.append(f"{row.test_path}: {row.kpi} improved ({row.explanation})")
     return failures
+
+
+def _analyse_tree(results_dir: str | Path, hooks: AnalysisProject,
+                  presets: Sequence[str] | None, config_text: str | None, *, force: bool,
+                  trust_cache: bool,
+                  ) -> tuple[Discovery, list[ParsedResult], list[RunAnalysis], list[SkippedDir]]:
+    """Discover, parse and analyse every result dir of a tree (nothing written but caches).
+
+    Raises:
+        ResultsError: No result dir, or no usable run.
+    """
+    found: Discovery = discover(results_dir)
+    if not found.results:
+        reasons = "; ".join(f"{s.path}: {s.reason}" for s in found.skipped[:5])
+        raise ResultsError(f"no result dir (settings.yaml + exit_code) under {results_dir}"
+                           + (f" (skipped: {reasons})" if reasons else ""))
+    parsed = parse_dirs(found.results, hooks.parser, project=hooks.name, force=force,
+                        trust_cache=trust_cache)
+    runs: list[RunAnalysis] = []
+    skipped = list(found.skipped)
+    for result in parsed:
+        try:
+            runs.append(analyse_run(hooks, result, presets, config_text))
+        except (TypeError, ValueError, AttributeError, KeyError) as exc:
+            # Result trees are untrusted: a badly typed field (numbers for strings, a
+            # scalar for a mapping) is this run's problem, never the whole analysis's.
+            skipped.append(SkippedDir(path=result.path, reason=(
+                f"labels/KPIs could not be computed: {type(exc).__name__}: {exc}")[:300]))
+    if not runs:
+        raise ResultsError(f"no usable run under {results_dir}: "
+                           + "; ".join(f"{s.path}: {s.reason}" for s in skipped[:5]))
+    return found, parsed, runs, skipped
+
+
+def suspects(results_dir: str | Path, project: str | AnalysisProject, history_uri: str,
+             settings: AnalysisSettings) -> list[VerdictRow]:
+    """The verdicts of a tree whose newest run alone looks like a regression (`Verdict.suspect`).
+
+    What ``analysis.confirm_reruns`` re-runs before the run is post-processed for good;
+    nothing is written but parse caches, and the history is not appended to.
+    """
+    hooks = load_project(project) if isinstance(project, str) else project
+    _, _, runs, _ = _analyse_tree(results_dir, hooks, None, None, force=False,
+                                  trust_cache=False)
+    return [row for row in judge_runs(runs, HistoryStore(history_uri), settings) if row.suspect]
 
 
 def postprocess(
@@ -220,30 +334,12 @@ def postprocess(
         ResultsError: No result dir at all, an unusable history, or (cpt mode) an
             incomplete LTS payload.
     """
-    settings = settings or AnalysisSettings()
     hooks = load_project(project) if isinstance(project, str) else project
+    settings = settings or settings_for(hooks, results_dir)
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    found: Discovery = discover(results_dir)
-    if not found.results:
-        reasons = "; ".join(f"{s.path}: {s.reason}" for s in found.skipped[:5])
-        raise ResultsError(f"no result dir (settings.yaml + exit_code) under {results_dir}"
-                           + (f" (skipped: {reasons})" if reasons else ""))
-    parsed = parse_dirs(found.results, hooks.parser, project=hooks.name, force=force,
-                        trust_cache=trust_cache)
-    runs: list[RunAnalysis] = []
-    skipped = list(found.skipped)
-    for result in parsed:
-        try:
-            runs.append(analyse_run(hooks, result, presets, config_text))
-        except (TypeError, ValueError, AttributeError, KeyError) as exc:
-            # Result trees are untrusted: a badly typed field (numbers for strings, a
-            # scalar for a mapping) is this run's problem, never the whole analysis's.
-            skipped.append(SkippedDir(path=result.path, reason=(
-                f"labels/KPIs could not be computed: {type(exc).__name__}: {exc}")[:300]))
-    if not runs:
-        raise ResultsError(f"no usable run under {results_dir}: "
-                           + "; ".join(f"{s.path}: {s.reason}" for s in skipped[:5]))
+    found, parsed, runs, skipped = _analyse_tree(results_dir, hooks, presets, config_text,
+                                                 force=force, trust_cache=trust_cache)
     for run in runs:
         require_complete(run.payload, settings.mode)
 
@@ -301,7 +397,9 @@ def postprocess(
     if settings.report if report is None else report:
         from analysis.report import render_report
 
-        outcome.report = str(render_report(out_dir / "report", hooks, runs, frame,
-                                           history_frame, verdicts, found))
+        outcome.report = str(render_report(
+            out_dir / "report", hooks, runs, frame, history_frame, verdicts, found,
+            ignored_labels=settings.comparison.ignored_labels,
+            compared_label=settings.comparison.compared_label))
         outcome.files["report"] = outcome.report
     return outcome

@@ -55,6 +55,15 @@ class AnalysisProject:
     user_rows: Callable[[ParsedResult], list[dict[str, Any]]] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def analysis_defaults(self) -> dict[str, Any]:
+        """The project's default ``analysis`` block (ignored labels, compared label...).
+
+        ``python -m analysis`` and replot start from it, so they select the same history and
+        give the verdicts a run of the project gave. Empty here; `projects.contract.Project`
+        reads it from the project's config file.
+        """
+        return {}
+
 
 def available_projects() -> list[str]:
     """Names of the registered projects."""

@@ -57,5 +57,10 @@ class AnalysisSettings(BaseModel):
         description="Judge against the Parquet history or the OpenSearch run index.",
     )
     report: bool = Field(default=True, description="Render the Plotly HTML report.")
+    confirm_reruns: int = Field(
+        default=0, ge=0, le=5,
+        description=("Re-run a cell this many times when its newest run alone looks like a "
+                     "regression, and judge the repeats together (0: never)."),
+    )
     comparison: ComparisonSettings = Field(default_factory=ComparisonSettings)
     regression: RegressionSettings = Field(default_factory=RegressionSettings)

@@ -72,11 +72,16 @@ def fetch_run(url: str, dest: str, mode: str, target: S3Target) -> list[str]:
 
 @step("replot", timeout_seconds=3600)
 def replot_results(local_dir: str, project: str, history_uri: str | None,
-                   settings: dict[str, Any], trust_cache: bool) -> dict[str, Any]:
-    """Post-process ``local_dir`` into ``local_dir/plot``."""
+                   settings: dict[str, Any] | None, trust_cache: bool) -> dict[str, Any]:
+    """Post-process ``local_dir`` into ``local_dir/plot``.
+
+    ``settings`` None: the run's own ``analysis`` block (its saved ``config.yaml``), so the
+    replot gives the verdicts the run gave.
+    """
     out = Path(local_dir) / "plot"
     outcome = postprocess(local_dir, project, out, history_uri=history_uri,
-                          settings=AnalysisSettings.model_validate(settings),
+                          settings=AnalysisSettings.model_validate(settings)
+                          if settings is not None else None,
                           append_history=False, trust_cache=trust_cache)
     return {"out": str(out), "report": outcome.report, "runs": outcome.runs,
             "step_dir": str(artifact_dir())}
@@ -110,13 +115,17 @@ def replot(
     config = resolve(project, presets=presets or [], overrides=overrides or {})
     settings = config.get("analysis")
     history = history_uri or settings.get("history_uri")
+    # Without presets or overrides the run's own analysis block applies (ignored labels,
+    # compared label): the verdicts the run gave. Presets or overrides are a deliberate
+    # change of the analysis, so the resolved block applies.
+    chosen = dict(settings) if presets or overrides else None
     if source.startswith("s3://"):
         target = _target_for(source, config.model.export_artifacts, config.model.secrets)
         run_name = source.rstrip("/").rsplit("/", 1)[-1]
         local = Path("runs") / f"replot-{run_name}"
         with use_artifact_dir(local):
             fetched = fetch_run(source, str(local), download, target)
-            result = replot_results(str(local), project, history, settings,
+            result = replot_results(str(local), project, history, chosen,
                                     download == "cache")
             uploaded = upload_plot(result["out"], source, target)
         return ReplotOutcome(local_dir=str(local), out_dir=result["out"],
@@ -124,7 +133,7 @@ def replot(
                              fetched=len(fetched))
     local = Path(source)
     with use_artifact_dir(local / "plot" / "steps"):
-        result = replot_results(str(local), project, history, settings, False)
+        result = replot_results(str(local), project, history, chosen, False)
     return ReplotOutcome(local_dir=str(local), out_dir=result["out"], report=result["report"])
 
 

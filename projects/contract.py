@@ -196,6 +196,13 @@ class Project(AnalysisProject):
         """Dotted path of the project's test block (``tests.<name>``)."""
         return f"tests.{self.name}"
 
+    def analysis_defaults(self) -> dict[str, Any]:
+        """The ``analysis`` block of the project's config file with no preset applied."""
+        from projects.config import resolve  # the resolver imports this module
+
+        block = resolve(self.name, presets=[], overrides={}).get("analysis")
+        return dict(block) if isinstance(block, Mapping) else {}
+
     def test_block(self, config: EngineConfig) -> TestBlock:
         """The project's typed ``tests.<name>`` block of a validated config."""
         block = getattr(getattr(config, "tests", None), self.name, None)

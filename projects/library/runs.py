@@ -1,7 +1,8 @@
 """What every project's parsed result carries: the run's identity, times, config and presets.
 
 A project's result model subclasses `RunResult`; its parser calls `read_run` first. The
-engine writes these files in every cell dir (``.uuid``, ``test_start_end.json``) and in the
+engine writes these files in every cell dir (``.uuid``, ``test_start_end.json``, and
+``.repeat_of`` in a confirmation re-run) and in the
 run dir (``config.yaml``, ``presets_applied``); the field's tool writes the same names.
 """
 
@@ -13,7 +14,10 @@ from datetime import datetime
 from analysis.discovery import ResultDir
 from analysis.parsing import FileReader, ParsedResult
 
-__all__ = ["RunResult", "first_line", "read_run", "run_timestamps", "run_uuid"]
+__all__ = ["REPEAT_FILE", "RunResult", "first_line", "read_run", "run_timestamps", "run_uuid"]
+
+REPEAT_FILE = ".repeat_of"
+"""In a re-run's cell dir: the uuid of the run it repeats (``analysis.confirm_reruns``)."""
 
 
 class RunResult(ParsedResult):
@@ -24,6 +28,7 @@ class RunResult(ParsedResult):
     end: str | None = None
     presets: list[str] | None = None
     config_text: str | None = None
+    repeat_of: str | None = None
 
 
 def first_line(text: str | None) -> str | None:
@@ -41,6 +46,8 @@ def read_run(result: ResultDir, reader: FileReader, out: RunResult) -> None:
         # Deterministic fallback so re-importing the same dir stays idempotent.
         out.run_uuid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"telltale:{result.path}"))
         reader.problem(".uuid", "missing; derived a uuid from the path")
+    # A confirmation re-run names the run it repeats: the two are judged together.
+    out.repeat_of = first_line(reader.text(REPEAT_FILE, required=False, max_bytes=4096))
     times = reader.json("test_start_end.json", required=False)
     if isinstance(times, dict):
         out.start = _timestamp(reader, times, "start")

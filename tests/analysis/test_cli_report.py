@@ -41,7 +41,11 @@ def test_cli_writes_every_output(tmp_path: Path) -> None:
     index = (out / "report" / "index.html").read_text()
     assert "2 run(s), 1 failed" in index
     page = next((out / "report").glob("*_loss_curve.html")).read_text()
-    assert "Plotly.newPlot" in page and page.count("plotly.js v") == 1  # embedded once
+    # pages share one offline plotly.js (it was embedded in every page: 4.8 MB each)
+    assert "Plotly.newPlot" in page and "plotly.js v" not in page
+    assert "<script src='plotly.min.js'>" in page
+    assert (out / "report" / "plotly.min.js").read_text().count("plotly.js v") >= 1
+    assert "<svg" in index and "train_tokens_per_second" in index  # headlines, sparklines
 
 
 def test_cli_user_errors_exit_2(tmp_path: Path) -> None:
@@ -148,3 +152,44 @@ def test_errors_page_shows_a_failed_runs_own_last_words(tmp_path: Path) -> None:
     assert run_cli(str(results), "--project", "fine_tuning", "--out", str(out)).returncode == 0
     page = next((out / "report").glob("*_errors.html")).read_text()
     assert "exit code 1: " in page and "ValueError: peft_method" in page
+
+
+def test_cli_applies_the_projects_ignored_labels_and_accepts(tmp_path: Path) -> None:
+    """``python -m analysis --history`` selects history like the run did (the project's
+    ignored labels: run ids, paths, versions), and ``accept`` moves the baseline."""
+    history = str(tmp_path / "history")
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    for i in range(5):
+        results = tmp_path / f"results{i}"
+        make_result_dir(results, "000__cell", start=start + timedelta(days=i), seed=i,
+                        tokens_per_second=1200.0 + i, runtime=40.0)
+        proc = run_cli(str(results), "--project", "fine_tuning", "--out",
+                       str(tmp_path / f"out{i}"), "--history", history, "--no-report")
+        assert proc.returncode == 0, proc.stderr
+    verdicts = json.loads((tmp_path / "out4" / "regression.json").read_text())
+    assert verdicts and all(v["history_used"] == 4 for v in verdicts), verdicts
+
+    # a slower run: a suspect regression; accepting the slow level makes it the baseline
+    slow = tmp_path / "slow"
+    make_result_dir(slow, "000__cell", start=start + timedelta(days=9), seed=9,
+                    tokens_per_second=800.0, run_uuid="slow-run")
+    run_cli(str(slow), "--project", "fine_tuning", "--out", str(tmp_path / "outs"),
+            "--history", history, "--no-report")
+    judged = {v["kpi"]: v for v in json.loads((tmp_path / "outs" / "regression.json")
+                                              .read_text())}
+    assert judged["train_tokens_per_second"]["suspect"]
+    bad = run_cli("accept", "--history", history, "no-such-run")
+    assert bad.returncode == 2 and "not in the history" in bad.stderr
+    ok = run_cli("accept", "--history", history, "slow-run", "--kpi",
+                 "train_tokens_per_second", "--by", "perf-team")
+    assert ok.returncode == 0, ok.stderr
+    for i in range(10, 13):
+        later = tmp_path / f"later{i}"
+        make_result_dir(later, "000__cell", start=start + timedelta(days=i), seed=i,
+                        tokens_per_second=801.0 + i)
+        run_cli(str(later), "--project", "fine_tuning", "--out", str(tmp_path / f"o{i}"),
+                "--history", history, "--no-report")
+    last = {v["kpi"]: v for v in json.loads((tmp_path / "o12" / "regression.json")
+                                            .read_text())}
+    assert last["train_tokens_per_second"]["verdict"] == "no_change", last
+    assert last["train_tokens_per_second"]["baseline"] < 850
