@@ -1,24 +1,30 @@
 """Self-contained HTML reports: shape a DataFrame, then draw it with plotly express.
 
-``plots.yaml`` lists the reports (kinds below) in page order. Every page embeds plotly.js
-once, so it opens offline; ``index.html`` links the pages and shows the verdict summary.
+``plots.yaml`` lists the reports (kinds below) in page order. The pages share one offline
+``plotly.min.js`` written beside them (one copy per report, not 4.8 MB per page);
+``index.html`` links the pages and shows a headline per KPI and configuration: latest value,
+verdict colour, change against the baseline and a sparkline of its history.
 
 Kinds (explicit registry, no self-registration):
 
 - ``kpi_table``: one row per run, one column per KPI, with the settings that vary;
-- ``kpi_history``: each KPI over time for the current runs' configurations;
+- ``kpi_history``: each KPI over time, one line per configuration (the labels the
+  regression compares on: every label but the ignored and the compared ones), with the
+  change points found on each line and the current runs' verdicts marked;
 - ``loss_curve``: training loss per logging step, one line per run;
 - ``regression``: the verdict table, coloured by kind;
 - ``users``: per-user results of multi-user runs (time to start, runtime, throughput);
-- ``errors``: failed runs, skipped dirs and parse problems.
+- ``errors``: failed runs (their own last words and links to their logs), skipped dirs and
+  parse problems.
 """
 
 from __future__ import annotations
 
 import html
 import math
+import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +32,18 @@ import pandas as pd
 
 from analysis.discovery import Discovery
 from analysis.errors import ConfigError
+from analysis.kpi import BASE_COLUMNS
 from analysis.project import AnalysisProject
+from analysis.regression import change_points
 from analysis.yamlio import load_yaml
 
 __all__ = [
     "REPORT_KINDS",
     "ReportContext",
     "render_report",
+    "configuration_keys",
     "shape_errors",
+    "shape_headlines",
     "shape_kpi_history",
     "shape_kpi_table",
     "shape_loss_curve",
@@ -52,6 +62,9 @@ class ReportContext:
     history: pd.DataFrame | None
     verdicts: Sequence[Any]
     discovery: Discovery
+    ignored_labels: Sequence[str] = field(default_factory=tuple)
+    compared_label: str | None = None
+    out_dir: Path | None = None  # where the pages are written (for relative links)
 
 
 # -- shaping (pure, unit-tested) ----------------------------------------------------------
@@ -81,6 +94,16 @@ def shape_kpi_table(ctx: ReportContext) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def configuration_keys(ctx: ReportContext) -> list[str]:
+    """The labels that tell configurations apart.
+
+    The current runs' labels, less the ignored and the compared ones: exactly what the
+    regression's history query matches on.
+    """
+    skip = set(ctx.ignored_labels) | {ctx.compared_label} | set(BASE_COLUMNS)
+    return sorted({k for run in ctx.runs for k in run.labels} - skip)
+
+
 def shape_kpi_history(ctx: ReportContext, kpis: Sequence[str] | None = None) -> pd.DataFrame:
     """History rows (and the current runs) of the current configurations, tidy."""
     frames = []
@@ -95,11 +118,13 @@ def shape_kpi_history(ctx: ReportContext, kpis: Sequence[str] | None = None) -> 
     columns = ["timestamp", "kpi", "value", "unit", "configuration", "run_uuid", "current"]
     if frame.empty:  # e.g. a scale test has none of the single-job KPIs
         return pd.DataFrame(columns=columns)
-    config_cols = ["model_name", "tuning_method", "per_device_batch_size", "max_seq_length",
-                   "accelerator_count", "platform"]
-    present = [c for c in config_cols if c in frame.columns]
-    frame = frame.assign(configuration=frame[present].astype("string").fillna("")
-                         .agg(" / ".join, axis=1) if present else "all")
+    keys = configuration_keys(ctx)
+    parts = [(frame[k].astype("string").fillna("") if k in frame.columns
+              else pd.Series("", index=frame.index, dtype="string")).radd(f"{k}=")
+             for k in keys]
+    configuration = (pd.concat(parts, axis=1).agg(" / ".join, axis=1) if parts
+                     else pd.Series("all", index=frame.index))
+    frame = frame.assign(configuration=configuration)
     # The configurations of this run's rows, read off the same frame: a merge with the
     # history was a cartesian join (10 000 runs: 26.8 GiB) and failed with no label columns.
     wanted = set(frame.loc[frame["current"].astype(bool), "configuration"])
@@ -167,17 +192,44 @@ def _draw_kpi_table(ctx: ReportContext, options: dict[str, Any]) -> str:
     return _table_html(shape_kpi_table(ctx), "no KPI could be computed")
 
 
+MAX_HISTORY_LINES = 12
+"""Configurations drawn per KPI chart (the newest ones): more lines are unreadable."""
+
+
 def _draw_kpi_history(ctx: ReportContext, options: dict[str, Any]) -> str:
     import plotly.express as px
+    import plotly.graph_objects as go
 
     frame = shape_kpi_history(ctx, options.get("kpis"))
     if frame.empty:
         return "<p class='empty'>no history yet</p>"
+    verdicts = {(v.run_uuid, v.kpi): v for v in ctx.verdicts}
     parts = []
     for kpi, group in frame.groupby("kpi", sort=False):
         unit = group["unit"].iloc[0]
+        shown = list(dict.fromkeys(group["configuration"]))[-MAX_HISTORY_LINES:]
+        group = group[group["configuration"].isin(shown)]
         fig = px.line(group, x="timestamp", y="value", color="configuration", markers=True,
                       title=f"{kpi} [{unit}]", hover_data=["run_uuid", "current"])
+        for _config, line in group.groupby("configuration", sort=False):
+            found = change_points(line["value"].tolist())
+            if found:
+                at = line.iloc[found]
+                fig.add_trace(go.Scatter(
+                    x=at["timestamp"], y=at["value"], mode="markers", showlegend=False,
+                    marker={"symbol": "line-ns-open", "size": 22, "color": "#555"},
+                    hovertext=["change point: a new level starts here"] * len(at),
+                    hoverinfo="text"))
+        now = group[group["current"].astype(bool)]
+        judged = [verdicts.get((r, kpi)) for r in now["run_uuid"]]
+        if any(judged):
+            fig.add_trace(go.Scatter(
+                x=now["timestamp"], y=now["value"], mode="markers", showlegend=False,
+                marker={"size": 14, "symbol": "circle-open", "line": {"width": 3},
+                        "color": [_VERDICT_MARKS.get(v.verdict if v else "", "#999")
+                                  for v in judged]},
+                hovertext=[f"{v.verdict}: {v.explanation}" if v else "no verdict"
+                           for v in judged], hoverinfo="text"))
         fig.update_layout(height=360, legend={"orientation": "h", "y": -0.3})
         parts.append(_figure_html(fig))
     return "\n".join(parts)
@@ -208,6 +260,8 @@ def _draw_loss_curve(ctx: ReportContext, options: dict[str, Any]) -> str:
 
 _VERDICT_COLOURS = {"regression": "#f8d7da", "improvement": "#d1e7dd",
                     "no_change": "#ffffff", "insufficient_history": "#eeeeee"}
+_VERDICT_MARKS = {"regression": "#c0392b", "improvement": "#1e8449", "no_change": "#7f8c8d",
+                  "insufficient_history": "#bbbbbb"}
 
 
 def _draw_regression(ctx: ReportContext, options: dict[str, Any]) -> str:
@@ -247,8 +301,39 @@ def _draw_users(ctx: ReportContext, options: dict[str, Any]) -> str:
     return _figure_html(figure) + _table_html(frame, "")
 
 
+MAX_LOG_LINKS = 5
+
+
+def _log_links(run_path: str, out_dir: Path | None) -> list[tuple[str, str]]:
+    """(relative href, name) of a failed run's log files: never through a symlink."""
+    root = Path(run_path)
+    if out_dir is None or not root.is_dir():
+        return []
+    found: list[Path] = []
+    for pattern in ("*.log", "*/*.log", "*/*/*.log"):
+        for path in sorted(root.glob(pattern)):
+            if len(found) >= MAX_LOG_LINKS:
+                break
+            if not any(p.is_symlink() for p in (path, *path.parents) if root in p.parents
+                       or p == path) and path.is_file():
+                found.append(path)
+    return [(os.path.relpath(p, out_dir), str(p.relative_to(root))) for p in found]
+
+
 def _draw_errors(ctx: ReportContext, options: dict[str, Any]) -> str:
-    return _table_html(shape_errors(ctx), "no failed run, no parse problem")
+    frame = shape_errors(ctx)
+    if frame.empty:
+        return "<p class='empty'>no failed run, no parse problem</p>"
+    logs = {run.result.rel_path: _log_links(run.result.path, ctx.out_dir)
+            for run in ctx.runs if run.result.exit_code != 0}
+    rows = []
+    for where, kind, detail in frame.itertuples(index=False, name=None):
+        links = " ".join(f"<a href='{html.escape(href, quote=True)}'>{html.escape(name)}</a>"
+                         for href, name in logs.get(where, []) if kind == "failed run")
+        rows.append(f"<tr><td>{html.escape(str(where))}</td><td>{html.escape(str(kind))}</td>"
+                    f"<td><pre>{html.escape(str(detail))}</pre></td><td>{links}</td></tr>")
+    return ("<table class='data'><thead><tr><th>where</th><th>kind</th><th>detail</th>"
+            f"<th>logs</th></tr></thead><tbody>{''.join(rows)}</tbody></table>")
 
 
 REPORT_KINDS: dict[str, Callable[[ReportContext, dict[str, Any]], str]] = {
@@ -268,10 +353,14 @@ th{background:#f4f4f4} .empty{color:#888} nav a{margin-right:1em}
 """
 
 
-def _page(title: str, body: str, plotly_js: str | None) -> str:
-    script = f"<script>{plotly_js}</script>" if plotly_js else ""
+def _page(title: str, body: str, plotly: bool) -> str:
+    script = f"<script src='{PLOTLY_FILE}'></script>" if plotly else ""
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
             f"</title><style>{_STYLE}</style>{script}</head><body>{body}</body></html>")
+
+
+PLOTLY_FILE = "plotly.min.js"
+"""The one offline copy of plotly.js the pages of a report share."""
 
 
 def _load_plots(project: AnalysisProject) -> list[dict[str, Any]]:
@@ -288,26 +377,100 @@ def _load_plots(project: AnalysisProject) -> list[dict[str, Any]]:
     return reports
 
 
+MAX_HEADLINES = 200
+SPARK_POINTS = 30
+
+
+def _sparkline(values: Sequence[float], colour: str) -> str:
+    """An inline SVG polyline of the last values (no script needed)."""
+    points = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    points = points[-SPARK_POINTS:]
+    if len(points) < 2:
+        return ""
+    lo, hi = min(points), max(points)
+    span = (hi - lo) or 1.0
+    width, height = 120, 24
+    coords = " ".join(f"{i * width / (len(points) - 1):.1f},"
+                      f"{height - 2 - (v - lo) / span * (height - 4):.1f}"
+                      for i, v in enumerate(points))
+    last_x, last_y = coords.rsplit(" ", 1)[-1].split(",")
+    return (f"<svg width='{width}' height='{height}' role='img'><polyline fill='none' "
+            f"stroke='#888' stroke-width='1.2' points='{coords}'/><circle cx='{last_x}' "
+            f"cy='{last_y}' r='3' fill='{colour}'/></svg>")
+
+
+def shape_headlines(ctx: ReportContext) -> pd.DataFrame:
+    """One row per KPI and configuration of the current runs: the newest run's verdict."""
+    history = shape_kpi_history(ctx)
+    columns = ["kpi", "configuration", "latest", "unit", "verdict", "change_pct", "series",
+               "explanation"]
+    if history.empty:
+        return pd.DataFrame(columns=columns)
+    verdicts = {(v.run_uuid, v.kpi): v for v in ctx.verdicts}
+    rows = []
+    for (kpi, config), group in history.groupby(["kpi", "configuration"], sort=False):
+        now = group[group["current"].astype(bool)]
+        if now.empty:
+            continue
+        newest = now.iloc[-1]
+        judged = verdicts.get((newest["run_uuid"], kpi))
+        rows.append({"kpi": kpi, "configuration": config, "latest": newest["value"],
+                     "unit": newest["unit"], "verdict": judged.verdict if judged else "",
+                     "change_pct": judged.change_pct if judged else None,
+                     "series": group["value"].tolist(),
+                     "explanation": judged.explanation if judged else ""})
+    order = {"regression": 0, "improvement": 1, "no_change": 2}
+    rows.sort(key=lambda r: (order.get(r["verdict"], 3), r["kpi"], r["configuration"]))
+    return pd.DataFrame(rows[:MAX_HEADLINES], columns=columns)
+
+
+def _headlines_html(ctx: ReportContext) -> str:
+    frame = shape_headlines(ctx)
+    if frame.empty:
+        return "<p class='empty'>no KPI to show</p>"
+    rows = []
+    for row in frame.itertuples(index=False):
+        colour = _VERDICT_COLOURS.get(row.verdict, "#fff")
+        change = "" if row.change_pct is None or pd.isna(row.change_pct) else \
+            f"{row.change_pct:+.1f}%"
+        latest = f"{row.latest:.4g}" if pd.notna(row.latest) else ""
+        rows.append(
+            f"<tr style='background-color: {colour}' title='{html.escape(row.explanation)}'>"
+            f"<td>{html.escape(str(row.kpi))}</td><td>{html.escape(str(row.configuration))}"
+            f"</td><td>{html.escape(latest)} {html.escape(str(row.unit))}</td>"
+            f"<td>{html.escape(row.verdict or 'no verdict')}</td><td>{change}</td>"
+            f"<td>{_sparkline(row.series, _VERDICT_MARKS.get(row.verdict, '#999'))}</td></tr>")
+    return ("<table class='data'><thead><tr><th>KPI</th><th>configuration</th><th>latest</th>"
+            "<th>verdict</th><th>vs baseline</th><th>history</th></tr></thead><tbody>"
+            + "".join(rows) + "</tbody></table>")
+
+
 def render_report(out_dir: Path, project: AnalysisProject, runs: Sequence[Any],
                   kpis: pd.DataFrame, history: pd.DataFrame | None, verdicts: Sequence[Any],
-                  discovery: Discovery) -> Path:
+                  discovery: Discovery, *, ignored_labels: Sequence[str] = (),
+                  compared_label: str | None = None) -> Path:
     """Write one HTML page per report plus ``index.html``; returns the index path."""
     from plotly.offline import get_plotlyjs
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    ctx = ReportContext(project, runs, kpis, history, verdicts, discovery)
-    plotly_js = get_plotlyjs()
+    ctx = ReportContext(project, runs, kpis, history, verdicts, discovery,
+                        ignored_labels=tuple(ignored_labels), compared_label=compared_label,
+                        out_dir=out_dir)
     links = []
+    plotly_needed = False
     for index, entry in enumerate(_load_plots(project)):
         kind, title = entry["kind"], str(entry.get("title", entry["kind"]))
         options = {k: v for k, v in entry.items() if k not in ("kind", "title")}
         body = REPORT_KINDS[kind](ctx, options)
         name = f"{index:02d}_{kind}.html"
         needs_js = "Plotly" in body or "plotly" in body
+        plotly_needed = plotly_needed or needs_js
         (out_dir / name).write_text(_page(title, f"<p><a href='index.html'>← index</a></p>"
                                                  f"<h1>{html.escape(title)}</h1>{body}",
-                                          plotly_js if needs_js else None), encoding="utf-8")
+                                          needs_js), encoding="utf-8")
         links.append((name, title))
+    if plotly_needed:
+        (out_dir / PLOTLY_FILE).write_text(get_plotlyjs(), encoding="utf-8")
     counts: dict[str, int] = {}
     for verdict in verdicts:
         counts[verdict.verdict] = counts.get(verdict.verdict, 0) + 1
@@ -316,7 +479,7 @@ def render_report(out_dir: Path, project: AnalysisProject, runs: Sequence[Any],
     body = (f"<h1>{html.escape(project.name)} — results</h1>"
             f"<p>{len(runs)} run(s), {failed} failed. Verdicts: {html.escape(summary)}.</p>"
             "<ul>" + "".join(f"<li><a href='{n}'>{html.escape(t)}</a></li>" for n, t in links)
-            + "</ul>")
+            + "</ul>" + _headlines_html(ctx))
     index_path = out_dir / "index.html"
-    index_path.write_text(_page(f"{project.name} report", body, None), encoding="utf-8")
+    index_path.write_text(_page(f"{project.name} report", body, False), encoding="utf-8")
     return index_path
