@@ -2,7 +2,8 @@
 
 resolve config once → plan (config.yaml, plan.yaml, manifests) → freeze → lease / create a
 cluster (optional) → prepare → cells under the platform's lock (resume, skip_if,
-stop_on_error, multi-user fan-out) → post-process (parse, KPIs, history, verdicts, report)
+stop_on_error, multi-user fan-out; confirmation re-runs of suspected regressions) →
+post-process (parse, KPIs, history, verdicts, report)
 → Prefect artifacts → export → cleanup and teardown in every outcome → ``outcome.json``.
 
 The engine knows no project: it calls the project's contract (`projects.contract.Project`)
@@ -40,6 +41,7 @@ from analysis.yamlio import dump_yaml, load_yaml
 from flows.cli import EXIT_FAILED, EXIT_OK, default_artifact_dir, exit_code_for
 from projects import registry
 from projects.config import resolve, use_config
+from projects.library.runs import REPEAT_FILE
 from projects.matrix import Cell
 from tasks.artifacts import next_artifact_dir, use_artifact_dir
 from tasks.lab import provision
@@ -47,7 +49,7 @@ from tasks.platforms.base import CellResult, Platform, RunContext
 from tasks.platforms.local import cleanup_local
 from tasks.platforms.plan import plan_run
 from tasks.platforms.select import make_platform, select_platform
-from tasks.postprocess import postprocess_results
+from tasks.postprocess import find_suspects, postprocess_results
 from tasks.publish.export import (
     append_history,
     opensearch_instance,
@@ -186,13 +188,16 @@ def _users_result(results: Sequence[CellResult], need_all: bool) -> CellResult:
                       log_tail=failed.log_tail if failed and succeeded < need else None)
 
 
-def _run_cell(cell: Cell, run: RunContext, platform: Platform) -> CellOutcome:
+def _run_cell(cell: Cell, run: RunContext, platform: Platform,
+              repeat_of: str | None = None) -> CellOutcome:
     with next_artifact_dir("cell") as cell_dir:
         settings = {**cell.settings, "ci_engine": os.environ.get("TELLTALE_CI_ENGINE",
                                                                  "prefect"),
                     "run_id": run.run_id}
         (cell_dir / "settings.yaml").write_text(dump_yaml(settings), encoding="utf-8")
         (cell_dir / ".uuid").write_text(f"{uuid.uuid4()}\n", encoding="utf-8")
+        if repeat_of:
+            (cell_dir / REPEAT_FILE).write_text(f"{repeat_of}\n", encoding="utf-8")
         (cell_dir / CELL_FILE).write_text(json.dumps({
             "name": cell.name, "index": cell.index,
             "settings_hash": settings_hash(cell.settings)}) + "\n", encoding="utf-8")
@@ -246,6 +251,41 @@ def test_phase(cells: Sequence[Cell], run: RunContext, platform: Platform,
             stop = result.status == "failed" and run.test.stop_on_error
         update_progress(progress, done, len(cells))
     return results
+
+
+def confirm_phase(cells: Sequence[Cell], run: RunContext, platform: Platform,
+                  results: list[CellOutcome]) -> None:
+    """Re-run the cells whose newest run alone looks like a regression (confirm by re-run).
+
+    ``analysis.confirm_reruns`` times each; the re-runs name the run they repeat
+    (``.repeat_of``), so post-processing judges them together: a real regression is
+    confirmed the same night, a one-off is withdrawn. Needs the Parquet history.
+    """
+    settings = run.model.analysis
+    if settings.confirm_reruns <= 0 or not settings.regression.enabled:
+        return
+    passed = {Path(c.dir).resolve(): c for c in results if c.status == "passed" and c.dir}
+    if not passed:
+        return
+    history = settings.history_uri or default_history_uri(run.project.name)
+    try:
+        found = find_suspects(str(run.root), run.project.name, history,
+                              settings.model_dump())
+    except Exception as exc:  # no confirmation is no reason to lose the run
+        _log().warning("could not look for regressions to confirm: %s", exc)
+        return
+    by_name = {c.name: c for c in cells}
+    for rel, why in found.items():
+        original = passed.get((run.root / rel).resolve())
+        cell = by_name.get(original.name) if original else None
+        if original is None or cell is None:
+            continue
+        uuid_text = (Path(original.dir) / ".uuid").read_text(encoding="utf-8").strip()
+        _log().warning("cell %s looks like a regression (%s): re-running it %d time(s) to "
+                       "confirm", cell.name, why, settings.confirm_reruns)
+        for attempt in range(1, settings.confirm_reruns + 1):
+            rerun = _run_cell(cell, run, platform, repeat_of=uuid_text)
+            results.append(rerun.model_copy(update={"name": f"{cell.name}~rerun{attempt}"}))
 
 
 def _postprocess_phase(outcome: RunOutcome, run: RunContext) -> None:
@@ -383,6 +423,7 @@ def orchestrate(project_name: str, presets: Sequence[str], overrides: dict[str, 
                 target.prepare(run, plan.runnable)
                 with target.lock(run):
                     test_phase(plan.cells, run, target, outcome.cells)
+                    confirm_phase(plan.cells, run, target, outcome.cells)
                 _postprocess_phase(outcome, run)
             finally:
                 # Every cleanup step runs even when an earlier one fails; the first error wins.

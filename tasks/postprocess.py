@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from analysis.pipeline import PostprocessOutcome, postprocess
+from analysis.pipeline import PostprocessOutcome, postprocess, suspects
 from analysis.settings import AnalysisSettings
 from blocks.opensearch import OpenSearchInstance
 from tasks.artifacts import artifact_dir, step
 from tasks.publish.opensearch import OpenSearchHistory
 
-__all__ = ["postprocess_results"]
+__all__ = ["find_suspects", "postprocess_results"]
 
 
 # Retries cover transient history-store faults (S3); the timeout bounds a runaway parse.
@@ -44,3 +44,17 @@ def postprocess_results(results_dir: str, project: str, history_uri: str | None,
     return postprocess(results_dir, project, artifact_dir(), history_uri=history_uri,
                        settings=AnalysisSettings.model_validate(settings), presets=presets,
                        config_text=config_text, history=history)
+
+
+@step("analysis", retries=2, retry_delay_seconds=[5, 30], timeout_seconds=1800)
+def find_suspects(results_dir: str, project: str, history_uri: str,
+                  settings: dict[str, Any]) -> dict[str, str]:
+    """Result dirs (relative) whose newest run alone looks like a regression → why.
+
+    The confirmation re-runs of ``analysis.confirm_reruns`` are chosen from these.
+    """
+    found: dict[str, str] = {}
+    for row in suspects(results_dir, project, history_uri,
+                        AnalysisSettings.model_validate(settings)):
+        found.setdefault(row.test_path, f"{row.kpi}: {row.explanation}")
+    return found

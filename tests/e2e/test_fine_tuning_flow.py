@@ -11,9 +11,12 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
+
+from analysis.history import HistoryStore
 
 pytestmark = pytest.mark.slow
 
@@ -78,6 +81,48 @@ def test_successive_runs_build_history_and_verdicts(tmp_path: Path, prefect_harn
     verdicts = json.loads(next((tmp_path / "run3").glob("*__analysis__*/regression.json"))
                           .read_text())
     assert all(v["history_used"] >= 3 for v in verdicts)
+
+
+def test_a_suspected_regression_is_rerun_and_judged_with_its_repeat(
+        tmp_path: Path, prefect_harness) -> None:
+    """``analysis.confirm_reruns``: the newest run alone looks 33 % worse than its history,
+    so the flow re-runs the cell and the two runs are judged together: confirmed."""
+    from flows.fine_tuning.flow import fine_tuning
+    from flows.orchestration import outcome_of
+
+    first = outcome_of(fine_tuning(presets=["light"], overrides={
+        **FAST, "analysis.history_uri": str(tmp_path / "first")},
+        artifact_dir=str(tmp_path / "run0"), return_state=True))
+    assert first.exit_code == 0, first.failures
+    # Eight earlier runs of the same configuration, 1.5x better than this machine does.
+    rows = pd.read_parquet(tmp_path / "first")
+    rng = np.random.default_rng(0)
+    fakes = []
+    for i in range(8):
+        fake = rows.copy()
+        better = np.where(fake["lower_better"], 1 / 1.5, 1.5)
+        fake["value"] = fake["value"] * better * (1 + rng.normal(0, 0.01, len(fake)))
+        fake["run_uuid"] = f"earlier-{i}"
+        fake["timestamp"] = fake["timestamp"] - pd.Timedelta(days=10 - i)
+        fakes.append(fake)
+    HistoryStore(str(tmp_path / "history")).bulk_append(pd.concat(fakes, ignore_index=True))
+
+    outcome = outcome_of(fine_tuning(presets=["light"], overrides={
+        **FAST, "analysis.history_uri": str(tmp_path / "history"),
+        "analysis.confirm_reruns": 1}, artifact_dir=str(tmp_path / "run"), return_state=True))
+    assert outcome.exit_code == 0, outcome.failures
+    assert [c.name for c in outcome.cells] == ["base", "base~rerun1"]
+    cells = sorted((tmp_path / "run").glob("*__cell"))
+    original = (cells[0] / ".uuid").read_text().strip()
+    assert (cells[1] / ".repeat_of").read_text().strip() == original
+    verdicts = json.loads(next((tmp_path / "run").glob("*__analysis__*/regression.json"))
+                          .read_text())
+    tokens = [v for v in verdicts if v["kpi"] == "train_tokens_per_second"]
+    assert len(tokens) == 2 and all(len(v["repeats"]) == 2 for v in tokens)
+    assert all(v["verdict"] == "regression" and "2 repeats" in v["explanation"]
+               for v in tokens), tokens
+    index = next((tmp_path / "run").glob("*__analysis__*/report/index.html")).read_text()
+    assert "regression" in index
 
 
 def test_failing_cell_does_not_stop_the_matrix_and_cleanup_runs(tmp_path: Path,
