@@ -1,28 +1,40 @@
-"""Leak janitor: remove what crashed runs left on a cluster.
+"""Leak janitor: remove what crashed runs left on a cluster, and their QUADS leases.
 
     python -m flows.cleanup --older-than 6h [--dry-run] [--kubeconfig PATH]
+    python -m flows.cleanup --quads [--older-than 6h] [--artifacts runs] [--dry-run]
+    python -m flows.cleanup --quads --artifact-dir RUN_DIR
 
 Finds objects labelled ``app.kubernetes.io/managed-by=telltale`` with a
 ``telltale.io/run-id`` older than the given age, skipping anything labelled
 ``telltale.io/keep=true`` (runs with ``clusters.keep``), and deletes them with their
 dependents. ``--dry-run`` lists what it would delete. Shared objects (namespace, data PVC)
 carry no run id and are never touched.
+
+``--quads`` releases the QUADS assignments of dead runs: the owner's active self-scheduled
+assignments whose description starts with ``telltale:`` and whose ``lease.json`` (under
+``--artifacts``) names a process of this machine that is gone — or, with no local record,
+that are surely older than ``--older-than``. ``--artifact-dir`` releases one run's lease.
+Credentials: the project's ``secrets.quads_credentials`` (``--project``, ``--preset``).
 """
 
 import re
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from prefect import flow
 from pydantic import BaseModel
 
 from analysis.errors import ConfigError
 from flows.cli import EXIT_OK, main_guard, make_parser, prefect_defaults
+from projects.config import resolve
 from tasks.kube.api import Kube, api_client
 from tasks.kube.workload import find_leaks
+from tasks.lab.lease import find_orphans, release_from_file, release_orphan
+from tasks.lab.provision import quads_client
 from tasks.platforms.select import find_kubeconfig
 
-__all__ = ["JanitorOutcome", "janitor", "parse_age"]
+__all__ = ["JanitorOutcome", "janitor", "parse_age", "quads_janitor"]
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -74,16 +86,70 @@ def janitor(older_than: str = "6h", dry_run: bool = True,
     return JanitorOutcome(leaks=names, deleted=deleted, dry_run=dry_run)
 
 
+@flow(name="cleanup-quads", log_prints=True)
+def quads_janitor(older_than: str = "6h", dry_run: bool = True, artifacts: str = "runs",
+                  project: str = "fine_tuning", presets: list[str] | None = None,
+                  artifact_dir: str | None = None) -> JanitorOutcome:
+    """Release the QUADS assignments of dead runs (``--dry-run`` only lists them).
+
+    Args:
+        older_than: With no local ``lease.json``, release only assignments surely older.
+        dry_run: Only list what would be released.
+        artifacts: Where the runs' artifact dirs (and their ``lease.json``) are.
+        project: The project whose secrets block names the QUADS credentials.
+        presets: Presets of that project's config (for the secrets block).
+        artifact_dir: Release this one run's lease and nothing else.
+    """
+    seconds = parse_age(older_than)
+    secrets = resolve(project, presets=presets or [], overrides={}).model.secrets
+    with quads_client(secrets) as client:
+        if artifact_dir is not None:
+            released = not dry_run and release_from_file(client, Path(artifact_dir))
+            line = f"lease of {artifact_dir}"
+            print(("would release " if dry_run else "released " if released
+                   else "nothing to release: ") + line)
+            return JanitorOutcome(leaks=[line], deleted=int(released), dry_run=dry_run)
+        orphans = find_orphans(client, [Path(artifacts)], seconds)
+        names = [f"assignment {o.assignment_id} ({o.cloud}, run {o.marker}): {o.reason}"
+                 for o in orphans]
+        for line in names:
+            print(("would release " if dry_run else "releasing ") + line)
+        released = 0
+        if not dry_run:
+            for orphan in orphans:
+                release_orphan(client, orphan)
+                released += 1
+    return JanitorOutcome(leaks=names, deleted=released, dry_run=dry_run)
+
+
 @main_guard
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line entry point."""
     parser = make_parser("python -m flows.cleanup", "Remove leaks of crashed Telltale runs.")
-    parser.add_argument("--older-than", required=True, metavar="AGE", help="e.g. 6h, 90m, 2d")
+    parser.add_argument("--older-than", metavar="AGE", help="e.g. 6h, 90m, 2d")
     parser.add_argument("--dry-run", action="store_true", help="list, delete nothing")
     parser.add_argument("--kubeconfig", help="kubeconfig path")
+    parser.add_argument("--quads", action="store_true",
+                        help="release the QUADS assignments of dead runs instead")
+    parser.add_argument("--artifacts", default="runs",
+                        help="(--quads) where the runs' artifact dirs are")
+    parser.add_argument("--artifact-dir", help="(--quads) release this run's lease only")
+    parser.add_argument("--project", default="fine_tuning",
+                        help="(--quads) project whose secrets name the QUADS credentials")
+    parser.add_argument("--preset", action="append", default=[], help="(--quads) preset")
     args = parser.parse_args(argv)
-    parse_age(args.older_than)  # a bad age is a usage error before Prefect starts
+    if args.older_than is None and not args.quads:
+        parser.error("--older-than is required (or --quads)")
+    parse_age(args.older_than or "6h")  # a bad age is a usage error before Prefect starts
     prefect_defaults()
+    if args.quads:
+        outcome = quads_janitor(older_than=args.older_than or "6h", dry_run=args.dry_run,
+                                artifacts=args.artifacts, project=args.project,
+                                presets=args.preset, artifact_dir=args.artifact_dir)
+        verb = "would release" if outcome.dry_run else "released"
+        print(f"{len(outcome.leaks)} QUADS lease(s) of dead runs; {verb} "
+              f"{len(outcome.leaks) if outcome.dry_run else outcome.deleted}")
+        return EXIT_OK
     outcome = janitor(older_than=args.older_than, dry_run=args.dry_run,
                       kubeconfig=args.kubeconfig)
     verb = "would delete" if outcome.dry_run else "deleted"

@@ -368,7 +368,7 @@ def _provision(run: RunContext, creates: bool) -> RunContext:
     """Lease hosts and create the cluster when the config asks; returns the run's context."""
     clusters, secrets = run.model.clusters, run.model.secrets
     if clusters.sutest.lab.enabled:
-        provision.lease_hosts(str(run.root), secrets, clusters.sutest.lab)
+        provision.lease_hosts(str(run.root), secrets, clusters.sutest.lab, run.run_id)
     if not creates:
         return run
     record = provision.create_cluster(str(run.root), clusters.create, secrets,

@@ -51,7 +51,8 @@ def build_plan(config: Config, platform: str, *, test: str = "fine_tuning") -> P
             "service": "QUADS self-scheduling (/api/v3/assignments/self)",
             "count": lab["count"], "filters": lab["filters"],
             "description": lab["description"], "wipe": lab["wipe"], "ticket": lab["ticket"],
-            "lease_days": lab["lease_days"],
+            "end": "set by QUADS (its default lifetime, at most the lab's weekly deadline); "
+                   "lease.json records it",
             "wait_hosts_minutes": lab["wait_hosts_minutes"],
             "wait_delivery_minutes": lab["wait_delivery_minutes"],
             "release": ("kept (clusters.keep)" if config.get("clusters.keep")
@@ -93,7 +94,7 @@ def format_plan(plan: Plan) -> str:
     if lease:
         filters = ", ".join(f"{k}={v}" for k, v in lease["filters"].items()) or "any host"
         lines.append(f"lease     QUADS: {lease['count']} host(s) [{filters}], "
-                     f"wipe={lease['wipe']}, {lease['lease_days']} days, {lease['release']}")
+                     f"wipe={lease['wipe']}, end set by QUADS, {lease['release']}")
     if plan.extra.get("manifests"):
         lines.append(f"manifests {plan.extra['manifests']} written under manifests/")
     if plan.extra.get("cluster"):

@@ -29,7 +29,6 @@ class QuadsLabBlock(BaseModel):
     ticket: Annotated[str | None, BeforeValidator(_number_as_text)] = Field(
         default=None, description="JIRA ticket of the assignment: the number (8001) or the "
         "key; QUADS stores the number.")
-    lease_days: int = Field(default=5, ge=1, description="Days the hosts are asked for.")
     wait_hosts_minutes: int = Field(
         default=60, ge=0, description="How long to wait for enough free hosts."
     )

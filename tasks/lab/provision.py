@@ -50,14 +50,24 @@ def quads_client(secrets: SecretsBlock) -> QuadsClient:
 
 
 @step("lab", timeout_seconds=None)
-def lease_hosts(root: str, secrets: SecretsBlock, lab: QuadsLabBlock) -> Lease:
-    """Lease bare-metal hosts from QUADS (``lease.json`` is written as soon as assigned)."""
+def lease_hosts(root: str, secrets: SecretsBlock, lab: QuadsLabBlock, marker: str) -> Lease:
+    """Lease bare-metal hosts from QUADS.
+
+    ``lease.json`` holds the intent before the request; an unreleased one from an earlier
+    attempt in the same dir is adopted or closed.
+    """
     request = LeaseRequest(count=lab.count, filters=lab.filters, description=lab.description,
-                           wipe=lab.wipe, ticket=lab.ticket, lease_days=lab.lease_days,
+                           wipe=lab.wipe, ticket=lab.ticket, marker=_marker(marker),
                            wait_hosts_minutes=lab.wait_hosts_minutes,
                            wait_delivery_minutes=lab.wait_delivery_minutes)
     with quads_client(secrets) as client:
         return acquire_lease(client, request, root=Path(root), poll_s=lab.poll_seconds)
+
+
+def _marker(run_id: str) -> str:
+    """The run id as a description marker (``[A-Za-z0-9._-]``, ≤ 64 characters)."""
+    cleaned = "".join(c if c.isalnum() or c in "._-" else "-" for c in run_id)[:64]
+    return cleaned or "run"
 
 
 @step("cluster", timeout_seconds=None)

@@ -7,7 +7,14 @@
   reported as such and not retried (2.2.x answers 500 to ``/assignments/self`` when JIRA ticket
   auto-creation is off and a ticket is given, or when auto-creation is on and JIRA unreachable;
   without a ticket and auto-creation off it answers 400). Creating an assignment is never
-  retried blindly: a lost answer could leave a second assignment behind.
+  retried blindly: a lost answer could leave a second assignment behind (the lease writes its
+  intent first and reconciles with `QuadsClient.active_assignments`).
+- Patience: the long delivery wait and the release ride out an outage of minutes
+  (`PATIENT`); other calls give up after seconds.
+- Time: 2.2.x compares *naive server-local* times and labels them "GMT". Telltale never sends
+  its own clock: ``/available`` is asked without ``start``/``end`` (the server's now), and the
+  server's offset from UTC is learnt from a fresh timestamp it writes (``created_at`` of a new
+  assignment against the response's ``Date`` header) to show the lease's real end.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 from typing import Any
 
@@ -25,9 +32,24 @@ from analysis.errors import PermanentServiceError, StepError, TransientServiceEr
 from blocks.quads import QuadsCredentials
 from tasks.retry import RetryPolicy, call_with_retries
 
-__all__ = ["Assignment", "QuadsClient", "QuadsError", "QuadsValidationFailed"]
+__all__ = ["PATIENT", "Assignment", "QuadsClient", "QuadsError", "QuadsValidationFailed",
+           "server_time"]
 
 logger = logging.getLogger("telltale.quads")
+
+PATIENT = RetryPolicy(attempts=10, backoff_base_s=2.0, backoff_max_s=60.0)
+"""For the delivery wait's polls and the release: about 5 minutes of retries, so a QUADS
+outage of a few minutes leaves no assignment behind (the default policy gives up in ~8 s)."""
+
+
+def server_time(value: Any) -> datetime | None:
+    """A 2.2.x timestamp as the server means it: naive server-local (the "GMT" is a label)."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return parsedate_to_datetime(value).replace(tzinfo=None)
+    except (TypeError, ValueError):
+        return None
 _OPERATORS = ("ne", "lt", "lte", "gt", "gte", "like", "ilike", "in")
 
 
@@ -111,18 +133,23 @@ class QuadsClient:
         timeout_s: Per-request timeout.
         policy: Retry policy for transient faults.
         transport: An httpx transport (tests inject faults with it).
+        patient: Retry policy of the delivery wait and the release (`PATIENT`).
     """
 
     def __init__(self, base_url: str, email: str, password: SecretStr, *,
                  verify: bool | str = True, timeout_s: float = 30.0,
-                 policy: RetryPolicy = RetryPolicy(), transport: Any = None) -> None:
+                 policy: RetryPolicy = RetryPolicy(), transport: Any = None,
+                 patient: RetryPolicy = PATIENT) -> None:
         import httpx
 
         self.base_url = base_url.rstrip("/")
         self.email = email
         self._password = password
         self.policy = policy
+        self.patient = patient
         self._token: str | None = None
+        self.clock_offset: timedelta | None = None  # server-local naive time minus UTC
+        self._last_date: str | None = None  # the last answer's HTTP Date (true UTC)
         self._http = httpx.Client(base_url=self.base_url, verify=verify, transport=transport,
                                   timeout=httpx.Timeout(timeout_s, connect=10.0))
 
@@ -153,7 +180,8 @@ class QuadsClient:
     # -- transport ---------------------------------------------------------------------------
 
     def _send(self, method: str, path: str, *, auth: bool, json: Any = None,
-              params: Mapping[str, str] | None = None, retry: bool = True) -> Any:
+              params: Mapping[str, str] | None = None, retry: bool = True,
+              policy: RetryPolicy | None = None) -> Any:
         import httpx
 
         def once() -> httpx.Response:
@@ -180,8 +208,9 @@ class QuadsClient:
                 response = once()
             return response
 
-        response = call_with_retries(call, self.policy if retry else RetryPolicy(attempts=1),
-                                     what=f"quads {method} {path}")
+        chosen = (policy or self.policy) if retry else RetryPolicy(attempts=1)
+        response = call_with_retries(call, chosen, what=f"quads {method} {path}")
+        self._last_date = response.headers.get("date")
         if response.status_code == 500:
             hint = _SELF_SCHEDULE_500 if path == "/assignments/self" else ""
             raise QuadsError(f"{method} {path}: server fault (HTTP 500): {_message(response)}"
@@ -207,18 +236,61 @@ class QuadsClient:
                 QuadsError
             raise error(f"login as {self.email}: {_message(response)}", service="quads",
                         status=response.status_code)
-        self._token = response.json()["auth_token"]
+        try:
+            token = response.json()["auth_token"]  # 2.2.6: HTTP 200, status_code 201 inside
+        except (ValueError, KeyError, TypeError):
+            raise QuadsError(f"login as {self.email}: no token in the answer "
+                             f"({_message(response)})", service="quads") from None
+        self._token = str(token)
 
-    def available(self, start: datetime, end: datetime,
-                  filters: Mapping[str, Any] | None = None) -> list[str]:
-        """Hosts free for self-scheduling between ``start`` and ``end`` matching ``filters``.
+    def available(self, filters: Mapping[str, Any] | None = None, *,
+                  start: datetime | None = None, end: datetime | None = None) -> list[str]:
+        """Hosts free for self-scheduling matching ``filters``: now, by the server's clock.
+
+        ``start``/``end``, when given, are naive *server-local* times (see `server_now`);
+        without them the server uses its own now, so a host freed a minute ago is seen
+        whatever the time zones of client and server.
 
         Filters are host metadata paths with optional operator suffixes:
         ``{"model": "R650", "disks.disk_type": "nvme", "interfaces.speed__gte": 100}``.
         """
-        params = {"can_self_schedule": "true", "start": start.strftime("%Y-%m-%dT%H:%M"),
-                  "end": end.strftime("%Y-%m-%dT%H:%M"), **_filter_params(filters or {})}
+        params = {"can_self_schedule": "true", **_filter_params(filters or {})}
+        if start is not None:
+            params["start"] = start.strftime("%Y-%m-%dT%H:%M")
+        if end is not None:
+            params["end"] = end.strftime("%Y-%m-%dT%H:%M")
         return list(self._send("GET", "/available", auth=False, params=params))
+
+    def server_now(self) -> datetime | None:
+        """The server's naive local now, once its offset is known (None before)."""
+        if self.clock_offset is None:
+            return None
+        return datetime.now(UTC).replace(tzinfo=None) + self.clock_offset
+
+    def to_utc(self, server_local: datetime) -> datetime | None:
+        """A naive server-local time as UTC, once the server's offset is known."""
+        if self.clock_offset is None:
+            return None
+        return (server_local - self.clock_offset).replace(tzinfo=UTC)
+
+    def _learn_clock(self, fresh: Any) -> None:
+        """Learn the server's offset from a timestamp it just wrote (vs the HTTP ``Date``)."""
+        stamp, date = server_time(fresh), self._last_date
+        if stamp is None or not date:
+            return
+        try:
+            utc = parsedate_to_datetime(date).astimezone(UTC).replace(tzinfo=None)
+        except (TypeError, ValueError):
+            return
+        quarter = 15 * 60  # time zones are whole quarters of an hour
+        seconds = round((stamp - utc).total_seconds() / quarter) * quarter
+        self.clock_offset = timedelta(seconds=seconds)
+
+    def active_assignments(self) -> list[Assignment]:
+        """This owner's active self-scheduled assignments (for reconciling and the janitor)."""
+        answer = self._send("GET", "/assignments", auth=False, params={
+            "owner": self.owner, "active": "true", "is_self_schedule": "true"})
+        return [Assignment.model_validate(a) for a in answer if isinstance(a, dict)]
 
     def is_available(self, host: str) -> bool:
         """Whether ``host`` is free now.
@@ -243,22 +315,39 @@ class QuadsClient:
             body["ticket"] = ticket
         if vlan is not None:
             body["vlan"] = vlan
-        return Assignment.model_validate(self._send("POST", "/assignments/self", auth=True,
-                                                    json=body, retry=False))
+        answer = self._send("POST", "/assignments/self", auth=True, json=body, retry=False)
+        if isinstance(answer, dict):
+            self._learn_clock(answer.get("created_at"))
+        return Assignment.model_validate(answer)
 
     def schedule(self, cloud: str, hostname: str) -> dict[str, Any]:
-        """Add one host to the assignment's cloud."""
-        return dict(self._send("POST", "/schedules", auth=True,
-                               json={"cloud": cloud, "hostname": hostname}))
+        """Add one host to the assignment's cloud; the answer holds the schedule's real end.
 
-    def assignment(self, assignment_id: int) -> Assignment:
-        """Read an assignment."""
-        return Assignment.model_validate(self._send("GET", f"/assignments/{assignment_id}",
-                                                    auth=False))
+        Raises:
+            QuadsError: e.g. 400 "Invalid date range" (self-scheduling closes before the
+                lab's weekly deadline: try after it), the host is taken, or the cloud is full.
+        """
+        try:
+            return dict(self._send("POST", "/schedules", auth=True,
+                                   json={"cloud": cloud, "hostname": hostname}))
+        except QuadsError as exc:
+            if "date range" in str(exc).lower():
+                raise QuadsError(f"{exc} — QUADS sets the end of a self-scheduled host itself "
+                                 "(its default lifetime, at most the lab's weekly deadline); "
+                                 "close to that deadline it refuses new schedules: try again "
+                                 "after it", service="quads", status=exc.status) from None
+            raise
+
+    def assignment(self, assignment_id: int, *, patient: bool = False) -> Assignment:
+        """Read an assignment (``patient``: ride out an outage of minutes, `PATIENT`)."""
+        return Assignment.model_validate(self._send(
+            "GET", f"/assignments/{assignment_id}", auth=False,
+            policy=self.patient if patient else None))
 
     def terminate(self, assignment_id: int) -> None:
-        """Release an assignment (idempotent on the server)."""
-        self._send("POST", f"/assignments/terminate/{assignment_id}", auth=True)
+        """Release an assignment (idempotent on the server); patient, like a release must be."""
+        self._send("POST", f"/assignments/terminate/{assignment_id}", auth=True,
+                   policy=self.patient)
 
     def wait_delivered(self, assignment_id: int, *, deadline_s: float, poll_s: float = 60.0,
                        progress: Callable[[Assignment, float], None] | None = None,
@@ -277,7 +366,7 @@ class QuadsClient:
         started = time.monotonic()
         noticed: float | None = None
         while True:
-            current = self.assignment(assignment_id)
+            current = self.assignment(assignment_id, patient=True)
             elapsed = time.monotonic() - started
             if progress is not None:
                 progress(current, elapsed)
@@ -313,9 +402,12 @@ def _message(response: Any) -> str:
     try:
         body = response.json()
     except ValueError:
-        if "html" in response.headers.get("content-type", "").lower():
+        text = response.text.strip()
+        if "html" in response.headers.get("content-type", "").lower() and (
+                "<" in text or len(text) > 120):
             return f"HTTP {response.status_code}: an HTML error page (no details)"
-        return f"HTTP {response.status_code}: {response.text[:256]}"
+        # plain words (2.2.6 answers 401 "Unauthorized Access" as text/html)
+        return f"HTTP {response.status_code}: {text[:120]}"
     if isinstance(body, dict):
         return str(body.get("message") or body.get("error") or body)[:256]
     return str(body)[:256]

@@ -10,7 +10,7 @@ def test_prefect_yaml_deployments_build_and_validate() -> None:
     deployments = {d.name: d for d in build_deployments()}
     nightly = deployments["fine-tuning-nightly"]
     assert nightly.schedules and nightly.schedules[0].schedule.cron == "0 2 * * *"
-    assert nightly.parameters["presets"] == ["light"]
+    assert nightly.parameters["presets"] == ["nightly"]  # light + confirmation re-runs
     schema = nightly._parameter_openapi_schema.model_dump()
     props = schema["properties"]
     assert set(props) == {"presets", "overrides", "platform", "artifact_dir"}

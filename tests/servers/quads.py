@@ -1,17 +1,34 @@
-"""A stateful QUADS 2.2.x (``/api/v3``) server for tests, on 127.0.0.1.
+"""A stateful QUADS 2.2.6 (``/api/v3``) server for tests, on 127.0.0.1.
 
-Follows the documented API (DESIGN §9): ``/register``, ``/login`` (HTTP Basic → token with a
-lifetime; a bad or expired token gives 401, missing auth 400), ``/available`` with metadata
-filters and operator suffixes, ``/available/<host>`` answering ``{"<host>": "True"}`` or
-``{"<host>": "False"}`` (200, unknown hosts too), ``/assignments/self`` (201; 403 when self-scheduling is off or the per-user limit
-is reached; 400 business errors; 500 when ticket auto-creation is off, like some 2.2.x
-servers), ``/schedules`` (≤ 10 hosts per cloud), ``/assignments/<id>`` and
-``/assignments/terminate/<id>`` (idempotent, owner only). Dates are RFC 1123 strings; errors
-are ``{status_code, error, message}``.
+Answers like the real 2.2.6 where Telltale depends on it (DESIGN §9, and what a real server
+answered when Telltale was tried against one):
 
-Test controls on `QuadsState`: ``deliver(id, fail=False)`` marks an assignment provisioned and
-validated (or failed validation), ``auto_deliver_after`` delivers after N polls,
-``expire_tokens()``, ``fail_next(n, status)``.
+- time: the server compares *naive server-local* times and labels them "GMT" (RFC 1123);
+  ``tz_offset_hours`` puts the server in another time zone than the client;
+- ``/register`` → 200 with a token, 401 "User already exists. Please Log in."; ``/login``
+  (HTTP Basic) → HTTP 200 with ``status_code: 201`` in the body; bad or missing credentials
+  and bad tokens → 401 ``text/html`` "Unauthorized Access";
+- ``/available`` honours ``start``/``end`` (server-local, default: the server's now),
+  ``can_self_schedule``, broken and retired hosts, metadata filters with operator suffixes;
+  ``/available/<host>`` → ``{"<host>": "True"|"False"}`` (200, unknown hosts too);
+- ``POST /assignments/self`` → 201, description prefixed ``[SSM] ``; 403 "Service not
+  enabled"; per-user limit keyed by the e-mail's local part; 400 "No free clouds available";
+  400 "Missing Jira ticket number ..." / HTML 500 with JIRA auto-ticketing off; HTML 500 for a
+  ``cc_user`` list;
+- ``POST /schedules`` → 200 with the schedule and its real end (``ssm_default_lifetime``
+  days, at most the weekly deadline; close to it: 400 "Invalid date range"); no ownership
+  check (real QUADS has none); host limit per cloud (``ssm_host_limit``): 400 "Cloud cloudNN
+  has reached the maximum number of hosts";
+- ``GET /assignments?owner=&active=&is_self_schedule=``; unknown assignment → 400;
+- ``POST /assignments/terminate/<id>`` ends the schedules *now* (the hosts are free from the
+  next minute); provisioning comes before validation.
+
+Test controls on `QuadsState`: ``deliver(id, fail=False)``, ``auto_deliver_after`` (polls
+before provisioned; validated one poll later), ``revalidate``, ``expire_tokens()``,
+``fail_next(n, status)``, ``advance(minutes)`` (the server's clock), ``down`` (an outage:
+every connection is dropped unanswered; ``drop_next(n)`` for n requests),
+``after_available`` (a callback: another user takes a host) and ``lose_next(path)`` (the request is carried out,
+its answer lost: the connection drops).
 """
 
 from __future__ import annotations
@@ -23,16 +40,23 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from email.utils import formatdate
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qsl, urlparse
 
 from tests.servers import serve
 
+_UNAUTHORIZED = b"Unauthorized Access"
+_HTML_500 = (b"<!doctype html>\n<html lang=en>\n<title>500 Internal Server Error</title>\n"
+             b"<h1>Internal Server Error</h1>\n<p>The server encountered an internal error and "
+             b"was unable to complete your request.</p>\n")
 
-def _now() -> str:
-    return formatdate(time.time(), usegmt=True)
+
+def _rfc1123(naive: datetime) -> str:
+    """How 2.2.x writes its naive server-local times: labelled GMT although they are not."""
+    return format_datetime(naive.replace(tzinfo=UTC), usegmt=True)
 
 
 def _lookup(meta: Any, path: str) -> list[Any]:
@@ -67,17 +91,23 @@ def _compare(value: Any, op: str, wanted: str) -> bool:
 
 
 class QuadsState:
-    """Hosts, clouds, users, tokens and assignments."""
+    """Hosts, clouds, users, tokens, assignments, schedules and the server's clock."""
 
     def __init__(self, hosts: dict[str, dict[str, Any]], *, token_lifetime_s: float = 15600,
-                 per_user_limit: int = 3) -> None:
-        self.lock = threading.Lock()
+                 per_user_limit: int = 3, tz_offset_hours: float = 0.0,
+                 ssm_host_limit: int = 10, ssm_default_lifetime_days: float = 2.8) -> None:
+        self.lock = threading.RLock()
         self.hosts = hosts
-        self.scheduled: dict[str, str] = {}  # host -> cloud
+        self.schedules: list[dict[str, Any]] = []
         self.users: dict[str, str] = {}
         self.tokens: dict[str, tuple[str, float]] = {}
         self.token_lifetime_s = token_lifetime_s
         self.per_user_limit = per_user_limit
+        self.tz_offset = timedelta(hours=tz_offset_hours)
+        self.skew = timedelta(0)
+        self.ssm_host_limit = ssm_host_limit
+        self.ssm_default_lifetime = timedelta(days=ssm_default_lifetime_days)
+        self.near_weekly_deadline = False
         self.self_schedule = True
         self.ticket_autocreate = True
         self.assignments: dict[int, dict[str, Any]] = {}
@@ -87,11 +117,38 @@ class QuadsState:
         self.polls: dict[int, int] = {}
         self.requests: list[tuple[str, str, int]] = []
         self.logins = 0
+        self.down = False
+        self.down_requests = 0
+        self.lose: list[str] = []
+        self.after_available: Any = None  # called after answering /available (races)
+
+    # -- clock --------------------------------------------------------------------------------
+
+    def now(self) -> datetime:
+        """The server's naive local time (what 2.2.x compares and labels "GMT")."""
+        return datetime.now(UTC).replace(tzinfo=None) + self.tz_offset + self.skew
+
+    def advance(self, minutes: float) -> None:
+        """Move the server's clock forward."""
+        with self.lock:
+            self.skew += timedelta(minutes=minutes)
+
+    # -- controls -----------------------------------------------------------------------------
 
     def fail_next(self, count: int, status: int = 503) -> None:
         """Answer the next ``count`` requests with ``status``."""
         with self.lock:
             self.failures.extend([status] * count)
+
+    def drop_next(self, count: int) -> None:
+        """An outage of ``count`` requests: each connection is dropped unanswered."""
+        with self.lock:
+            self.down_requests += count
+
+    def lose_next(self, path: str) -> None:
+        """Carry out the next request to ``path`` (after /api/v3), then drop its answer."""
+        with self.lock:
+            self.lose.append(path.strip("/"))
 
     def expire_tokens(self) -> None:
         """Make every issued token expired (the next authenticated call gets 401)."""
@@ -115,9 +172,31 @@ class QuadsState:
             assignment["notification"]["fail"] = False
             assignment["notification"]["success"] = True
 
-    def active_for(self, user: str) -> list[dict[str, Any]]:
-        """Active assignments created by ``user`` (an e-mail)."""
-        return [a for a in self.assignments.values() if a["user"] == user and a["active"]]
+    # -- queries ------------------------------------------------------------------------------
+
+    def active_for(self, owner: str) -> list[dict[str, Any]]:
+        """Active assignments of ``owner`` (the e-mail's local part, as QUADS keys them)."""
+        return [a for a in self.assignments.values() if a["owner"] == owner and a["active"]]
+
+    def busy(self, host: str, start: datetime, end: datetime) -> bool:
+        """Whether a schedule of ``host`` overlaps ``[start, end]`` (server-local)."""
+        return any(s["host"] == host and s["start"] <= end and s["end"] >= start
+                   for s in self.schedules)
+
+    def free_now(self, host: str) -> bool:
+        now = self.now()
+        return host in self.hosts and not self.busy(host, now, now)
+
+    @property
+    def scheduled(self) -> dict[str, str]:
+        """Host → cloud of the schedules running now."""
+        now = self.now()
+        return {s["host"]: s["cloud"] for s in self.schedules
+                if s["start"] <= now <= s["end"]}
+
+
+class _Dropped(Exception):
+    """The connection is dropped without an answer (an outage or a lost response)."""
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -127,45 +206,66 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *args: Any) -> None:
         pass
 
-    def _send(self, status: int, body: Any) -> None:
-        data = json.dumps(body).encode()
+    def _raw(self, status: int, data: bytes, content_type: str) -> None:
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
         self.state.requests.append((self.command, self.path, status))
 
+    def _send(self, status: int, body: Any) -> None:
+        self._raw(status, json.dumps(body).encode(), "application/json")
+
     def _error(self, status: int, error: str, message: str) -> None:
         self._send(status, {"status_code": status, "error": error, "message": message})
+
+    def _unauthorized(self) -> None:
+        self._raw(401, _UNAUTHORIZED, "text/html; charset=utf-8")
+
+    def _html_500(self) -> None:
+        """What a crashing QUADS answers: Flask's HTML error page, not JSON."""
+        self._raw(500, _HTML_500, "text/html; charset=utf-8")
 
     def _json(self) -> dict[str, Any]:
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
         try:
-            return json.loads(raw or b"{}")
+            body = json.loads(raw or b"{}")
         except json.JSONDecodeError:
             return {}
+        return body if isinstance(body, dict) else {}
+
+    def _basic(self) -> str | None:
+        header = self.headers.get("Authorization", "")
+        if not header.startswith("Basic "):
+            return None
+        email, _, password = base64.b64decode(header[6:]).decode().partition(":")
+        return email if self.state.users.get(email) == password else None
 
     def _user(self) -> str | None:
-        """Authenticated user, or None after having sent 400/401."""
+        """Authenticated e-mail, or None after having answered 401."""
         header = self.headers.get("Authorization", "")
+        email = None
         if header.startswith("Bearer "):
             entry = self.state.tokens.get(header[len("Bearer "):])
-            if entry is None or entry[1] < time.time():
-                self._error(401, "Unauthorized", "Invalid or expired token")
-                return None
-            return entry[0]
-        if header.startswith("Basic "):
-            email, _, password = base64.b64decode(header[6:]).decode().partition(":")
-            if self.state.users.get(email) != password:
-                self._error(401, "Unauthorized", "Invalid credentials")
-                return None
-            return email
-        self._error(400, "Bad Request", "Missing authentication")
-        return None
+            if entry is not None and entry[1] >= time.time():
+                email = entry[0]
+        elif header.startswith("Basic "):
+            email = self._basic()
+        if email is None:
+            self._unauthorized()
+        return email
 
-    def _fault(self) -> bool:
+    def _before(self, path: str) -> bool:
+        """Outage, injected faults; True when the request was answered (or dropped)."""
+        with self.state.lock:
+            dropped = self.state.down or self.state.down_requests > 0
+            if self.state.down_requests > 0:
+                self.state.down_requests -= 1
+        if dropped:
+            self._json()
+            raise _Dropped
         with self.state.lock:
             status = self.state.failures.pop(0) if self.state.failures else None
         if status is None:
@@ -174,195 +274,242 @@ class _Handler(BaseHTTPRequestHandler):
         self._error(status, "Service Unavailable", "injected fault")
         return True
 
+    def _dispatch(self, method: Any) -> None:
+        try:
+            method()
+        except _Dropped:
+            self.close_connection = True
+        except Exception:  # noqa: BLE001 - a real Flask app answers an HTML 500
+            self._html_500()
+
     def do_GET(self) -> None:  # noqa: N802
-        if self._fault():
-            return
+        self._dispatch(self._get)
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._dispatch(self._post)
+
+    def _get(self) -> None:
         url = urlparse(self.path)
+        if self._before(url.path):
+            return
         parts = url.path.removeprefix("/api/v3").strip("/").split("/")
+        query = dict(parse_qsl(url.query))
         if parts[0] == "available" and len(parts) == 1:
-            self._available(dict(parse_qsl(url.query)))
+            self._available(query)
         elif parts[0] == "available" and len(parts) == 2:
             host = parts[1]  # 2.2.6: a mapping with a string value, 200 even when unknown
-            free = host in self.state.hosts and host not in self.state.scheduled
-            self._send(200, {host: "True" if free else "False"})
-        elif parts[0] == "assignments" and len(parts) == 2 and parts[1].isdigit():
-            assignment = self.state.assignments.get(int(parts[1]))
+            self._send(200, {host: str(self.state.free_now(host))})
+        elif parts[0] == "assignments" and len(parts) == 1:
+            self._list_assignments(query)
+        elif parts[0] == "assignments" and len(parts) == 2:
+            assignment = self.state.assignments.get(int(parts[1])) if parts[1].isdigit() \
+                else None
             if assignment is None:
-                self._error(404, "Not Found", f"Assignment not found: {parts[1]}")
+                self._error(400, "Bad Request", f"Assignment not found: {parts[1]}")
                 return
-            polls = self.state.polls[assignment["id"]] = self.state.polls.get(
-                assignment["id"], 0) + 1
-            if self.state.auto_deliver_after is not None and polls >= \
-                    self.state.auto_deliver_after and not assignment["provisioned"]:
-                self.state.deliver(assignment["id"])
+            self._poll(assignment)
             self._send(200, assignment)
         else:
             self._error(404, "Not Found", f"No route {url.path}")
 
+    def _poll(self, assignment: dict[str, Any]) -> None:
+        """auto_deliver_after: provisioned after N polls, validated one poll later."""
+        state = self.state
+        polls = state.polls[assignment["id"]] = state.polls.get(assignment["id"], 0) + 1
+        if state.auto_deliver_after is None or not assignment["active"]:
+            return
+        if polls >= state.auto_deliver_after and not assignment["provisioned"]:
+            assignment["provisioned"] = True
+        elif polls > state.auto_deliver_after and not assignment["validated"]:
+            state.deliver(assignment["id"])
+
+    def _list_assignments(self, query: dict[str, str]) -> None:
+        def keep(a: dict[str, Any]) -> bool:
+            for key, wanted in query.items():
+                value = a.get(key)
+                if isinstance(value, bool):
+                    if str(value).lower() != wanted.lower():
+                        return False
+                elif str(value) != wanted:
+                    return False
+            return True
+
+        self._send(200, [a for a in self.state.assignments.values() if keep(a)])
+
     def _available(self, query: dict[str, str]) -> None:
-        for key in ("start", "end"):
-            if key in query:
-                try:
-                    time.strptime(query[key], "%Y-%m-%dT%H:%M")
-                except ValueError:
-                    self._error(400, "Bad Request", f"Invalid date format for {key}")
-                    return
+        state = self.state
+        start = end = state.now()
+        try:
+            if query.get("start"):
+                start = datetime.strptime(query["start"], "%Y-%m-%dT%H:%M")
+            if query.get("end"):
+                end = datetime.strptime(query["end"], "%Y-%m-%dT%H:%M")
+        except ValueError:
+            self._error(400, "Bad Request", "Invalid date format for start or end, correct "
+                                            "format: 'YYYY-MM-DDTHH:MM'")
+            return
+        if start > end:
+            end = start + timedelta(minutes=1)
+        self_schedule = query.get("can_self_schedule", "").lower() == "true"
         filters = {k: v for k, v in query.items()
-                   if k not in ("start", "end", "can_self_schedule")}
+                   if k not in ("start", "end", "can_self_schedule", "cloud")}
         hosts = []
-        for name, meta in sorted(self.state.hosts.items()):
-            if name in self.state.scheduled:
+        for name, meta in sorted(state.hosts.items()):
+            if meta.get("broken") or meta.get("retired") or state.busy(name, start, end):
                 continue
-            ok = True
-            for key, wanted in filters.items():
-                path, _, op = key.partition("__")
-                values = _lookup(meta, path)
-                if not any(_compare(v, op or "eq", wanted) for v in values):
-                    ok = False
-            if ok:
+            if self_schedule and not meta.get("can_self_schedule", True):
+                continue
+            if all(any(_compare(v, op or "eq", wanted) for v in _lookup(meta, path))
+                   for key, wanted in filters.items()
+                   for path, _, op in [key.partition("__")]):
                 hosts.append(name)
         self._send(200, hosts)
+        if state.after_available is not None:
+            state.after_available()
 
-    def do_POST(self) -> None:  # noqa: N802
-        if self._fault():
-            return
+    def _post(self) -> None:
         path = urlparse(self.path).path.removeprefix("/api/v3").strip("/")
+        if self._before(path):
+            return
+        lose = False
+        with self.state.lock:
+            if path in self.state.lose:
+                self.state.lose.remove(path)
+                lose = True
         if path == "register":
             body = self._json()
             if not body.get("email") or not body.get("password"):
                 self._error(400, "Bad Request", "Missing email or password")
-                return
-            self.state.users[body["email"]] = body["password"]
-            self._send(201, {"status_code": 201, "message": "Successfully registered"})
+            elif body["email"] in self.state.users:
+                self._error(401, "Unauthorized", "User already exists. Please Log in.")
+            else:
+                self.state.users[body["email"]] = body["password"]
+                token = self._token(body["email"])
+                self._send(200, {"status_code": 201, "auth_token": token,
+                                 "message": "Successfully registered"})
             return
         if path == "login":
             self._json()
-            header = self.headers.get("Authorization", "")
-            if not header.startswith("Basic "):
-                self._error(400, "Bad Request", "Missing authentication")
+            email = self._basic()
+            if email is None:
+                self._unauthorized()
                 return
-            email, _, password = base64.b64decode(header[6:]).decode().partition(":")
-            if self.state.users.get(email) != password:
-                self._error(401, "Unauthorized", "Invalid credentials")
-                return
-            token = secrets.token_hex(16)
-            self.state.tokens[token] = (email, time.time() + self.state.token_lifetime_s)
             self.state.logins += 1
-            self._send(201, {"auth_token": token, "message": "Successfully logged in",
-                             "status_code": 201})
+            self._send(200, {"status_code": 201, "auth_token": self._token(email),
+                             "message": "Successfully logged in"})
             return
         body = self._json()
         user = self._user()
         if user is None:
             return
         if path == "assignments/self":
-            self._self_assign(user, body)
+            answer = self._self_assign(user, body)
         elif path == "schedules":
-            self._schedule(user, body)
+            answer = self._schedule(body)
         elif path.startswith("assignments/terminate/"):
-            self._terminate(user, path.rsplit("/", 1)[1])
+            answer = self._terminate(path.rsplit("/", 1)[1])
         else:
-            self._error(404, "Not Found", f"No route {path}")
+            answer = (404, {"status_code": 404, "error": "Not Found",
+                            "message": f"No route {path}"})
+        if answer is None:  # answered already (an HTML 500)
+            return
+        if lose and answer[0] < 400:
+            raise _Dropped  # committed, but the client never hears of it
+        self._send(*answer)
 
-    def _self_assign(self, user: str, body: dict[str, Any]) -> None:
+    def _token(self, email: str) -> str:
+        token = secrets.token_hex(16)
+        self.state.tokens[token] = (email, time.time() + self.state.token_lifetime_s)
+        return token
+
+    @staticmethod
+    def _bad(status: int, message: str) -> tuple[int, dict[str, Any]]:
+        error = {400: "Bad Request", 403: "Forbidden"}.get(status, "Error")
+        return status, {"status_code": status, "error": error, "message": message}
+
+    def _self_assign(self, user: str, body: dict[str, Any]) -> tuple[int, Any] | None:
         state = self.state
+        owner = user.split("@", 1)[0]  # 2.2.6 keys the limit by the e-mail's local part
         if not state.self_schedule:
-            self._error(403, "Forbidden", "Self scheduling is disabled")
-            return
-        if len(state.active_for(user)) >= state.per_user_limit:
-            self._error(403, "Forbidden", "Self scheduling limit reached")
-            return
+            return self._bad(403, "Service not enabled")
+        if len(state.active_for(owner)) >= state.per_user_limit:
+            return self._bad(403, "Self scheduling limit reached")
         for field in ("description", "owner"):
             if not body.get(field):
-                self._error(400, "Bad Request", f"Missing argument: {field}")
-                return
+                return self._bad(400, f"Missing argument: {field}")
         if "cc_user" in body and not isinstance(body["cc_user"], str):
             self._html_500()  # 2.2.6 splits a comma-separated string; a list crashes it
-            return
+            return None
         if not state.ticket_autocreate:  # 2.2.6 with JIRA auto-ticketing off
             if not body.get("ticket"):
-                self._error(400, "Bad Request", "Missing Jira ticket number while automatic "
-                                                "ticket creation is disabled")
-            else:  # TypeError ... missing 'ticket' inside the server
-                self._html_500()
-            return
+                return self._bad(400, "Missing Jira ticket number while automatic ticket "
+                                      "creation is disabled")
+            self._html_500()  # TypeError ... missing 'ticket' inside the server
+            return None
         with state.lock:
             used = {a["cloud"]["name"] for a in state.assignments.values() if a["active"]}
             cloud = next((f"cloud{n:02d}" for n in range(2, 33) if f"cloud{n:02d}" not in used),
                          None)
             if cloud is None:
-                self._error(400, "Bad Request", "No free cloud available")
-                return
+                return self._bad(400, "No free clouds available")
+            now = _rfc1123(state.now())
             assignment = {
                 "id": state.next_id, "active": True, "provisioned": False, "validated": False,
-                "description": body["description"], "owner": body["owner"],
-                "ticket": body.get("ticket") or f"{1000 + state.next_id}",
+                "description": f"[SSM] {body['description']}", "owner": body["owner"],
+                "ticket": str(body.get("ticket") or 1000 + state.next_id),
                 "qinq": body.get("qinq", 0), "wipe": bool(body.get("wipe", True)),
                 "ccuser": [u for u in str(body.get("cc_user") or "").replace(" ", ",")
-                           .split(",") if u], "created_at": _now(),
-                "cloud": {"id": int(cloud[5:]), "name": cloud, "last_redefined": _now()},
-                "vlan": body.get("vlan"), "is_self_schedule": True, "user": user,
+                           .split(",") if u], "created_at": now,
+                "cloud": {"id": int(cloud[5:]), "name": cloud, "last_redefined": now},
+                "vlan": body.get("vlan"), "is_self_schedule": True,
                 "notification": {"fail": False, "success": False, "initial": True,
                                  "pre": False, "pre_initial": False, "one_day": False,
                                  "three_days": False, "five_days": False, "seven_days": False},
             }
             state.assignments[state.next_id] = assignment
             state.next_id += 1
-        self._send(201, assignment)
+        return 201, assignment
 
-    def _html_500(self) -> None:
-        """What a crashing QUADS answers: Flask's HTML error page, not JSON."""
-        page = (b"<!doctype html>\n<html lang=en>\n<title>500 Internal Server Error</title>\n"
-                b"<h1>Internal Server Error</h1>\n<p>The server encountered an internal error "
-                b"and was unable to complete your request.</p>\n")
-        self.send_response(500)
-        self.send_header("Content-Type", "text/html; charset=utf-8")
-        self.send_header("Content-Length", str(len(page)))
-        self.end_headers()
-        self.wfile.write(page)
-        self.state.requests.append((self.command, self.path, 500))
-
-    def _schedule(self, user: str, body: dict[str, Any]) -> None:
+    def _schedule(self, body: dict[str, Any]) -> tuple[int, Any]:
         state = self.state
         host, cloud = body.get("hostname"), body.get("cloud")
         assignment = next((a for a in state.assignments.values() if a["active"] and
                            a["cloud"]["name"] == cloud), None)
         if assignment is None:
-            self._error(400, "Bad Request", f"No active assignment for cloud {cloud}")
-            return
-        if assignment["user"] != user:
-            self._error(403, "Forbidden", "Not the owner of this assignment")
-            return
+            return self._bad(400, f"No active assignment for cloud {cloud}")
         if host not in state.hosts:
-            self._error(400, "Bad Request", f"Host not found: {host}")
-            return
+            return self._bad(400, f"Host not found: {host}")
         with state.lock:
-            if host in state.scheduled:
-                self._error(400, "Bad Request", f"Host {host} is not available")
-                return
-            if sum(1 for c in state.scheduled.values() if c == cloud) >= 10:
-                self._error(400, "Bad Request", "Self schedule host limit reached")
-                return
-            state.scheduled[host] = cloud
-        self._send(201, {"id": len(state.scheduled), "host": {"name": host},
-                         "assignment_id": assignment["id"], "start": _now(), "end": _now(),
-                         "build_start": None, "build_end": None})
+            now = state.now()
+            end = now + state.ssm_default_lifetime
+            if state.near_weekly_deadline:
+                return self._bad(400, "Invalid date range")
+            if state.busy(host, now, end):
+                return self._bad(400, f"Host {host} is not available for the requested "
+                                      "date range")
+            running = {s["host"] for s in state.schedules
+                       if s["cloud"] == cloud and s["end"] >= now}
+            if len(running) >= state.ssm_host_limit:
+                return self._bad(400, f"Cloud {cloud} has reached the maximum number of hosts")
+            schedule = {"id": len(state.schedules) + 1, "host": host, "cloud": cloud,
+                        "assignment_id": assignment["id"], "start": now, "end": end}
+            state.schedules.append(schedule)
+        return 200, {"id": schedule["id"], "host": {"name": host},
+                     "assignment_id": assignment["id"], "start": _rfc1123(now),
+                     "end": _rfc1123(end), "build_start": None, "build_end": None}
 
-    def _terminate(self, user: str, raw_id: str) -> None:
+    def _terminate(self, raw_id: str) -> tuple[int, Any]:
         state = self.state
         assignment = state.assignments.get(int(raw_id)) if raw_id.isdigit() else None
         if assignment is None:
-            self._error(400, "Bad Request", f"Assignment not found: {raw_id}")
-            return
-        if assignment["user"] != user:
-            self._error(403, "Forbidden", "Not the owner of this assignment")
-            return
+            return self._bad(400, f"Assignment not found: {raw_id}")
         with state.lock:
+            now = state.now()
             assignment["active"] = False
-            for host, cloud in list(state.scheduled.items()):
-                if cloud == assignment["cloud"]["name"]:
-                    del state.scheduled[host]
-        self._send(200, {"status_code": 200, "message": "Assignment terminated"})
+            for schedule in state.schedules:  # ends now: free from the next minute
+                if schedule["assignment_id"] == assignment["id"] and schedule["end"] > now:
+                    schedule["end"] = now
+        return 200, {"status_code": 200, "message": "Assignment terminated"}
 
 
 @contextmanager

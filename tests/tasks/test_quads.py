@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -30,22 +29,17 @@ def quads():
             yield client, state
 
 
-def window() -> tuple[datetime, datetime]:
-    start = datetime.now(UTC)
-    return start, start + timedelta(days=5)
-
-
 def test_available_filters_and_operators(quads) -> None:
     client, _ = quads
-    assert len(client.available(*window())) == 10
-    assert len(client.available(*window(), {"model": "R650"})) == 6
-    nvme_r650 = client.available(*window(), {"model": "R650", "disks.disk_type": "nvme"})
+    assert len(client.available()) == 10
+    assert len(client.available({"model": "R650"})) == 6
+    nvme_r650 = client.available({"model": "R650", "disks.disk_type": "nvme"})
     assert nvme_r650 == ["host00.example.com", "host02.example.com", "host04.example.com"]
-    assert len(client.available(*window(), {"model__ne": "R650"})) == 4
-    assert len(client.available(*window(), {"interfaces.speed__gte": 100})) == 10
-    assert client.available(*window(), {"interfaces.vendor__ilike": "%mellanox%"})
+    assert len(client.available({"model__ne": "R650"})) == 4
+    assert len(client.available({"interfaces.speed__gte": 100})) == 10
+    assert client.available({"interfaces.vendor__ilike": "%mellanox%"})
     with pytest.raises(QuadsError, match="unknown filter operator"):
-        client.available(*window(), {"model__between": "x"})
+        client.available({"model__between": "x"})
     assert client.is_available("host01.example.com") is True
 
 
@@ -102,10 +96,10 @@ def test_relogin_on_401_during_the_wait(quads, tmp_path: Path) -> None:
 def test_503_bursts_are_retried(quads) -> None:
     client, state = quads
     state.fail_next(3, 503)
-    assert len(client.available(*window())) == 10
+    assert len(client.available()) == 10
     state.fail_next(10, 503)
     with pytest.raises(Exception, match="503|Service"):
-        client.available(*window())
+        client.available()
 
 
 def test_a_failed_validation_notice_is_not_final(quads, tmp_path: Path) -> None:
