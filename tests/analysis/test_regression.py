@@ -126,9 +126,14 @@ def test_a_single_recovered_run_is_no_shift() -> None:
     assert v.kind == "no_change" and v.baseline == pytest.approx(100, abs=1)
 
 
-def test_one_run_is_never_a_shift_even_on_a_short_history() -> None:
+def test_one_run_alone_is_a_suspect_only_far_beyond_the_noise() -> None:
+    # -30 % against a 1 % noise: flagged at once, as a suspect a re-run must confirm
     v = verdict([100.0, 101.0, 99.0], 70.0, "higher_better")
-    assert v.kind == "no_change" and "one run alone" in v.explanation
+    assert v.kind == "regression" and v.suspect and "confirm it by a re-run" in v.explanation
+    # a few noise units: not a shift on its own, but worth a re-run
+    history = [100.0, 101.0, 99.0, 100.5, 99.5, 100.2, 99.8, 100.4, 99.6, 100.1]
+    v = verdict(history, 97.0, "higher_better")
+    assert v.kind == "no_change" and v.suspect and "one run alone" in v.explanation
 
 
 def test_the_verdict_says_when_the_new_level_began() -> None:
