@@ -158,6 +158,9 @@ def labels(result: FineTuningResult) -> dict[str, str]:
         "per_device_batch_size": per_device,
         "global_batch_size": global_batch,
         "max_seq_length": hp.get("max_seq_length"),
+        # a sweep over the learning rate is several configurations, not one noisy history
+        "learning_rate": hp.get("learning_rate"),
+        "gradient_accumulation_steps": accumulation,
         "num_epochs": hp.get("num_train_epochs"),
         "max_steps": settings.get("max_steps"),
         "container_image": settings.get("container_image") if facts.platform != "local" else "",

@@ -11,10 +11,10 @@ import yaml
 
 from analysis.discovery import discover
 from analysis.parsing import parse_dirs
-from analysis.pipeline import analyse_run, postprocess
+from analysis.pipeline import analyse_run, postprocess, settings_for
 from analysis.project import load_project
 from analysis.report import ReportContext, shape_errors, shape_kpi_table, shape_loss_curve
-from tests.factories import make_result_dir
+from tests.factories import DEFAULT_SETTINGS, make_result_dir
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -152,6 +152,10 @@ def test_errors_page_shows_a_failed_runs_own_last_words(tmp_path: Path) -> None:
     assert run_cli(str(results), "--project", "fine_tuning", "--out", str(out)).returncode == 0
     page = next((out / "report").glob("*_errors.html")).read_text()
     assert "exit code 1: " in page and "ValueError: peft_method" in page
+    # ... and links its logs, relative to the page
+    assert "001__fine_tuning__run_fine_tuning_job/artifacts/pod.log</a>" in page
+    href = page.split("<a href='", 2)[2].split("'", 1)[0]  # the first is the index link
+    assert ((out / "report") / href).resolve() == log.resolve()
 
 
 def test_cli_applies_the_projects_ignored_labels_and_accepts(tmp_path: Path) -> None:
@@ -193,3 +197,29 @@ def test_cli_applies_the_projects_ignored_labels_and_accepts(tmp_path: Path) -> 
                                             .read_text())}
     assert last["train_tokens_per_second"]["verdict"] == "no_change", last
     assert last["train_tokens_per_second"]["baseline"] < 850
+
+
+def test_history_lines_follow_the_regressions_configuration_and_mark_changes(
+        tmp_path: Path) -> None:
+    """One line per configuration the regression compares (learning_rate is one), with the
+    change points found on that line and the current run's verdict marked."""
+    history = str(tmp_path / "history")
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    for i in range(24):
+        lr = 0.0003 if i % 2 else 0.001
+        tps = (1200.0 if i < 14 else 900.0) + (i % 3)
+        hp = {**DEFAULT_SETTINGS["hyper_parameters"], "learning_rate": lr}
+        results = tmp_path / f"r{i}"
+        make_result_dir(results, "000__cell", start=start + timedelta(days=i), seed=i,
+                        tokens_per_second=tps, settings={"hyper_parameters": hp})
+        out = tmp_path / f"o{i}"
+        assert run_cli(str(results), "--project", "fine_tuning", "--out", str(out),
+                       "--history", history, "--no-report").returncode == 0
+    settings = settings_for(load_project("fine_tuning"), tmp_path / "r23")
+    outcome = postprocess(tmp_path / "r23", "fine_tuning", tmp_path / "final",
+                          history_uri=history, settings=settings, append_history=False)
+    page = next((tmp_path / "final" / "report").glob("*_kpi_history.html")).read_text()
+    assert "learning_rate=0.0003" in page and "learning_rate=0.001" not in page
+    assert "change point: a new level starts here" in page
+    index = (tmp_path / "final" / "report" / "index.html").read_text()
+    assert "<svg" in index and outcome.verdicts
