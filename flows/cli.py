@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
+import signal
 import sys
 import uuid
 from collections.abc import Callable, Sequence
@@ -136,6 +138,9 @@ def main_guard(main: Main) -> Main:
     """Wrap a CLI ``main``: user errors print one line on stderr and exit 2, no traceback."""
 
     def guarded(argv: Sequence[str] | None = None) -> int:
+        # `kill -USR1 <pid>` prints every thread's stack: what a run that seems stuck does
+        if hasattr(signal, "SIGUSR1"):
+            faulthandler.register(signal.SIGUSR1, all_threads=True)
         try:
             return main(argv)
         except TelltaleError as exc:
