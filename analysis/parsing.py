@@ -25,7 +25,7 @@ import fnmatch
 import json
 import os
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import IO, Any, ClassVar, Protocol, TypeVar
@@ -485,7 +485,8 @@ def _parse_chunk(project: str, results: list[ResultDir], force: bool,
 
 def parse_dirs(results: Sequence[ResultDir], parser: ResultParser, *, project: str | None = None,
                force: bool = False, use_cache: bool = True,
-               workers: int | None = None, trust_cache: bool = False) -> list[ParsedResult]:
+               workers: int | None = None, trust_cache: bool = False,
+               then: Callable[[int, ParsedResult], Any] | None = None) -> list[Any]:
     """Parse many result dirs, in parallel processes when there are enough of them.
 
     Args:
@@ -497,27 +498,32 @@ def parse_dirs(results: Sequence[ResultDir], parser: ResultParser, *, project: s
         use_cache: Read and write caches.
         workers: Worker processes (default: CPU count).
         trust_cache: See `parse_one`.
+        then: Called with (index, result) as each result arrives; its return value takes
+            the result's place. Post-processing analyses and slims each run here, so the
+            full parsed results of 10 000 dirs are never all in memory at once.
 
     Returns:
-        Results in the order of ``results``.
+        Results (or what ``then`` made of them) in the order of ``results``.
     """
+    emit: Callable[[int, ParsedResult], Any] = then or (lambda _index, result: result)
     workers = workers or os.cpu_count() or 1
     if project is None or workers <= 1 or len(results) < _PARALLEL_MIN:
-        return [parse_one(r, parser, force=force, use_cache=use_cache, trust_cache=trust_cache)
-                for r in results]
+        return [emit(i, parse_one(r, parser, force=force, use_cache=use_cache,
+                                  trust_cache=trust_cache)) for i, r in enumerate(results)]
     # Warm dirs are cheap: serve them here and send only the cold ones to workers.
-    parsed: dict[int, ParsedResult] = {}
+    parsed: dict[int, Any] = {}
     cold: list[int] = []
     for index, result in enumerate(results):
         cached = None if (force or _force_from_env() or not use_cache) else _load_cached(
             result, parser, trust_cache)
         if cached is not None:
-            parsed[index] = cached
+            parsed[index] = emit(index, cached)
         else:
             cold.append(index)
     if len(cold) < _PARALLEL_MIN:
         for index in cold:
-            parsed[index] = parse_one(results[index], parser, force=True, use_cache=use_cache)
+            parsed[index] = emit(index, parse_one(results[index], parser, force=True,
+                                                  use_cache=use_cache))
     else:
         size = max(1, len(cold) // (workers * 4))
         chunks = [cold[i:i + size] for i in range(0, len(cold), size)]
@@ -529,5 +535,5 @@ def parse_dirs(results: Sequence[ResultDir], parser: ResultParser, *, project: s
                                    use_cache) for chunk in chunks]
             for chunk, future in zip(chunks, futures, strict=True):
                 for index, data in zip(chunk, future.result(), strict=True):
-                    parsed[index] = parser.result_model.model_validate(data)
+                    parsed[index] = emit(index, parser.result_model.model_validate(data))
     return [parsed[i] for i in range(len(results))]

@@ -248,8 +248,11 @@ def _gate(rows: Sequence[VerdictRow], settings: AnalysisSettings) -> list[str]:
 def _analyse_tree(results_dir: str | Path, hooks: AnalysisProject,
                   presets: Sequence[str] | None, config_text: str | None, *, force: bool,
                   trust_cache: bool,
-                  ) -> tuple[Discovery, list[ParsedResult], list[RunAnalysis], list[SkippedDir]]:
+                  ) -> tuple[Discovery, list[RunAnalysis], list[SkippedDir], tuple[int, int]]:
     """Discover, parse and analyse every result dir of a tree (nothing written but caches).
+
+    Returns the discovery, the analysed runs, the skipped dirs and (failed runs, parse
+    problems) counted over every parsed dir.
 
     Raises:
         ResultsError: No result dir, or no usable run.
@@ -259,22 +262,43 @@ def _analyse_tree(results_dir: str | Path, hooks: AnalysisProject,
         reasons = "; ".join(f"{s.path}: {s.reason}" for s in found.skipped[:5])
         raise ResultsError(f"no result dir (settings.yaml + exit_code) under {results_dir}"
                            + (f" (skipped: {reasons})" if reasons else ""))
-    parsed = parse_dirs(found.results, hooks.parser, project=hooks.name, force=force,
-                        trust_cache=trust_cache)
-    runs: list[RunAnalysis] = []
-    skipped = list(found.skipped)
-    for result in parsed:
+    total = len(found.results)
+    counts = [0, 0]
+
+    def analyse(index: int, result: ParsedResult) -> RunAnalysis | SkippedDir:
+        counts[0] += result.exit_code != 0
+        counts[1] += len(result.problems)
         try:
-            runs.append(analyse_run(hooks, result, presets, config_text))
+            run = analyse_run(hooks, result, presets, config_text)
         except (TypeError, ValueError, AttributeError, KeyError) as exc:
             # Result trees are untrusted: a badly typed field (numbers for strings, a
             # scalar for a mapping) is this run's problem, never the whole analysis's.
-            skipped.append(SkippedDir(path=result.path, reason=(
-                f"labels/KPIs could not be computed: {type(exc).__name__}: {exc}")[:300]))
+            return SkippedDir(path=result.path, reason=(
+                f"labels/KPIs could not be computed: {type(exc).__name__}: {exc}")[:300])
+        if index < total - KEEP_BULKY:
+            run.result = _slimmed(run.result, hooks)
+        return run
+
+    analysed = parse_dirs(found.results, hooks.parser, project=hooks.name, force=force,
+                          trust_cache=trust_cache, then=analyse)
+    runs = [a for a in analysed if isinstance(a, RunAnalysis)]
+    skipped = [*found.skipped, *(a for a in analysed if isinstance(a, SkippedDir))]
     if not runs:
         raise ResultsError(f"no usable run under {results_dir}: "
                            + "; ".join(f"{s.path}: {s.reason}" for s in skipped[:5]))
-    return found, parsed, runs, skipped
+    return found, runs, skipped, (counts[0], counts[1])
+
+
+KEEP_BULKY = 40
+"""Runs (the last in discovery order) that keep their bulky parsed fields for the report."""
+
+
+def _slimmed(result: ParsedResult, hooks: AnalysisProject) -> ParsedResult:
+    """``result`` without the project's bulky fields (its KPIs and payload are computed)."""
+    fields = type(result).model_fields
+    drop = {name: fields[name].get_default(call_default_factory=True)
+            for name in hooks.bulky if name in fields}
+    return result.model_copy(update=drop) if drop else result
 
 
 def suspects(results_dir: str | Path, project: str | AnalysisProject, history_uri: str,
@@ -285,7 +309,7 @@ def suspects(results_dir: str | Path, project: str | AnalysisProject, history_ur
     nothing is written but parse caches, and the history is not appended to.
     """
     hooks = load_project(project) if isinstance(project, str) else project
-    _, _, runs, _ = _analyse_tree(results_dir, hooks, None, None, force=False,
+    _, runs, _, _ = _analyse_tree(results_dir, hooks, None, None, force=False,
                                   trust_cache=False)
     return [row for row in judge_runs(runs, HistoryStore(history_uri), settings) if row.suspect]
 
@@ -338,7 +362,8 @@ def postprocess(
     settings = settings or settings_for(hooks, results_dir)
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    found, parsed, runs, skipped = _analyse_tree(results_dir, hooks, presets, config_text,
+    found, runs, skipped, (failed, problems) = _analyse_tree(results_dir, hooks, presets,
+                                                             config_text,
                                                  force=force, trust_cache=trust_cache)
     for run in runs:
         require_complete(run.payload, settings.mode)
@@ -388,9 +413,9 @@ def postprocess(
         history_frame = store.read()
     outcome = PostprocessOutcome(
         out_dir=str(out_dir), runs=len(runs),
-        failed_runs=sum(1 for r in parsed if r.exit_code != 0),
+        failed_runs=failed,
         skipped=[s.model_dump() for s in skipped],
-        problems=sum(len(r.problems) for r in parsed), kpi_rows=len(frame),
+        problems=problems, kpi_rows=len(frame),
         verdicts=verdicts, verdict_counts=counts, history_uri=history_uri, files=files,
         gate_failures=_gate(verdicts, settings),
     )

@@ -41,6 +41,9 @@ class AnalysisProject:
         timestamps: Result → (start, end) ISO strings when known.
         run_uuid: Result → the run's uuid.
         user_rows: Result → one row per user of a multi-user test (optional).
+        bulky: Fields of the parsed result only the newest runs' report pages need (a loss
+            curve per step): post-processing drops them from older runs once their KPIs
+            and payloads are computed, so memory stays bounded over 10 000 runs.
     """
 
     name: str
@@ -54,6 +57,7 @@ class AnalysisProject:
     loss_curve: Callable[[ParsedResult], list[dict[str, float]]] | None = None
     user_rows: Callable[[ParsedResult], list[dict[str, Any]]] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    bulky: tuple[str, ...] = ()
 
     def analysis_defaults(self) -> dict[str, Any]:
         """The project's default ``analysis`` block (ignored labels, compared label...).

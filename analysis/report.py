@@ -178,6 +178,30 @@ def shape_errors(ctx: ReportContext) -> pd.DataFrame:
 # -- drawing ------------------------------------------------------------------------------
 
 
+MAX_TABLE_ROWS = 2000
+"""Rows a report table shows (10 000 runs x 8 KPIs made an 80 000-row page); the files
+(``kpis.parquet``, ``regression.json``) hold every row."""
+
+
+def _capped(frame: pd.DataFrame, where: str, first: pd.Series | None = None
+            ) -> tuple[pd.DataFrame, str]:
+    """At most `MAX_TABLE_ROWS` rows, and a note saying where the rest is.
+
+    The ``first`` rows (e.g. regressions) come first, then the last ones.
+    """
+    if len(frame) <= MAX_TABLE_ROWS:
+        return frame, ""
+    important = frame[first] if first is not None else frame.iloc[:0]
+    important = important.iloc[:MAX_TABLE_ROWS]
+    rest = frame.drop(important.index).iloc[-(MAX_TABLE_ROWS - len(important)):] \
+        if len(important) < MAX_TABLE_ROWS else frame.iloc[:0]
+    shown = pd.concat([important, rest])
+    note = (f"<p class='empty'>showing {len(shown)} of {len(frame)} rows"
+            f"{' (every regression and improvement first)' if first is not None else ''}; "
+            f"all of them are in {html.escape(where)}</p>")
+    return shown, note
+
+
 def _table_html(frame: pd.DataFrame, empty: str) -> str:
     if frame.empty:
         return f"<p class='empty'>{html.escape(empty)}</p>"
@@ -189,7 +213,8 @@ def _figure_html(figure: Any) -> str:
 
 
 def _draw_kpi_table(ctx: ReportContext, options: dict[str, Any]) -> str:
-    return _table_html(shape_kpi_table(ctx), "no KPI could be computed")
+    frame, note = _capped(shape_kpi_table(ctx), "kpis.parquet")
+    return note + _table_html(frame, "no KPI could be computed")
 
 
 MAX_HISTORY_LINES = 12
@@ -268,6 +293,8 @@ def _draw_regression(ctx: ReportContext, options: dict[str, Any]) -> str:
     frame = shape_regression(ctx)
     if frame.empty:
         return "<p class='empty'>no verdicts (no history configured?)</p>"
+    frame, note = _capped(frame, "regression.json",
+                          frame["verdict"].isin(["regression", "improvement"]))
     # Written directly, every cell escaped: result dir names and labels are untrusted (a dir
     # named <img src=x onerror=...> reached the page through Styler, which escapes nothing by
     # default), and Styler took 8 s for 8 000 rows.
@@ -283,7 +310,7 @@ def _draw_regression(ctx: ReportContext, options: dict[str, Any]) -> str:
         + "".join(cell(v) for v in values) + "</tr>"
         for verdict, values in zip(frame["verdict"], frame.itertuples(index=False, name=None),
                                    strict=True))
-    return (f"<table class='data'><thead><tr>{head}</tr></thead>"
+    return (f"{note}<table class='data'><thead><tr>{head}</tr></thead>"
             f"<tbody>{rows}</tbody></table>")
 
 
@@ -324,6 +351,8 @@ def _draw_errors(ctx: ReportContext, options: dict[str, Any]) -> str:
     frame = shape_errors(ctx)
     if frame.empty:
         return "<p class='empty'>no failed run, no parse problem</p>"
+    frame, note = _capped(frame, "the LTS payloads' problems",
+                          frame["kind"] == "failed run")
     logs = {run.result.rel_path: _log_links(run.result.path, ctx.out_dir)
             for run in ctx.runs if run.result.exit_code != 0}
     rows = []
@@ -332,7 +361,7 @@ def _draw_errors(ctx: ReportContext, options: dict[str, Any]) -> str:
                          for href, name in logs.get(where, []) if kind == "failed run")
         rows.append(f"<tr><td>{html.escape(str(where))}</td><td>{html.escape(str(kind))}</td>"
                     f"<td><pre>{html.escape(str(detail))}</pre></td><td>{links}</td></tr>")
-    return ("<table class='data'><thead><tr><th>where</th><th>kind</th><th>detail</th>"
+    return (f"{note}<table class='data'><thead><tr><th>where</th><th>kind</th><th>detail</th>"
             f"<th>logs</th></tr></thead><tbody>{''.join(rows)}</tbody></table>")
 
 

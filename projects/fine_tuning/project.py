@@ -149,6 +149,7 @@ PROJECT = Project(
     plots_file=_FOLDER / "plots.yaml",
     loss_curve=_loss_curve,
     user_rows=_user_rows,
+    bulky=("progress",),
     folder=_FOLDER,
     flow_name="fine-tuning",
     config_model=ConfigModel,

@@ -223,3 +223,20 @@ def test_history_lines_follow_the_regressions_configuration_and_mark_changes(
     assert "change point: a new level starts here" in page
     index = (tmp_path / "final" / "report" / "index.html").read_text()
     assert "<svg" in index and outcome.verdicts
+
+
+def test_older_runs_drop_their_loss_curves_after_analysis(tmp_path: Path) -> None:
+    """Bounded memory over 10 000 runs: only the newest runs keep per-step data (for the
+    loss-curve page); every run's payload still has its loss summary and KPIs."""
+    from analysis.pipeline import KEEP_BULKY, _analyse_tree
+
+    results = tmp_path / "results"
+    for i in range(KEEP_BULKY + 5):
+        make_result_dir(results, f"{i:03d}__cell", seed=i)
+    project = load_project("fine_tuning")
+    _, runs, _, (failed, _) = _analyse_tree(results, project, None, None, force=False,
+                                            trust_cache=False)
+    assert failed == 0 and len(runs) == KEEP_BULKY + 5
+    assert [len(r.result.progress) > 0 for r in runs] == [False] * 5 + [True] * KEEP_BULKY
+    assert all(r.payload.results.get("last_loss") is not None for r in runs)
+    assert all(r.kpis for r in runs)
