@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +24,7 @@ __all__ = [
     "KpiDefinition",
     "compute_kpis",
     "kpi_table",
+    "openmetrics_lines",
     "to_openmetrics",
 ]
 
@@ -82,10 +83,18 @@ class Kpi(BaseModel):
             return str(self.value)
 
 
+_KPI_FIELDS = set(Kpi.model_fields)  # one set shared by every constructed Kpi (all fields set)
+
+
 def compute_kpis(definitions: Sequence[KpiDefinition], result: Any,
                  labels: Mapping[str, str]) -> list[Kpi]:
-    """Compute every KPI that has its inputs; skip those that do not (or are not finite)."""
+    """Compute every KPI that has its inputs; skip those that do not (or are not finite).
+
+    The KPIs of a run share one copy of its labels (read-only by convention): a dict per
+    KPI, and again per LTS KPI, was 32 KB a run — 320 MB over 10 000 runs.
+    """
     out: list[Kpi] = []
+    shared = {str(k): str(v) for k, v in labels.items()}
     for definition in definitions:
         try:
             raw = definition.compute(result)
@@ -96,10 +105,12 @@ def compute_kpis(definitions: Sequence[KpiDefinition], result: Any,
         value = float(raw) / definition.divisor
         if not math.isfinite(value):
             continue
-        out.append(Kpi(name=definition.name, value=value, unit=definition.unit,
-                       help=definition.help, lower_better=definition.lower_better,
-                       ignored_for_regression=definition.ignored_for_regression,
-                       format=definition.format, labels=dict(labels)))
+        # every field comes from a validated KpiDefinition or is the float above
+        out.append(Kpi.model_construct(
+            _fields_set=_KPI_FIELDS, name=definition.name, value=value, unit=definition.unit,
+            help=definition.help, lower_better=definition.lower_better,
+            ignored_for_regression=definition.ignored_for_regression,
+            format=definition.format, labels=shared))
     return out
 
 
@@ -113,26 +124,37 @@ def _label_name(name: str) -> str:
     return clean if re.match(r"[a-zA-Z_]", clean) else f"_{clean}"
 
 
-def to_openmetrics(kpis: Iterable[Kpi], *, prefix: str = "") -> str:
-    """Render KPIs as OpenMetrics text (gauges with HELP, one sample per run, ``# EOF``)."""
+def openmetrics_lines(kpis: Iterable[Kpi], *, prefix: str = "") -> Iterator[str]:
+    """OpenMetrics text line by line (gauges with HELP, one sample per run, ``# EOF``).
+
+    A generator, so 10 000 runs are written to a file without a 70 MB string in memory.
+    """
     by_name: dict[str, list[Kpi]] = {}
     for kpi in kpis:
         by_name.setdefault(kpi.name, []).append(kpi)
-    lines: list[str] = []
+    label_text: dict[int, str] = {}  # the runs' KPIs share their labels: render them once
     for name, group in by_name.items():
         metric = f"{prefix}{name}"
         first = group[0]
         direction = "lower is better" if first.lower_better else "higher is better"
         help_text = f"{first.help} [{first.unit}, {direction}]".replace("\\", "\\\\")
-        lines.append(f"# TYPE {metric} gauge")
-        lines.append(f"# HELP {metric} {help_text}")
+        yield f"# TYPE {metric} gauge\n"
+        yield f"# HELP {metric} {help_text}\n"
         for kpi in group:
-            labels = ",".join(f'{_label_name(k)}="{_escape_label(str(v))}"'
-                              for k, v in sorted(kpi.labels.items()))
-            lines.append(f"{metric}{{{labels}}} {kpi.value!r}" if labels
-                         else f"{metric} {kpi.value!r}")
-    lines.append("# EOF")
-    return "\n".join(lines) + "\n"
+            labels = label_text.get(id(kpi.labels))
+            if labels is None:
+                labels = ",".join(f'{_label_name(k)}="{_escape_label(str(v))}"'
+                                  for k, v in sorted(kpi.labels.items()))
+                if len(label_text) < 100_000:
+                    label_text[id(kpi.labels)] = labels
+            yield (f"{metric}{{{labels}}} {kpi.value!r}\n" if labels
+                   else f"{metric} {kpi.value!r}\n")
+    yield "# EOF\n"
+
+
+def to_openmetrics(kpis: Iterable[Kpi], *, prefix: str = "") -> str:
+    """Render KPIs as OpenMetrics text (see `openmetrics_lines`)."""
+    return "".join(openmetrics_lines(kpis, prefix=prefix))
 
 
 def kpi_table(rows: Iterable[tuple[str, str | None, Sequence[Kpi]]]) -> pd.DataFrame:

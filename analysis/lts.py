@@ -64,9 +64,14 @@ class LtsKpi(BaseModel):
 
     @classmethod
     def from_kpi(cls, kpi: Kpi) -> LtsKpi:
-        """Convert a computed `Kpi`."""
-        return cls(value=kpi.value, unit=kpi.unit, help=kpi.help, lower_better=kpi.lower_better,
-                   ignored_for_regression=kpi.ignored_for_regression, labels=kpi.labels)
+        """Convert a computed `Kpi` (already validated: its labels are shared, not copied)."""
+        return cls.model_construct(_fields_set=_LTS_KPI_FIELDS, value=kpi.value,
+                                   unit=kpi.unit, help=kpi.help, lower_better=kpi.lower_better,
+                                   ignored_for_regression=kpi.ignored_for_regression,
+                                   labels=kpi.labels)
+
+
+_LTS_KPI_FIELDS = set(LtsKpi.model_fields)  # shared by every constructed LtsKpi
 
 
 class LtsPayload(BaseModel):

@@ -65,6 +65,7 @@ class ReportContext:
     ignored_labels: Sequence[str] = field(default_factory=tuple)
     compared_label: str | None = None
     out_dir: Path | None = None  # where the pages are written (for relative links)
+    shaped: dict[Any, pd.DataFrame] = field(default_factory=dict)  # shape_kpi_history cache
 
 
 # -- shaping (pure, unit-tested) ----------------------------------------------------------
@@ -106,6 +107,14 @@ def configuration_keys(ctx: ReportContext) -> list[str]:
 
 def shape_kpi_history(ctx: ReportContext, kpis: Sequence[str] | None = None) -> pd.DataFrame:
     """History rows (and the current runs) of the current configurations, tidy."""
+    key = tuple(kpis) if kpis else None
+    cached = ctx.shaped.get(key)
+    if cached is None:
+        cached = ctx.shaped[key] = _shape_kpi_history(ctx, kpis)
+    return cached
+
+
+def _shape_kpi_history(ctx: ReportContext, kpis: Sequence[str] | None) -> pd.DataFrame:
     frames = []
     if ctx.history is not None and not ctx.history.empty:
         frames.append(ctx.history.assign(current=False))
@@ -119,11 +128,12 @@ def shape_kpi_history(ctx: ReportContext, kpis: Sequence[str] | None = None) -> 
     if frame.empty:  # e.g. a scale test has none of the single-job KPIs
         return pd.DataFrame(columns=columns)
     keys = configuration_keys(ctx)
-    parts = [(frame[k].astype("string").fillna("") if k in frame.columns
-              else pd.Series("", index=frame.index, dtype="string")).radd(f"{k}=")
-             for k in keys]
-    configuration = (pd.concat(parts, axis=1).agg(" / ".join, axis=1) if parts
-                     else pd.Series("all", index=frame.index))
+    # column-wise string concatenation (a row-wise join took 25 s over 130 000 rows)
+    configuration = pd.Series("all" if not keys else "", index=frame.index, dtype="object")
+    for i, k in enumerate(keys):
+        column = (frame[k].astype("object").where(frame[k].notna(), "") if k in frame.columns
+                  else pd.Series("", index=frame.index, dtype="object"))
+        configuration = configuration + (" / " if i else "") + f"{k}=" + column.astype(str)
     frame = frame.assign(configuration=configuration)
     # The configurations of this run's rows, read off the same frame: a merge with the
     # history was a cartesian join (10 000 runs: 26.8 GiB) and failed with no label columns.
