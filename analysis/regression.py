@@ -723,7 +723,7 @@ def verdict(history: Sequence[float], latest: float | Sequence[float],
     if len(repeats) == 0:
         return Verdict(kind="insufficient_history", magnitude=0.0, confidence=0.0,
                        baseline=None, explanation="the newest run has no finite value")
-    value = float(np.median(repeats))
+    value = float(repeats[0]) if len(repeats) == 1 else float(np.median(repeats))
     first = int(np.searchsorted(index, accepted)) if accepted is not None else 0
     if len(h) - first < settings.min_history:
         return Verdict(kind="insufficient_history", magnitude=0.0, confidence=0.0,
