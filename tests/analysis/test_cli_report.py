@@ -163,14 +163,15 @@ def test_cli_applies_the_projects_ignored_labels_and_accepts(tmp_path: Path) -> 
     ignored labels: run ids, paths, versions), and ``accept`` moves the baseline."""
     history = str(tmp_path / "history")
     start = datetime(2026, 1, 1, tzinfo=UTC)
-    for i in range(5):
-        results = tmp_path / f"results{i}"
-        make_result_dir(results, "000__cell", start=start + timedelta(days=i), seed=i,
+    for i in range(5):  # four earlier runs in one tree, then the judged one
+        results = tmp_path / ("results4" if i == 4 else "earlier")
+        make_result_dir(results, f"{i:03d}__cell", start=start + timedelta(days=i), seed=i,
                         tokens_per_second=1200.0 + i, runtime=40.0)
-        proc = run_cli(str(results), "--project", "fine_tuning", "--out",
-                       str(tmp_path / f"out{i}"), "--history", history, "--no-report")
+    for name in ("earlier", "results4"):
+        proc = run_cli(str(tmp_path / name), "--project", "fine_tuning", "--out",
+                       str(tmp_path / f"out-{name}"), "--history", history, "--no-report")
         assert proc.returncode == 0, proc.stderr
-    verdicts = json.loads((tmp_path / "out4" / "regression.json").read_text())
+    verdicts = json.loads((tmp_path / "out-results4" / "regression.json").read_text())
     assert verdicts and all(v["history_used"] == 4 for v in verdicts), verdicts
 
     # a slower run: a suspect regression; accepting the slow level makes it the baseline
@@ -187,11 +188,12 @@ def test_cli_applies_the_projects_ignored_labels_and_accepts(tmp_path: Path) -> 
     ok = run_cli("accept", "--history", history, "slow-run", "--kpi",
                  "train_tokens_per_second", "--by", "perf-team")
     assert ok.returncode == 0, ok.stderr
-    for i in range(10, 13):
-        later = tmp_path / f"later{i}"
-        make_result_dir(later, "000__cell", start=start + timedelta(days=i), seed=i,
+    for i in range(10, 13):  # two later runs in one tree, then the judged one
+        later = tmp_path / ("later12" if i == 12 else "later")
+        make_result_dir(later, f"{i:03d}__cell", start=start + timedelta(days=i), seed=i,
                         tokens_per_second=801.0 + i)
-        run_cli(str(later), "--project", "fine_tuning", "--out", str(tmp_path / f"o{i}"),
+    for name, out in (("later", "o-later"), ("later12", "o12")):
+        run_cli(str(tmp_path / name), "--project", "fine_tuning", "--out", str(tmp_path / out),
                 "--history", history, "--no-report")
     last = {v["kpi"]: v for v in json.loads((tmp_path / "o12" / "regression.json")
                                             .read_text())}
@@ -209,13 +211,12 @@ def test_history_lines_follow_the_regressions_configuration_and_mark_changes(
         lr = 0.0003 if i % 2 else 0.001
         tps = (1200.0 if i < 14 else 900.0) + (i % 3)
         hp = {**DEFAULT_SETTINGS["hyper_parameters"], "learning_rate": lr}
-        results = tmp_path / f"r{i}"
-        make_result_dir(results, "000__cell", start=start + timedelta(days=i), seed=i,
+        results = tmp_path / ("r23" if i == 23 else "earlier")  # 23 earlier runs in one tree
+        make_result_dir(results, f"{i:03d}__cell", start=start + timedelta(days=i), seed=i,
                         tokens_per_second=tps, settings={"hyper_parameters": hp})
-        out = tmp_path / f"o{i}"
-        assert run_cli(str(results), "--project", "fine_tuning", "--out", str(out),
-                       "--history", history, "--no-report").returncode == 0
     settings = settings_for(load_project("fine_tuning"), tmp_path / "r23")
+    postprocess(tmp_path / "earlier", "fine_tuning", tmp_path / "seed", history_uri=history,
+                settings=settings, report=False)
     outcome = postprocess(tmp_path / "r23", "fine_tuning", tmp_path / "final",
                           history_uri=history, settings=settings, append_history=False)
     page = next((tmp_path / "final" / "report").glob("*_kpi_history.html")).read_text()
