@@ -169,9 +169,16 @@ def test_rerun_into_same_dir_resumes_finished_cells(tmp_path: Path, prefect_harn
 def _start_long_run(tmp_path: Path) -> tuple[subprocess.Popen[str], Path, int]:
     """The CLI in its own session (like a terminal's job), up to its running trainer."""
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "flows.fine_tuning", "--preset", "light",
-                             "--var", "tests.fine_tuning.test_settings.dataset_replication=20",
-                             "--artifact-dir", str(run_dir)], stdout=subprocess.PIPE,
+    argv = [sys.executable, "-m", "flows.fine_tuning", "--preset", "light",
+            "--var", "tests.fine_tuning.test_settings.dataset_replication=20",
+            "--artifact-dir", str(run_dir)]
+    # Like a terminal's foreground job, SIGINT must be at its default in the CLI: a CI shell
+    # that runs the suite in the background ignores SIGINT, every child inherits that, and
+    # Python then installs no KeyboardInterrupt handler (the Ctrl-C went unheard and the
+    # training ran to its end). The exec keeps the default disposition set here.
+    launcher = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                "os.execv(sys.argv[1], sys.argv[1:])")
+    proc = subprocess.Popen([sys.executable, "-c", launcher, *argv], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=_cli_env(tmp_path),
                             start_new_session=True)
     pid_file = None
