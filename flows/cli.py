@@ -17,8 +17,11 @@ from analysis.errors import ConfigError, TelltaleError, UserError
 from projects.config import Config, load_vars_file, parse_override, parse_pr_args, resolve
 
 __all__ = [
+    "Terminated",
+    "is_terminated",
     "EXIT_FAILED",
     "EXIT_INTERRUPTED",
+    "EXIT_TERMINATED",
     "EXIT_OK",
     "EXIT_USAGE",
     "add_config_arguments",
@@ -35,6 +38,33 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler, ``kill``, a CI timeout), taken the Ctrl-C way.
+
+    The workload is stopped, cleanup and teardown (lease release) run, ``outcome.json`` is
+    written.
+    """
+
+
+def is_terminated(exc: BaseException) -> bool:
+    """Whether ``exc`` is a SIGTERM: ours (`Terminated`) or Prefect's ``TerminationSignal``.
+
+    Prefect's flow engine installs its own SIGTERM handler while a flow runs. The class is
+    matched by name, so that plan mode never imports Prefect.
+    """
+    return isinstance(exc, Terminated) or (
+        type(exc).__name__ == "TerminationSignal"
+        and getattr(exc, "signal", None) == signal.SIGTERM)
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    # One-shot: a second SIGTERM (the usual "TERM, then KILL after a grace period") must not
+    # cut the cleanup short.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Terminated("terminated (SIGTERM)")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -112,7 +142,9 @@ def default_artifact_dir(project: str, root: str | Path = "runs", *,
 
 
 def exit_code_for(exc: BaseException) -> int:
-    """The process exit code of an error: 2 user error, 130 interrupted, else 1."""
+    """The process exit code of an error: 2 user error, 130 interrupted, 143 terminated, else 1."""
+    if is_terminated(exc):
+        return EXIT_TERMINATED
     if isinstance(exc, KeyboardInterrupt):
         return EXIT_INTERRUPTED
     if isinstance(exc, UserError):
@@ -141,13 +173,16 @@ def main_guard(main: Main) -> Main:
         # `kill -USR1 <pid>` prints every thread's stack: what a run that seems stuck does
         if hasattr(signal, "SIGUSR1"):
             faulthandler.register(signal.SIGUSR1, all_threads=True)
+        if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _on_sigterm)
         try:
             return main(argv)
         except TelltaleError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return exit_code_for(exc)
         except KeyboardInterrupt as exc:
-            print("interrupted", file=sys.stderr)
+            print("terminated" if is_terminated(exc) else "interrupted",
+                  file=sys.stderr)
             return exit_code_for(exc)
         except OSError as exc:  # e.g. a full disk: one line, not a 162-line traceback
             where = f" ({exc.filename})" if exc.filename else ""

@@ -14,7 +14,8 @@ the run left.
 Exit code (``RunOutcome.exit_code``): 0 when every cell passed and post-processing did its
 job; 1 when a cell failed, a regression gate tripped, or the KPIs were not stored
 (post-processing failed, the history could not be appended); ``flows.cli.exit_code_for``
-maps exceptions: 2 user error, 130 interrupted.
+maps exceptions: 2 user error, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM, which the
+CLI takes the Ctrl-C way: cleanup and lease release run).
 
 Note: no ``from __future__ import annotations`` in flow modules: ``flow.serve()`` validates
 parameters from real annotations (DESIGN §12).
@@ -38,7 +39,13 @@ from analysis.errors import TelltaleError
 from analysis.history import default_history_uri
 from analysis.pipeline import PostprocessOutcome
 from analysis.yamlio import dump_yaml, load_yaml
-from flows.cli import EXIT_FAILED, EXIT_OK, default_artifact_dir, exit_code_for
+from flows.cli import (
+    EXIT_FAILED,
+    EXIT_OK,
+    default_artifact_dir,
+    exit_code_for,
+    is_terminated,
+)
 from projects import registry
 from projects.config import resolve, use_config
 from projects.library.runs import REPEAT_FILE
@@ -438,8 +445,9 @@ def orchestrate(project_name: str, presets: Sequence[str], overrides: dict[str, 
         except BaseException as exc:  # interrupted or failed: say so in outcome.json too
             outcome.exit_code = exit_code_for(exc)
             outcome.failures.append(
-                "interrupted: cleanup ran, partial results kept" if isinstance(
-                    exc, KeyboardInterrupt) else f"{type(exc).__name__}: {exc}")
+                f"{'terminated' if is_terminated(exc) else 'interrupted'}: cleanup ran, "
+                "partial results kept" if isinstance(exc, KeyboardInterrupt)
+                or is_terminated(exc) else f"{type(exc).__name__}: {exc}")
             _write_outcome(root, outcome)
             raise
         failed = [c for c in outcome.cells if c.status == "failed"]
@@ -511,8 +519,9 @@ def run_from_cli(flow_fn: Callable[..., RunOutcome], presets: list[str],
         print(f"error: {exc}", file=sys.stderr)
         return exit_code_for(exc)
     except KeyboardInterrupt as exc:
-        print("interrupted: the run's cleanup ran; partial results are kept "
-              f"({artifact_dir or 'see runs/'})", file=sys.stderr)
+        print(f"{'terminated' if is_terminated(exc) else 'interrupted'}: the run's "
+              f"cleanup ran; partial results are kept ({artifact_dir or 'see runs/'})",
+              file=sys.stderr)
         return exit_code_for(exc)
     except OSError as exc:  # e.g. a full artifact disk: outcome.json was attempted already
         print(f"error: {exc.strerror or exc} ({exc.filename or artifact_dir or 'runs/'})",

@@ -244,6 +244,21 @@ def test_ctrl_c_stops_the_workload_and_cleans_up(tmp_path: Path) -> None:
     assert not _servers_of(tmp_path / "prefect-home")
 
 
+@pytest.mark.timeout(900)
+def test_sigterm_is_taken_the_ctrl_c_way(tmp_path: Path) -> None:
+    """SIGTERM to the CLI alone (a scheduler, kill, a CI timeout): the workload stops, the
+    cleanup runs, outcome.json says so, exit 143."""
+    proc, run_dir, workload_pid = _start_long_run(tmp_path)
+    proc.send_signal(signal.SIGTERM)
+    output = _communicate_or_dump(proc)
+    assert proc.returncode == 143, output[-3000:]
+    assert _gone(workload_pid)
+    assert next(run_dir.glob("*__cleanup__cleanup"), None) is not None, output[-3000:]
+    outcome = json.loads((run_dir / "outcome.json").read_text())
+    assert outcome["exit_code"] == 143 and "terminated" in outcome["failures"][0]
+    assert not _servers_of(tmp_path / "prefect-home")
+
+
 def test_sigkill_of_the_cli_leaves_no_workload_and_no_server(tmp_path: Path) -> None:
     proc, _, workload_pid = _start_long_run(tmp_path)
     servers = _servers_of(tmp_path / "prefect-home")
