@@ -10,10 +10,16 @@ A *result dir* holds ``settings.yaml`` and ``exit_code``. Rules:
 - failed runs (non-zero ``exit_code``) are kept: they are parsed and reported.
 
 Hidden dirs (``.git``...) are not searched.
+
+Parsed ``settings.yaml`` files are remembered in ``<root>/.telltale_discovery.json`` with
+their size and mtime: a safe YAML read costs ~0.2 ms a file (0.2 s at 1 000 runs), a stat a
+few microseconds. An entry is used only while its file is unchanged; a read-only tree is
+simply walked without the index.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from collections.abc import Mapping
@@ -30,6 +36,9 @@ __all__ = ["Discovery", "ResultDir", "SkippedDir", "discover", "read_exit_code"]
 SETTINGS_FILE = "settings.yaml"
 EXIT_CODE_FILE = "exit_code"
 SKIP_FILE = "skip"
+INDEX_FILE = ".telltale_discovery.json"
+_INDEX_VERSION = 1
+_INDEX_MAX = 64 * 1024 * 1024  # an index larger than this is not ours: ignored
 
 
 class ResultDir(BaseModel):
@@ -59,9 +68,7 @@ class Discovery(BaseModel):
 _SMALL_FILE = 64 * 1024  # settings.yaml, exit_code: anything larger is not ours
 
 
-def _unsafe(path: Path, limit: int) -> str | None:
-    """Why ``path`` must not be read (a symlink, not a regular file, too large), or None."""
-    st = os.lstat(path)  # FileNotFoundError goes to the caller
+def _unsafe_stat(path: Path, st: os.stat_result, limit: int) -> str | None:
     if stat.S_ISLNK(st.st_mode):
         return f"{path.name} is a symlink: not followed"
     if not stat.S_ISREG(st.st_mode):
@@ -71,13 +78,62 @@ def _unsafe(path: Path, limit: int) -> str | None:
     return None
 
 
-def read_exit_code(path: Path) -> int | str:
+class _SettingsIndex:
+    """Parsed ``settings.yaml`` files by dir, valid while (size, mtime, inode) match."""
+
+    def __init__(self, base: Path) -> None:
+        self.path = base / INDEX_FILE
+        self.old: dict[str, list[Any]] = {}
+        self.new: dict[str, list[Any]] = {}
+        try:
+            st = os.lstat(self.path)
+            if stat.S_ISREG(st.st_mode) and st.st_size <= _INDEX_MAX:
+                data = json.loads(self.path.read_bytes())
+                if isinstance(data, dict) and data.get("version") == _INDEX_VERSION and \
+                        isinstance(data.get("settings"), dict):
+                    self.old = data["settings"]
+        except (OSError, ValueError):
+            pass  # no index, or a broken one: rebuilt by this walk
+
+    def get(self, key: str, st: os.stat_result) -> Mapping[str, Any] | None:
+        entry = self.old.get(key)
+        if isinstance(entry, list) and len(entry) == 4 and isinstance(entry[3], dict) and \
+                entry[:3] == [st.st_size, st.st_mtime_ns, st.st_ino]:
+            self.new[key] = entry
+            return entry[3]
+        return None
+
+    def put(self, key: str, st: os.stat_result, data: Mapping[str, Any]) -> None:
+        # Only what JSON gives back unchanged (YAML dates, int keys... are read again)
+        try:
+            if json.loads(json.dumps(data)) != data:
+                return
+        except (TypeError, ValueError):
+            return
+        self.new[key] = [st.st_size, st.st_mtime_ns, st.st_ino, data]
+
+    def save(self) -> None:
+        """Write the index when it changed (atomically; a read-only tree keeps none)."""
+        if self.new == self.old:
+            return
+        tmp = self.path.with_name(f"{INDEX_FILE}.{os.getpid()}")
+        try:
+            tmp.write_text(json.dumps({"version": _INDEX_VERSION, "settings": self.new}),
+                           encoding="utf-8")
+            os.replace(tmp, self.path)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+
+
+def read_exit_code(path: str | Path) -> int | str:
     """Return the integer in ``path/exit_code``, or a reason string when it is unusable."""
+    file = os.path.join(path, EXIT_CODE_FILE)
     try:
-        reason = _unsafe(path / EXIT_CODE_FILE, _SMALL_FILE)
+        reason = _unsafe_stat(Path(file), os.lstat(file), _SMALL_FILE)
         if reason:
             return reason
-        text = (path / EXIT_CODE_FILE).read_text(encoding="utf-8").strip()
+        with open(file, encoding="utf-8") as stream:
+            text = stream.read(_SMALL_FILE).strip()
     except FileNotFoundError:
         return "no exit_code file"
     except (OSError, UnicodeDecodeError) as exc:
@@ -114,44 +170,57 @@ def discover(root: str | Path) -> Discovery:
     if not base.is_dir():
         raise ResultsError(f"results dir not found: {root}")
     found = Discovery(root=str(base))
+    index = _SettingsIndex(base)
 
     # Depth-first with an explicit stack: 1 500 nested dirs hit Python's recursion limit.
-    # Children are pushed in reverse so they are visited in sorted order, as before.
-    stack: list[tuple[Path, dict[str, Any]]] = [(base, {})]
+    # Children are pushed in reverse so they are visited in sorted order, as before. Paths
+    # stay strings: pathlib objects were a third of the walk's time at 1 000 runs.
+    stack: list[tuple[str, str, dict[str, Any]]] = [(str(base), ".", {})]
     while stack:
-        directory, inherited = stack.pop()
+        directory, rel, inherited = stack.pop()
         try:
-            entries = sorted(os.scandir(directory), key=lambda e: e.name)
+            with os.scandir(directory) as listing:
+                entries = sorted((e.name, e) for e in listing)
         except OSError as exc:
-            found.skipped.append(SkippedDir(path=str(directory), reason=f"unreadable: {exc}"))
+            found.skipped.append(SkippedDir(path=directory, reason=f"unreadable: {exc}"))
             continue
-        names = {e.name for e in entries}
         settings = inherited
+        names = {name for name, _ in entries}
         if SETTINGS_FILE in names:
-            data = _read_settings(directory, found)
+            data = _read_settings(Path(directory), found, index, rel)
             if isinstance(data, Mapping):
                 settings = _merge(inherited, data)
                 if SKIP_FILE not in names:
                     code = read_exit_code(directory)
-                    rel = os.path.relpath(directory, base)
                     if isinstance(code, int):
-                        found.results.append(ResultDir(path=str(directory), rel_path=rel,
-                                                       settings=settings, exit_code=code))
+                        # built here from checked values: validating a nested settings
+                        # dict again cost ~40 µs a run
+                        found.results.append(ResultDir.model_construct(
+                            path=directory, rel_path=rel, settings=settings, exit_code=code))
                     else:
-                        found.skipped.append(SkippedDir(path=str(directory), reason=code))
-        stack.extend((Path(entry.path), settings) for entry in reversed(entries)
-                     if entry.is_dir(follow_symlinks=False) and not entry.name.startswith("."))
+                        found.skipped.append(SkippedDir(path=directory, reason=code))
+        stack.extend((entry.path, name if rel == "." else f"{rel}/{name}", settings)
+                     for name, entry in reversed(entries)
+                     if not name.startswith(".") and entry.is_dir(follow_symlinks=False))
+    index.save()
     return found
 
 
-def _read_settings(directory: Path, found: Discovery) -> Any:
+def _read_settings(directory: Path, found: Discovery, index: _SettingsIndex,
+                   key: str) -> Any:
     """The mapping in ``settings.yaml`` (untrusted: no symlink, bounded, no aliases)."""
     path = directory / SETTINGS_FILE
     try:
-        reason = _unsafe(path, _SMALL_FILE)
+        st = os.lstat(path)
+        reason = _unsafe_stat(path, st, _SMALL_FILE)
         if reason is None:
+            cached = index.get(key, st)
+            if cached is not None:
+                return cached
             data, _ = load_yaml(path, untrusted=True)
             if data is None or isinstance(data, Mapping):
+                if isinstance(data, Mapping):
+                    index.put(key, st, data)
                 return data
             reason = "settings.yaml is not a mapping"
     except ConfigError as exc:

@@ -44,3 +44,39 @@ def test_rules(tmp_path: Path) -> None:
 def test_missing_root() -> None:
     with pytest.raises(ResultsError, match="results dir not found"):
         discover("/nonexistent/telltale")
+
+
+def test_settings_index_follows_changes_and_survives_damage(tmp_path: Path) -> None:
+    import json
+    import os
+
+    from analysis.discovery import INDEX_FILE
+
+    run = _dir(tmp_path, "a", settings="level: 1\nwhen: 2024-01-01\n")
+    first = discover(tmp_path).results[0].settings
+    # a YAML date does not survive JSON: that file is not indexed, it is read each time
+    assert not (tmp_path / INDEX_FILE).exists() and first["when"].isoformat() == "2024-01-01"
+
+    (run / "settings.yaml").write_text("level: 1\n")
+    assert discover(tmp_path).results[0].settings == {"level": 1}
+    assert json.loads((tmp_path / INDEX_FILE).read_text())["settings"]["a"][3] == {"level": 1}
+
+    # same size, new content, a different mtime: the entry is stale and not used
+    (run / "settings.yaml").write_text("level: 2\n")
+    st = (run / "settings.yaml").stat()
+    os.utime(run / "settings.yaml", ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    assert discover(tmp_path).results[0].settings == {"level": 2}
+
+    (tmp_path / INDEX_FILE).write_text("{not json")  # damaged: ignored, then rewritten
+    assert discover(tmp_path).results[0].settings == {"level": 2}
+    assert json.loads((tmp_path / INDEX_FILE).read_text())["version"] == 1
+
+
+def test_unwritable_index_is_no_error(tmp_path: Path) -> None:
+    from analysis.discovery import INDEX_FILE
+
+    _dir(tmp_path, "a")
+    (tmp_path / INDEX_FILE).mkdir()  # neither readable as an index nor replaceable
+    assert discover(tmp_path).results[0].settings == {"a": 1}
+    assert discover(tmp_path).results[0].settings == {"a": 1}
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(INDEX_FILE)] == [INDEX_FILE]
