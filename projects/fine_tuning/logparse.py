@@ -88,13 +88,20 @@ class LogMetrics(BaseModel):
 
 def _number(text: str) -> float | None:
     try:
-        return float(text.strip())
+        return float(text)  # float() ignores surrounding whitespace itself
     except ValueError:
         return None
 
 
 def _dict_pairs(fragment: str) -> dict[str, float | None]:
-    return {key: _number(value) for key, _, value in _PAIR.findall(fragment)}
+    # The hot loop of a cold parse (one call per logging step): inlined, no call per value.
+    pairs: dict[str, float | None] = {}
+    for key, _, value in _PAIR.findall(fragment):
+        try:
+            pairs[key] = float(value)
+        except ValueError:
+            pairs[key] = None
+    return pairs
 
 
 def _fields(model: type[BaseModel], values: dict[str, float | None]) -> dict[str, float | None]:

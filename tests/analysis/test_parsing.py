@@ -135,3 +135,24 @@ def test_matching_lines_bound_an_endless_line(tmp_path: Path) -> None:
     assert [n for n, _ in found] == [1, 3]
     assert len(found[0][1]) == MAX_LINE_CHARS and found[1][1] == "{'loss': 2.0}"
     assert any("cut" in p.message for p in reader.problems)
+
+
+@pytest.mark.parametrize("block", [7, 64, 1000])
+def test_matching_lines_exact_across_block_boundaries(tmp_path: Path, block: int,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tiny blocks cut lines everywhere: every match, its text and its number stay exact."""
+    import random
+
+    import analysis.parsing as parsing
+
+    monkeypatch.setattr(parsing, "_BLOCK", block)
+    rng = random.Random(block)
+    lines = []
+    for i in range(400):
+        text = "".join(rng.choice("ab {}\r") for _ in range(rng.randrange(0, 150)))
+        lines.append(f"{i}:{text}")
+    data = "\n".join(lines)  # no newline at the end: the last line is a carry
+    (tmp_path / "pod.log").write_text(data, newline="")
+    found = list(parsing.FileReader(tmp_path).matching_lines("pod.log", "{"))
+    expected = [(n, line) for n, line in enumerate(data.split("\n"), start=1) if "{" in line]
+    assert found == expected and len(found) > 100
