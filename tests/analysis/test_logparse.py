@@ -43,3 +43,19 @@ def test_noise_nan_inf_ansi_progress_bars() -> None:
 def test_bad_stats_line_is_a_problem_with_line() -> None:
     metrics = parse_train_log(["ok\n", "dataset stats: {\"total_tokens\": \n"])
     assert metrics.problems and metrics.problems[0][0] == 2
+
+
+def test_plain_line_fast_path_agrees_with_the_general_parser() -> None:
+    """The one-match path for the usual line gives what the pair parser gives."""
+    import re
+
+    plain = train_log(steps=30, seed=5).splitlines()
+    # the same lines with their keys in another order only the general parser accepts
+    reordered = [re.sub(r"^\{('loss': [^,]+), (.*)\}$", r"{\2, \1}", line) for line in plain]
+    assert reordered != plain
+    fast, general = parse_train_log(plain), parse_train_log(reordered)
+    assert len(fast.progress) == 30 and fast.progress == general.progress
+    assert None in fast.progress.grad_norm  # the optional key is absent on some lines
+    odd = parse_train_log(["{'loss': nan, 'learning_rate': 1e-05, 'epoch': 0.5}\n",
+                           "{'loss': -, 'learning_rate': 1e-05, 'epoch': 0.5}\n"])
+    assert odd.progress.loss[1] is None and odd.progress.epoch == [0.5, 0.5]
