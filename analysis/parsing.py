@@ -426,12 +426,16 @@ def _fingerprints_match(root: str, recorded: dict[str, Any]) -> bool:
                                      pattern)) != expected:
                 return False
             continue
+        path = f"{root}/{rel}"
+        if expected is None:  # was missing: still missing? (no exception raised per file)
+            if os.access(path, os.F_OK):
+                return False
+            continue
         try:
-            st = os.stat(f"{root}/{rel}")
-            current: Any = [st.st_size, st.st_mtime_ns]
+            st = os.stat(path)
         except OSError:
-            current = None
-        if current != expected:
+            return False
+        if st.st_size != expected[0] or st.st_mtime_ns != expected[1]:
             return False
     return True
 
