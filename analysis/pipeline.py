@@ -168,7 +168,7 @@ def judge_runs(runs: Sequence[RunAnalysis], store: HistorySource | None,
     tuning = replace(DEFAULTS, min_history=settings.regression.min_history)
     for group in _repeat_groups(runs):
         first = group[0]
-        history = pd.DataFrame()
+        history: pd.DataFrame | None = None  # an empty DataFrame a run cost 0.3 ms
         if store is not None:
             history = store.query(first.labels,
                                   compared_label=settings.comparison.compared_label,
@@ -181,7 +181,7 @@ def judge_runs(runs: Sequence[RunAnalysis], store: HistorySource | None,
         # one pass over the history rows, not a DataFrame per KPI (80 000 of them took
         # 46 s for 10 000 runs)
         by_kpi: dict[str, tuple[list[float], list[str]]] = {}
-        if not history.empty:
+        if history is not None and not history.empty:
             for name, value, run_uuid in zip(history["kpi"].tolist(),
                                              history["value"].tolist(),
                                              history["run_uuid"].tolist(), strict=True):
