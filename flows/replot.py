@@ -105,7 +105,7 @@ def replot(
     """Re-run post-processing of a stored run (S3 export or local artifact dir).
 
     Args:
-        source: ``s3://bucket/prefix/flow/<run-id>`` or a local artifact dir.
+        source: ``s3://bucket/prefix/flow/RUN_ID`` or a local artifact dir.
         download: What to fetch from S3: cache, important or all.
         project: The project whose parser and KPIs apply.
         history_uri: History to judge against (default: the config's, if any).

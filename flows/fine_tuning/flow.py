@@ -30,7 +30,7 @@ def fine_tuning(
         presets: Presets from ``ci_presets`` of projects/fine_tuning/config.yaml, in order.
         overrides: Dotted config key → value (typed, as given; the CLI parses --var once).
         platform: auto (a kubeconfig selects kubernetes, else local), local or kubernetes.
-        artifact_dir: Where to write artifacts (default: runs/<date>-fine_tuning-<run id>);
+        artifact_dir: Where to write artifacts (default: runs/DATE-fine_tuning-RUN_ID);
             reusing one resumes its passed cells.
 
     Returns:
