@@ -149,6 +149,42 @@ def _log() -> Any:
         return logger
 
 
+class _InRunOnly(logging.Filter):
+    """Pass only records made inside a Prefect flow or task run (others have no run to go to)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from prefect.context import FlowRunContext, TaskRunContext
+
+        return FlowRunContext.get() is not None or TaskRunContext.get() is not None
+
+
+_UI_HANDLER: logging.Handler | None = None
+
+
+def send_telltale_logs_to_prefect() -> None:
+    """Send the ``telltale.*`` loggers' lines to the run's logs in the Prefect UI.
+
+    Lines like "base finished: exit 0 ..." reached only the step logs and the terminal.
+    Prefect sends only its own loggers to the API unless ``PREFECT_LOGGING_EXTRA_LOGGERS``
+    names others before it sets logging up; attaching its `APILogHandler` here needs no
+    environment variable on the worker. Idempotent; lines from outside a run are dropped
+    by the filter instead of warning.
+    """
+    global _UI_HANDLER
+    if _UI_HANDLER is not None:
+        return
+    from prefect.logging.handlers import APILogHandler
+
+    handler = APILogHandler(level=logging.INFO)
+    handler.addFilter(_InRunOnly())
+    ours = logging.getLogger("telltale")
+    if ours.level == logging.NOTSET:  # INFO lines are the point, whatever the root says
+        ours.setLevel(logging.INFO)
+    if not any(isinstance(h, APILogHandler) for h in ours.handlers):
+        ours.addHandler(handler)
+    _UI_HANDLER = handler
+
+
 def _flow_run_id() -> str | None:
     from prefect.runtime import flow_run
 
@@ -403,6 +439,8 @@ def orchestrate(project_name: str, presets: Sequence[str], overrides: dict[str, 
         TelltaleError: A user error before any cell ran (config, platform, prepare).
     """
     log = _log()
+    if _flow_run_id() is not None:
+        send_telltale_logs_to_prefect()
     project = registry.load(project_name)
     config = resolve(project_name, presets=presets, overrides=overrides or {})
     model = config.model

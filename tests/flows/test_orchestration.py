@@ -44,7 +44,11 @@ class FakePlatform:
         self.calls.append("capture")
 
     def run_cell(self, run: RunContext, cell: Cell) -> CellResult:
+        import logging
+
         self.calls.append(f"run:{cell.name}")
+        # what the real platforms say through their module loggers
+        logging.getLogger("telltale.local").info("%s started (fake platform)", cell.name)
         outcome = self.script.get(cell.name, 0)
         if isinstance(outcome, Exception):
             raise outcome
@@ -232,3 +236,30 @@ def test_a_failed_run_ends_its_flow_run_failed(prefect_harness, tmp_path: Path) 
         assert raised.value.outcome.exit_code == 1
         passed = finishing(str(tmp_path / "passed"), 0, return_state=True)
         assert passed.is_completed() and outcome_of(passed).exit_code == 0
+
+
+def test_telltale_log_lines_reach_the_prefect_run_logs(run_fake, tmp_path: Path) -> None:
+    """A platform's own lines ("... started") are in the flow run's logs, as the UI shows."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogHandler
+    from prefect.settings import PREFECT_LOGGING_TO_API_ENABLED, temporary_settings
+
+    # the suite turns API logging off for speed (conftest); this test is about it
+    with temporary_settings(updates={PREFECT_LOGGING_TO_API_ENABLED: True}):
+        outcome = run_fake(FakePlatform(), ["light"])
+        APILogHandler.flush(APILogHandler())  # wait for the batch to reach the API
+    assert outcome.exit_code == 0
+
+    async def messages() -> list[str]:
+        async with get_client() as client:
+            runs = await client.read_flow_runs()
+            run_id = next(r.id for r in runs if str(tmp_path) in json.dumps(r.parameters))
+            logs = await client.read_logs(log_filter=LogFilter(
+                flow_run_id=LogFilterFlowRunId(any_=[run_id])))
+            return [log.message for log in logs]
+
+    found = asyncio.run(messages())
+    assert any("base started (fake platform)" in m for m in found), found[-10:]
