@@ -40,6 +40,7 @@ from tasks.platforms.base import (
     read_users,
     tail_lines,
 )
+from tasks.progress import LogProgress
 from tasks.runner import CommandTimeout, die_with_parent, run
 
 __all__ = [
@@ -189,8 +190,10 @@ def run_local_workload(run_ctx: RunContext, cell: Cell, timeout_minutes: int) ->
     argv = [str(a) for a in workload.argv]
     (here / CMDLINE_FILE).write_text("\0".join(argv), encoding="utf-8")
     try:
-        result = run(argv, check=False, timeout=timeout_minutes * 60, output_file=log_file,
-                     pid_file=here / PID_FILE, env=dict(workload.env))
+        with LogProgress(log_file, cell.name):  # steps and ETA, from the workload's own bar
+            result = run(argv, check=False, timeout=timeout_minutes * 60,
+                         output_file=log_file, pid_file=here / PID_FILE,
+                         env=dict(workload.env))
         code = result.returncode
         if code != 0:
             reason = "Error"
