@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-__all__ = ["LogProgress", "Progress", "last_progress"]
+__all__ = ["LogProgress", "Progress", "ProgressArtifact", "last_progress"]
 
 logger = logging.getLogger("telltale.progress")
 
@@ -100,12 +100,12 @@ class LogProgress:
         self.last: Progress | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._artifact: Any = None
+        self._artifact: ProgressArtifact | None = None
         self._reported_percent = -100.0
         self._reported_at = 0.0
 
     def __enter__(self) -> LogProgress:
-        self._artifact = _create_artifact(self.label)
+        self._artifact = ProgressArtifact(f"{self.label}: starting")
         # the watcher runs in this context: Prefect's run context goes with it, so its lines
         # and artifact updates belong to this run
         context = contextvars.copy_context()
@@ -139,32 +139,38 @@ class LogProgress:
                 or current.done == current.total:
             self._reported_percent, self._reported_at = current.percent, now
             logger.info("%s", current.line(self.label))
-        _update_artifact(self._artifact, current, self.label)
+        if self._artifact is not None:
+            self._artifact.update(current.percent, current.line(self.label))
         if self.on_update is not None:
             self.on_update(current)
         return current
 
 
-def _create_artifact(label: str) -> Any:
-    try:
-        from prefect.artifacts import create_progress_artifact
-        from prefect.context import FlowRunContext, TaskRunContext
+class ProgressArtifact:
+    """A Prefect progress artifact of the current run, or nothing outside a run.
 
-        if FlowRunContext.get() is None and TaskRunContext.get() is None:
-            return None
-        return create_progress_artifact(progress=0.0, description=f"{label}: starting")
-    except Exception:  # no API to report to: the log lines still say it
-        logger.debug("no progress artifact", exc_info=True)
-        return None
+    Progress is a convenience: no API, or an API error, never fails the work it describes.
+    """
 
+    def __init__(self, description: str) -> None:
+        self.id: Any = None
+        try:
+            from prefect.artifacts import create_progress_artifact
+            from prefect.context import FlowRunContext, TaskRunContext
 
-def _update_artifact(artifact: Any, progress: Progress, label: str) -> None:
-    if artifact is None:
-        return
-    try:
-        from prefect.artifacts import update_progress_artifact
+            if FlowRunContext.get() is not None or TaskRunContext.get() is not None:
+                self.id = create_progress_artifact(progress=0.0, description=description)
+        except Exception:  # no API to report to: the log lines still say it
+            logger.debug("no progress artifact", exc_info=True)
 
-        update_progress_artifact(artifact_id=artifact, progress=round(progress.percent, 1),
-                                 description=progress.line(label))
-    except Exception:
-        logger.debug("progress artifact update failed", exc_info=True)
+    def update(self, percent: float, description: str) -> None:
+        """Move the bar (0-100) and say where things are."""
+        if self.id is None:
+            return
+        try:
+            from prefect.artifacts import update_progress_artifact
+
+            update_progress_artifact(artifact_id=self.id, progress=round(percent, 1),
+                                     description=description)
+        except Exception:
+            logger.debug("progress artifact update failed", exc_info=True)

@@ -40,7 +40,7 @@ from tasks.platforms.base import (
     read_users,
     tail_lines,
 )
-from tasks.progress import LogProgress
+from tasks.progress import LogProgress, ProgressArtifact
 from tasks.runner import CommandTimeout, die_with_parent, run
 
 __all__ = [
@@ -282,23 +282,14 @@ class _UsersProgress:
     def __init__(self, users: int) -> None:
         self.users = users
         self.last: dict[str, int] = {}
-        try:
-            from prefect.artifacts import create_progress_artifact
-
-            self.artifact: Any = create_progress_artifact(
-                progress=0.0, description=f"{users} users pending")
-        except Exception:  # outside a flow run there is nowhere to report progress
-            self.artifact = None
+        self.artifact = ProgressArtifact(f"{users} users pending")
 
     def show(self, counts: dict[str, int]) -> None:
-        if counts == self.last or self.artifact is None:
+        if counts == self.last:
             return
-        from prefect.artifacts import update_progress_artifact
-
         done = counts["succeeded"] + counts["failed"]
-        update_progress_artifact(
-            artifact_id=self.artifact, progress=round(100 * done / self.users, 1),
-            description=", ".join(f"{k}: {v}" for k, v in counts.items()))
+        self.artifact.update(100 * done / self.users,
+                             ", ".join(f"{k}: {v}" for k, v in counts.items()))
         self.last = counts
 
 
