@@ -57,6 +57,7 @@ from tasks.platforms.local import cleanup_local
 from tasks.platforms.plan import plan_run
 from tasks.platforms.select import make_platform, select_platform
 from tasks.postprocess import find_suspects, postprocess_results
+from tasks.progress import ProgressArtifact
 from tasks.publish.export import (
     append_history,
     opensearch_instance,
@@ -64,7 +65,7 @@ from tasks.publish.export import (
     s3_target,
     upload_run,
 )
-from tasks.publish.prefect_artifacts import publish_results, start_progress, update_progress
+from tasks.publish.prefect_artifacts import publish_results
 from tasks.runner import run_and_catch
 
 __all__ = ["CellOutcome", "RunFailed", "RunOutcome", "cleanup_hook", "finish", "orchestrate",
@@ -275,7 +276,7 @@ def test_phase(cells: Sequence[Cell], run: RunContext, platform: Platform,
     the cells it finished.
     """
     finished = finished_cells(run.root)
-    progress = start_progress(f"{len(cells)} cell(s)")
+    progress = ProgressArtifact(f"{len(cells)} cell(s)")
     stop = False
     for done, cell in enumerate(cells, start=1):
         if cell.skip_reason:
@@ -292,7 +293,7 @@ def test_phase(cells: Sequence[Cell], run: RunContext, platform: Platform,
             result = _run_cell(cell, run, platform)
             results.append(result)
             stop = result.status == "failed" and run.test.stop_on_error
-        update_progress(progress, done, len(cells))
+        progress.update(100.0 * done / len(cells), f"{done}/{len(cells)} cell(s) done")
     return results
 
 

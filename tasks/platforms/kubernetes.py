@@ -30,6 +30,7 @@ from tasks.kube.users import UsersJobStatus, collect_users, follow_users
 from tasks.kube.workload import capture_environment, capture_state, cleanup_k8s, run_kube_workload
 from tasks.platforms.base import CellResult, RunContext, project_step, read_users, tail_lines
 from tasks.platforms.plan import users_manifests, users_prefix, users_s3_endpoint
+from tasks.progress import ProgressArtifact
 
 __all__ = ["KubernetesPlatform", "collect_batch", "follow"]
 
@@ -82,20 +83,12 @@ def launch_users(run_ctx: RunContext, cell: Cell) -> dict[str, Any]:
 def follow(kubeconfig: str | None, namespace: str, job: str, users: int, deadline_s: float,
            abort_on_failure: bool) -> UsersJobStatus:
     """Follow the users to the end, with a progress artifact of their counts."""
-    try:
-        from prefect.artifacts import create_progress_artifact, update_progress_artifact
-
-        artifact = create_progress_artifact(progress=0.0, description=f"{users} users pending")
-    except Exception:  # outside a flow run
-        artifact, update_progress_artifact = None, None
+    artifact = ProgressArtifact(f"{users} users pending")
 
     def progress(status: UsersJobStatus) -> None:
-        if artifact is not None and update_progress_artifact is not None:
-            update_progress_artifact(
-                artifact_id=artifact,
-                progress=round(100 * (status.succeeded + status.failed) / users, 1),
-                description=f"pending: {status.pending}, running: {status.running}, "
-                            f"succeeded: {status.succeeded}, failed: {status.failed}")
+        artifact.update(100 * (status.succeeded + status.failed) / users,
+                        f"pending: {status.pending}, running: {status.running}, "
+                        f"succeeded: {status.succeeded}, failed: {status.failed}")
 
     return follow_users(Kube(api_client(kubeconfig)), job, namespace, users,
                         deadline_s=deadline_s, abort_on_failure=abort_on_failure,

@@ -1,4 +1,6 @@
-"""Prefect artifacts of a run: progress, markdown summary, KPI/verdict table, report link.
+"""Prefect artifacts of a run: markdown summary, KPI/verdict table, report link.
+
+Progress bars are `tasks.progress.ProgressArtifact`.
 
 Artifact keys allow lowercase letters, digits and dashes only; tables stay small (one row
 per KPI and run) and link to the full data in the artifact dir.
@@ -10,33 +12,16 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-from uuid import UUID
 
 from analysis.pipeline import PostprocessOutcome
 
-__all__ = ["artifact_key", "publish_results", "start_progress", "update_progress"]
+__all__ = ["artifact_key", "publish_results"]
 
 
 def artifact_key(*parts: str) -> str:
     """Build a valid Prefect artifact key from free text."""
     key = re.sub(r"[^a-z0-9-]+", "-", "-".join(parts).lower()).strip("-")
     return re.sub(r"-{2,}", "-", key)[:100] or "telltale"
-
-
-def start_progress(description: str) -> UUID | None:
-    """Create a progress artifact at 0 %; returns its id (None outside a Prefect run)."""
-    from prefect.artifacts import create_progress_artifact
-
-    return create_progress_artifact(progress=0.0, description=description)  # type: ignore[return-value]
-
-
-def update_progress(artifact_id: UUID | None, done: int, total: int) -> None:
-    """Set the progress artifact to ``done / total``."""
-    if artifact_id is None or total <= 0:
-        return
-    from prefect.artifacts import update_progress_artifact
-
-    update_progress_artifact(artifact_id=artifact_id, progress=round(100.0 * done / total, 1))
 
 
 def _fmt(value: Any, digits: int = 4) -> str:

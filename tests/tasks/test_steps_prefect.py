@@ -11,11 +11,10 @@ import pytest
 from analysis.errors import PermanentServiceError, TransientServiceError
 from analysis.pipeline import PostprocessOutcome, VerdictRow
 from tasks.artifacts import step, use_artifact_dir
+from tasks.progress import ProgressArtifact
 from tasks.publish.prefect_artifacts import (
     artifact_key,
     publish_results,
-    start_progress,
-    update_progress,
 )
 
 
@@ -72,8 +71,8 @@ def test_publish_results_creates_prefect_artifacts(tmp_path: Path, prefect_harne
 
     @flow
     def publish() -> None:
-        progress = start_progress("2 cells")
-        update_progress(progress, 1, 2)
+        progress = ProgressArtifact("2 cells")
+        progress.update(50.0, "1/2 cell(s) done")
         publish_results("telltale-test", outcome, [{"name": "base", "status": "passed",
                                                     "exit_code": 0}], tmp_path)
 
