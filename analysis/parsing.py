@@ -256,6 +256,21 @@ class FileReader:
             self.problem(rel, exc.reason, exc.line)
             return None
 
+    def table(self, rel: str, *, required: bool = True) -> Any:
+        """Return a Parquet file as a pandas DataFrame, or None (recording why)."""
+        stream = self._open(rel, limit=MAX_FILE_BYTES, required=required, binary=True)
+        if stream is None:
+            return None
+        import pandas as pd
+        import pyarrow as pa
+
+        with stream:
+            try:
+                return pd.read_parquet(stream)
+            except (OSError, ValueError, pa.ArrowException) as exc:
+                self.problem(rel, f"unreadable Parquet: {str(exc)[:200]}")
+                return None
+
     def tail(self, rel: str, lines: int = 5) -> str | None:
         """The last non-empty lines of a file (see `read_tail`), or None."""
         try:

@@ -10,6 +10,7 @@ Logs look like the trainer's: progress bars, ANSI colours, transformers 4.x bare
 from __future__ import annotations
 
 import json
+import os
 import random
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -155,3 +156,20 @@ def make_result_dir(
         (rhods / "rhods.version").write_text("2.13.0\n")
         (rhods / "rhods.createdAt").write_text("2026-01-01T00:00:00Z\n")
     return run
+
+
+def prometheus_required() -> bool:
+    """Whether the Prometheus tests run: the binaries are installed.
+
+    ``.ci/run`` installs them and sets ``TELLTALE_REQUIRE_PROMETHEUS``: there a missing
+    binary fails the test instead of skipping its Prometheus part.
+    """
+    import pytest
+
+    from tasks.observe.prometheus import find_binaries
+
+    if find_binaries() is not None:
+        return True
+    if os.environ.get("TELLTALE_REQUIRE_PROMETHEUS"):
+        pytest.fail("prometheus/prometheus-node-exporter not installed (.ci/run installs them)")
+    return False

@@ -8,6 +8,7 @@ import numpy as np
 
 from analysis.kpi import KpiDefinition
 from projects.fine_tuning.parser import FineTuningResult
+from projects.library.resources import resource_kpis
 
 __all__ = ["KPIS", "LTS_VERSION", "labels", "num_gpus", "results_summary"]
 
@@ -114,6 +115,7 @@ KPIS: list[KpiDefinition] = [
                   lambda r: r.dataset_stats.avg_tokens_per_sample if r.dataset_stats else None,
                   ignored_for_regression=True, format="{:.1f}"),
     *_USER_KPIS,
+    *resource_kpis(lambda r: r.resources, _train_tps),
 ]
 
 

@@ -33,6 +33,12 @@ from analysis.errors import ConfigError, StepError
 from projects.contract import SCRATCH_DIR, LocalWorkload
 from projects.matrix import Cell
 from tasks.artifacts import artifact_dir, step
+from tasks.observe.prometheus import (
+    LOCAL_QUERIES,
+    PrometheusServer,
+    capture_window,
+    find_binaries,
+)
 from tasks.platforms.base import (
     CellResult,
     RunContext,
@@ -345,14 +351,43 @@ def cleanup(root: str) -> dict[str, Any]:
     return summary
 
 
+@step("observe", timeout_seconds=600)
+def capture_prometheus(prometheus: PrometheusServer, start: datetime,
+                       end: datetime) -> dict[str, Any]:
+    """The cell's test window from the run's Prometheus, as ``prometheus/series.parquet``."""
+    summary = capture_window(prometheus, LOCAL_QUERIES, start, end,
+                             artifact_dir() / "prometheus")
+    if summary["errors"]:
+        logger.warning("prometheus capture: %s", summary["errors"])
+    return summary
+
+
 class LocalPlatform:
     """This machine: the workload as a local process (see the module docstring)."""
 
     name = "local"
 
+    def __init__(self) -> None:
+        self.prometheus: PrometheusServer | None = None
+
     def prepare(self, run_ctx: RunContext, cells: Sequence[Cell]) -> None:
-        """Check that the cells can run here (the project's `check_local`)."""
+        """Check that the cells can run here; start the run's Prometheus (``observe``)."""
+        self._start_prometheus(run_ctx)  # first: its 5 s until the first scrape overlaps
         prepare_local(run_ctx, list(cells))
+
+    def _start_prometheus(self, run_ctx: RunContext) -> None:
+        block = run_ctx.model.observe.prometheus
+        if block.mode == "off" or self.prometheus is not None:
+            return
+        if block.mode == "auto" and find_binaries() is None:
+            logger.info("prometheus/prometheus-node-exporter not installed: no resource "
+                        "KPIs (apt-get install prometheus prometheus-node-exporter)")
+            return
+        # Started here, in the flow's thread, not in a task's: the parent-death signal of a
+        # child fires when the thread that started it ends.
+        self.prometheus = PrometheusServer.start_local(
+            run_ctx.root / "prometheus", scrape_interval_s=block.scrape_interval_s,
+            ready_timeout_s=block.ready_timeout_s)
 
     def capture(self, run_ctx: RunContext) -> None:
         """Record this machine's facts."""
@@ -363,17 +398,48 @@ class LocalPlatform:
         minutes = run_ctx.test.timeout_minutes
         task = project_step(run_ctx, run_local_workload).with_options(
             timeout_seconds=minutes * 60 + 120)
-        result: CellResult = task(run_ctx, cell, minutes)
+        self._wait_scraped(run_ctx)
+        start = datetime.now(UTC)
+        try:
+            result: CellResult = task(run_ctx, cell, minutes)
+        finally:  # a failed cell's resources are worth seeing too
+            self._capture(start)
         return result
+
+    def _wait_scraped(self, run_ctx: RunContext) -> None:
+        if self.prometheus is not None:
+            self.prometheus.wait_scraped(run_ctx.model.observe.prometheus.ready_timeout_s)
+
+    def _capture(self, start: datetime) -> None:
+        if self.prometheus is None:
+            return
+        try:
+            capture_prometheus(self.prometheus, start, datetime.now(UTC))
+        except Exception as exc:  # no resource KPIs is not a failed cell
+            logger.warning("prometheus capture failed: %s", exc)
 
     def run_users(self, run_ctx: RunContext, cell: Cell) -> list[CellResult]:
         """Run the fan-out of the cell's workload."""
-        result: list[CellResult] = project_step(run_ctx, run_local_users)(
-            run_ctx, cell, run_ctx.test.timeout_minutes)
+        self._wait_scraped(run_ctx)
+        start = datetime.now(UTC)
+        try:
+            result: list[CellResult] = project_step(run_ctx, run_local_users)(
+                run_ctx, cell, run_ctx.test.timeout_minutes)
+        finally:
+            self._capture(start)
         return result
 
     def cleanup(self, run_ctx: RunContext) -> None:
-        """Stop leftovers and remove scratch dirs."""
+        """Snapshot and stop the run's Prometheus, stop leftovers, remove scratch dirs."""
+        if self.prometheus is not None:
+            try:
+                if run_ctx.model.observe.prometheus.snapshot:
+                    snapshot = self.prometheus.snapshot()
+                    if snapshot is not None:
+                        logger.info("prometheus TSDB snapshot: %s", snapshot)
+            finally:
+                self.prometheus.stop()
+                self.prometheus = None
         cleanup(str(run_ctx.root))
 
     @contextmanager

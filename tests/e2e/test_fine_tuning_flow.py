@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from analysis.history import HistoryStore
+from tests.factories import prometheus_required
 
 pytestmark = pytest.mark.slow
 
@@ -63,6 +64,16 @@ def test_cli_light_preset_end_to_end(tmp_path: Path) -> None:
     assert math.isclose(kpis["train_runtime"], logged, rel_tol=1e-6)
     assert (post / "report" / "index.html").is_file()
     assert "report    :" in proc.stdout
+    # resources, from the run's real Prometheus and node exporter (observe.prometheus: auto)
+    if prometheus_required():
+        series = pd.read_parquet(next(cell.glob("*__observe__capture_prometheus"))
+                                 / "prometheus" / "series.parquet")
+        assert {"cpu_cores_used", "memory_used_bytes"} <= set(series["query"])
+        for name in ("cpu_cores_used_mean", "cpu_cores_used_max", "memory_used_max",
+                     "tokens_per_cpu_core_second"):
+            assert math.isfinite(kpis[name]) and kpis[name] > 0, name
+        assert any((run_dir / "prometheus" / "data" / "snapshots").iterdir())
+        assert not list((run_dir / "prometheus").rglob("workload.pid"))  # stopped
 
 
 def test_successive_runs_build_history_and_verdicts(tmp_path: Path, prefect_harness) -> None:
@@ -73,9 +84,11 @@ def test_successive_runs_build_history_and_verdicts(tmp_path: Path, prefect_harn
     outcomes = [outcome_of(fine_tuning(presets=["light"], overrides=overrides,
                             artifact_dir=str(tmp_path / f"run{i}"), return_state=True)) for i in range(4)]
     assert all(o.exit_code == 0 for o in outcomes), [o.failures for o in outcomes]
-    assert outcomes[0].verdict_counts == {"insufficient_history": 8}
+    # 8 workload KPIs, and 4 resource KPIs where the run had its Prometheus
+    judged = 12 if prometheus_required() else 8
+    assert outcomes[0].verdict_counts == {"insufficient_history": judged}
     last = outcomes[-1].verdict_counts
-    assert last.get("insufficient_history", 0) == 0 and sum(last.values()) == 8
+    assert last.get("insufficient_history", 0) == 0 and sum(last.values()) == judged
     history = pd.read_parquet(tmp_path / "history")
     assert history["run_uuid"].nunique() == 4
     verdicts = json.loads(next((tmp_path / "run3").glob("*__analysis__*/regression.json"))

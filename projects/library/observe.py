@@ -1,0 +1,35 @@
+"""The ``observe`` block: what watches the platform while the workload runs (Prometheus)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["ObserveBlock", "PrometheusBlock"]
+
+
+class PrometheusBlock(BaseModel):
+    """Resource series of each cell's test window, kept with the artifacts."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["auto", "on", "off"] = Field(
+        default="auto", description="Local platform: start a Prometheus and a node exporter "
+        "for the run. auto: when both are installed; on: required (a clear error when "
+        "missing); off: never.")
+    scrape_interval_s: float = Field(default=1.0, ge=0.2, le=60.0,
+                                     description="Scrape interval of the local Prometheus.")
+    ready_timeout_s: float = Field(default=120.0, ge=5.0, le=1800.0,
+                                   description="How long the local Prometheus may take to "
+                                   "start.")
+    snapshot: bool = Field(default=True, description="Keep a TSDB snapshot of the run in "
+                           "<run>/prometheus/data/snapshots (admin API).")
+
+
+class ObserveBlock(BaseModel):
+    """Observability of the run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prometheus: PrometheusBlock = Field(default_factory=PrometheusBlock)

@@ -1,0 +1,1 @@
+"""Observing the platform while the workload runs: Prometheus."""

@@ -1,0 +1,340 @@
+"""Prometheus for a run: a real local server on this machine, range queries, TSDB snapshots.
+
+The local platform starts, for the whole run, a ``prometheus-node-exporter`` and a
+``prometheus`` on 127.0.0.1 (free ports), the server's TSDB in ``<run>/prometheus/data``, a
+short scrape interval, the admin API on (for snapshots). After each cell, the cell's test
+window is queried (`capture_window`): the series of interest go to
+``<step dir>/prometheus/series.parquet`` — one row per sample: ``query``, ``labels`` (JSON),
+``timestamp`` (UTC), ``value`` — so post-processing and replot read them offline, without
+the server. The run's TSDB is snapshotted at the end (`PrometheusServer.snapshot`).
+
+Processes are started like workloads: their own session (a terminal's Ctrl-C leaves them to
+our cleanup), ``PR_SET_PDEATHSIG`` (a SIGKILLed CLI leaves no orphan), pid and command-line
+files the local cleanup and ``python -m flows.cleanup`` know.
+
+Answers from a Prometheus (ours or a cluster's) are untrusted: validated by pydantic,
+bounded in size.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+from pydantic import BaseModel, Field, ValidationError
+
+from analysis.errors import ConfigError, PermanentServiceError, TransientServiceError
+from tasks.runner import die_with_parent
+
+__all__ = ["LOCAL_QUERIES", "PrometheusServer", "QueryResult", "Series", "capture_window",
+           "find_binaries", "series_rows"]
+
+logger = logging.getLogger("telltale.prometheus")
+
+PID_FILE = "workload.pid"  # the names the local cleanup looks for (tasks.platforms.local)
+CMDLINE_FILE = "workload.cmdline"
+_MAX_ANSWER = 64 * 1024 * 1024  # bytes of one query answer we accept
+_MAX_POINTS = 11_000  # Prometheus's own limit per series for a range query
+
+# What the local platform records for every cell: the machine as the workload used it.
+LOCAL_QUERIES: dict[str, str] = {
+    "cpu_cores_used": 'sum(rate(node_cpu_seconds_total{mode!="idle"}[{window}]))',
+    "memory_used_bytes": "node_memory_MemTotal_bytes - node_memory_MemAvailable_bytes",
+    "load1": "node_load1",
+}
+
+
+class Series(BaseModel):
+    """One series of a range query's answer."""
+
+    metric: dict[str, str] = Field(default_factory=dict)
+    values: list[tuple[float, str]] = Field(default_factory=list, max_length=_MAX_POINTS)
+
+
+class _Data(BaseModel):
+    resultType: Literal["matrix"]  # noqa: N815 (Prometheus's field name)
+    result: list[Series] = Field(default_factory=list, max_length=10_000)
+
+
+class QueryResult(BaseModel):
+    """The ``/api/v1/query_range`` answer (status ``success``)."""
+
+    status: Literal["success"]
+    data: _Data
+
+
+def find_binaries() -> tuple[str, str] | None:
+    """Paths of ``prometheus`` and the node exporter (Debian or upstream name), or None."""
+    server = shutil.which("prometheus")
+    exporter = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
+    return (server, exporter) if server and exporter else None
+
+
+def _duration(seconds: float) -> str:
+    """A Prometheus duration (integers only: "500ms", not "0.5s")."""
+    return f"{max(int(round(seconds * 1000)), 1)}ms"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class _Process:
+    """A long-lived child of the run, with the files cleanup knows it by."""
+
+    def __init__(self, name: str, argv: Sequence[str], home: Path) -> None:
+        self.name = name
+        self.home = home
+        home.mkdir(parents=True, exist_ok=True)
+        (home / CMDLINE_FILE).write_text("\0".join(argv), encoding="utf-8")
+        with open(home / f"{name}.log", "wb") as log:
+            self.proc = subprocess.Popen(die_with_parent(argv), stdout=log,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
+        (home / PID_FILE).write_text(f"{self.proc.pid}\n", encoding="utf-8")
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        """SIGTERM (Prometheus closes its TSDB cleanly), SIGKILL after ``grace_s``."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        (self.home / PID_FILE).unlink(missing_ok=True)
+
+    def tail(self) -> str:
+        try:
+            return (self.home / f"{self.name}.log").read_text(errors="replace")[-2000:]
+        except OSError:
+            return ""
+
+
+class PrometheusServer:
+    """A Prometheus to query: a URL (a cluster's, with a bearer token) or one we started."""
+
+    def __init__(self, url: str, *, token: str | None = None,
+                 processes: Sequence[_Process] = (), data_dir: Path | None = None,
+                 scrape_interval_s: float = 1.0) -> None:
+        self.url = url.rstrip("/")
+        self.scrape_interval_s = scrape_interval_s
+        self.data_dir = data_dir
+        self._processes = list(processes)
+        self._scraped = False
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._client = httpx.Client(base_url=self.url, headers=headers, timeout=30.0)
+
+    @classmethod
+    def start_local(cls, home: Path, *, scrape_interval_s: float = 1.0,
+                    extra_targets: Mapping[str, str] | None = None,
+                    ready_timeout_s: float = 120.0) -> PrometheusServer:
+        """Start a node exporter and a Prometheus scraping it (and ``extra_targets``).
+
+        Args:
+            home: ``<run>/prometheus``: config, logs, pid files, the TSDB in ``data/``.
+            scrape_interval_s: Scrape and evaluation interval.
+            extra_targets: Job name -> ``host:port`` (e.g. a model server's ``/metrics``).
+            ready_timeout_s: How long the server may take to say it is ready.
+
+        Raises:
+            ConfigError: The binaries are not installed (with how to install them).
+            TransientServiceError: The server did not become ready (its log's tail is said).
+        """
+        found = find_binaries()
+        if found is None:
+            raise ConfigError("prometheus and prometheus-node-exporter are not installed: "
+                              "`sudo apt-get install prometheus prometheus-node-exporter` "
+                              "(Debian/Ubuntu), or set observe.prometheus.mode: off",
+                              key="observe.prometheus.mode")
+        server_bin, exporter_bin = found
+        home.mkdir(parents=True, exist_ok=True)
+        exporter_port, server_port = _free_port(), _free_port()
+        exporter = _Process("node-exporter", [
+            exporter_bin, f"--web.listen-address=127.0.0.1:{exporter_port}",
+            "--collector.disable-defaults", "--collector.cpu", "--collector.meminfo",
+            "--collector.loadavg", "--collector.stat"], home / "node-exporter")
+        interval = _duration(max(scrape_interval_s, 0.2))
+        targets = {"node": f"127.0.0.1:{exporter_port}", **(extra_targets or {})}
+        config = {"global": {"scrape_interval": interval, "evaluation_interval": interval},
+                  "scrape_configs": [{"job_name": job, "static_configs": [
+                      {"targets": [target]}]} for job, target in targets.items()]}
+        (home / "prometheus.yml").write_text(json.dumps(config, indent=2), encoding="utf-8")
+        data = home / "data"
+        server = _Process("prometheus", [
+            server_bin, f"--config.file={home / 'prometheus.yml'}",
+            f"--storage.tsdb.path={data}", f"--web.listen-address=127.0.0.1:{server_port}",
+            "--web.enable-admin-api", "--storage.tsdb.retention.time=30d",
+            "--log.level=warn"], home / "server")
+        prometheus = cls(f"http://127.0.0.1:{server_port}", processes=[exporter, server],
+                         data_dir=data, scrape_interval_s=scrape_interval_s)
+        try:
+            prometheus._wait_ready(ready_timeout_s)
+        except BaseException:
+            prometheus.stop()
+            raise
+        logger.info("prometheus on %s (scrape every %s, TSDB in %s)", prometheus.url,
+                    interval, data)
+        return prometheus
+
+    def __repr__(self) -> str:  # step parameters show this
+        return f"PrometheusServer({self.url!r})"
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        self._wait(timeout_s, "ready", lambda: self._client.get("/-/ready").status_code == 200)
+
+    def wait_scraped(self, timeout_s: float = 120.0) -> None:
+        """Wait until the node exporter has been scraped (once per server; cheap after).
+
+        Prometheus applies its scrape config on a 5 s discovery tick after start: a window
+        opened earlier has no samples for its first seconds, and a short cell none at all
+        (its resource KPIs would come and go between runs). The local platform starts the
+        server first thing in prepare and waits here before the first cell, so the tick
+        overlaps the preparation.
+        """
+        if self._scraped:
+            return
+
+        def scraped() -> bool:
+            answer = self._client.get("/api/v1/query", params={"query": 'up{job="node"}'})
+            result = answer.json().get("data", {}).get("result", [])
+            return any(r.get("value", [0, "0"])[1] == "1" for r in result
+                       if isinstance(r, dict))
+
+        self._wait(timeout_s, "scraping its node exporter", scraped)
+        self._scraped = True
+
+    def _wait(self, timeout_s: float, what: str, done: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for process in self._processes:
+                if process.proc.poll() is not None:
+                    raise PermanentServiceError(
+                        f"{process.name} exited with {process.proc.returncode}: "
+                        f"{process.tail().strip()[-500:]}", service="prometheus")
+            try:
+                if done():
+                    return
+            except (httpx.HTTPError, ValueError, AttributeError):
+                pass
+            if time.monotonic() > deadline:
+                raise TransientServiceError(f"prometheus not {what} after {timeout_s:.0f} s",
+                                            service="prometheus")
+            time.sleep(0.2)
+
+    def query_range(self, query: str, start: datetime, end: datetime,
+                    step_s: float) -> list[Series]:
+        """Run a range query; the answer is validated (and bounded) before it is used.
+
+        Raises:
+            TransientServiceError: Unreachable, or a 5xx/429 (worth a retry).
+            PermanentServiceError: Refused (4xx: a bad query, a bad token) or malformed.
+        """
+        # Prometheus refuses more than 11 000 points a series: widen the step to fit
+        span = max((end - start).total_seconds(), 0.0)
+        step = max(step_s, math.ceil(span / (_MAX_POINTS - 1) * 1000) / 1000, 0.001)
+        try:
+            answer = self._client.get("/api/v1/query_range", params={
+                "query": query, "start": f"{start.timestamp():.3f}",
+                "end": f"{end.timestamp():.3f}", "step": f"{step:g}"})
+        except httpx.HTTPError as exc:
+            raise TransientServiceError(f"prometheus {self.url}: {exc}",
+                                        service="prometheus") from exc
+        if answer.status_code >= 500 or answer.status_code == 429:
+            raise TransientServiceError(f"prometheus {self.url}: HTTP {answer.status_code}",
+                                        service="prometheus")
+        if answer.status_code != 200:
+            raise PermanentServiceError(
+                f"prometheus {self.url} refused {query!r}: HTTP {answer.status_code} "
+                f"{answer.text[:200]!r}", service="prometheus")
+        if len(answer.content) > _MAX_ANSWER:
+            raise PermanentServiceError(f"prometheus answer over {_MAX_ANSWER} bytes",
+                                        service="prometheus")
+        try:
+            return QueryResult.model_validate_json(answer.content).data.result
+        except ValidationError as exc:
+            raise PermanentServiceError(f"prometheus {self.url}: malformed answer: "
+                                        f"{str(exc).splitlines()[0]}",
+                                        service="prometheus") from None
+
+    def snapshot(self) -> Path | None:
+        """Ask the admin API for a TSDB snapshot; its dir, or None when refused."""
+        try:
+            answer = self._client.post("/api/v1/admin/tsdb/snapshot")
+            name = answer.json()["data"]["name"] if answer.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            name = None
+        if not isinstance(name, str) or "/" in name or name.startswith("."):
+            logger.info("prometheus %s gave no snapshot", self.url)
+            return None
+        return self.data_dir / "snapshots" / name if self.data_dir else None
+
+    def stop(self) -> None:
+        """Stop what we started (the server first: it closes its TSDB), close the client."""
+        for process in reversed(self._processes):
+            process.stop()
+        self._client.close()
+
+
+def series_rows(name: str, series: Sequence[Series]) -> list[dict[str, Any]]:
+    """Tidy rows (query, labels, timestamp, value) of one query's series."""
+    rows = []
+    for one in series:
+        labels = json.dumps(one.metric, sort_keys=True)
+        for stamp, value in one.values:
+            try:
+                number = float(value)
+            except ValueError:
+                continue
+            rows.append({"query": name, "labels": labels, "timestamp": stamp, "value": number})
+    return rows
+
+
+def capture_window(prometheus: PrometheusServer, queries: Mapping[str, str], start: datetime,
+                   end: datetime, out_dir: Path) -> dict[str, Any]:
+    """Query ``queries`` over [start, end] and write ``out_dir/series.parquet``.
+
+    A query's ``{window}`` is replaced by a rate window of four scrape intervals. A query
+    that fails is recorded in ``out_dir/capture.json`` and the others are still written.
+
+    Returns:
+        The capture summary (also in ``capture.json``): rows per query, errors.
+    """
+    import pandas as pd
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    window = _duration(max(4 * prometheus.scrape_interval_s, 1.0))
+    rows: list[dict[str, Any]] = []
+    summary: dict[str, Any] = {"url": prometheus.url, "start": start.isoformat(),
+                               "end": end.isoformat(), "queries": {}, "errors": {}}
+    for name, query in queries.items():
+        text = query.replace("{window}", window)
+        try:
+            found = series_rows(name, prometheus.query_range(
+                text, start, end, prometheus.scrape_interval_s))
+        except (TransientServiceError, PermanentServiceError) as exc:
+            summary["errors"][name] = str(exc)
+            continue
+        summary["queries"][name] = {"query": text, "rows": len(found)}
+        rows += found
+    frame = pd.DataFrame(rows, columns=["query", "labels", "timestamp", "value"])
+    frame["timestamp"] = pd.to_datetime(frame["timestamp"], unit="s", utc=True)
+    tmp = out_dir / f".series.parquet.{os.getpid()}"
+    frame.to_parquet(tmp, index=False)
+    os.replace(tmp, out_dir / "series.parquet")
+    (out_dir / "capture.json").write_text(json.dumps(summary, indent=2) + "\n",
+                                          encoding="utf-8")
+    return summary

@@ -1,0 +1,223 @@
+"""Prometheus: a real local server and node exporter, the capture, the offline parse, and the
+query client against a Prometheus-API server that misbehaves."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from analysis.errors import ConfigError, PermanentServiceError, TransientServiceError
+from analysis.parsing import FileReader
+from projects.library.resources import read_resources
+from tasks.observe.prometheus import LOCAL_QUERIES, PrometheusServer, capture_window
+from tests.factories import prometheus_required
+
+
+@pytest.fixture(scope="module")
+def local_prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]:
+    if not prometheus_required():
+        pytest.skip("prometheus/prometheus-node-exporter not installed")
+    home = tmp_path_factory.mktemp("prometheus")
+    server = PrometheusServer.start_local(home, scrape_interval_s=0.5)
+    yield server
+    server.stop()
+
+
+def _wait_for_samples(server: PrometheusServer, start: datetime) -> None:
+    """Until the node exporter has been scraped a few times (a condition, not a sleep)."""
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        rows = server.query_range("node_load1", start, datetime.now(UTC), 0.5)
+        if rows and len(rows[0].values) >= 3:
+            return
+        time.sleep(0.2)
+    pytest.fail("no samples from the node exporter in 180 s")
+
+
+def test_capture_of_a_busy_window_parses_offline(local_prometheus: PrometheusServer,
+                                                 tmp_path: Path) -> None:
+    start = datetime.now(UTC) - timedelta(seconds=1)
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        _wait_for_samples(local_prometheus, start)
+    finally:
+        busy.kill()
+        busy.wait()
+    cell = tmp_path / "000__cell"
+    summary = capture_window(local_prometheus, LOCAL_QUERIES, start, datetime.now(UTC),
+                             cell / "003__observe__capture_prometheus" / "prometheus")
+    assert summary["errors"] == {} and summary["queries"]["cpu_cores_used"]["rows"] > 0
+    series = pd.read_parquet(cell / "003__observe__capture_prometheus" / "prometheus"
+                             / "series.parquet")
+    assert set(series["query"]) == set(LOCAL_QUERIES)
+    assert str(series["timestamp"].dtype).startswith("datetime64") and series["value"].notna().all()
+
+    # the parser reads the file alone: no server involved
+    reader = FileReader(cell)
+    found = read_resources(reader)
+    assert found is not None and not reader.problems
+    usage, timeline = found
+    assert usage.cpu_cores_mean is not None and usage.cpu_cores_mean > 0.3  # a busy core
+    assert usage.memory_used_max_bytes is not None and usage.memory_used_max_bytes > 1e7
+    assert usage.gpu_util_mean is None and usage.samples == len(timeline) >= 3
+    assert all(math.isfinite(v) for v in timeline.t_s)
+
+
+def test_snapshot_and_stop_leave_a_tsdb_and_no_process(tmp_path: Path) -> None:
+    if not prometheus_required():
+        pytest.skip("prometheus/prometheus-node-exporter not installed")
+    server = PrometheusServer.start_local(tmp_path / "prometheus", scrape_interval_s=0.5)
+    pids = [int(p.read_text()) for p in (tmp_path / "prometheus").rglob("workload.pid")]
+    try:
+        _wait_for_samples(server, datetime.now(UTC) - timedelta(seconds=1))
+        snapshot = server.snapshot()
+    finally:
+        server.stop()
+    assert snapshot is not None and snapshot.is_dir()
+    assert any(snapshot.iterdir())  # the head block, written as a block
+    assert len(pids) == 2 and not list((tmp_path / "prometheus").rglob("workload.pid"))
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists() or \
+            Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+
+
+def test_missing_binaries_say_how_to_install(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(ConfigError) as raised:
+        PrometheusServer.start_local(tmp_path / "prometheus")
+    assert "apt-get install prometheus prometheus-node-exporter" in str(raised.value)
+    assert raised.value.key == "observe.prometheus.mode"
+
+
+def test_broken_capture_is_a_parse_problem(tmp_path: Path) -> None:
+    step = tmp_path / "001__observe__capture_prometheus" / "prometheus"
+    step.mkdir(parents=True)
+    (step / "series.parquet").write_bytes(b"PAR1 not really")
+    reader = FileReader(tmp_path)
+    assert read_resources(reader) is None
+    assert any("unreadable Parquet" in p.message for p in reader.problems)
+    assert read_resources(FileReader(tmp_path / "001__observe__capture_prometheus")) is None
+
+
+# --- the query client against a Prometheus-API server (a cluster's Thanos querier) --------
+
+class _Api(BaseHTTPRequestHandler):
+    """/api/v1/query_range answering what ``self.server.mode`` says."""
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802
+        server: Any = self.server
+        server.headers.append(dict(self.headers))
+        mode = server.mode
+        if mode == "503":
+            self.send_response(503)
+            self.end_headers()
+            return
+        if mode == "401":
+            body = b'{"status":"error","errorType":"unauthorized"}'
+            self.send_response(401)
+        elif mode == "garbage":
+            body = b'{"status":"success","data":{"resultType":"matrix","result":"x"}}'
+            self.send_response(200)
+        else:  # DCGM-shaped answer: two GPUs
+            result = [{"metric": {"__name__": "DCGM_FI_DEV_GPU_UTIL", "gpu": str(gpu),
+                                  "Hostname": "node-1"},
+                       "values": [[1_700_000_000 + i, str(50 + 10 * gpu)] for i in range(5)]}
+                      for gpu in range(2)]
+            body = json.dumps({"status": "success", "data": {"resultType": "matrix",
+                                                             "result": result}}).encode()
+            self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture()
+def api() -> Iterator[Any]:
+    server: Any = ThreadingHTTPServer(("127.0.0.1", 0), _Api)
+    server.mode, server.headers = "ok", []
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def test_cluster_query_sends_the_token_and_validates_answers(api: Any, tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{api.server_address[1]}"
+    client = PrometheusServer(url, token="sa-token-123")
+    start = datetime.fromtimestamp(1_700_000_000, UTC)
+    end = start + timedelta(seconds=4)
+    summary = capture_window(client, {"gpu_util_percent": "DCGM_FI_DEV_GPU_UTIL"}, start, end,
+                             tmp_path / "001__observe__capture_prometheus" / "prometheus")
+    assert api.headers[-1]["Authorization"] == "Bearer sa-token-123"
+    assert summary["queries"]["gpu_util_percent"]["rows"] == 10
+    usage, _ = read_resources(FileReader(tmp_path)) or (None, None)
+    assert usage is not None and usage.gpu_util_mean == pytest.approx(55.0)  # mean of GPUs
+    assert "sa-token-123" not in (tmp_path / "001__observe__capture_prometheus" / "prometheus"
+                                  / "capture.json").read_text()
+
+    api.mode = "503"
+    with pytest.raises(TransientServiceError):
+        client.query_range("up", start, end, 1)
+    api.mode = "401"
+    with pytest.raises(PermanentServiceError, match="HTTP 401"):
+        client.query_range("up", start, end, 1)
+    api.mode = "garbage"
+    with pytest.raises(PermanentServiceError, match="malformed"):
+        client.query_range("up", start, end, 1)
+    client.stop()
+
+
+def test_unreachable_prometheus_is_transient_and_recorded(tmp_path: Path) -> None:
+    client = PrometheusServer("http://127.0.0.1:9")  # discard port: nothing listens
+    start = datetime.now(UTC)
+    summary = capture_window(client, {"cpu_cores_used": "up"}, start,
+                             start + timedelta(seconds=5), tmp_path)
+    assert "cpu_cores_used" in summary["errors"]
+    assert pd.read_parquet(tmp_path / "series.parquet").empty
+    client.stop()
+    assert os.path.exists(tmp_path / "capture.json")
+
+
+def _run_context(tmp_path: Path, mode: str) -> Any:
+    from projects import registry
+    from projects.config import resolve
+    from tasks.platforms.base import RunContext
+
+    project = registry.load("fine_tuning")
+    config = resolve("fine_tuning", presets=["light"],
+                     overrides={"observe.prometheus.mode": mode})
+    return RunContext(project=project, config=config, model=config.model,
+                      test=project.test_block(config.model), root=tmp_path, run_id="t")
+
+
+def test_local_platform_auto_goes_on_without_prometheus_and_on_refuses(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tasks.platforms.local import LocalPlatform
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # nothing installed
+    platform = LocalPlatform()
+    platform._start_prometheus(_run_context(tmp_path, "auto"))
+    assert platform.prometheus is None  # no resource KPIs, no error: the embedded default
+    with pytest.raises(ConfigError, match="apt-get install"):
+        platform._start_prometheus(_run_context(tmp_path, "on"))
+    platform._start_prometheus(_run_context(tmp_path, "off"))
+    assert platform.prometheus is None
