@@ -41,6 +41,8 @@ class AnalysisProject:
         timestamps: Result → (start, end) ISO strings when known.
         run_uuid: Result → the run's uuid.
         user_rows: Result → one row per user of a multi-user test (optional).
+        resource_rows: Result → rows ``{t_s, metric, value}`` of its resource timeline
+            (Prometheus capture) for the resources report (optional).
         bulky: Fields of the parsed result only the newest runs' report pages need (a loss
             curve per step): post-processing drops them from older runs once their KPIs
             and payloads are computed, so memory stays bounded over 10 000 runs.
@@ -56,6 +58,7 @@ class AnalysisProject:
     plots_file: Path | None = None
     loss_curve: Callable[[ParsedResult], list[dict[str, float]]] | None = None
     user_rows: Callable[[ParsedResult], list[dict[str, Any]]] | None = None
+    resource_rows: Callable[[ParsedResult], list[dict[str, Any]]] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     bulky: tuple[str, ...] = ()
 

@@ -47,6 +47,7 @@ __all__ = [
     "shape_kpi_history",
     "shape_kpi_table",
     "shape_loss_curve",
+    "shape_resources",
     "shape_regression",
     "shape_users",
 ]
@@ -149,6 +150,17 @@ def shape_loss_curve(ctx: ReportContext) -> pd.DataFrame:
     rows = [{"run": run.result.rel_path, **point}
             for run in ctx.runs for point in ctx.project.loss_curve(run.result)]
     return pd.DataFrame(rows, columns=["run", "step", "loss"])
+
+
+def shape_resources(ctx: ReportContext) -> pd.DataFrame:
+    """Resource usage over each run's test window: run, seconds, metric, value."""
+    columns = ["run", "t_s", "metric", "value"]
+    if ctx.project.resource_rows is None:
+        return pd.DataFrame(columns=columns)
+    rows = [{"run": run.result.rel_path, **row}
+            for run in ctx.runs[-MAX_LOSS_CURVES:] for row in ctx.project.resource_rows(
+                run.result)]
+    return pd.DataFrame(rows, columns=columns)
 
 
 def shape_regression(ctx: ReportContext) -> pd.DataFrame:
@@ -293,6 +305,24 @@ def _draw_loss_curve(ctx: ReportContext, options: dict[str, Any]) -> str:
     return note + _figure_html(fig)
 
 
+def _draw_resources(ctx: ReportContext, options: dict[str, Any]) -> str:
+    import plotly.express as px
+
+    frame = shape_resources(ctx)
+    if frame.empty:
+        return ("<p class='empty'>no resource series: the local platform records them when "
+                "<code>prometheus</code> and <code>prometheus-node-exporter</code> are "
+                "installed (<code>observe.prometheus</code>)</p>")
+    metrics = list(dict.fromkeys(frame["metric"]))
+    fig = px.line(frame, x="t_s", y="value", color="run", facet_row="metric",
+                  category_orders={"metric": metrics}, markers=True,
+                  labels={"t_s": "seconds into the test window", "value": ""})
+    fig.update_yaxes(matches=None)  # cores and GB do not share a scale
+    fig.for_each_annotation(lambda a: a.update(text=a.text.split("=", 1)[-1]))
+    fig.update_layout(height=260 * len(metrics) + 80)
+    return _figure_html(fig)
+
+
 _VERDICT_COLOURS = {"regression": "#f8d7da", "improvement": "#d1e7dd",
                     "no_change": "#ffffff", "insufficient_history": "#eeeeee"}
 _VERDICT_MARKS = {"regression": "#c0392b", "improvement": "#1e8449", "no_change": "#7f8c8d",
@@ -379,6 +409,7 @@ REPORT_KINDS: dict[str, Callable[[ReportContext, dict[str, Any]], str]] = {
     "kpi_table": _draw_kpi_table,
     "kpi_history": _draw_kpi_history,
     "loss_curve": _draw_loss_curve,
+    "resources": _draw_resources,
     "regression": _draw_regression,
     "users": _draw_users,
     "errors": _draw_errors,

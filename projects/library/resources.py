@@ -30,7 +30,7 @@ from analysis.kpi import KpiDefinition
 from analysis.parsing import FileReader
 
 __all__ = ["CAPTURE_GLOB", "SERIES_FILE", "ResourceTimeline", "ResourceUsage", "read_resources",
-           "resource_kpis"]
+           "resource_kpis", "timeline_rows"]
 
 CAPTURE_GLOB = "*__observe__capture_prometheus"
 SERIES_FILE = "prometheus/series.parquet"
@@ -158,3 +158,19 @@ def resource_kpis(usage: Callable[[Any], ResourceUsage | None],
                                   "use: tokens per core-second", "tokens/core/s", False,
                                   per_core, format="{:,.1f}"))
     return kpis
+
+
+_DISPLAY = {"cpu_cores_used": ("CPU cores in use", 1.0),
+            "memory_used_bytes": ("memory in use (GB)", _GB),
+            "gpu_util_percent": ("GPU utilisation (%)", 1.0),
+            "gpu_memory_used_bytes": ("GPU memory in use (GB)", _GB)}
+
+
+def timeline_rows(timeline: ResourceTimeline) -> list[dict[str, Any]]:
+    """Rows ``{t_s, metric, value}`` for the resources report (display names and units)."""
+    rows = []
+    for name, (label, scale) in _DISPLAY.items():
+        for t, value in zip(timeline.t_s, getattr(timeline, name), strict=False):
+            if value is not None:
+                rows.append({"t_s": t, "metric": label, "value": value / scale})
+    return rows

@@ -241,3 +241,30 @@ def test_older_runs_drop_their_loss_curves_after_analysis(tmp_path: Path) -> Non
     assert [len(r.result.progress) > 0 for r in runs] == [False] * 5 + [True] * KEEP_BULKY
     assert all(r.payload.results.get("last_loss") is not None for r in runs)
     assert all(r.kpis for r in runs)
+
+
+def test_resource_capture_gives_kpis_and_a_report_page(tmp_path: Path) -> None:
+    """A cell with a Prometheus capture (the file the capture writes): KPIs and a page."""
+    import pandas as pd
+
+    results = tmp_path / "results"
+    cell = make_result_dir(results, "000__cell")
+    step = cell / "002__observe__capture_prometheus" / "prometheus"
+    step.mkdir(parents=True)
+    stamps = pd.date_range("2026-01-01", periods=6, freq="s", tz="UTC")
+    pd.DataFrame({
+        "query": ["cpu_cores_used"] * 6 + ["memory_used_bytes"] * 6,
+        "labels": ["{}"] * 12,
+        "timestamp": list(stamps) * 2,
+        "value": [1.0, 2.0, 2.0, 2.0, 2.0, 3.0] + [2e9] * 5 + [4e9],
+    }).to_parquet(step / "series.parquet", index=False)
+    out = tmp_path / "out"
+    proc = run_cli(str(results), "--project", "fine_tuning", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    kpis = pd.read_parquet(out / "kpis.parquet").set_index("kpi")["value"]
+    assert kpis["cpu_cores_used_mean"] == 2.0 and kpis["cpu_cores_used_max"] == 3.0
+    assert kpis["memory_used_max"] == 4.0
+    assert kpis["tokens_per_cpu_core_second"] == kpis["train_tokens_per_second"] / 2.0
+    assert "gpu_utilization_mean" not in kpis  # not measured: no KPI, not a zero
+    page = next((out / "report").glob("*_resources.html")).read_text()
+    assert "CPU cores in use" in page and "memory in use (GB)" in page
