@@ -108,8 +108,6 @@ class KubernetesWorkloadBlock(BaseModel):
     model_url: str | None = Field(default=None, description="Where staging fetches the model.")
     image_pull_deadline_minutes: int = Field(default=15, ge=1,
                                              description="Deadline to pull the image.")
-    prometheus_url: str | None = Field(default=None, description="Prometheus to snapshot "
-                                                                 "(absence is recorded).")
 
 
 class FineTuningTest(TestBlock):

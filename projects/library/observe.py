@@ -25,6 +25,11 @@ class PrometheusBlock(BaseModel):
                                    "start.")
     snapshot: bool = Field(default=True, description="Keep a TSDB snapshot of the run in "
                            "<run>/prometheus/data/snapshots (admin API).")
+    url: str | None = Field(default=None, pattern=r"^https?://[^\s]+$", description="Cluster "
+                            "platform: the Prometheus to query (OpenShift: the Thanos "
+                            "querier's route); None: no resource capture on a cluster.")
+    verify_tls: bool = Field(default=True, description="Cluster: verify the server's "
+                             "certificate.")
 
 
 class ObserveBlock(BaseModel):

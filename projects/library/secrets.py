@@ -26,3 +26,5 @@ class SecretsBlock(BaseModel):
     quads_credentials: str | None = Field(default=None, description="QUADS login YAML file.")
     pull_secret: str | None = Field(default=None, description="Registry pull secret (JSON).")
     ssh_public_key: str | None = Field(default=None, description="SSH key for cluster nodes.")
+    prometheus_token: str | None = Field(default=None, description="Bearer token (a service "
+                                         "account's) for observe.prometheus.url.")

@@ -73,7 +73,7 @@ def _terminated(pod: dict[str, Any]) -> dict[str, Any]:
 @step("cluster", timeout_seconds=300)
 def capture_environment(kubeconfig: str | None,
                         prometheus_url: str | None = None) -> dict[str, Any]:
-    """Capture nodes, the OpenShift version, operator CSV versions (and note Prometheus)."""
+    """Capture nodes, the OpenShift version, operator CSV versions (and where Prometheus is)."""
     kube = Kube(api_client(kubeconfig))
     here = artifact_dir()
     nodes = kube.list("v1", "Node")
@@ -88,9 +88,10 @@ def capture_environment(kubeconfig: str | None,
             for c in kube.list("operators.coreos.com/v1alpha1", "ClusterServiceVersion")}
     write_json(here / "operators.json", csvs)
     write_json(here / "prometheus.json", {
-        "captured": False,
-        "reason": "tests.fine_tuning.kubernetes.prometheus_url is not set" if not
-        prometheus_url else "Prometheus snapshots are not implemented yet"})
+        "url": prometheus_url,
+        "note": "each cell's window is in its *__observe__capture_prometheus/prometheus/ "
+                "(range queries saved as Parquet)" if prometheus_url else
+                "observe.prometheus.url is not set: no resource series"})
     return {"nodes": len(nodes), "ocp_version": ocp, "operators": len(csvs)}
 
 

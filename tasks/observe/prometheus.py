@@ -37,8 +37,8 @@ from pydantic import BaseModel, Field, ValidationError
 from analysis.errors import ConfigError, PermanentServiceError, TransientServiceError
 from tasks.runner import die_with_parent
 
-__all__ = ["LOCAL_QUERIES", "PrometheusServer", "QueryResult", "Series", "capture_window",
-           "find_binaries", "series_rows"]
+__all__ = ["CLUSTER_QUERIES", "LOCAL_QUERIES", "PrometheusServer", "QueryResult", "Series",
+           "capture_window", "find_binaries", "series_rows"]
 
 logger = logging.getLogger("telltale.prometheus")
 
@@ -52,6 +52,20 @@ LOCAL_QUERIES: dict[str, str] = {
     "cpu_cores_used": 'sum(rate(node_cpu_seconds_total{mode!="idle"}[{window}]))',
     "memory_used_bytes": "node_memory_MemTotal_bytes - node_memory_MemAvailable_bytes",
     "load1": "node_load1",
+}
+
+
+# A cluster: the workload's pods (cAdvisor, through the kubelet) and their GPUs (NVIDIA's DCGM
+# exporter; OpenShift labels each GPU series with the pod that holds it as exported_*).
+# FB_USED is in MiB. {namespace} is checked to be a DNS label before it is written in.
+CLUSTER_QUERIES: dict[str, str] = {
+    "cpu_cores_used": 'sum(rate(container_cpu_usage_seconds_total{namespace="{namespace}",'
+                      'container!="",container!="POD"}[{window}]))',
+    "memory_used_bytes": 'sum(container_memory_working_set_bytes{namespace="{namespace}",'
+                         'container!="",container!="POD"})',
+    "gpu_util_percent": 'DCGM_FI_DEV_GPU_UTIL{exported_namespace="{namespace}"}',
+    "gpu_memory_used_bytes": 'DCGM_FI_DEV_FB_USED{exported_namespace="{namespace}"} '
+                             '* 1048576',
 }
 
 
@@ -127,7 +141,7 @@ class _Process:
 class PrometheusServer:
     """A Prometheus to query: a URL (a cluster's, with a bearer token) or one we started."""
 
-    def __init__(self, url: str, *, token: str | None = None,
+    def __init__(self, url: str, *, token: str | None = None, verify_tls: bool = True,
                  processes: Sequence[_Process] = (), data_dir: Path | None = None,
                  scrape_interval_s: float = 1.0) -> None:
         self.url = url.rstrip("/")
@@ -136,7 +150,8 @@ class PrometheusServer:
         self._processes = list(processes)
         self._scraped = False
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._client = httpx.Client(base_url=self.url, headers=headers, timeout=30.0)
+        self._client = httpx.Client(base_url=self.url, headers=headers, timeout=30.0,
+                                    verify=verify_tls)
 
     @classmethod
     def start_local(cls, home: Path, *, scrape_interval_s: float = 1.0,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from tasks.kube.api import Kube, api_client
 from tasks.kube.lock import cluster_lock
 from tasks.kube.users import UsersJobStatus, collect_users, follow_users
 from tasks.kube.workload import capture_environment, capture_state, cleanup_k8s, run_kube_workload
+from tasks.observe.capture import capture_prometheus, cluster_prometheus, cluster_queries
 from tasks.platforms.base import CellResult, RunContext, project_step, read_users, tail_lines
 from tasks.platforms.plan import users_manifests, users_prefix, users_s3_endpoint
 from tasks.progress import ProgressArtifact
@@ -131,14 +133,30 @@ class KubernetesPlatform:
 
     def capture(self, run_ctx: RunContext) -> None:
         """Nodes, versions, operators; RHOAI's state."""
-        capture_environment(run_ctx.kubeconfig, _block(run_ctx, "kubernetes").get(
-            "prometheus_url"))
+        capture_environment(run_ctx.kubeconfig, run_ctx.model.observe.prometheus.url)
         capture_state(run_ctx.kubeconfig)
 
     def run_cell(self, run_ctx: RunContext, cell: Cell) -> CellResult:
-        """Apply and follow the cell's workload."""
-        result: CellResult = project_step(run_ctx, run_cluster_workload)(run_ctx, cell)
+        """Apply and follow the cell's workload; then its window from the cluster's Prometheus."""
+        start = datetime.now(UTC)
+        try:
+            result: CellResult = project_step(run_ctx, run_cluster_workload)(run_ctx, cell)
+        finally:
+            self._capture(run_ctx, start)
         return result
+
+    def _capture(self, run_ctx: RunContext, start: datetime) -> None:
+        prometheus = cluster_prometheus(run_ctx.model.observe.prometheus,
+                                        run_ctx.model.secrets)
+        if prometheus is None:
+            return
+        try:
+            capture_prometheus(prometheus, cluster_queries(run_ctx.test.namespace), start,
+                               datetime.now(UTC))
+        except Exception as exc:  # no resource KPIs is not a failed cell
+            logger.warning("prometheus capture failed: %s", exc)
+        finally:
+            prometheus.stop()
 
     def run_users(self, run_ctx: RunContext, cell: Cell) -> list[CellResult]:
         """Indexed Job of N users; collection mapped over batches."""

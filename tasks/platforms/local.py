@@ -33,12 +33,8 @@ from analysis.errors import ConfigError, StepError
 from projects.contract import SCRATCH_DIR, LocalWorkload
 from projects.matrix import Cell
 from tasks.artifacts import artifact_dir, step
-from tasks.observe.prometheus import (
-    LOCAL_QUERIES,
-    PrometheusServer,
-    capture_window,
-    find_binaries,
-)
+from tasks.observe.capture import capture_prometheus
+from tasks.observe.prometheus import LOCAL_QUERIES, PrometheusServer, find_binaries
 from tasks.platforms.base import (
     CellResult,
     RunContext,
@@ -351,17 +347,6 @@ def cleanup(root: str) -> dict[str, Any]:
     return summary
 
 
-@step("observe", timeout_seconds=600)
-def capture_prometheus(prometheus: PrometheusServer, start: datetime,
-                       end: datetime) -> dict[str, Any]:
-    """The cell's test window from the run's Prometheus, as ``prometheus/series.parquet``."""
-    summary = capture_window(prometheus, LOCAL_QUERIES, start, end,
-                             artifact_dir() / "prometheus")
-    if summary["errors"]:
-        logger.warning("prometheus capture: %s", summary["errors"])
-    return summary
-
-
 class LocalPlatform:
     """This machine: the workload as a local process (see the module docstring)."""
 
@@ -414,7 +399,7 @@ class LocalPlatform:
         if self.prometheus is None:
             return
         try:
-            capture_prometheus(self.prometheus, start, datetime.now(UTC))
+            capture_prometheus(self.prometheus, LOCAL_QUERIES, start, datetime.now(UTC))
         except Exception as exc:  # no resource KPIs is not a failed cell
             logger.warning("prometheus capture failed: %s", exc)
 

@@ -14,7 +14,7 @@ from tests.servers.kubernetes import kube_server, write_kubeconfig
 pytestmark = pytest.mark.slow
 
 
-def _run(tmp_path: Path, scenario: str, name: str):
+def _run(tmp_path: Path, scenario: str, name: str, overrides: dict | None = None):
     from flows.fine_tuning.flow import fine_tuning
     from flows.orchestration import outcome_of
 
@@ -28,7 +28,7 @@ def _run(tmp_path: Path, scenario: str, name: str):
             kubeconfig = write_kubeconfig(tmp_path / f"{name}.kubeconfig", url)
             outcome = outcome_of(fine_tuning(presets=["gpu"], platform="kubernetes", overrides={
                 "clusters.kubeconfig": kubeconfig,
-                "analysis.history_uri": str(tmp_path / "history")},
+                "analysis.history_uri": str(tmp_path / "history"), **(overrides or {})},
                 artifact_dir=str(tmp_path / name), return_state=True))
         finally:
             operator.stop()
@@ -121,3 +121,35 @@ def test_scale_test_on_the_cluster_fans_out_an_indexed_job(tmp_path: Path, prefe
         assert kpis.loc["user_time_to_start_max", "value"] >= 0.4  # last batch: 2 x 0.2 s
         assert not [j for j in state.list("batch/v1", "Job")
                     if j["metadata"]["name"].startswith("fine-tuning-users")]  # cleaned up
+
+
+def test_cluster_prometheus_gives_gpu_and_pod_resource_kpis(tmp_path: Path, prefect_harness,
+                                                            monkeypatch: pytest.MonkeyPatch,
+                                                            ) -> None:
+    """Each cell's window from the cluster's Prometheus (DCGM and cAdvisor series), with the
+    service account's token from the secret dir; KPIs and the report from the files."""
+    from tests.servers.prometheus import prometheus_api
+
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    (secrets / "prometheus-token").write_text("sa-token-xyz\n")
+    monkeypatch.setenv("TELLTALE_SECRET_DIR", str(secrets))
+    with prometheus_api(token="sa-token-xyz") as api:
+        outcome, _ = _run(tmp_path, "success", "prom", {
+            "observe.prometheus.url": api.url,
+            "secrets.prometheus_token": "prometheus-token"})
+    assert outcome.exit_code == 0, outcome.failures
+    assert api.requests and all(r["authorization"] == "Bearer sa-token-xyz"
+                                for r in api.requests)
+    cell = next((tmp_path / "prom").glob("*__cell"))
+    step = next(cell.glob("*__observe__capture_prometheus"))
+    assert (step / "prometheus" / "series.parquet").is_file()
+    kpis = pd.read_parquet(next((tmp_path / "prom").glob("*__analysis__*")) / "kpis.parquet")
+    values = kpis.set_index("kpi")["value"]
+    assert values["gpu_utilization_mean"] == pytest.approx(70.0)
+    assert values["gpu_memory_used_max"] == pytest.approx(50_000 * 1048576 / 1e9)
+    assert values["cpu_cores_used_mean"] == pytest.approx(7.5)
+    assert values["memory_used_max"] == pytest.approx(24.0)
+    for path in (tmp_path / "prom").rglob("*"):
+        if path.is_file() and path.suffix in (".json", ".yaml", ".log", ".txt"):
+            assert "sa-token-xyz" not in path.read_text(errors="replace"), path

@@ -163,7 +163,7 @@ def test_workload_stages_data_once(tmp_path: Path) -> None:
 
     block = {"pvc_name": "storage", "pvc_size": "10Gi", "storage_class": None,
              "staging_image": "ubi", "dataset_url": "https://example.com/d.json",
-             "model_url": None, "image_pull_deadline_minutes": 1, "prometheus_url": None}
+             "model_url": None, "image_pull_deadline_minutes": 1}
     settings = {"name": "ft", "model_name": "m", "dataset_name": "d.json", "gpu": 1,
                 "pod_count": 1, "container_image": "img:1", "hyper_parameters": {"r": 4},
                 "dataset_replication": 1}

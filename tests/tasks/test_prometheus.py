@@ -3,16 +3,13 @@ query client against a Prometheus-API server that misbehaves."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -115,75 +112,45 @@ def test_broken_capture_is_a_parse_problem(tmp_path: Path) -> None:
 
 # --- the query client against a Prometheus-API server (a cluster's Thanos querier) --------
 
-class _Api(BaseHTTPRequestHandler):
-    """/api/v1/query_range answering what ``self.server.mode`` says."""
+def test_cluster_query_sends_the_token_and_validates_answers(tmp_path: Path) -> None:
+    from tasks.observe.capture import cluster_queries
+    from tests.servers.prometheus import prometheus_api
 
-    def log_message(self, *args: Any) -> None:
-        pass
+    with prometheus_api(token="sa-token-123") as api:
+        client = PrometheusServer(api.url, token="sa-token-123", scrape_interval_s=15)
+        start = datetime.fromtimestamp(1_700_000_000, UTC)
+        end = start + timedelta(seconds=60)
+        out = tmp_path / "001__observe__capture_prometheus" / "prometheus"
+        summary = capture_window(client, cluster_queries("fine-tuning-testing"), start, end,
+                                 out)
+        assert summary["errors"] == {}
+        assert all(r["authorization"] == "Bearer sa-token-123" for r in api.requests)
+        assert 'namespace="fine-tuning-testing"' in api.requests[0]["query"]["query"]
+        found = read_resources(FileReader(tmp_path))
+        assert found is not None
+        usage, _ = found
+        assert usage.cpu_cores_mean == pytest.approx(7.5)
+        assert usage.memory_used_max_bytes == pytest.approx(24e9)
+        assert usage.gpu_util_mean == pytest.approx(70.0)  # the mean of the two GPUs
+        assert usage.gpu_memory_max_bytes == pytest.approx(50_000 * 1048576)  # summed
+        assert "sa-token-123" not in (out / "capture.json").read_text()
 
-    def do_GET(self) -> None:  # noqa: N802
-        server: Any = self.server
-        server.headers.append(dict(self.headers))
-        mode = server.mode
-        if mode == "503":
-            self.send_response(503)
-            self.end_headers()
-            return
-        if mode == "401":
-            body = b'{"status":"error","errorType":"unauthorized"}'
-            self.send_response(401)
-        elif mode == "garbage":
-            body = b'{"status":"success","data":{"resultType":"matrix","result":"x"}}'
-            self.send_response(200)
-        else:  # DCGM-shaped answer: two GPUs
-            result = [{"metric": {"__name__": "DCGM_FI_DEV_GPU_UTIL", "gpu": str(gpu),
-                                  "Hostname": "node-1"},
-                       "values": [[1_700_000_000 + i, str(50 + 10 * gpu)] for i in range(5)]}
-                      for gpu in range(2)]
-            body = json.dumps({"status": "success", "data": {"resultType": "matrix",
-                                                             "result": result}}).encode()
-            self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-
-@pytest.fixture()
-def api() -> Iterator[Any]:
-    server: Any = ThreadingHTTPServer(("127.0.0.1", 0), _Api)
-    server.mode, server.headers = "ok", []
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+        api.mode = "503"
+        with pytest.raises(TransientServiceError):
+            client.query_range("up", start, end, 15)
+        api.mode = "garbage"
+        with pytest.raises(PermanentServiceError, match="malformed"):
+            client.query_range("up", start, end, 15)
+        client.stop()
+        with pytest.raises(PermanentServiceError, match="HTTP 401"):
+            PrometheusServer(api.url).query_range("up", start, end, 15)  # no token
 
 
-def test_cluster_query_sends_the_token_and_validates_answers(api: Any, tmp_path: Path) -> None:
-    url = f"http://127.0.0.1:{api.server_address[1]}"
-    client = PrometheusServer(url, token="sa-token-123")
-    start = datetime.fromtimestamp(1_700_000_000, UTC)
-    end = start + timedelta(seconds=4)
-    summary = capture_window(client, {"gpu_util_percent": "DCGM_FI_DEV_GPU_UTIL"}, start, end,
-                             tmp_path / "001__observe__capture_prometheus" / "prometheus")
-    assert api.headers[-1]["Authorization"] == "Bearer sa-token-123"
-    assert summary["queries"]["gpu_util_percent"]["rows"] == 10
-    usage, _ = read_resources(FileReader(tmp_path)) or (None, None)
-    assert usage is not None and usage.gpu_util_mean == pytest.approx(55.0)  # mean of GPUs
-    assert "sa-token-123" not in (tmp_path / "001__observe__capture_prometheus" / "prometheus"
-                                  / "capture.json").read_text()
+def test_namespace_is_checked_before_it_enters_a_query() -> None:
+    from tasks.observe.capture import cluster_queries
 
-    api.mode = "503"
-    with pytest.raises(TransientServiceError):
-        client.query_range("up", start, end, 1)
-    api.mode = "401"
-    with pytest.raises(PermanentServiceError, match="HTTP 401"):
-        client.query_range("up", start, end, 1)
-    api.mode = "garbage"
-    with pytest.raises(PermanentServiceError, match="malformed"):
-        client.query_range("up", start, end, 1)
-    client.stop()
+    with pytest.raises(ConfigError, match="DNS label"):
+        cluster_queries('x"}) or vector(1) or up{a="')
 
 
 def test_unreachable_prometheus_is_transient_and_recorded(tmp_path: Path) -> None:
