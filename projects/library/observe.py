@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = ["ObserveBlock", "PrometheusBlock"]
 
@@ -18,6 +18,16 @@ class PrometheusBlock(BaseModel):
         default="auto", description="Local platform: start a Prometheus and a node exporter "
         "for the run. auto: when both are installed; on: required (a clear error when "
         "missing); off: never.")
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _yaml_booleans(cls, value: object) -> object:
+        # YAML 1.1 reads a bare `on`/`off` (`--var observe.prometheus.mode=on`) as a boolean
+        if value is True:
+            return "on"
+        if value is False:
+            return "off"
+        return value
+
     scrape_interval_s: float = Field(default=1.0, ge=0.2, le=60.0,
                                      description="Scrape interval of the local Prometheus.")
     ready_timeout_s: float = Field(default=120.0, ge=5.0, le=1800.0,

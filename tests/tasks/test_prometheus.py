@@ -188,3 +188,13 @@ def test_local_platform_auto_goes_on_without_prometheus_and_on_refuses(
         platform._start_prometheus(_run_context(tmp_path, "on"))
     platform._start_prometheus(_run_context(tmp_path, "off"))
     assert platform.prometheus is None
+
+
+def test_bare_yaml_on_and_off_are_modes() -> None:
+    from projects.config import resolve
+
+    for text, mode in (("on", "on"), ("off", "off"), ("auto", "auto")):
+        config = resolve("fine_tuning", presets=["light"],
+                         overrides={"observe.prometheus.mode": __import__("yaml").safe_load(
+                             text)})
+        assert config.model.observe.prometheus.mode == mode
