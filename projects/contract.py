@@ -29,6 +29,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from analysis.project import AnalysisProject
+from projects.library.resources import resource_kpis, timeline_rows
 from projects.library.tests import EngineConfig, TestBlock
 
 __all__ = [
@@ -148,6 +149,11 @@ class KubeUsers:
     gpus: int = 0
 
 
+def _resource_rows(result: Any) -> list[dict[str, Any]]:
+    timeline = getattr(result, "resource_timeline", None)
+    return timeline_rows(timeline) if timeline is not None else []
+
+
 LocalHook = Callable[[CellContext], LocalWorkload]
 KubeHook = Callable[[CellContext], KubeWorkload]
 UsersHook = Callable[[CellContext], KubeUsers]
@@ -185,6 +191,20 @@ class Project(AnalysisProject):
     kubernetes: KubeHook | None = None
     kube_users: UsersHook | None = None
     check_local: CheckHook | None = None
+
+    def __post_init__(self) -> None:
+        # Every project gets the engine's resource capture (`RunResult` parses it): its KPI
+        # family (a project may list it itself, e.g. with its throughput for the efficiency
+        # KPI), its report page, and the slimming of its timeline.
+        listed = {kpi.name for kpi in self.kpis}
+        extra = [kpi for kpi in resource_kpis(lambda r: getattr(r, "resources", None))
+                 if kpi.name not in listed]
+        if extra:
+            object.__setattr__(self, "kpis", [*self.kpis, *extra])
+        if self.resource_rows is None:
+            object.__setattr__(self, "resource_rows", _resource_rows)
+        if "resource_timeline" not in self.bulky:
+            object.__setattr__(self, "bulky", (*self.bulky, "resource_timeline"))
 
     @property
     def data_dir(self) -> Path:

@@ -25,7 +25,6 @@ from projects.fine_tuning.logparse import (
     TrainSummary,
     parse_numbered_lines,
 )
-from projects.library.resources import ResourceTimeline, ResourceUsage, read_resources
 from projects.library.runs import RunResult, first_line, read_run
 
 __all__ = ["FineTuningParser", "FineTuningResult", "PlatformFacts", "UserResult",
@@ -84,9 +83,6 @@ class FineTuningResult(RunResult):
     workload: WorkloadState = Field(default_factory=WorkloadState)
     users: list[UserResult] = Field(default_factory=list, description="Multi-user tests.")
     platform: PlatformFacts = Field(default_factory=PlatformFacts)
-    resources: ResourceUsage | None = Field(default=None, description="What the cell cost "
-                                            "(Prometheus capture); None: not measured.")
-    resource_timeline: ResourceTimeline = Field(default_factory=ResourceTimeline)
 
 
 def _pod_state(pod: Any) -> WorkloadState:
@@ -134,9 +130,6 @@ class FineTuningParser:
         read_run(result, reader, out)
         self._workload(reader, out)
         self._capture(reader, out)
-        found = read_resources(reader)
-        if found is not None:
-            out.resources, out.resource_timeline = found
         return out
 
     def _workload(self, reader: FileReader, out: FineTuningResult) -> None:

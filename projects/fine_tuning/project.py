@@ -31,7 +31,6 @@ from projects.fine_tuning.manifests import DATA_SOURCE_LABEL, cell_manifests
 from projects.fine_tuning.models import ConfigModel, FineTuningTest, TestSettings
 from projects.fine_tuning.parser import FineTuningParser, FineTuningResult
 from projects.fine_tuning.trainer import trainer_config
-from projects.library.resources import timeline_rows
 from projects.library.runs import run_timestamps, run_uuid
 
 __all__ = ["PROJECT", "WORKLOAD_MODULE"]
@@ -51,10 +50,6 @@ def _loss_curve(result: ParsedResult) -> list[dict[str, float]]:
     losses = _as_ft(result).progress.loss
     return [{"step": step, "loss": loss} for step, loss in enumerate(losses, start=1)
             if loss is not None]
-
-
-def _resource_rows(result: ParsedResult) -> list[dict[str, Any]]:
-    return timeline_rows(_as_ft(result).resource_timeline)
 
 
 def _user_rows(result: ParsedResult) -> list[dict[str, object]]:
@@ -154,8 +149,7 @@ PROJECT = Project(
     plots_file=_FOLDER / "plots.yaml",
     loss_curve=_loss_curve,
     user_rows=_user_rows,
-    resource_rows=_resource_rows,
-    bulky=("progress", "resource_timeline"),
+    bulky=("progress",),
     folder=_FOLDER,
     flow_name="fine-tuning",
     config_model=ConfigModel,

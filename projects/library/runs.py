@@ -11,8 +11,11 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
+from pydantic import Field
+
 from analysis.discovery import ResultDir
 from analysis.parsing import FileReader, ParsedResult
+from projects.library.resources import ResourceTimeline, ResourceUsage, read_resources
 
 __all__ = ["REPEAT_FILE", "RunResult", "first_line", "read_run", "run_timestamps", "run_uuid"]
 
@@ -29,6 +32,10 @@ class RunResult(ParsedResult):
     presets: list[str] | None = None
     config_text: str | None = None
     repeat_of: str | None = None
+    resources: ResourceUsage | None = Field(default=None, description="What the cell cost "
+                                            "(the engine's Prometheus capture); None: not "
+                                            "measured.")
+    resource_timeline: ResourceTimeline = Field(default_factory=ResourceTimeline)
 
 
 def first_line(text: str | None) -> str | None:
@@ -40,7 +47,10 @@ def first_line(text: str | None) -> str | None:
 
 
 def read_run(result: ResultDir, reader: FileReader, out: RunResult) -> None:
-    """Fill ``out``'s identity fields; a missing file is a problem, never an exception."""
+    """Fill ``out``'s identity fields and resource usage (every project gets them).
+
+    A missing file is a problem, never an exception.
+    """
     out.run_uuid = first_line(reader.text(".uuid", required=False, max_bytes=4096))
     if out.run_uuid is None:
         # Deterministic fallback so re-importing the same dir stays idempotent.
@@ -63,6 +73,9 @@ def read_run(result: ResultDir, reader: FileReader, out: RunResult) -> None:
             text = reader.text(rel) or ""
             out.presets = [p.strip() for p in text.splitlines() if p.strip()]
             break
+    found = read_resources(reader)
+    if found is not None:
+        out.resources, out.resource_timeline = found
 
 
 def _timestamp(reader: FileReader, times: dict[str, object], key: str) -> str | None:

@@ -27,7 +27,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
@@ -149,6 +149,7 @@ class PrometheusServer:
         self.data_dir = data_dir
         self._processes = list(processes)
         self._scraped = False
+        self.local = bool(processes)  # ours: it scrapes the node exporter itself
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._client = httpx.Client(base_url=self.url, headers=headers, timeout=30.0,
                                     verify=verify_tls)
@@ -212,25 +213,35 @@ class PrometheusServer:
         self._wait(timeout_s, "ready", lambda: self._client.get("/-/ready").status_code == 200)
 
     def wait_scraped(self, timeout_s: float = 120.0) -> None:
-        """Wait until the node exporter has been scraped (once per server; cheap after).
+        """Wait until the node exporter has been scraped twice (once per server).
 
         Prometheus applies its scrape config on a 5 s discovery tick after start: a window
         opened earlier has no samples for its first seconds, and a short cell none at all
-        (its resource KPIs would come and go between runs). The local platform starts the
-        server first thing in prepare and waits here before the first cell, so the tick
-        overlaps the preparation.
+        (its resource KPIs would come and go between runs); a rate needs two samples. The
+        local platform starts the server first thing in prepare and waits here before the
+        first cell, so the tick overlaps the preparation.
         """
         if self._scraped:
             return
-
-        def scraped() -> bool:
-            answer = self._client.get("/api/v1/query", params={"query": 'up{job="node"}'})
-            result = answer.json().get("data", {}).get("result", [])
-            return any(r.get("value", [0, "0"])[1] == "1" for r in result
-                       if isinstance(r, dict))
-
-        self._wait(timeout_s, "scraping its node exporter", scraped)
+        self._wait(timeout_s, "scraping its node exporter",
+                   lambda: self._node_samples("count_over_time(up{job=\"node\"}[10m])") >= 2)
         self._scraped = True
+
+    def wait_sample_after(self, moment: datetime) -> None:
+        """Wait until the node exporter has been scraped at or after ``moment``.
+
+        So the window's last evaluation has a fresh sample: without it a cell shorter than
+        the rate window had no CPU series. Costs at most one scrape interval.
+        """
+        self._wait(10 * self.scrape_interval_s + 10, "scraping after the window",
+                   lambda: self._node_samples("timestamp(up{job=\"node\"})")
+                   >= moment.timestamp())
+
+    def _node_samples(self, query: str) -> float:
+        answer = self._client.get("/api/v1/query", params={"query": query})
+        result = answer.json().get("data", {}).get("result", [])
+        values = [float(r["value"][1]) for r in result if isinstance(r, dict)]
+        return max(values, default=0.0)
 
     def _wait(self, timeout_s: float, what: str, done: Callable[[], bool]) -> None:
         deadline = time.monotonic() + timeout_s
@@ -261,6 +272,9 @@ class PrometheusServer:
         # Prometheus refuses more than 11 000 points a series: widen the step to fit
         span = max((end - start).total_seconds(), 0.0)
         step = max(step_s, math.ceil(span / (_MAX_POINTS - 1) * 1000) / 1000, 0.001)
+        # evaluate at ``end`` itself (the last point a range query gives is on the step
+        # grid from ``start``): the grid is moved back by less than one step
+        start = end - timedelta(seconds=math.ceil(span / step) * step)
         try:
             answer = self._client.get("/api/v1/query_range", params={
                 "query": query, "start": f"{start.timestamp():.3f}",
@@ -331,6 +345,11 @@ def capture_window(prometheus: PrometheusServer, queries: Mapping[str, str], sta
     import pandas as pd
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    if prometheus.local:
+        try:
+            prometheus.wait_sample_after(end)
+        except (TransientServiceError, PermanentServiceError) as exc:
+            logger.warning("prometheus: %s", exc)  # the window is queried as it is
     window = _duration(max(4 * prometheus.scrape_interval_s, 1.0))
     rows: list[dict[str, Any]] = []
     summary: dict[str, Any] = {"url": prometheus.url, "start": start.isoformat(),
