@@ -345,8 +345,8 @@ def capture_window(prometheus: PrometheusServer, queries: Mapping[str, str], sta
     import pandas as pd
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    if prometheus.local:
-        try:
+    if prometheus.local and (end - start).total_seconds() < 4 * prometheus.scrape_interval_s:
+        try:  # a cell shorter than the rate window: its last evaluation needs a new sample
             prometheus.wait_sample_after(end)
         except (TransientServiceError, PermanentServiceError) as exc:
             logger.warning("prometheus: %s", exc)  # the window is queried as it is
