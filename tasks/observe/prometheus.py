@@ -206,6 +206,35 @@ class PrometheusServer:
                     interval, data)
         return prometheus
 
+    @classmethod
+    def open_tsdb(cls, home: Path, *, scrape_interval_s: float = 1.0,
+                  ready_timeout_s: float = 120.0) -> PrometheusServer:
+        """Serve the TSDB in ``home/data`` (a snapshot's copy) for queries, scraping nothing.
+
+        Raises:
+            ConfigError: ``prometheus`` is not installed.
+        """
+        server_bin = shutil.which("prometheus")
+        if server_bin is None:
+            raise ConfigError("prometheus is not installed: `sudo apt-get install prometheus`",
+                              key="observe.prometheus.mode")
+        port = _free_port()
+        (home / "prometheus.yml").write_text("{}\n", encoding="utf-8")
+        server = _Process("prometheus", [
+            server_bin, f"--config.file={home / 'prometheus.yml'}",
+            f"--storage.tsdb.path={home / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
+            # the snapshot's blocks may be old: a short retention would delete them at start
+            "--storage.tsdb.retention.time=36500d", "--log.level=warn"], home / "server")
+        prometheus = cls(f"http://127.0.0.1:{port}", processes=[server],
+                         data_dir=home / "data", scrape_interval_s=scrape_interval_s)
+        prometheus.local = False  # nothing is scraped: never wait for a sample
+        try:
+            prometheus._wait_ready(ready_timeout_s)
+        except BaseException:
+            prometheus.stop()
+            raise
+        return prometheus
+
     def __repr__(self) -> str:  # step parameters show this
         return f"PrometheusServer({self.url!r})"
 

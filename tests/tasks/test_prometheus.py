@@ -198,3 +198,50 @@ def test_bare_yaml_on_and_off_are_modes() -> None:
                          overrides={"observe.prometheus.mode": __import__("yaml").safe_load(
                              text)})
         assert config.model.observe.prometheus.mode == mode
+
+
+def test_series_rebuilt_from_a_real_tsdb_snapshot(tmp_path: Path) -> None:
+    """A run's snapshot, taken by a real Prometheus, answers the cell's window again."""
+    import json
+
+    if not prometheus_required():
+        pytest.skip("prometheus/prometheus-node-exporter not installed")
+    run = tmp_path / "run"
+    cell = run / "000__cell"
+    cell.mkdir(parents=True)
+    server = PrometheusServer.start_local(run / "prometheus", scrape_interval_s=0.5)
+    try:
+        start = datetime.now(UTC)
+        busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        try:
+            _wait_for_samples(server, start)
+            server.wait_sample_after(datetime.now(UTC))
+        finally:
+            busy.kill()
+            busy.wait()
+        end = datetime.now(UTC)
+        snapshot = server.snapshot()
+    finally:
+        server.stop()
+    assert snapshot is not None
+    (cell / "test_start_end.json").write_text(json.dumps(
+        {"start": start.isoformat(), "end": end.isoformat()}))
+    before = sorted(p.relative_to(snapshot) for p in snapshot.rglob("*"))
+
+    proc = subprocess.run([sys.executable, "-m", "flows.requery_prometheus", str(run),
+                           "--scrape-interval", "0.5"], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "1 cell(s) captured again" in proc.stdout
+    found = read_resources(FileReader(cell))
+    assert found is not None
+    usage, _ = found
+    assert usage.cpu_cores_mean is not None and usage.cpu_cores_mean > 0.3
+    assert usage.memory_used_max_bytes is not None and usage.memory_used_max_bytes > 1e7
+    assert sorted(p.relative_to(snapshot) for p in snapshot.rglob("*")) == before  # a copy
+    again = subprocess.run([sys.executable, "-m", "flows.requery_prometheus", str(run)],
+                           capture_output=True, text=True, timeout=300)
+    assert "0 cell(s)" in again.stdout  # captures that exist are kept without --force
+    missing = subprocess.run([sys.executable, "-m", "flows.requery_prometheus",
+                              str(tmp_path / "nothing")], capture_output=True, text=True)
+    assert missing.returncode == 2 and "no such directory" in missing.stderr
