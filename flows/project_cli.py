@@ -16,6 +16,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from analysis.paths import writable_dir
 from flows.cli import (
@@ -54,6 +55,20 @@ def _parser(project: str) -> argparse.ArgumentParser:
     parser.add_argument("--show-schema", action="store_true",
                         help="print the config's JSON schema and exit")
     return parser
+
+
+def _observe_ahead(block: Any, artifact_dir: Path | None) -> None:
+    """Start the run's Prometheus while Prefect's temporary API starts (see `start_ahead`)."""
+    from tasks.observe.prometheus import find_binaries, start_ahead
+
+    if block.mode == "off" or (block.mode == "auto" and find_binaries() is None):
+        return  # "on" without binaries: the platform says so, with the config key
+    try:
+        start_ahead(artifact_dir.parent if artifact_dir else Path("runs"),
+                    scrape_interval_s=block.scrape_interval_s,
+                    ready_timeout_s=block.ready_timeout_s)
+    except Exception as exc:  # the platform starts its own, and reports what goes wrong
+        print(f"note: prometheus not started ahead: {exc}", file=sys.stderr)
 
 
 def project_main(project: str, argv: Sequence[str] | None = None) -> int:
@@ -96,9 +111,16 @@ def project_main(project: str, argv: Sequence[str] | None = None) -> int:
         from flows.orchestration import run_from_cli
 
         module = importlib.import_module(f"flows.{project}.flow")
-        return run_from_cli(module.FLOW, presets=list(args.preset),
-                            overrides=overrides_from_args(args, pr_comment_keys(project)),
-                            platform=platform,
-                            artifact_dir=Path(args.artifact_dir) if args.artifact_dir else None)
+        artifact_dir = Path(args.artifact_dir) if args.artifact_dir else None
+        if platform == "local":
+            _observe_ahead(config.model.observe.prometheus, artifact_dir)
+        try:
+            return run_from_cli(module.FLOW, presets=list(args.preset),
+                                overrides=overrides_from_args(args, pr_comment_keys(project)),
+                                platform=platform, artifact_dir=artifact_dir)
+        finally:
+            from tasks.observe.prometheus import stop_ahead
+
+            stop_ahead()
 
     return main(argv)

@@ -25,6 +25,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
@@ -38,7 +39,8 @@ from analysis.errors import ConfigError, PermanentServiceError, TransientService
 from tasks.runner import die_with_parent
 
 __all__ = ["CLUSTER_QUERIES", "LOCAL_QUERIES", "PrometheusServer", "QueryResult", "Series",
-           "capture_window", "find_binaries", "series_rows"]
+           "capture_window", "find_binaries", "series_rows", "start_ahead", "stop_ahead",
+           "take_ahead"]
 
 logger = logging.getLogger("telltale.prometheus")
 
@@ -150,6 +152,7 @@ class PrometheusServer:
         self._processes = list(processes)
         self._scraped = False
         self.local = bool(processes)  # ours: it scrapes the node exporter itself
+        self.relocate_to: Path | None = None
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._client = httpx.Client(base_url=self.url, headers=headers, timeout=30.0,
                                     verify=verify_tls)
@@ -234,6 +237,10 @@ class PrometheusServer:
             prometheus.stop()
             raise
         return prometheus
+
+    def alive(self) -> bool:
+        """Every process we started still runs."""
+        return all(p.proc.poll() is None for p in self._processes)
 
     def __repr__(self) -> str:  # step parameters show this
         return f"PrometheusServer({self.url!r})"
@@ -341,10 +348,60 @@ class PrometheusServer:
         return self.data_dir / "snapshots" / name if self.data_dir else None
 
     def stop(self) -> None:
-        """Stop what we started (the server first: it closes its TSDB), close the client."""
+        """Stop what we started (the server first: it closes its TSDB), close the client.
+
+        A server started ahead of its run (`start_ahead`) then moves its TSDB, config and
+        logs into the run's ``prometheus/`` dir: the artifact holds them as if it had been
+        started there.
+        """
         for process in reversed(self._processes):
             process.stop()
         self._client.close()
+        if self.relocate_to is not None and self._processes:
+            home = self._processes[0].home.parent
+            self.relocate_to.mkdir(parents=True, exist_ok=True)
+            for entry in sorted(home.iterdir()):
+                shutil.move(str(entry), str(self.relocate_to / entry.name))
+            shutil.rmtree(home, ignore_errors=True)
+            self.data_dir = self.relocate_to / "data"
+            self.relocate_to = None
+
+
+_AHEAD: list[PrometheusServer] = []  # started by a CLI before its run exists (one per process)
+
+
+def start_ahead(parent: Path, *, scrape_interval_s: float, ready_timeout_s: float) -> None:
+    """Start the local Prometheus before the run does, in a hidden dir of ``parent``.
+
+    Prometheus applies its scrape config on a 5 s tick after start; a CLI run spends longer
+    than that starting its temporary Prefect API, so started then, the first scrape is
+    long done when the first cell begins. The run takes it with `take_ahead`;
+    `stop_ahead` stops one it never took.
+    """
+    parent.mkdir(parents=True, exist_ok=True)
+    home = Path(tempfile.mkdtemp(prefix=".prometheus-", dir=parent))
+    _AHEAD.append(PrometheusServer.start_local(home, scrape_interval_s=scrape_interval_s,
+                                               ready_timeout_s=ready_timeout_s))
+
+
+def take_ahead(home: Path, scrape_interval_s: float) -> PrometheusServer | None:
+    """The server started ahead (its files go to ``home`` when it stops), or None."""
+    while _AHEAD:
+        server = _AHEAD.pop()
+        if server.scrape_interval_s == scrape_interval_s and server.alive():
+            server.relocate_to = home
+            return server
+        server.stop()
+    return None
+
+
+def stop_ahead() -> None:
+    """Stop a server started ahead that no run took, and remove its dir."""
+    while _AHEAD:
+        server = _AHEAD.pop()
+        server.stop()
+        if server._processes:
+            shutil.rmtree(server._processes[0].home.parent, ignore_errors=True)
 
 
 def series_rows(name: str, series: Sequence[Series]) -> list[dict[str, Any]]:

@@ -34,7 +34,12 @@ from projects.contract import SCRATCH_DIR, LocalWorkload
 from projects.matrix import Cell
 from tasks.artifacts import artifact_dir, step
 from tasks.observe.capture import capture_prometheus
-from tasks.observe.prometheus import LOCAL_QUERIES, PrometheusServer, find_binaries
+from tasks.observe.prometheus import (
+    LOCAL_QUERIES,
+    PrometheusServer,
+    find_binaries,
+    take_ahead,
+)
 from tasks.platforms.base import (
     CellResult,
     RunContext,
@@ -370,9 +375,10 @@ class LocalPlatform:
             return
         # Started here, in the flow's thread, not in a task's: the parent-death signal of a
         # child fires when the thread that started it ends.
-        self.prometheus = PrometheusServer.start_local(
-            run_ctx.root / "prometheus", scrape_interval_s=block.scrape_interval_s,
-            ready_timeout_s=block.ready_timeout_s)
+        home = run_ctx.root / "prometheus"
+        self.prometheus = take_ahead(home, block.scrape_interval_s) or \
+            PrometheusServer.start_local(home, scrape_interval_s=block.scrape_interval_s,
+                                         ready_timeout_s=block.ready_timeout_s)
 
     def capture(self, run_ctx: RunContext) -> None:
         """Record this machine's facts."""
@@ -417,14 +423,16 @@ class LocalPlatform:
     def cleanup(self, run_ctx: RunContext) -> None:
         """Snapshot and stop the run's Prometheus, stop leftovers, remove scratch dirs."""
         if self.prometheus is not None:
+            snapshot = None
             try:
                 if run_ctx.model.observe.prometheus.snapshot:
                     snapshot = self.prometheus.snapshot()
-                    if snapshot is not None:
-                        logger.info("prometheus TSDB snapshot: %s", snapshot)
             finally:
-                self.prometheus.stop()
+                self.prometheus.stop()  # a server started ahead moves into the run here
+                data = self.prometheus.data_dir
                 self.prometheus = None
+            if snapshot is not None and data is not None:
+                logger.info("prometheus TSDB snapshot: %s", data / "snapshots" / snapshot.name)
         cleanup(str(run_ctx.root))
 
     @contextmanager

@@ -74,6 +74,9 @@ def test_cli_light_preset_end_to_end(tmp_path: Path) -> None:
             assert math.isfinite(kpis[name]) and kpis[name] > 0, name
         assert any((run_dir / "prometheus" / "data" / "snapshots").iterdir())
         assert not list((run_dir / "prometheus").rglob("workload.pid"))  # stopped
+        # the CLI started it ahead, in a hidden dir next to the run; it moved into the run
+        assert (run_dir / "prometheus" / "server" / "prometheus.log").is_file()
+        assert not list(run_dir.parent.glob(".prometheus-*"))
 
 
 def test_successive_runs_build_history_and_verdicts(tmp_path: Path, prefect_harness) -> None:

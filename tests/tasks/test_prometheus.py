@@ -245,3 +245,28 @@ def test_series_rebuilt_from_a_real_tsdb_snapshot(tmp_path: Path) -> None:
     missing = subprocess.run([sys.executable, "-m", "flows.requery_prometheus",
                               str(tmp_path / "nothing")], capture_output=True, text=True)
     assert missing.returncode == 2 and "no such directory" in missing.stderr
+
+
+def test_started_ahead_moves_into_the_run_or_is_stopped(tmp_path: Path) -> None:
+    from tasks.observe.prometheus import start_ahead, stop_ahead, take_ahead
+
+    if not prometheus_required():
+        pytest.skip("prometheus/prometheus-node-exporter not installed")
+    start_ahead(tmp_path, scrape_interval_s=0.5, ready_timeout_s=120)
+    (ahead,) = tmp_path.glob(".prometheus-*")
+    server = take_ahead(tmp_path / "run" / "prometheus", 0.5)
+    assert server is not None and take_ahead(tmp_path / "other", 0.5) is None
+    server.wait_scraped()
+    name = server.snapshot()
+    server.stop()
+    assert not ahead.exists()  # moved, TSDB and snapshot included
+    assert name is not None and (tmp_path / "run" / "prometheus" / "data" / "snapshots"
+                                 / name.name).is_dir()
+
+    start_ahead(tmp_path, scrape_interval_s=0.5, ready_timeout_s=120)  # never taken
+    pids = [int(p.read_text()) for p in tmp_path.glob(".prometheus-*/*/workload.pid")]
+    stop_ahead()
+    assert len(pids) == 2 and not list(tmp_path.glob(".prometheus-*"))
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists() or \
+            Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
