@@ -1,6 +1,6 @@
 """What the run's own Prometheus costs: the light preset with and without it.
 
-    python benchmarks/prometheus_overhead.py [--pairs 3]
+    python benchmarks/prometheus_overhead.py [--pairs 3] [--var key=value ...]
 
 Runs ``python -m flows.fine_tuning --preset light`` as a user types it, alternating
 ``observe.prometheus.mode=on`` and ``off`` (so drift of this machine's speed hits both
@@ -27,13 +27,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def one_run(mode: str, root: Path, index: int) -> tuple[float, float]:
+def one_run(mode: str, root: Path, index: int, extra: list[str]) -> tuple[float, float]:
     """(wall seconds, workload seconds) of one light-preset CLI run."""
     run_dir = root / f"{mode}-{index}"
     env = {**os.environ, "PREFECT_LOGGING_TO_API_ENABLED": "false"}
     started = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "flows.fine_tuning", "--preset", "light",
-                           "--var", f"observe.prometheus.mode={mode}",
+                           "--var", f"observe.prometheus.mode={mode}", *extra,
                            "--artifact-dir", str(run_dir)],
                           cwd=REPO, env=env, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - started
@@ -47,12 +47,15 @@ def one_run(mode: str, root: Path, index: int) -> tuple[float, float]:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--var", action="append", default=[],
+                        help="more config overrides for both modes (key=value)")
     args = parser.parse_args()
     results: dict[str, list[tuple[float, float]]] = {"on": [], "off": []}
     with tempfile.TemporaryDirectory() as tmp:
         for index in range(args.pairs):
             for mode in ("off", "on") if index % 2 else ("on", "off"):
-                wall, work = one_run(mode, Path(tmp), index)
+                wall, work = one_run(mode, Path(tmp), index,
+                                     [a for v in args.var for a in ("--var", v)])
                 results[mode].append((wall, work))
                 print(f"{mode:3s} run {index}: wall {wall:6.2f} s, workload {work:6.2f} s",
                       flush=True)

@@ -28,7 +28,7 @@ class PrometheusBlock(BaseModel):
             return "off"
         return value
 
-    scrape_interval_s: float = Field(default=1.0, ge=0.2, le=60.0,
+    scrape_interval_s: float = Field(default=2.0, ge=0.2, le=60.0,
                                      description="Scrape interval of the local Prometheus.")
     ready_timeout_s: float = Field(default=120.0, ge=5.0, le=1800.0,
                                    description="How long the local Prometheus may take to "
