@@ -46,6 +46,8 @@ class ResourceTimeline(BaseModel):
     memory_used_bytes: list[float | None] = Field(default_factory=list)
     gpu_util_percent: list[float | None] = Field(default_factory=list)
     gpu_memory_used_bytes: list[float | None] = Field(default_factory=list)
+    workload_cpu_cores: list[float | None] = Field(default_factory=list)
+    workload_memory_rss_bytes: list[float | None] = Field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.t_s)
@@ -60,6 +62,8 @@ class ResourceUsage(BaseModel):
     memory_used_max_bytes: float | None = None
     gpu_util_mean: float | None = None
     gpu_memory_max_bytes: float | None = None
+    workload_cpu_cores_mean: float | None = None
+    workload_memory_rss_max_bytes: float | None = None
 
 
 def _finite(values: Any) -> list[float]:
@@ -109,13 +113,17 @@ def read_resources(reader: FileReader) -> tuple[ResourceUsage, ResourceTimeline]
     memory = _finite(timeline.memory_used_bytes)
     gpu = _finite(timeline.gpu_util_percent)
     gpu_memory = _finite(timeline.gpu_memory_used_bytes)
+    workload_cpu = _finite(timeline.workload_cpu_cores)
+    workload_rss = _finite(timeline.workload_memory_rss_bytes)
     return ResourceUsage(
         samples=len(timeline),
         cpu_cores_mean=sum(cpu) / len(cpu) if cpu else None,
         cpu_cores_max=max(cpu) if cpu else None,
         memory_used_max_bytes=max(memory) if memory else None,
         gpu_util_mean=sum(gpu) / len(gpu) if gpu else None,
-        gpu_memory_max_bytes=max(gpu_memory) if gpu_memory else None), timeline
+        gpu_memory_max_bytes=max(gpu_memory) if gpu_memory else None,
+        workload_cpu_cores_mean=sum(workload_cpu) / len(workload_cpu) if workload_cpu else None,
+        workload_memory_rss_max_bytes=max(workload_rss) if workload_rss else None), timeline
 
 
 def resource_kpis(usage: Callable[[Any], ResourceUsage | None],
@@ -145,6 +153,12 @@ def resource_kpis(usage: Callable[[Any], ResourceUsage | None],
                       "%", False, field("gpu_util_mean"), format="{:.1f}"),
         KpiDefinition("gpu_memory_used_max", "GPU memory in use over the test window (max)",
                       "GB", True, field("gpu_memory_max_bytes", _GB), format="{:.2f}"),
+        KpiDefinition("workload_cpu_cores_mean", "CPU cores the workload's own processes "
+                      "used (mean; local platform with process-exporter)", "cores", True,
+                      field("workload_cpu_cores_mean"), format="{:.2f}"),
+        KpiDefinition("workload_memory_rss_max", "Resident memory of the workload's own "
+                      "processes (max)", "GB", True, field("workload_memory_rss_max_bytes",
+                                                             _GB), format="{:.2f}"),
     ]
     if tokens_per_second is not None:
         rate = tokens_per_second
@@ -163,7 +177,9 @@ def resource_kpis(usage: Callable[[Any], ResourceUsage | None],
 _DISPLAY = {"cpu_cores_used": ("CPU cores in use", 1.0),
             "memory_used_bytes": ("memory in use (GB)", _GB),
             "gpu_util_percent": ("GPU utilisation (%)", 1.0),
-            "gpu_memory_used_bytes": ("GPU memory in use (GB)", _GB)}
+            "gpu_memory_used_bytes": ("GPU memory in use (GB)", _GB),
+            "workload_cpu_cores": ("workload CPU cores", 1.0),
+            "workload_memory_rss_bytes": ("workload resident memory (GB)", _GB)}
 
 
 def timeline_rows(timeline: ResourceTimeline) -> list[dict[str, Any]]:

@@ -54,8 +54,19 @@ LOCAL_QUERIES: dict[str, str] = {
     "cpu_cores_used": 'sum(rate(node_cpu_seconds_total{mode!="idle"}[{window}]))',
     "memory_used_bytes": "node_memory_MemTotal_bytes - node_memory_MemAvailable_bytes",
     "load1": "node_load1",
+    # with prometheus-process-exporter: the workload's own processes
+    "workload_cpu_cores": 'sum(rate(namedprocess_namegroup_cpu_seconds_total'
+                          '{groupname="workload"}[{window}]))',
+    "workload_memory_rss_bytes": 'sum(namedprocess_namegroup_memory_bytes'
+                                 '{groupname="workload",memtype="resident"})',
 }
 
+
+# process-exporter's group of the workloads of Telltale cells on this machine: a process
+# whose command line holds a cell's step dir (``.../NNN__cell/NNN__<project>__<step>/...``;
+# the CLI and Prefect's server name only the run dir). Fan-out users are forks of it.
+_PROCESS_GROUPS = {"process_names": [{"name": "workload",
+                                      "cmdline": [r"/[0-9]+__cell/[0-9]+__[^/]+__[^/]+/"]}]}
 
 # A cluster: the workload's pods (cAdvisor, through the kubelet) and their GPUs (NVIDIA's DCGM
 # exporter; OpenShift labels each GPU series with the pod that holds it as exported_*).
@@ -186,8 +197,21 @@ class PrometheusServer:
             exporter_bin, f"--web.listen-address=127.0.0.1:{exporter_port}",
             "--collector.disable-defaults", "--collector.cpu", "--collector.meminfo",
             "--collector.loadavg", "--collector.stat"], home / "node-exporter")
+        processes = [exporter]
+        targets = {"node": f"127.0.0.1:{exporter_port}"}
+        process_bin = shutil.which("prometheus-process-exporter") or \
+            shutil.which("process-exporter")
+        if process_bin:  # optional: the workload's own processes, apart from the machine
+            port = _free_port()
+            (home / "process-exporter.yml").write_text(json.dumps(_PROCESS_GROUPS),
+                                                       encoding="utf-8")
+            processes.append(_Process("process-exporter", [
+                process_bin, f"-web.listen-address=127.0.0.1:{port}",
+                f"-config.path={home / 'process-exporter.yml'}", "-threads=false"],
+                home / "process-exporter"))
+            targets["process"] = f"127.0.0.1:{port}"
         interval = _duration(max(scrape_interval_s, 0.2))
-        targets = {"node": f"127.0.0.1:{exporter_port}", **(extra_targets or {})}
+        targets.update(extra_targets or {})
         config = {"global": {"scrape_interval": interval, "evaluation_interval": interval},
                   "scrape_configs": [{"job_name": job, "static_configs": [
                       {"targets": [target]}]} for job, target in targets.items()]}
@@ -198,7 +222,7 @@ class PrometheusServer:
             f"--storage.tsdb.path={data}", f"--web.listen-address=127.0.0.1:{server_port}",
             "--web.enable-admin-api", "--storage.tsdb.retention.time=30d",
             "--log.level=warn"], home / "server")
-        prometheus = cls(f"http://127.0.0.1:{server_port}", processes=[exporter, server],
+        prometheus = cls(f"http://127.0.0.1:{server_port}", processes=[*processes, server],
                          data_dir=data, scrape_interval_s=scrape_interval_s)
         try:
             prometheus._wait_ready(ready_timeout_s)

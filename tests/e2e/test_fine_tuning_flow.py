@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -69,8 +70,11 @@ def test_cli_light_preset_end_to_end(tmp_path: Path) -> None:
         series = pd.read_parquet(next(cell.glob("*__observe__capture_prometheus"))
                                  / "prometheus" / "series.parquet")
         assert {"cpu_cores_used", "memory_used_bytes"} <= set(series["query"])
-        for name in ("cpu_cores_used_mean", "cpu_cores_used_max", "memory_used_max",
-                     "tokens_per_cpu_core_second"):
+        names = ["cpu_cores_used_mean", "cpu_cores_used_max", "memory_used_max",
+                 "tokens_per_cpu_core_second"]
+        if shutil.which("prometheus-process-exporter"):  # the trainer's own processes
+            names += ["workload_cpu_cores_mean", "workload_memory_rss_max"]
+        for name in names:
             assert math.isfinite(kpis[name]) and kpis[name] > 0, name
         assert any((run_dir / "prometheus" / "data" / "snapshots").iterdir())
         assert not list((run_dir / "prometheus").rglob("workload.pid"))  # stopped
@@ -87,8 +91,11 @@ def test_successive_runs_build_history_and_verdicts(tmp_path: Path, prefect_harn
     outcomes = [outcome_of(fine_tuning(presets=["light"], overrides=overrides,
                             artifact_dir=str(tmp_path / f"run{i}"), return_state=True)) for i in range(4)]
     assert all(o.exit_code == 0 for o in outcomes), [o.failures for o in outcomes]
-    # 8 workload KPIs, and 4 resource KPIs where the run had its Prometheus
-    judged = 12 if prometheus_required() else 8
+    # 8 workload KPIs, and the resource KPIs where the run had its Prometheus (and
+    # process-exporter): every KPI not ignored for regression is judged
+    first = pd.read_parquet(next((tmp_path / "run0").glob("*__analysis__*")) / "kpis.parquet")
+    judged = int((~first["ignored_for_regression"]).sum())
+    assert judged >= (12 if prometheus_required() else 8)
     assert outcomes[0].verdict_counts == {"insufficient_history": judged}
     last = outcomes[-1].verdict_counts
     assert last.get("insufficient_history", 0) == 0 and sum(last.values()) == judged

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -21,6 +22,8 @@ from analysis.parsing import FileReader
 from projects.library.resources import read_resources
 from tasks.observe.prometheus import LOCAL_QUERIES, PrometheusServer, capture_window
 from tests.factories import prometheus_required
+
+_EXPORTERS = 2 if shutil.which("prometheus-process-exporter") else 1
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +62,8 @@ def test_capture_of_a_busy_window_parses_offline(local_prometheus: PrometheusSer
     assert summary["errors"] == {} and summary["queries"]["cpu_cores_used"]["rows"] > 0
     series = pd.read_parquet(cell / "003__observe__capture_prometheus" / "prometheus"
                              / "series.parquet")
-    assert set(series["query"]) == set(LOCAL_QUERIES)
+    # the machine's series; the workload's ones are empty here: no cell runs
+    assert {"cpu_cores_used", "memory_used_bytes", "load1"} <= set(series["query"])
     assert str(series["timestamp"].dtype).startswith("datetime64") and series["value"].notna().all()
 
     # the parser reads the file alone: no server involved
@@ -85,7 +89,8 @@ def test_snapshot_and_stop_leave_a_tsdb_and_no_process(tmp_path: Path) -> None:
         server.stop()
     assert snapshot is not None and snapshot.is_dir()
     assert any(snapshot.iterdir())  # the head block, written as a block
-    assert len(pids) == 2 and not list((tmp_path / "prometheus").rglob("workload.pid"))
+    assert len(pids) == _EXPORTERS + 1
+    assert not list((tmp_path / "prometheus").rglob("workload.pid"))
     for pid in pids:
         assert not Path(f"/proc/{pid}").exists() or \
             Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
@@ -266,7 +271,19 @@ def test_started_ahead_moves_into_the_run_or_is_stopped(tmp_path: Path) -> None:
     start_ahead(tmp_path, scrape_interval_s=0.5, ready_timeout_s=120)  # never taken
     pids = [int(p.read_text()) for p in tmp_path.glob(".prometheus-*/*/workload.pid")]
     stop_ahead()
-    assert len(pids) == 2 and not list(tmp_path.glob(".prometheus-*"))
+    assert len(pids) == _EXPORTERS + 1 and not list(tmp_path.glob(".prometheus-*"))
     for pid in pids:
         assert not Path(f"/proc/{pid}").exists() or \
             Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+
+
+def test_workload_process_group_takes_cells_not_the_cli() -> None:
+    import re
+
+    from tasks.observe.prometheus import _PROCESS_GROUPS
+
+    (pattern,) = _PROCESS_GROUPS["process_names"][0]["cmdline"]
+    workload = ("/venv/bin/python -m projects.fine_tuning.workload.train_local "
+                "/runs/r1/001__cell/001__fine_tuning__run_fine_tuning_job/src/config_final.json")
+    cli = "/venv/bin/python -m flows.fine_tuning --preset light --artifact-dir /runs/r1"
+    assert re.search(pattern, workload) and not re.search(pattern, cli)
