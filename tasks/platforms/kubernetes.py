@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -145,6 +146,29 @@ class KubernetesPlatform:
             self._capture(run_ctx, start)
         return result
 
+    def _snapshot(self, run_ctx: RunContext) -> None:
+        block = run_ctx.model.observe.prometheus
+        if not block.snapshot:
+            return
+        try:
+            prometheus = cluster_prometheus(block, run_ctx.model.secrets)
+        except Exception as exc:  # a missing token was said at capture already
+            logger.warning("prometheus snapshot skipped: %s", exc)
+            return
+        if prometheus is None:
+            return
+        try:
+            name = prometheus.snapshot_name()
+        finally:
+            prometheus.stop()
+        target = run_ctx.root / "prometheus"
+        target.mkdir(parents=True, exist_ok=True)
+        (target / "cluster_snapshot.json").write_text(json.dumps({
+            "url": block.url, "snapshot": name,
+            "note": "in the Prometheus pod's data dir, under snapshots/" if name else
+                    "refused (admin API off): each cell's range queries are the record"},
+            indent=2) + "\n", encoding="utf-8")
+
     def _capture(self, run_ctx: RunContext, start: datetime) -> None:
         prometheus = cluster_prometheus(run_ctx.model.observe.prometheus,
                                         run_ctx.model.secrets)
@@ -184,7 +208,13 @@ class KubernetesPlatform:
         return read_users(Path(launched["dir"]) / "users", users)
 
     def cleanup(self, run_ctx: RunContext) -> None:
-        """Delete the run's objects (or mark them kept); uninstall RHOAI when asked."""
+        """Delete the run's objects (or mark them kept); uninstall RHOAI when asked.
+
+        A cluster Prometheus whose admin API is open is asked for a TSDB snapshot first; it
+        stays in the Prometheus pod's volume: its name is recorded in
+        ``<run>/prometheus/cluster_snapshot.json``.
+        """
+        self._snapshot(run_ctx)
         keep = run_ctx.model.clusters.keep
         cleanup_k8s(run_ctx.kubeconfig, run_ctx.run_id, keep)
         if run_ctx.model.prepare.rhoai.uninstall and not keep:

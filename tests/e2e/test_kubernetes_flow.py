@@ -135,6 +135,7 @@ def test_cluster_prometheus_gives_gpu_and_pod_resource_kpis(tmp_path: Path, pref
     (secrets / "prometheus-token").write_text("sa-token-xyz\n")
     monkeypatch.setenv("TELLTALE_SECRET_DIR", str(secrets))
     with prometheus_api(token="sa-token-xyz") as api:
+        api.admin = True  # this one allows a TSDB snapshot
         outcome, _ = _run(tmp_path, "success", "prom", {
             "observe.prometheus.url": api.url,
             "secrets.prometheus_token": "prometheus-token"})
@@ -150,6 +151,9 @@ def test_cluster_prometheus_gives_gpu_and_pod_resource_kpis(tmp_path: Path, pref
     assert values["gpu_memory_used_max"] == pytest.approx(50_000 * 1048576 / 1e9)
     assert values["cpu_cores_used_mean"] == pytest.approx(7.5)
     assert values["memory_used_max"] == pytest.approx(24.0)
+    snapshot = json.loads((tmp_path / "prom" / "prometheus" / "cluster_snapshot.json")
+                          .read_text())
+    assert snapshot["snapshot"] == "20260101T000000Z-0123456789abcdef"
     for path in (tmp_path / "prom").rglob("*"):
         if path.is_file() and path.suffix in (".json", ".yaml", ".log", ".txt"):
             assert "sa-token-xyz" not in path.read_text(errors="replace"), path

@@ -6,7 +6,7 @@ It does not evaluate PromQL: it recognises the metric a query reads (cAdvisor's
 a cluster running one training pod with two GPUs, with the labels the real exporters put on
 each series, one sample per ``step`` over [start, end]. A bearer token is required when one
 is configured (401 otherwise, as OpenShift's Thanos querier answers); ``mode`` makes it
-misbehave (``503``, ``garbage``).
+misbehave (``503``, ``garbage``); ``admin`` opens the snapshot endpoint (403 otherwise).
 """
 
 from __future__ import annotations
@@ -48,6 +48,19 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def do_POST(self) -> None:  # noqa: N802
+        server: Any = self.server
+        server.requests.append({"path": self.path, "query": {},
+                                "authorization": self.headers.get("Authorization")})
+        if server.token and self.headers.get("Authorization") != f"Bearer {server.token}":
+            self._send(401, {"status": "error", "errorType": "unauthorized"})
+        elif self.path == "/api/v1/admin/tsdb/snapshot" and server.admin:
+            self._send(200, {"status": "success",
+                             "data": {"name": "20260101T000000Z-0123456789abcdef"}})
+        else:  # Prometheus without --web.enable-admin-api
+            self._send(403, {"status": "error", "errorType": "unavailable",
+                             "error": "admin APIs disabled"})
+
     def do_GET(self) -> None:  # noqa: N802
         server: Any = self.server
         url = urlparse(self.path)
@@ -84,7 +97,7 @@ class _Handler(BaseHTTPRequestHandler):
 def prometheus_api(token: str | None = None) -> Iterator[Any]:
     """Serve on 127.0.0.1; yields the server (``.url``, ``.requests``, ``.mode``)."""
     server: Any = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    server.token, server.mode, server.requests = token, "ok", []
+    server.token, server.mode, server.requests, server.admin = token, "ok", [], False
     server.url = f"http://127.0.0.1:{server.server_address[1]}"
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

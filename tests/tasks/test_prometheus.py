@@ -140,6 +140,10 @@ def test_cluster_query_sends_the_token_and_validates_answers(tmp_path: Path) -> 
         assert usage.gpu_memory_max_bytes == pytest.approx(50_000 * 1048576)  # summed
         assert "sa-token-123" not in (out / "capture.json").read_text()
 
+        assert client.snapshot_name() is None  # admin API off: 403, recorded as refused
+        api.admin = True
+        assert client.snapshot_name() == "20260101T000000Z-0123456789abcdef"
+        assert client.snapshot() is None  # not ours: no local dir to point at
         api.mode = "503"
         with pytest.raises(TransientServiceError):
             client.query_range("up", start, end, 15)
