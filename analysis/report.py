@@ -305,22 +305,49 @@ def _draw_loss_curve(ctx: ReportContext, options: dict[str, Any]) -> str:
     return note + _figure_html(fig)
 
 
+MAX_RESOURCE_CELLS = 10
+"""Cells drawn on the resources page (the newest): one row of two charts each."""
+
+
 def _draw_resources(ctx: ReportContext, options: dict[str, Any]) -> str:
-    import plotly.express as px
+    """Per cell, the workload's own timeline (loss per logging step) next to its resources.
+
+    The two do not share an axis: the trainer logs steps, Prometheus seconds. Cores and %
+    are on the right chart's left axis, GB on its right axis.
+    """
+    from plotly.subplots import make_subplots
 
     frame = shape_resources(ctx)
     if frame.empty:
         return ("<p class='empty'>no resource series: the local platform records them when "
                 "<code>prometheus</code> and <code>prometheus-node-exporter</code> are "
                 "installed (<code>observe.prometheus</code>)</p>")
-    metrics = list(dict.fromkeys(frame["metric"]))
-    fig = px.line(frame, x="t_s", y="value", color="run", facet_row="metric",
-                  category_orders={"metric": metrics}, markers=True,
-                  labels={"t_s": "seconds into the test window", "value": ""})
-    fig.update_yaxes(matches=None)  # cores and GB do not share a scale
-    fig.for_each_annotation(lambda a: a.update(text=a.text.split("=", 1)[-1]))
-    fig.update_layout(height=260 * len(metrics) + 80)
-    return _figure_html(fig)
+    runs = list(dict.fromkeys(frame["run"]))[-MAX_RESOURCE_CELLS:]
+    loss = shape_loss_curve(ctx)
+    fig = make_subplots(rows=len(runs), cols=2, horizontal_spacing=0.12,
+                        vertical_spacing=min(0.08, 0.5 / len(runs)),
+                        specs=[[{}, {"secondary_y": True}] for _ in runs],
+                        column_titles=["workload: loss per logging step",
+                                       "resources: seconds into the test window"],
+                        row_titles=[html.escape(str(r))[-40:] for r in runs])
+    for row, run in enumerate(runs, start=1):
+        own = loss[loss["run"] == run]
+        fig.add_scatter(x=own["step"], y=own["loss"], mode="lines", name="loss",
+                        line={"color": "#555"}, showlegend=row == 1, legendgroup="loss",
+                        row=row, col=1)
+        mine = frame[frame["run"] == run]
+        for metric, values in mine.groupby("metric", sort=False):
+            in_gb = "(GB)" in str(metric)
+            fig.add_scatter(x=values["t_s"], y=values["value"], mode="lines+markers",
+                            name=str(metric), legendgroup=str(metric), showlegend=row == 1,
+                            row=row, col=2, secondary_y=in_gb)
+        fig.update_yaxes(title_text="cores / %", row=row, col=2, secondary_y=False)
+        fig.update_yaxes(title_text="GB", row=row, col=2, secondary_y=True)
+    fig.update_layout(height=280 * len(runs) + 120)
+    note = "" if len(runs) == frame["run"].nunique() else (
+        f"<p class='empty'>the newest {len(runs)} cells; every cell's series are in its "
+        "<code>prometheus/series.parquet</code></p>")
+    return note + _figure_html(fig)
 
 
 _VERDICT_COLOURS = {"regression": "#f8d7da", "improvement": "#d1e7dd",

@@ -268,3 +268,4 @@ def test_resource_capture_gives_kpis_and_a_report_page(tmp_path: Path) -> None:
     assert "gpu_utilization_mean" not in kpis  # not measured: no KPI, not a zero
     page = next((out / "report").glob("*_resources.html")).read_text()
     assert "CPU cores in use" in page and "memory in use (GB)" in page
+    assert "workload: loss per logging step" in page  # the cell's own timeline next to it
