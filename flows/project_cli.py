@@ -59,9 +59,9 @@ def _parser(project: str) -> argparse.ArgumentParser:
 
 def _observe_ahead(block: Any, artifact_dir: Path | None) -> None:
     """Start the run's Prometheus while Prefect's temporary API starts (see `start_ahead`)."""
-    from tasks.observe.prometheus import find_binaries, start_ahead
+    from tasks.observe.prometheus import find_binaries, local_wanted, start_ahead
 
-    if block.mode == "off" or (block.mode == "auto" and find_binaries() is None):
+    if not local_wanted(block) or find_binaries() is None:
         return  # "on" without binaries: the platform says so, with the config key
     try:
         start_ahead(artifact_dir.parent if artifact_dir else Path("runs"),

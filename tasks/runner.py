@@ -27,6 +27,8 @@ from tasks.artifacts import ARTIFACT_DIR
 
 __all__ = [
     "BASH_SAFETY",
+    "CMDLINE_FILE",
+    "PID_FILE",
     "DEFAULT_TIMEOUT_S",
     "CommandError",
     "CommandResult",
@@ -38,6 +40,11 @@ __all__ = [
 ]
 
 logger = logging.getLogger("telltale.runner")
+
+PID_FILE = "workload.pid"
+"""Beside a long-lived child this run started: its pid (local cleanup and janitor stop it)."""
+CMDLINE_FILE = "workload.cmdline"
+"""Its command line, NUL-separated: a recycled pid is never mistaken for it."""
 
 BASH_SAFETY = "set -o errexit -o pipefail -o nounset -o errtrace"
 DEFAULT_TIMEOUT_S = 3600.0

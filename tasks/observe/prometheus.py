@@ -37,16 +37,14 @@ import httpx
 from pydantic import BaseModel, Field, ValidationError
 
 from analysis.errors import ConfigError, PermanentServiceError, TransientServiceError
-from tasks.runner import die_with_parent
+from tasks.runner import CMDLINE_FILE, PID_FILE, die_with_parent
 
 __all__ = ["CLUSTER_QUERIES", "LOCAL_QUERIES", "PrometheusServer", "QueryResult", "Series",
-           "capture_window", "find_binaries", "series_rows", "start_ahead", "stop_ahead",
-           "take_ahead"]
+           "capture_window", "find_binaries", "local_wanted", "series_rows", "start_ahead",
+           "stop_ahead", "take_ahead"]
 
 logger = logging.getLogger("telltale.prometheus")
 
-PID_FILE = "workload.pid"  # the names the local cleanup looks for (tasks.platforms.local)
-CMDLINE_FILE = "workload.cmdline"
 _MAX_ANSWER = 64 * 1024 * 1024  # bytes of one query answer we accept
 _MAX_POINTS = 11_000  # Prometheus's own limit per series for a range query
 
@@ -100,6 +98,15 @@ class QueryResult(BaseModel):
 
     status: Literal["success"]
     data: _Data
+
+
+def local_wanted(block: Any) -> bool:
+    """Whether a run's ``observe.prometheus`` block asks for a local Prometheus now.
+
+    ``off``: never; ``auto``: when the binaries are installed; ``on``: always (a missing
+    binary is then `PrometheusServer.start_local`'s clear error).
+    """
+    return block.mode == "on" or (block.mode == "auto" and find_binaries() is not None)
 
 
 def find_binaries() -> tuple[str, str] | None:

@@ -37,7 +37,7 @@ from tasks.observe.capture import capture_prometheus
 from tasks.observe.prometheus import (
     LOCAL_QUERIES,
     PrometheusServer,
-    find_binaries,
+    local_wanted,
     take_ahead,
 )
 from tasks.platforms.base import (
@@ -48,7 +48,7 @@ from tasks.platforms.base import (
     tail_lines,
 )
 from tasks.progress import LogProgress, ProgressArtifact
-from tasks.runner import CommandTimeout, die_with_parent, run
+from tasks.runner import CMDLINE_FILE, PID_FILE, CommandTimeout, die_with_parent, run
 
 __all__ = [
     "LocalPlatform",
@@ -60,8 +60,6 @@ __all__ = [
 
 logger = logging.getLogger("telltale.local")
 
-PID_FILE = "workload.pid"
-CMDLINE_FILE = "workload.cmdline"
 """Beside the pid file: the command line, so cleanup never stops a recycled pid."""
 
 
@@ -367,11 +365,12 @@ class LocalPlatform:
 
     def _start_prometheus(self, run_ctx: RunContext) -> None:
         block = run_ctx.model.observe.prometheus
-        if block.mode == "off" or self.prometheus is not None:
+        if self.prometheus is not None:
             return
-        if block.mode == "auto" and find_binaries() is None:
-            logger.info("prometheus/prometheus-node-exporter not installed: no resource "
-                        "KPIs (apt-get install prometheus prometheus-node-exporter)")
+        if not local_wanted(block):
+            if block.mode == "auto":
+                logger.info("prometheus/prometheus-node-exporter not installed: no resource "
+                            "KPIs (apt-get install prometheus prometheus-node-exporter)")
             return
         # Started here, in the flow's thread, not in a task's: the parent-death signal of a
         # child fires when the thread that started it ends.
@@ -389,35 +388,31 @@ class LocalPlatform:
         minutes = run_ctx.test.timeout_minutes
         task = project_step(run_ctx, run_local_workload).with_options(
             timeout_seconds=minutes * 60 + 120)
-        self._wait_scraped(run_ctx)
-        start = datetime.now(UTC)
-        try:
+        with self._observed(run_ctx):
             result: CellResult = task(run_ctx, cell, minutes)
-        finally:  # a failed cell's resources are worth seeing too
-            self._capture(start)
         return result
 
-    def _wait_scraped(self, run_ctx: RunContext) -> None:
-        if self.prometheus is not None:
-            self.prometheus.wait_scraped(run_ctx.model.observe.prometheus.ready_timeout_s)
-
-    def _capture(self, start: datetime) -> None:
+    @contextmanager
+    def _observed(self, run_ctx: RunContext) -> Iterator[None]:
+        """The block is a cell's test window: captured after it, failed cells too."""
         if self.prometheus is None:
+            yield
             return
+        self.prometheus.wait_scraped(run_ctx.model.observe.prometheus.ready_timeout_s)
+        start = datetime.now(UTC)
         try:
-            capture_prometheus(self.prometheus, LOCAL_QUERIES, start, datetime.now(UTC))
-        except Exception as exc:  # no resource KPIs is not a failed cell
-            logger.warning("prometheus capture failed: %s", exc)
+            yield
+        finally:  # a failed cell's resources are worth seeing too
+            try:
+                capture_prometheus(self.prometheus, LOCAL_QUERIES, start, datetime.now(UTC))
+            except Exception as exc:  # no resource KPIs is not a failed cell
+                logger.warning("prometheus capture failed: %s", exc)
 
     def run_users(self, run_ctx: RunContext, cell: Cell) -> list[CellResult]:
         """Run the fan-out of the cell's workload."""
-        self._wait_scraped(run_ctx)
-        start = datetime.now(UTC)
-        try:
+        with self._observed(run_ctx):
             result: list[CellResult] = project_step(run_ctx, run_local_users)(
                 run_ctx, cell, run_ctx.test.timeout_minutes)
-        finally:
-            self._capture(start)
         return result
 
     def cleanup(self, run_ctx: RunContext) -> None:
