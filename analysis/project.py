@@ -41,6 +41,8 @@ class AnalysisProject:
         timestamps: Result → (start, end) ISO strings when known.
         run_uuid: Result → the run's uuid.
         user_rows: Result → one row per user of a multi-user test (optional).
+        samples: Result → per-request values by metric (``{"ttft_ms": [...]}``) for the
+            ``distribution`` report (optional).
         resource_rows: Result → rows ``{t_s, metric, value}`` of its resource timeline
             (Prometheus capture) for the resources report (optional).
         bulky: Fields of the parsed result only the newest runs' report pages need (a loss
@@ -58,6 +60,7 @@ class AnalysisProject:
     plots_file: Path | None = None
     loss_curve: Callable[[ParsedResult], list[dict[str, float]]] | None = None
     user_rows: Callable[[ParsedResult], list[dict[str, Any]]] | None = None
+    samples: Callable[[ParsedResult], dict[str, list[float]]] | None = None
     resource_rows: Callable[[ParsedResult], list[dict[str, Any]]] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     bulky: tuple[str, ...] = ()

@@ -13,7 +13,11 @@ Kinds (explicit registry, no self-registration):
   change points found on each line and the current runs' verdicts marked;
 - ``loss_curve``: training loss per logging step, one line per run;
 - ``regression``: the verdict table, coloured by kind;
-- ``users``: per-user results of multi-user runs (time to start, runtime, throughput);
+- ``users``: per-user results of multi-user runs (options ``x``/``y``: the columns drawn);
+- ``kpi_curve``: one KPI against another for the current runs, one line per group, points
+  named and ordered by a label (the serving curve: throughput vs latency by concurrency);
+- ``distribution``: per-request values of the newest runs (the project's ``samples``),
+  one box per run and metric;
 - ``errors``: failed runs (their own last words and links to their logs), skipped dirs and
   parse problems.
 """
@@ -44,6 +48,8 @@ __all__ = [
     "configuration_keys",
     "shape_errors",
     "shape_headlines",
+    "shape_distribution",
+    "shape_kpi_curve",
     "shape_kpi_history",
     "shape_kpi_table",
     "shape_loss_curve",
@@ -178,6 +184,46 @@ def shape_users(ctx: ReportContext) -> pd.DataFrame:
     rows = [{"run": run.result.rel_path, **row} for run in ctx.runs
             for row in ctx.project.user_rows(run.result)]
     return pd.DataFrame(rows)
+
+
+def shape_kpi_curve(ctx: ReportContext, x: str, y: str, point: str,
+                    group: Sequence[str] = ()) -> pd.DataFrame:
+    """Current runs: KPI ``x`` and KPI ``y`` per run, its ``point`` label and group, sorted.
+
+    Rows are ordered by ``point`` (numerically when it is a number) within each group, so a
+    line through them is the curve the label walks (e.g. concurrency 1, 2, 4, 8).
+    """
+    columns = ["run_uuid", "group", point, x, y]
+    frame = ctx.kpis
+    if frame.empty or not {x, y} <= set(frame["kpi"]):
+        return pd.DataFrame(columns=columns)
+    wide = frame[frame["kpi"].isin([x, y])].pivot_table(index="run_uuid", columns="kpi",
+                                                        values="value", aggfunc="last")
+    firsts = frame.drop_duplicates("run_uuid").set_index("run_uuid")
+    out = wide.reset_index()
+    for name in (point, *group):
+        out[name] = out["run_uuid"].map(firsts[name]) if name in firsts.columns else ""
+    out["group"] = (out[list(group)].astype(str).agg(" / ".join, axis=1) if group
+                    else "all")
+    order = pd.to_numeric(out[point], errors="coerce")
+    out = out.assign(_order=order.fillna(float("inf"))).sort_values(["group", "_order"])
+    return out.dropna(subset=[x, y])[columns].reset_index(drop=True)
+
+
+MAX_DISTRIBUTION_RUNS = 10
+"""Runs drawn on the distribution page (the newest in path order)."""
+
+
+def shape_distribution(ctx: ReportContext) -> pd.DataFrame:
+    """Tidy per-request values (run, metric, value) of the newest runs that have them."""
+    columns = ["run", "metric", "value"]
+    if ctx.project.samples is None:
+        return pd.DataFrame(columns=columns)
+    rows = [{"run": run.result.rel_path, "metric": metric, "value": value}
+            for run in ctx.runs[-MAX_DISTRIBUTION_RUNS:]
+            for metric, values in ctx.project.samples(run.result).items()
+            for value in values]
+    return pd.DataFrame(rows, columns=columns)
 
 
 def shape_errors(ctx: ReportContext) -> pd.DataFrame:
@@ -387,12 +433,50 @@ def _draw_users(ctx: ReportContext, options: dict[str, Any]) -> str:
     frame = shape_users(ctx)
     if frame.empty:
         return "<p class='empty'>no multi-user run</p>"
-    figure = px.scatter(frame, x="time_to_start_s", y="runtime_s", color="run",
-                        hover_data=list(frame.columns),
-                        labels={"time_to_start_s": "time to start (s)",
-                                "runtime_s": "runtime (s)"})
+    x, y = str(options.get("x", "time_to_start_s")), str(options.get("y", "runtime_s"))
+    if not {x, y} <= set(frame.columns):
+        return (f"<p class='empty'>the users' rows have no {x!r} or {y!r}</p>"
+                + _table_html(frame, ""))
+    figure = px.scatter(frame, x=x, y=y, color="run", hover_data=list(frame.columns))
     figure.update_layout(height=420)
     return _figure_html(figure) + _table_html(frame, "")
+
+
+def _draw_kpi_curve(ctx: ReportContext, options: dict[str, Any]) -> str:
+    import plotly.express as px
+
+    missing = [k for k in ("x", "y", "point") if not options.get(k)]
+    if missing:
+        raise ConfigError(f"kpi_curve needs {', '.join(missing)}",
+                          file=str(ctx.project.plots_file))
+    x, y, point = str(options["x"]), str(options["y"]), str(options["point"])
+    group = [str(g) for g in options.get("group") or []]
+    frame = shape_kpi_curve(ctx, x, y, point, group)
+    if frame.empty:
+        return f"<p class='empty'>no run has both {html.escape(x)} and {html.escape(y)}</p>"
+    units = ctx.kpis.drop_duplicates("kpi").set_index("kpi")["unit"]
+    figure = px.line(frame, x=x, y=y, color="group", text=point, markers=True,
+                     hover_data=["run_uuid"],
+                     labels={x: f"{x} [{units.get(x, '')}]", y: f"{y} [{units.get(y, '')}]",
+                             "group": " / ".join(group) or "group"})
+    figure.update_traces(textposition="top center")
+    figure.update_layout(height=480)
+    return _figure_html(figure) + _table_html(frame, "")
+
+
+def _draw_distribution(ctx: ReportContext, options: dict[str, Any]) -> str:
+    import plotly.express as px
+
+    frame = shape_distribution(ctx)
+    if frame.empty:
+        return "<p class='empty'>no per-request values</p>"
+    parts = []
+    for metric, rows in frame.groupby("metric", sort=True):
+        figure = px.box(rows, x="run", y="value", points="outliers",
+                        labels={"value": str(metric), "run": "run"}, title=str(metric))
+        figure.update_layout(height=380)
+        parts.append(_figure_html(figure))
+    return "".join(parts)
 
 
 MAX_LOG_LINKS = 5
@@ -439,6 +523,8 @@ REPORT_KINDS: dict[str, Callable[[ReportContext, dict[str, Any]], str]] = {
     "resources": _draw_resources,
     "regression": _draw_regression,
     "users": _draw_users,
+    "kpi_curve": _draw_kpi_curve,
+    "distribution": _draw_distribution,
     "errors": _draw_errors,
 }
 

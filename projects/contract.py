@@ -12,7 +12,10 @@ project *what* to run on the chosen platform; the platform decides *how*:
 - kubernetes: `Project.kubernetes` returns a `KubeWorkload` (pure manifests: shared objects,
   optional data staging, run-labelled objects, the pod that carries the result);
 - multi-user: the local platform runs the same `LocalWorkload` once per user behind a
-  barrier; on a cluster `Project.kube_users` says what each user pod runs.
+  barrier; on a cluster `Project.kube_users` says what each user pod runs;
+- a server the cells talk to (a model server): `Project.local_service` returns a
+  `LocalService` the local platform starts once, keeps for every cell with the same
+  ``key``, and stops in every outcome; the workload finds it in ``TELLTALE_SERVICE_URL``.
 
 Hooks receive a `CellContext` holding *typed* config sections (the project's settings model
 and test block), never dotted strings. A project imports nothing from ``tasks`` or ``flows``
@@ -34,10 +37,12 @@ from projects.library.tests import EngineConfig, TestBlock
 
 __all__ = [
     "SCRATCH_DIR",
+    "SERVICE_URL_ENV",
     "USERS_CONFIG_PATH",
     "CellContext",
     "KubeUsers",
     "KubeWorkload",
+    "LocalService",
     "LocalWorkload",
     "Project",
     "Staging",
@@ -87,6 +92,32 @@ class LocalWorkload:
     argv: Sequence[str]
     env: Mapping[str, str] = field(default_factory=dict)
     files: Mapping[str, str] = field(default_factory=dict)
+
+
+SERVICE_URL_ENV = "TELLTALE_SERVICE_URL"
+"""Where a workload finds the base URL of the cell's `LocalService` (``http://127.0.0.1:P``)."""
+
+
+@dataclass(frozen=True)
+class LocalService:
+    """A long-lived server the local platform runs for the cells (a model server...).
+
+    Attributes:
+        key: Cells with the same key share one server; a cell with another key stops it and
+            starts its own (keep the matrix's server dimensions outermost).
+        argv: The command (no shell); ``{port}`` is replaced by a free port on 127.0.0.1.
+        env: Extra environment variables.
+        health_path: Answers 200 once the server is ready.
+        ready_timeout_s: How long the start may take (model load, warm-up).
+        facts: Recorded in the server's ``service.json`` (model, runtime version...).
+    """
+
+    key: str
+    argv: Sequence[str]
+    env: Mapping[str, str] = field(default_factory=dict)
+    health_path: str = "/health"
+    ready_timeout_s: float = 600.0
+    facts: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -157,6 +188,7 @@ def _resource_rows(result: Any) -> list[dict[str, Any]]:
 LocalHook = Callable[[CellContext], LocalWorkload]
 KubeHook = Callable[[CellContext], KubeWorkload]
 UsersHook = Callable[[CellContext], KubeUsers]
+ServiceHook = Callable[[CellContext], LocalService]
 CheckHook = Callable[[Sequence[CellContext]], dict[str, Any]]
 
 
@@ -180,6 +212,7 @@ class Project(AnalysisProject):
         kube_users: Builds a cluster user pod (None: no cluster fan-out).
         check_local: Checks, before anything runs, that the cells can run on this machine;
             raises a `analysis.errors.ConfigError` naming the key otherwise.
+        local_service: The server a cell's local workload talks to (None: none).
     """
 
     folder: Path
@@ -191,6 +224,7 @@ class Project(AnalysisProject):
     kubernetes: KubeHook | None = None
     kube_users: UsersHook | None = None
     check_local: CheckHook | None = None
+    local_service: ServiceHook | None = None
 
     def __post_init__(self) -> None:
         # Every project gets the engine's resource capture (`RunResult` parses it): its KPI

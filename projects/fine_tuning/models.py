@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import (
     BaseModel,
@@ -14,6 +14,7 @@ from pydantic import (
 )
 
 from projects.library import EngineConfig, TestBlock
+from projects.library.tiny_lm import LocalModelSpec
 
 __all__ = [
     "ConfigModel",
@@ -24,19 +25,6 @@ __all__ = [
     "TestSettings",
     "TestsBlock",
 ]
-
-
-class LocalModelSpec(BaseModel):
-    """A tiny causal LM built from a config on the local platform (no weights downloaded)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    architecture: Literal["llama"] = Field(default="llama", description="Model family.")
-    hidden_size: int = Field(default=64, ge=8, description="Hidden width.")
-    num_hidden_layers: int = Field(default=2, ge=1, description="Transformer layers.")
-    num_attention_heads: int = Field(default=4, ge=1, description="Attention heads.")
-    intermediate_size: int = Field(default=128, ge=8, description="MLP width.")
-    seed: int = Field(default=42, description="Seed of the random initialisation.")
 
 
 Ratio = Annotated[float, Field(ge=0, le=1)]

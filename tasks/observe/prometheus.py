@@ -24,8 +24,6 @@ import math
 import os
 import re
 import shutil
-import socket
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -37,7 +35,7 @@ import httpx
 from pydantic import BaseModel, Field, ValidationError
 
 from analysis.errors import ConfigError, PermanentServiceError, TransientServiceError
-from tasks.runner import CMDLINE_FILE, PID_FILE, die_with_parent
+from tasks.process import ManagedProcess, free_port
 
 __all__ = ["CLUSTER_QUERIES", "LOCAL_QUERIES", "PrometheusServer", "QueryResult", "Series",
            "capture_window", "find_binaries", "local_wanted", "series_rows", "start_ahead",
@@ -121,49 +119,11 @@ def _duration(seconds: float) -> str:
     return f"{max(int(round(seconds * 1000)), 1)}ms"
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class _Process:
-    """A long-lived child of the run, with the files cleanup knows it by."""
-
-    def __init__(self, name: str, argv: Sequence[str], home: Path) -> None:
-        self.name = name
-        self.home = home
-        home.mkdir(parents=True, exist_ok=True)
-        (home / CMDLINE_FILE).write_text("\0".join(argv), encoding="utf-8")
-        with open(home / f"{name}.log", "wb") as log:
-            self.proc = subprocess.Popen(die_with_parent(argv), stdout=log,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True)
-        (home / PID_FILE).write_text(f"{self.proc.pid}\n", encoding="utf-8")
-
-    def stop(self, grace_s: float = 20.0) -> None:
-        """SIGTERM (Prometheus closes its TSDB cleanly), SIGKILL after ``grace_s``."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        (self.home / PID_FILE).unlink(missing_ok=True)
-
-    def tail(self) -> str:
-        try:
-            return (self.home / f"{self.name}.log").read_text(errors="replace")[-2000:]
-        except OSError:
-            return ""
-
-
 class PrometheusServer:
     """A Prometheus to query: a URL (a cluster's, with a bearer token) or one we started."""
 
     def __init__(self, url: str, *, token: str | None = None, verify_tls: bool = True,
-                 processes: Sequence[_Process] = (), data_dir: Path | None = None,
+                 processes: Sequence[ManagedProcess] = (), data_dir: Path | None = None,
                  scrape_interval_s: float = 1.0) -> None:
         self.url = url.rstrip("/")
         self.scrape_interval_s = scrape_interval_s
@@ -200,8 +160,8 @@ class PrometheusServer:
                               key="observe.prometheus.mode")
         server_bin, exporter_bin = found
         home.mkdir(parents=True, exist_ok=True)
-        exporter_port, server_port = _free_port(), _free_port()
-        exporter = _Process("node-exporter", [
+        exporter_port, server_port = free_port(), free_port()
+        exporter = ManagedProcess("node-exporter", [
             exporter_bin, f"--web.listen-address=127.0.0.1:{exporter_port}",
             "--collector.disable-defaults", "--collector.cpu", "--collector.meminfo",
             "--collector.loadavg", "--collector.stat"], home / "node-exporter")
@@ -210,10 +170,10 @@ class PrometheusServer:
         process_bin = shutil.which("prometheus-process-exporter") or \
             shutil.which("process-exporter")
         if process_bin:  # optional: the workload's own processes, apart from the machine
-            port = _free_port()
+            port = free_port()
             (home / "process-exporter.yml").write_text(json.dumps(_PROCESS_GROUPS),
                                                        encoding="utf-8")
-            processes.append(_Process("process-exporter", [
+            processes.append(ManagedProcess("process-exporter", [
                 process_bin, f"-web.listen-address=127.0.0.1:{port}",
                 f"-config.path={home / 'process-exporter.yml'}", "-threads=false"],
                 home / "process-exporter"))
@@ -225,7 +185,7 @@ class PrometheusServer:
                       {"targets": [target]}]} for job, target in targets.items()]}
         (home / "prometheus.yml").write_text(json.dumps(config, indent=2), encoding="utf-8")
         data = home / "data"
-        server = _Process("prometheus", [
+        server = ManagedProcess("prometheus", [
             server_bin, f"--config.file={home / 'prometheus.yml'}",
             f"--storage.tsdb.path={data}", f"--web.listen-address=127.0.0.1:{server_port}",
             "--web.enable-admin-api", "--storage.tsdb.retention.time=30d",
@@ -253,9 +213,9 @@ class PrometheusServer:
         if server_bin is None:
             raise ConfigError("prometheus is not installed: `sudo apt-get install prometheus`",
                               key="observe.prometheus.mode")
-        port = _free_port()
+        port = free_port()
         (home / "prometheus.yml").write_text("{}\n", encoding="utf-8")
-        server = _Process("prometheus", [
+        server = ManagedProcess("prometheus", [
             server_bin, f"--config.file={home / 'prometheus.yml'}",
             f"--storage.tsdb.path={home / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
             # the snapshot's blocks may be old: a short retention would delete them at start

@@ -7,6 +7,10 @@
   ``artifacts/pod.log``, ``artifacts/process.json``;
 - a multi-user cell runs the same workload once per user behind a real start barrier
   (``python -m tasks.platforms.fanout`` in its own process), ``users/user-<NNN>/``;
+- a project's `LocalService` (a model server) is started before the first cell that needs
+  it, shared by the cells with its key, and stopped in cleanup (`tasks.platforms.service`);
+  the workload gets its URL in ``TELLTALE_SERVICE_URL`` and its record in
+  ``artifacts/service.json``;
 - `cleanup_local` stops workload processes left behind (found through their pid files, so
   it also works from another process, e.g. a cancellation hook) and removes scratch dirs.
 """
@@ -30,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.errors import ConfigError, StepError
-from projects.contract import SCRATCH_DIR, LocalWorkload
+from projects.contract import SCRATCH_DIR, SERVICE_URL_ENV, LocalWorkload
 from projects.matrix import Cell
 from tasks.artifacts import artifact_dir, step
 from tasks.observe.capture import capture_prometheus
@@ -47,6 +51,7 @@ from tasks.platforms.base import (
     read_users,
     tail_lines,
 )
+from tasks.platforms.service import SERVICE_FILE, RunningService, start_service
 from tasks.progress import LogProgress, ProgressArtifact
 from tasks.runner import CMDLINE_FILE, PID_FILE, CommandTimeout, die_with_parent, run
 
@@ -139,7 +144,8 @@ def capture_environment() -> dict[str, Any]:
 
 
 
-@step("prepare", timeout_seconds=120)
+# Long: a project's check may build what it needs on first use (the serving venv: ~4 min).
+@step("prepare", timeout_seconds=1800)
 def prepare_local(run_ctx: RunContext, cells: list[Cell]) -> dict[str, Any]:
     """Check, before anything runs, that every cell can run on this machine.
 
@@ -171,13 +177,25 @@ def _write_inputs(here: Path, workload: LocalWorkload) -> None:
         target.write_text(text, encoding="utf-8")
 
 
-def run_local_workload(run_ctx: RunContext, cell: Cell, timeout_minutes: int) -> CellResult:
+def _service_env(here: Path, service: dict[str, Any] | None) -> dict[str, str]:
+    """Record the cell's server in ``artifacts/service.json``; its URL for the workload."""
+    if not service:
+        return {}
+    (here / "artifacts").mkdir(exist_ok=True)
+    (here / "artifacts" / SERVICE_FILE).write_text(json.dumps(service, indent=2) + "\n",
+                                                   encoding="utf-8")
+    return {SERVICE_URL_ENV: str(service["url"])}
+
+
+def run_local_workload(run_ctx: RunContext, cell: Cell, timeout_minutes: int,
+                       service: dict[str, Any] | None = None) -> CellResult:
     """Run one cell's workload as a local process in the current step dir.
 
     Args:
         run_ctx: The run.
         cell: The cell.
         timeout_minutes: Deadline; the process group is killed past it.
+        service: The record of the cell's running `LocalService`, if the project has one.
 
     Returns:
         The `CellResult` (a failed workload is a result, not an exception).
@@ -187,6 +205,7 @@ def run_local_workload(run_ctx: RunContext, cell: Cell, timeout_minutes: int) ->
     workload = run_ctx.project.local(run_ctx.cell_context(cell, here))
     (here / "artifacts").mkdir(exist_ok=True)
     _write_inputs(here, workload)
+    env = {**workload.env, **_service_env(here, service)}
     log_file = here / "artifacts" / "pod.log"
     started = time.monotonic()
     start_iso = datetime.now(UTC).isoformat()
@@ -197,8 +216,7 @@ def run_local_workload(run_ctx: RunContext, cell: Cell, timeout_minutes: int) ->
     try:
         with LogProgress(log_file, cell.name):  # steps and ETA, from the workload's own bar
             result = run(argv, check=False, timeout=timeout_minutes * 60,
-                         output_file=log_file, pid_file=here / PID_FILE,
-                         env=dict(workload.env))
+                         output_file=log_file, pid_file=here / PID_FILE, env=env)
         code = result.returncode
         if code != 0:
             reason = "Error"
@@ -234,12 +252,14 @@ def count_users(root: Path, users: int) -> dict[str, int]:
     return counts
 
 
-def run_local_users(run_ctx: RunContext, cell: Cell, timeout_minutes: int) -> list[CellResult]:
+def run_local_users(run_ctx: RunContext, cell: Cell, timeout_minutes: int,
+                    service: dict[str, Any] | None = None) -> list[CellResult]:
     """Run ``multi_user.user_count`` users of the cell's workload behind a start barrier.
 
     One launcher process (``python -m tasks.platforms.fanout``) forks the users, so forks
     never copy a Prefect process's threads; this step follows them through their files and
-    keeps a progress artifact with the pending, running, succeeded and failed counts.
+    keeps a progress artifact with the pending, running, succeeded and failed counts. With
+    a `LocalService`, every user talks to the same server.
 
     Returns:
         One `CellResult` per user.
@@ -248,6 +268,7 @@ def run_local_users(run_ctx: RunContext, cell: Cell, timeout_minutes: int) -> li
     here = artifact_dir()
     workload = run_ctx.project.local(run_ctx.cell_context(cell, here))
     _write_inputs(here, workload)
+    env = {**workload.env, **_service_env(here, service)}
     multi_user = run_ctx.test.multi_user
     users = multi_user.user_count
     root = here / "users"
@@ -264,7 +285,7 @@ def run_local_users(run_ctx: RunContext, cell: Cell, timeout_minutes: int) -> li
     with open(here / "launcher.log", "wb") as log:
         process = subprocess.Popen(die_with_parent(argv), stdout=log, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL, start_new_session=True,
-                                   env={**os.environ, **workload.env})
+                                   env={**os.environ, **env})
         (here / PID_FILE).write_text(f"{process.pid}\n", encoding="utf-8")
         try:
             while process.poll() is None:
@@ -357,6 +378,7 @@ class LocalPlatform:
 
     def __init__(self) -> None:
         self.prometheus: PrometheusServer | None = None
+        self.service: RunningService | None = None
 
     def prepare(self, run_ctx: RunContext, cells: Sequence[Cell]) -> None:
         """Check that the cells can run here; start the run's Prometheus (``observe``)."""
@@ -388,9 +410,31 @@ class LocalPlatform:
         minutes = run_ctx.test.timeout_minutes
         task = project_step(run_ctx, run_local_workload).with_options(
             timeout_seconds=minutes * 60 + 120)
+        service = self._service(run_ctx, cell)
         with self._observed(run_ctx):
-            result: CellResult = task(run_ctx, cell, minutes)
+            result: CellResult = task(run_ctx, cell, minutes, service)
         return result
+
+    def _service(self, run_ctx: RunContext, cell: Cell) -> dict[str, Any] | None:
+        """The cell's server, running: kept from the previous cell when its key is the same.
+
+        Started here, in the flow's thread (not a task's): the parent-death signal of a
+        child fires when the thread that started it ends, and the server outlives cells.
+        """
+        if run_ctx.project.local_service is None:
+            return None
+        spec = run_ctx.project.local_service(run_ctx.cell_context(cell, run_ctx.root))
+        current = self.service
+        if current is not None and current.spec.key == spec.key and current.process.running:
+            return dict(current.record)
+        if current is not None:
+            if not current.process.running:
+                logger.warning("the %s server exited (%s): starting it again", current.spec.key,
+                               current.process.proc.returncode)
+            current.stop()
+            self.service = None
+        self.service = start_service(spec, run_ctx.root)
+        return dict(self.service.record)
 
     @contextmanager
     def _observed(self, run_ctx: RunContext) -> Iterator[None]:
@@ -409,14 +453,20 @@ class LocalPlatform:
                 logger.warning("prometheus capture failed: %s", exc)
 
     def run_users(self, run_ctx: RunContext, cell: Cell) -> list[CellResult]:
-        """Run the fan-out of the cell's workload."""
+        """Run the fan-out of the cell's workload (all users against one server, if any)."""
+        service = self._service(run_ctx, cell)
         with self._observed(run_ctx):
             result: list[CellResult] = project_step(run_ctx, run_local_users)(
-                run_ctx, cell, run_ctx.test.timeout_minutes)
+                run_ctx, cell, run_ctx.test.timeout_minutes, service)
         return result
 
     def cleanup(self, run_ctx: RunContext) -> None:
-        """Snapshot and stop the run's Prometheus, stop leftovers, remove scratch dirs."""
+        """Stop the server; snapshot and stop Prometheus; stop leftovers; remove scratch."""
+        if self.service is not None:
+            try:
+                self.service.stop()
+            finally:
+                self.service = None
         if self.prometheus is not None:
             snapshot = None
             try:

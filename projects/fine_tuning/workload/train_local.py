@@ -31,60 +31,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-_PROMPT = "### Instruction:\n{instruction}\n{given}### Response:\n{output}"
-
-
-def _read_samples(path: Path, replication: int) -> list[str]:
-    texts = []
-    with path.open(encoding="utf-8") as stream:
-        for lineno, line in enumerate(stream, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                given = f"Input: {row['input']}\n" if row.get("input") else ""
-                texts.append(_PROMPT.format(instruction=row["instruction"], given=given,
-                                            output=row["output"]))
-            except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                raise SystemExit(f"{path}:{lineno}: bad dataset line: {exc}") from None
-    if not texts:
-        raise SystemExit(f"{path}: the dataset is empty")
-    return texts * max(1, replication)
-
-
-def _build_tokenizer(texts: list[str], vocab_size: int, max_len: int) -> Any:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
-                                  special_tokens=["<pad>", "<s>", "</s>", "<unk>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train_from_iterator(texts, trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>",
-                                   unk_token="<unk>", pad_token="<pad>", model_max_length=max_len)
-
-
-def _build_model(spec: dict[str, Any], vocab_size: int, max_len: int, tokenizer: Any) -> Any:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(int(spec.get("seed", 42)))
-    config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=int(spec["hidden_size"]),
-        intermediate_size=int(spec["intermediate_size"]),
-        num_hidden_layers=int(spec["num_hidden_layers"]),
-        num_attention_heads=int(spec["num_attention_heads"]),
-        num_key_value_heads=int(spec["num_attention_heads"]),
-        max_position_embeddings=max_len,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    return LlamaForCausalLM(config)
+from projects.library.tiny_lm import build_model, build_tokenizer, read_samples
 
 
 def _apply_peft(model: Any, cfg: dict[str, Any]) -> Any:
@@ -139,9 +86,9 @@ def main(argv: list[str]) -> int:
     hf_logging.set_verbosity_warning()
     torch.set_num_threads(max(1, int(cfg.get("torch_threads") or os.cpu_count() or 1)))
     max_len = int(cfg.get("max_seq_length", 256))
-    texts = _read_samples(Path(cfg["training_data_path"]), int(cfg.get("dataset_replication", 1)))
+    texts = read_samples(Path(cfg["training_data_path"]), int(cfg.get("dataset_replication", 1)))
     spec = cfg["telltale_local_model"]
-    tokenizer = _build_tokenizer(texts, int(spec.get("vocab_size", 512)), max_len)
+    tokenizer = build_tokenizer(texts, int(spec.get("vocab_size", 512)), max_len)
     encodings = [tokenizer(t, truncation=True, max_length=max_len)["input_ids"] +
                  [tokenizer.eos_token_id] for t in texts]
     encodings = [e[:max_len] for e in encodings]
@@ -151,7 +98,7 @@ def main(argv: list[str]) -> int:
              "max_seq_token": max(lengths)}
     print(f"dataset stats: {json.dumps(stats)}", flush=True)
 
-    model = _apply_peft(_build_model(spec, len(tokenizer), max_len, tokenizer), cfg)
+    model = _apply_peft(build_model(spec, len(tokenizer), max_len, tokenizer), cfg)
     max_steps = cfg.get("max_steps")
     args = TrainingArguments(
         output_dir=str(cfg.get("output_dir", "output")),

@@ -1,0 +1,1 @@
+"""The llm_serving orchestration (scaffolded by flows.new_project)."""

@@ -1,0 +1,111 @@
+"""llm_serving KPIs (OpenMetrics-style: unit, help, direction) and the run's labels."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from analysis.kpi import KpiDefinition
+from analysis.parsing import ParsedResult
+from projects.llm_serving.parser import ServingResult, Stats
+
+__all__ = ["KPIS", "LTS_VERSION", "as_serving", "labels", "results_summary"]
+
+LTS_VERSION = "1"
+
+
+def as_serving(result: ParsedResult) -> ServingResult:
+    """The result as a `ServingResult` (a wrong type is a bug, said loudly)."""
+    if not isinstance(result, ServingResult):
+        raise TypeError(f"expected a ServingResult, got {type(result).__name__}")
+    return result
+
+
+def _measured(get: Callable[[ServingResult], float | None]) -> Callable[[Any], float | None]:
+    """A KPI of a valid measurement only (a bottlenecked load generator gives none)."""
+    def compute(result: Any) -> float | None:
+        serving = as_serving(result)
+        return get(serving) if serving.measured else None
+    return compute
+
+
+def _pct(field: str, quantile: str) -> Callable[[Any], float | None]:
+    def get(result: ServingResult) -> float | None:
+        stats: Stats = getattr(result, field)
+        value: float | None = getattr(stats, quantile)
+        return value
+    return _measured(get)
+
+
+def _latencies() -> list[KpiDefinition]:
+    kinds = [("ttft", "ttft_ms", "ms", "Time to first token"),
+             ("itl", "itl_ms", "ms", "Inter-token latency"),
+             ("tpot", "tpot_ms", "ms", "Time per output token"),
+             ("request_latency", "request_latency_s", "s", "Request latency")]
+    return [KpiDefinition(f"{name}_{quantile}", f"{text}, {quantile} over successful requests",
+                          unit, lower_better=True, compute=_pct(field, quantile),
+                          format="{:.2f}")
+            for name, field, unit, text in kinds for quantile in ("p50", "p95", "p99")]
+
+
+def _error_rate(result: ServingResult) -> float | None:
+    total = (result.successful or 0) + (result.errored or 0)
+    return 100.0 * (result.errored or 0) / total if total else None
+
+
+def _first_success(result: ServingResult) -> float | None:
+    firsts = result.samples.get("time_to_first_success_s")
+    return max(firsts) if result.users and firsts else None
+
+
+KPIS: list[KpiDefinition] = [
+    *_latencies(),
+    KpiDefinition("output_tokens_per_second", "Generated tokens per second, all requests",
+                  "tokens/s", lower_better=False,
+                  compute=_measured(lambda r: r.output_tokens_per_second), format="{:.1f}"),
+    KpiDefinition("requests_per_second", "Successful requests per second", "req/s",
+                  lower_better=False, compute=_measured(lambda r: r.requests_per_second),
+                  format="{:.2f}"),
+    # An error rate is judged even when nothing succeeded: that is when it matters most.
+    KpiDefinition("error_rate", "Errored requests, % of finished requests", "%",
+                  lower_better=True, compute=lambda r: _error_rate(as_serving(r)),
+                  format="{:.2f}"),
+    KpiDefinition("server_startup_time", "Model server start to ready (local platform)", "s",
+                  lower_better=True, compute=lambda r: as_serving(r).server_startup_s,
+                  format="{:.1f}"),
+    KpiDefinition("time_to_first_success_max", "Multi-user: slowest client's start to its "
+                  "first successful response", "s", lower_better=True,
+                  compute=lambda r: _first_success(as_serving(r)), format="{:.2f}"),
+]
+
+
+def _text(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+def labels(result: ParsedResult) -> dict[str, str]:
+    """The run's identity: runs with equal labels share a history."""
+    serving = as_serving(result)
+    settings = serving.settings
+    return {k: _text(v) for k, v in {
+        "lts_version": LTS_VERSION,
+        "platform": serving.platform,
+        "model_name": settings.get("model_name"),
+        "runtime": "vllm",
+        "runtime_version": serving.runtime_version,
+        "concurrency": settings.get("concurrency"),
+        "prompt_tokens": settings.get("prompt_tokens"),
+        "output_tokens": settings.get("output_tokens"),
+        "duration_s": settings.get("duration_s"),
+        "request_format": settings.get("request_format"),
+        "accelerator_count": settings.get("gpu") or 0,
+        "user_count": len(serving.users) or 1,
+    }.items()}
+
+
+def results_summary(result: ParsedResult) -> dict[str, Any]:
+    """Parsed values for the LTS payload (no per-request samples)."""
+    return as_serving(result).model_dump(include={
+        "measured", "warnings", "successful", "errored", "ttft_ms", "itl_ms", "tpot_ms",
+        "request_latency_s", "output_tokens_per_second", "requests_per_second",
+        "generation_delay_ratio", "server_startup_s", "runtime_version", "server_counters"})

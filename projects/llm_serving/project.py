@@ -1,0 +1,204 @@
+"""The llm_serving project's contract: a model behind vLLM, loaded by GuideLLM.
+
+Registered under the ``telltale.projects`` entry point; the engine calls the hooks below.
+
+- local: `check_local` builds (once) the serving venv and the tiny model; `local_service`
+  is the vLLM OpenAI server on that model (the engine starts it once for every cell that
+  serves the same model and stops it in every outcome); `local_workload` is one cell's load
+  (``workload/load.py``: /metrics, GuideLLM, /metrics) against it;
+- kubernetes: `kube_workload` is KServe's vLLM ServingRuntime + InferenceService and the
+  load Pod (`projects.llm_serving.manifests`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+
+from analysis.errors import ConfigError
+from analysis.parsing import ParsedResult
+from projects.contract import CellContext, KubeWorkload, LocalService, LocalWorkload, Project
+from projects.library.runs import run_timestamps, run_uuid
+from projects.llm_serving import install
+from projects.llm_serving.kpis import KPIS, as_serving, labels, results_summary
+from projects.llm_serving.manifests import LOAD_SCRIPT, cell_manifests
+from projects.llm_serving.models import ConfigModel, ServingSettings, ServingTest
+from projects.llm_serving.parser import LOAD_STEP, ServingParser
+
+__all__ = ["PROJECT", "model_dir"]
+
+logger = logging.getLogger("telltale.llm_serving")
+FOLDER = Path(__file__).resolve().parent
+CORPUS = FOLDER.parent / "fine_tuning" / "data" / "alpaca_mini.jsonl"
+"""The tokenizer's training text: the fine-tuning project's dataset (shipped in the repo)."""
+_BUILDER = "projects.llm_serving.workload.build_model"
+_BUILDER_VERSION = "1"
+
+
+def _settings(ctx: CellContext) -> ServingSettings:
+    if not isinstance(ctx.settings, ServingSettings):
+        raise TypeError("the cell's settings are not llm_serving ServingSettings")
+    return ctx.settings
+
+
+def _test(ctx: CellContext) -> ServingTest:
+    if not isinstance(ctx.test, ServingTest):
+        raise TypeError("tests.llm_serving is not a ServingTest")
+    return ctx.test
+
+
+def _venv(test: ServingTest) -> Path:
+    return Path(test.local.venv).expanduser() if test.local.venv else install.default_venv()
+
+
+def model_dir(test: ServingTest, settings: ServingSettings) -> Path:
+    """Where the cell's tiny model lives: a cache dir named by everything that shapes it."""
+    name = str(settings.model_name)
+    spec = test.local.models[name].model_dump(mode="json")
+    digest = hashlib.sha256(json.dumps(
+        [spec, settings.max_model_len, _BUILDER_VERSION,
+         hashlib.sha256(CORPUS.read_bytes()).hexdigest()], sort_keys=True).encode())
+    return Path(platformdirs.user_cache_dir("telltale")) / "llm_serving" / "models" / \
+        f"{name}-{digest.hexdigest()[:12]}"
+
+
+def _build_model(test: ServingTest, settings: ServingSettings) -> Path:
+    target = model_dir(test, settings)
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    spec = test.local.models[str(settings.model_name)].model_dump(mode="json")
+    logger.info("building the tiny model %s in %s", settings.model_name, target)
+    done = subprocess.run([sys.executable, "-m", _BUILDER, json.dumps(spec), str(CORPUS),
+                           str(settings.max_model_len), str(target)],
+                          capture_output=True, text=True, check=False,
+                          cwd=str(FOLDER.parent.parent))
+    if done.returncode != 0:
+        raise ConfigError(f"building model {settings.model_name!r} failed: "
+                          f"{done.stderr.strip()[-800:]}",
+                          key="tests.llm_serving.local.models")
+    return target
+
+
+def check_local(cells: Sequence[CellContext]) -> dict[str, Any]:
+    """Before anything runs: the serving venv (built on first use) and each cell's model."""
+    if not cells:
+        return {}
+    test = _test(cells[0])
+    for ctx in cells:
+        name = str(_settings(ctx).model_name)
+        if name not in test.local.models:
+            raise ConfigError(f"model {name!r} has no local spec; defined: "
+                              f"{', '.join(sorted(test.local.models)) or '(none)'}",
+                              key="tests.llm_serving.test_settings.model_name")
+    venv = _venv(test)
+    versions = install.installed(venv)
+    if versions is None:
+        if not test.local.auto_install:
+            raise ConfigError(f"no serving venv in {venv}: python -m projects.llm_serving."
+                              "install (or set tests.llm_serving.local.auto_install: true)",
+                              key="tests.llm_serving.local.venv")
+        try:
+            versions = install.install(venv, say=logger.info)
+        except RuntimeError as exc:
+            raise ConfigError(f"building the serving venv failed: {exc}",
+                              key="tests.llm_serving.local.venv") from None
+    models = {str(_settings(c).model_name): str(_build_model(test, _settings(c)))
+              for c in cells}
+    return {"venv": str(venv), "versions": versions, "models": models}
+
+
+def local_service(ctx: CellContext) -> LocalService:
+    """The vLLM OpenAI server (CPU build) on the cell's tiny model."""
+    settings, test = _settings(ctx), _test(ctx)
+    model = model_dir(test, settings)
+    python = install.venv_python(_venv(test))
+    return LocalService(
+        key=f"vllm-{settings.model_name}-{settings.max_model_len}",
+        argv=[str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+              "--host", "127.0.0.1", "--port", "{port}",
+              "--max-model-len", str(settings.max_model_len),
+              "--served-model-name", str(settings.model_name)],
+        env={"VLLM_CPU_KVCACHE_SPACE": str(test.local.kv_cache_gb),
+             "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1",
+             "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"},
+        health_path="/health", ready_timeout_s=float(test.local.ready_timeout_s),
+        facts={"runtime": "vllm", "model_name": str(settings.model_name),
+               "model_dir": str(model)})
+
+
+def _load_config(ctx: CellContext) -> dict[str, Any]:
+    settings, test = _settings(ctx), _test(ctx)
+    venv = _venv(test)
+    return {"guidellm": [str(venv / "bin" / "guidellm")], "model": str(settings.model_name),
+            "tokenizer": str(model_dir(test, settings)),
+            "concurrency": settings.concurrency, "prompt_tokens": settings.prompt_tokens,
+            "output_tokens": settings.output_tokens, "duration_s": settings.duration_s,
+            "request_format": settings.request_format}
+
+
+def local_workload(ctx: CellContext) -> LocalWorkload:
+    """One cell's load against the server the engine started (``TELLTALE_SERVICE_URL``)."""
+    out = "{dir}" if ctx.test.multi_user.enabled else str(ctx.workdir / "artifacts")
+    config = ctx.workdir / "src" / "load.json"
+    return LocalWorkload(
+        argv=[sys.executable, str(LOAD_SCRIPT), str(config), "--out", out],
+        env={"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "DO_NOT_TRACK": "1"},
+        files={"src/load.json": json.dumps(_load_config(ctx), indent=2) + "\n"})
+
+
+def kube_workload(ctx: CellContext) -> KubeWorkload:
+    """KServe's vLLM runtime and InferenceService, then the load Pod (see manifests)."""
+    settings, test = _settings(ctx), _test(ctx)
+    if str(settings.model_name) not in test.kubernetes.models:
+        raise ConfigError(f"model {settings.model_name!r} is not in tests.llm_serving."
+                          f"kubernetes.models ({', '.join(sorted(test.kubernetes.models))})",
+                          key="tests.llm_serving.test_settings.model_name")
+    objects = cell_manifests(settings.model_dump(mode="json"), namespace=test.namespace,
+                             block=test.kubernetes.model_dump(mode="json"),
+                             cell_index=ctx.index,
+                             ready_timeout_s=test.kubernetes.ready_timeout_s)
+    isvc = objects["isvc"]["metadata"]["name"]
+    return KubeWorkload(
+        shared=[objects["namespace"]],
+        manifests=[objects["runtime"], objects["isvc"], objects["configmap"], objects["pod"]],
+        pod=objects["pod"]["metadata"]["name"],
+        files={"src/load.json": json.dumps(objects["load_config"], indent=2) + "\n"},
+        capture=[("serving.kserve.io/v1beta1", "InferenceService", isvc,
+                  "inferenceservice.json")])
+
+
+def _user_rows(result: ParsedResult) -> list[dict[str, object]]:
+    return [user.model_dump() for user in as_serving(result).users]
+
+
+PROJECT = Project(
+    name="llm_serving",
+    parser=ServingParser(),
+    kpis=KPIS,
+    labels=labels,
+    results_summary=results_summary,
+    run_uuid=run_uuid,
+    timestamps=run_timestamps,
+    plots_file=FOLDER / "plots.yaml",
+    user_rows=_user_rows,
+    samples=lambda r: as_serving(r).samples,
+    bulky=("samples",),
+    folder=FOLDER,
+    flow_name="llm-serving",
+    config_model=ConfigModel,
+    settings_model=ServingSettings,
+    workload_step=LOAD_STEP,
+    local=local_workload,
+    kubernetes=kube_workload,
+    check_local=check_local,
+    local_service=local_service,
+)

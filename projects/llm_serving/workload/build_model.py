@@ -1,0 +1,45 @@
+"""Build the tiny served model and its tokenizer locally (nothing is downloaded).
+
+    python -m projects.llm_serving.workload.build_model SPEC_JSON CORPUS MAX_LEN OUT_DIR
+
+A byte-level BPE tokenizer trained on ``CORPUS`` (JSON lines, the fine-tuning dataset) and a
+seeded random Llama of the spec's sizes, saved with ``save_pretrained`` so vLLM serves it and
+GuideLLM tokenizes with it. Written to a temporary dir, then renamed: a half-built model is
+never served.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from projects.library.tiny_lm import build_model, build_tokenizer, read_samples
+
+VOCAB = 512
+
+
+def main(argv: list[str]) -> int:
+    """Build into ``OUT_DIR`` (see the module docstring)."""
+    if len(argv) != 4:
+        print(__doc__, file=sys.stderr)
+        return 2
+    spec, corpus, max_len, out = json.loads(argv[0]), Path(argv[1]), int(argv[2]), Path(argv[3])
+    staging = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+    tokenizer = build_tokenizer(read_samples(corpus, 1), int(spec.get("vocab_size", VOCAB)),
+                                max_len)
+    model = build_model(spec, len(tokenizer), max_len, tokenizer)
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    if out.exists():  # another run built it meanwhile: keep theirs
+        shutil.rmtree(staging)
+    else:
+        os.replace(staging, out)
+    print(json.dumps({"event": "built", "dir": str(out)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,162 @@
+"""One cell's load: GuideLLM against a running model server, its /metrics before and after.
+
+    python load.py CONFIG_JSON --out DIR
+
+``CONFIG_JSON``: ``guidellm`` (argv prefix), ``target`` (base URL; default the
+``TELLTALE_SERVICE_URL`` the local platform sets), ``model`` (served name), ``tokenizer``,
+``concurrency``, ``prompt_tokens``, ``output_tokens``, ``duration_s``, ``request_format``,
+and optionally ``wait_ready_s`` (poll the server's ``/health`` that long first: on a
+cluster the load Pod may start before KServe has loaded the model).
+Standard library only, so the same file runs in the load generator's image on a cluster.
+
+Writes ``DIR/metrics_before.txt``, ``DIR/guidellm.json``, ``DIR/metrics_after.txt``,
+``DIR/load.json`` (what ran, when, the server's version) and prints one summary line.
+Exit codes: 0 measured; 2 bad config; 3 GuideLLM failed; 4 no request succeeded; 5 GuideLLM
+warned that its own request generation bottlenecked the run (the numbers measure the load
+generator, not the server: a failed measurement, not a KPI).
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+_MAX_METRICS = 8 * 1024 * 1024
+_SAFE = re.compile(r"^[A-Za-z0-9_./:@+-]+$")  # no comma: GuideLLM splits its k=v lists on it
+_INT_KEYS = ("concurrency", "prompt_tokens", "output_tokens", "duration_s")
+
+
+def _get(url, limit=_MAX_METRICS):
+    """GET ``url``; the body (bounded), or None when the server does not answer."""
+    try:
+        with urllib.request.urlopen(url, timeout=30) as answer:  # noqa: S310 (http only)
+            return answer.read(limit).decode("utf-8", "replace")
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+def _wait_ready(target, seconds):
+    """Poll ``/health`` until it answers 200 (True) or ``seconds`` pass (False)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            with urllib.request.urlopen(target + "/health", timeout=10) as answer:  # noqa: S310
+                if answer.status == 200:
+                    return True
+        except (urllib.error.URLError, OSError, ValueError):
+            pass
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(2)
+
+
+def _config(path):
+    with open(path, encoding="utf-8") as stream:
+        config = json.load(stream)
+    target = str(config.get("target") or os.environ.get("TELLTALE_SERVICE_URL") or "")
+    if not re.match(r"^https?://[A-Za-z0-9.-]+(:\d+)?(/[A-Za-z0-9_./-]*)?$", target):
+        raise ValueError(f"no usable server URL (target or TELLTALE_SERVICE_URL): {target!r}")
+    config["target"] = target.rstrip("/")
+    for key in ("model", "tokenizer", "request_format"):
+        if not _SAFE.match(str(config.get(key, ""))):
+            raise ValueError(f"{key} {config.get(key)!r}: letters, digits and _./:@+- only")
+    for key in _INT_KEYS:
+        if not isinstance(config.get(key), int) or config[key] < 1:
+            raise ValueError(f"{key} must be a positive integer, not {config.get(key)!r}")
+    if not isinstance(config.get("guidellm"), list) or not config["guidellm"]:
+        raise ValueError("guidellm must be the load generator's command (a list)")
+    return config
+
+
+def guidellm_argv(config, output):
+    """The GuideLLM command for one cell (an argv: no shell ever sees a value)."""
+    return [*[str(a) for a in config["guidellm"]], "run",
+            "--backend", f"kind=openai_http,target={config['target']},model={config['model']},"
+                         f"request_format={config['request_format']}",
+            "--profile", f"kind=concurrent,streams={config['concurrency']}",
+            "--data", f"kind=synthetic_text,prompt_tokens={config['prompt_tokens']},"
+                      f"output_tokens={config['output_tokens']}",
+            "--constraint", f"kind=max_duration,seconds={config['duration_s']}",
+            "--tokenizer", f"kind=hf_auto,model={config['tokenizer']}",
+            # lightweight per-request stats only: no prompt/output text in the result file
+            "--metrics", "kind=generative,sample_size=0",
+            "--output", f"kind=json,path={output}",
+            "--disable-console-interactive"]
+
+
+def _verdict(result_file):
+    """(exit code, summary) from GuideLLM's JSON."""
+    try:
+        with open(result_file, encoding="utf-8") as stream:
+            benchmark = json.load(stream)["benchmarks"][0]
+        totals = benchmark["metrics"]["request_totals"]
+        warnings = [w.get("code") for w in benchmark.get("warnings") or []]
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+        return 3, {"error": f"no readable result: {exc}"}
+    summary = {"successful": totals.get("successful"), "errored": totals.get("errored"),
+               "warnings": warnings}
+    if not totals.get("successful"):
+        return 4, summary
+    if warnings:
+        return 5, summary
+    return 0, summary
+
+
+def main(argv):
+    """Scrape, load, scrape, judge (see the module docstring)."""
+    if len(argv) != 3 or argv[1] != "--out":
+        print("usage: load.py CONFIG_JSON --out DIR", file=sys.stderr)
+        return 2
+    out = argv[2]
+    try:
+        config = _config(argv[0])
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    os.makedirs(out, exist_ok=True)
+    if not _wait_ready(config["target"], float(config.get("wait_ready_s") or 0)):
+        print(f"error: {config['target']}/health did not answer 200 within "
+              f"{config['wait_ready_s']} s", file=sys.stderr)
+        return 3
+    version = _get(config["target"] + "/version", limit=4096)
+    record = {"started_at": time.time(), "target": config["target"],
+              "model": config["model"], "concurrency": config["concurrency"],
+              "prompt_tokens": config["prompt_tokens"],
+              "output_tokens": config["output_tokens"], "duration_s": config["duration_s"]}
+    try:
+        record["server_version"] = json.loads(version or "{}").get("version")
+    except ValueError:
+        record["server_version"] = None
+    before = _get(config["target"] + "/metrics")
+    if before is not None:
+        with open(os.path.join(out, "metrics_before.txt"), "w", encoding="utf-8") as stream:
+            stream.write(before)
+    result_file = os.path.join(out, "guidellm.json")
+    command = guidellm_argv(config, result_file)
+    print("$ " + " ".join(command), flush=True)
+    code = subprocess.run(command, check=False).returncode
+    after = _get(config["target"] + "/metrics")
+    if after is not None:
+        with open(os.path.join(out, "metrics_after.txt"), "w", encoding="utf-8") as stream:
+            stream.write(after)
+    record["ended_at"] = time.time()
+    record["guidellm_exit_code"] = code
+    verdict, summary = (3, {"error": f"guidellm exited with {code}"}) if code != 0 \
+        else _verdict(result_file)
+    record.update(summary, exit_code=verdict)
+    with open(os.path.join(out, "load.json"), "w", encoding="utf-8") as stream:
+        json.dump(record, stream, indent=2)
+    print(json.dumps({"event": "summary", **summary, "exit_code": verdict}), flush=True)
+    if verdict == 5:
+        print("error: GuideLLM's own request generation bottlenecked the run "
+              f"({', '.join(summary['warnings'])}): not a measurement of the server",
+              file=sys.stderr, flush=True)
+    return verdict
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

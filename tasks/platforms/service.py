@@ -1,0 +1,122 @@
+"""A project's `LocalService` on this machine: started once, shared by cells, always stopped.
+
+The server lives in ``<run>/services/<key>/`` (``server.log``, ``service.json``, the pid and
+command-line files `cleanup_local` knows), so a Ctrl-C, a failed cell or a SIGKILL of
+Telltale never leaves it behind. Readiness is its health endpoint answering 200; a server
+that exits while starting fails at once with the end of its log, not at the deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from analysis.errors import StepError
+from projects.contract import LocalService
+from tasks.process import ManagedProcess, free_port
+
+__all__ = ["RunningService", "SERVICE_FILE", "start_service"]
+
+logger = logging.getLogger("telltale.service")
+
+SERVICE_FILE = "service.json"
+"""What a started server was: key, URL, start-up time, the project's facts."""
+_POLL_S = 0.5
+_SAY_EVERY_S = 15.0
+
+
+@dataclass
+class RunningService:
+    """A server this run started (see `start_service`)."""
+
+    spec: LocalService
+    url: str
+    process: ManagedProcess
+    startup_s: float
+    record: dict[str, Any]
+
+    def stop(self) -> None:
+        """Stop it (SIGTERM, then SIGKILL) and record when."""
+        self.process.stop(grace_s=30.0)
+        self.record["stopped_at"] = datetime.now(UTC).isoformat()
+        _write(self.process.home, self.record)
+
+
+def _write(home: Path, record: dict[str, Any]) -> None:
+    (home / SERVICE_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+
+
+def service_home(root: Path, key: str) -> Path:
+    """``<run>/services/<key as a file name>``."""
+    return root / "services" / (re.sub(r"[^A-Za-z0-9_.-]+", "-", key).strip("-.")[:80]
+                                or "service")
+
+
+def start_service(spec: LocalService, root: Path) -> RunningService:
+    """Start ``spec`` on a free port and wait until its health endpoint answers 200.
+
+    Args:
+        spec: What to run.
+        root: The run's artifact dir.
+
+    Returns:
+        The running server.
+
+    Raises:
+        StepError: It exited while starting, or was not ready within its timeout (it is
+            stopped; the message quotes the end of its log).
+    """
+    home = service_home(root, spec.key)
+    port = free_port()
+    argv = [str(a).replace("{port}", str(port)) for a in spec.argv]
+    url = f"http://127.0.0.1:{port}"
+    started_at = datetime.now(UTC)
+    began = time.monotonic()
+    logger.info("starting %s server on %s (up to %.0f s)", spec.key, url, spec.ready_timeout_s)
+    process = ManagedProcess("server", argv, home, env=spec.env)
+    try:
+        _wait_healthy(process, url + spec.health_path, spec.ready_timeout_s, began)
+    except BaseException:
+        process.stop(grace_s=10.0)
+        raise
+    startup = time.monotonic() - began
+    record = {"key": spec.key, "url": url, "pid": process.proc.pid,
+              "started_at": started_at.isoformat(), "startup_s": round(startup, 3),
+              "log": str(process.log_file.relative_to(root)), **dict(spec.facts)}
+    _write(home, record)
+    logger.info("%s server ready in %.1f s", spec.key, startup)
+    return RunningService(spec=spec, url=url, process=process, startup_s=startup,
+                          record=record)
+
+
+def _wait_healthy(process: ManagedProcess, health: str, timeout_s: float,
+                  began: float) -> None:
+    said = began
+    with httpx.Client(timeout=5.0) as client:
+        while True:
+            if not process.running:
+                raise StepError(f"the server exited with {process.proc.returncode} while "
+                                f"starting; end of {process.log_file}:\n"
+                                f"{process.tail(1500).strip()}")
+            try:
+                if client.get(health).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass  # not listening yet
+            now = time.monotonic()
+            if now - began > timeout_s:
+                raise StepError(f"the server was not ready after {timeout_s:.0f} s "
+                                f"({health}); end of {process.log_file}:\n"
+                                f"{process.tail(1000).strip()}")
+            if now - said >= _SAY_EVERY_S:
+                logger.info("waiting for the server: %.0f s", now - began)
+                said = now
+            time.sleep(_POLL_S)

@@ -1,0 +1,92 @@
+"""Long-lived children of a run (Prometheus, a model server): started, found, stopped.
+
+A `ManagedProcess` runs in its own session (a terminal's Ctrl-C reaches Telltale, which then
+stops it in cleanup), dies with Telltale even on SIGKILL (`tasks.runner.die_with_parent`), and
+leaves beside its log the pid and command-line files `tasks.platforms.local.cleanup_local` and
+the janitor know, so another process can stop it and never a recycled pid.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from tasks.runner import CMDLINE_FILE, PID_FILE, die_with_parent
+
+__all__ = ["ManagedProcess", "free_port"]
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the child binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ManagedProcess:
+    """A long-lived child of the run, with the files cleanup knows it by.
+
+    Args:
+        name: Its log is ``<home>/<name>.log``.
+        argv: The command (no shell).
+        home: Its directory (log, pid and command-line files).
+        env: Extra environment variables.
+    """
+
+    def __init__(self, name: str, argv: Sequence[str], home: Path,
+                 env: Mapping[str, str] | None = None) -> None:
+        self.name = name
+        self.home = home
+        home.mkdir(parents=True, exist_ok=True)
+        argv = [str(a) for a in argv]
+        (home / CMDLINE_FILE).write_text("\0".join(argv), encoding="utf-8")
+        with open(self.log_file, "wb") as log:
+            self.proc = subprocess.Popen(die_with_parent(argv), stdout=log,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True,
+                                         env={**os.environ, **(env or {})})
+        (home / PID_FILE).write_text(f"{self.proc.pid}\n", encoding="utf-8")
+
+    @property
+    def log_file(self) -> Path:
+        """Its stdout and stderr."""
+        return self.home / f"{self.name}.log"
+
+    @property
+    def running(self) -> bool:
+        """It has not exited."""
+        return self.proc.poll() is None
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        """SIGTERM to its session (it and its children), SIGKILL after ``grace_s``.
+
+        The session, not only the leader: a model server's engine runs in a child process.
+        """
+        if self.proc.poll() is None:
+            self._signal(signal.SIGTERM)
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self._signal(signal.SIGKILL)
+                self.proc.wait()
+        self._signal(signal.SIGKILL)  # children that outlived the leader
+        (self.home / PID_FILE).unlink(missing_ok=True)
+
+    def _signal(self, sig: signal.Signals) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def tail(self, size: int = 2000) -> str:
+        """The end of its log."""
+        try:
+            with open(self.log_file, "rb") as stream:
+                stream.seek(max(0, stream.seek(0, os.SEEK_END) - size))
+                return stream.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
