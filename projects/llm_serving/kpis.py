@@ -73,8 +73,8 @@ KPIS: list[KpiDefinition] = [
     KpiDefinition("server_startup_time", "Model server start to ready (local platform)", "s",
                   lower_better=True, compute=lambda r: as_serving(r).server_startup_s,
                   format="{:.1f}"),
-    KpiDefinition("time_to_first_success_max", "Multi-user: slowest client's start to its "
-                  "first successful response", "s", lower_better=True,
+    KpiDefinition("time_to_first_success_max", "Multi-user: slowest client's first request "
+                  "to its first successful response", "s", lower_better=True,
                   compute=lambda r: _first_success(as_serving(r)), format="{:.2f}"),
 ]
 

@@ -134,7 +134,7 @@ class UserServing(BaseModel):
     ttft_ms_p50: float | None = None
     request_latency_s_p50: float | None = None
     time_to_first_success_s: float | None = Field(
-        default=None, description="Client start → its first successful response.")
+        default=None, description="Client's first request → its first successful response.")
 
 
 class ServingResult(RunResult):
@@ -292,7 +292,6 @@ class ServingParser:
             user = UserServing(index=index, exit_code=int(code_text.strip())
                                if code_text and code_text.strip().lstrip("-").isdigit()
                                else None)
-            record = self._load_record(reader, directory)
             bench = self._benchmark(reader, f"{directory}/guidellm.json")
             if bench is not None and user.exit_code == 0:
                 totals = bench.metrics.request_totals
@@ -302,9 +301,10 @@ class ServingParser:
                                                     .successful).p50
                 ends = [r.request_end_time for r in bench.requests.successful
                         if r.request_end_time is not None]
-                started = record.get("started_at")
-                if ends and isinstance(started, int | float):
-                    user.time_to_first_success_s = max(0.0, min(ends) - float(started))
+                # from the client's first request (its benchmark start), not its process
+                # start: the load generator's own boot is not the server's responsiveness
+                if ends and bench.start_time is not None:
+                    user.time_to_first_success_s = max(0.0, min(ends) - bench.start_time)
                     firsts.append(user.time_to_first_success_s)
             out.users.append(user)
         ok = [u for u in out.users if u.exit_code == 0 and u.successful]

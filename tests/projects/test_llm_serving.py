@@ -1,50 +1,203 @@
-"""Tests of the llm_serving project (scaffolded): config, plan, a real workload run, parser, KPIs."""
+"""The llm_serving project without a server: config validation, the load step's refusals,
+the parser on broken files, the KServe manifests against their schemas, the --plan."""
 
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
 
+import jsonschema
+import kubernetes_validate
+import pytest
+
 from analysis.discovery import ResultDir
+from analysis.errors import ConfigError
 from analysis.kpi import compute_kpis
 from analysis.parsing import FileReader
 from projects import registry
 from projects.config import resolve
+from projects.llm_serving.manifests import LOAD_SCRIPT, cell_manifests
+from projects.llm_serving.parser import WORKLOAD_GLOB, counters
+from projects.plan import cells_of
 
 PROJECT = registry.load("llm_serving")
-STEP = PROJECT.workload_step
+SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
+KEY = "tests.llm_serving.test_settings"
 
 
-def test_light_preset_resolves_with_a_small_buffer() -> None:
+def test_light_preset_is_one_local_cell() -> None:
     config = resolve("llm_serving", presets=["light"], env={})
-    assert config.model.tests.llm_serving.test_settings.size_mb == 32
+    assert config.model.clusters.platform == "local"
+    assert len(cells_of(config, "llm_serving")) == 1
 
 
-def test_a_real_run_parses_into_finite_kpis(tmp_path: Path) -> None:
-    job = tmp_path / f"000__llm_serving__{STEP}"
-    (job / "artifacts").mkdir(parents=True)
-    config = job / "config.json"
-    config.write_text(json.dumps({"size_mb": 1, "rounds": 3, "algorithm": "sha256"}))
-    log = subprocess.run([sys.executable, str(PROJECT.folder / "workload.py"), str(config)],
-                         capture_output=True, text=True, timeout=60, check=True).stdout
-    (job / "artifacts" / "pod.log").write_text(log)
+def test_sweep_is_four_concurrencies_times_two_shapes() -> None:
+    cells = cells_of(resolve("llm_serving", presets=["sweep"], env={}), "llm_serving")
+    assert sorted((c.settings["concurrency"], c.settings["prompt_tokens"],
+                   c.settings["output_tokens"]) for c in cells) == sorted(
+        (c, p, o) for c in (1, 2, 4, 8) for p, o in ((128, 64), (256, 32)))
+
+
+@pytest.mark.parametrize(("key", "value", "words"), [
+    ("concurrency", 0, "greater than or equal to 1"),
+    ("concurrency", -4, "greater than or equal to 1"),
+    ("concurrency", "lots", "valid integer"),
+    ("duration_s", 2, "greater than or equal to 5"),
+    ("duration_s", 86_400, "less than or equal to 3600"),
+    ("output_tokens", 500, "exceed max_model_len"),
+    ("name", "Bad Name;rm", "should match pattern"),
+])
+def test_nonsense_settings_are_refused_at_input(key: str, value: object, words: str) -> None:
+    with pytest.raises(ConfigError, match=words):
+        resolve("llm_serving", presets=["light"], overrides={f"{KEY}.{key}": value}, env={})
+
+
+def test_a_pr_comment_may_not_set_the_images_or_the_venv() -> None:
+    keys = resolve("llm_serving", env={}).model.pr_comment_keys
+    assert f"{KEY}.concurrency" in keys
+    assert not any(k.endswith(("image", "venv")) or k.startswith("tests.llm_serving.local")
+                   for k in keys)
+
+
+def _load(tmp_path: Path, config: dict, env: dict | None = None) -> subprocess.CompletedProcess:
+    path = tmp_path / "load.json"
+    path.write_text(json.dumps(config))
+    return subprocess.run([sys.executable, str(LOAD_SCRIPT), str(path), "--out",
+                           str(tmp_path / "out")], capture_output=True, text=True,
+                          timeout=120, env=env or {"PATH": "/usr/bin:/bin"}, check=False)
+
+
+GOOD = {"guidellm": ["guidellm"], "model": "tiny", "tokenizer": "/models/tiny",
+        "concurrency": 1, "prompt_tokens": 8, "output_tokens": 8, "duration_s": 5,
+        "request_format": "/v1/completions"}
+
+
+@pytest.mark.parametrize(("change", "words"), [
+    ({}, "no usable server URL"),  # no target, no TELLTALE_SERVICE_URL
+    ({"target": "http://x;touch /tmp/p"}, "no usable server URL"),
+    ({"target": "http://127.0.0.1:1", "model": "a,kind=evil"}, "model"),
+    ({"target": "http://127.0.0.1:1", "concurrency": -1}, "concurrency"),
+])
+def test_the_load_step_refuses_bad_config_with_exit_2(tmp_path: Path, change: dict,
+                                                       words: str) -> None:
+    done = _load(tmp_path, {**GOOD, **change})
+    assert done.returncode == 2 and words in done.stderr
+
+
+def test_the_load_step_fails_when_the_server_never_answers(tmp_path: Path) -> None:
+    done = _load(tmp_path, {**GOOD, "target": "http://127.0.0.1:1", "wait_ready_s": 0})
+    assert done.returncode == 3 and "did not answer 200" in done.stderr
+
+
+def _result(tmp_path: Path, files: dict[str, str], exit_code: int = 0):
+    job = tmp_path / WORKLOAD_GLOB.replace("*", "001")
+    for rel, text in files.items():
+        (job / rel).parent.mkdir(parents=True, exist_ok=True)
+        (job / rel).write_text(text)
     (tmp_path / ".uuid").write_text("run-1\n")
-    settings = {"name": "llm_serving", "size_mb": 1, "rounds": 3, "algorithm": "sha256"}
     reader = FileReader(tmp_path)
     result = PROJECT.parser.parse(ResultDir(path=str(tmp_path), rel_path=".",
-                                            settings=settings, exit_code=0), reader)
-    assert reader.problems == [] and result.rounds == 3
+                                            settings={"concurrency": 1},
+                                            exit_code=exit_code), reader)
+    return result, reader
+
+
+def test_broken_result_files_are_problems_not_crashes(tmp_path: Path) -> None:
+    result, reader = _result(tmp_path, {"artifacts/guidellm.json": '{"benchmarks": [{"metrics":'
+                                        ' {"request_totals": "many"}}]}',
+                                        "artifacts/load.json": "not json"})
+    assert not result.measured
+    assert any("not a GuideLLM result" in p.message for p in reader.problems)
     kpis = {k.name: k.value for k in compute_kpis(PROJECT.kpis, result, {})}
-    assert kpis["hash_mb_per_second"] > 0 and kpis["hash_runtime"] > 0
+    assert "ttft_p95" not in kpis
 
 
-def test_a_log_without_summary_is_a_problem_not_a_crash(tmp_path: Path) -> None:
-    job = tmp_path / f"000__llm_serving__{STEP}" / "artifacts"
-    job.mkdir(parents=True)
-    (job / "pod.log").write_text('{"event": "round"}\nnot json\n')
-    reader = FileReader(tmp_path)
-    result = PROJECT.parser.parse(ResultDir(path=str(tmp_path), rel_path=".", settings={},
-                                            exit_code=0), reader)
-    assert result.mb_per_s is None and any("summary" in p.message for p in reader.problems)
+def test_a_bottlenecked_measurement_gives_no_latency_kpi(tmp_path: Path) -> None:
+    """GuideLLM's own warning (its request generation was the bottleneck): no KPI from it."""
+    dist = {"mean": 10.0, "median": 9.0, "percentiles": {"p50": 9.0, "p95": 20.0, "p99": 30.0}}
+    by_status = {"successful": dist}
+    bench = {"metrics": {"request_totals": {"successful": 40, "errored": 0},
+                         **{name: by_status for name in (
+                             "requests_per_second", "request_latency", "time_to_first_token_ms",
+                             "inter_token_latency_ms", "time_per_output_token_ms",
+                             "output_tokens_per_second")}},
+             "warnings": [{"code": "generation_delay_ttft", "observed": 0.03,
+                           "threshold": 0.01}]}
+    result, _ = _result(tmp_path, {"artifacts/guidellm.json": json.dumps(
+        {"benchmarks": [bench]})})
+    assert not result.measured and result.generation_delay_ratio == 0.03
+    names = {k.name for k in compute_kpis(PROJECT.kpis, result, {})}
+    assert "ttft_p95" not in names and "error_rate" in names
+    bench["warnings"] = []
+    result, _ = _result(tmp_path, {"artifacts/guidellm.json": json.dumps(
+        {"benchmarks": [bench]})})
+    values = {k.name: k.value for k in compute_kpis(PROJECT.kpis, result, {})}
+    assert values["ttft_p95"] == 20.0 and values["error_rate"] == 0.0
+
+
+def test_server_counters_sum_over_labels_and_skip_garbage() -> None:
+    text = ('# HELP x\nvllm:generation_tokens_total{engine="0",model_name="a"} 10.0\n'
+            'vllm:generation_tokens_total{engine="1",model_name="a"} 5\n'
+            'vllm:prompt_tokens_total NaN\nbroken line\n')
+    assert counters(text) == {"vllm:generation_tokens_total": 15.0}
+    assert all(math.isfinite(v) for v in counters(text).values())
+
+
+def _gpu_manifests() -> list[dict]:
+    config = resolve("llm_serving", presets=["gpu"], env={})
+    test = config.model.tests.llm_serving
+    out = []
+    for cell in cells_of(config, "llm_serving"):
+        objects = cell_manifests(cell.settings, namespace=test.namespace,
+                                 block=test.kubernetes.model_dump(mode="json"),
+                                 cell_index=cell.index,
+                                 ready_timeout_s=test.kubernetes.ready_timeout_s)
+        out += [objects[k] for k in ("namespace", "runtime", "isvc", "configmap", "pod")]
+    return out
+
+
+SCHEMA_FILES = {"ServingRuntime": "servingruntime.json",
+                "InferenceService": "inferenceservice.json"}
+
+
+@pytest.mark.parametrize("manifest", _gpu_manifests(),
+                         ids=lambda m: f"{m['kind']}-{m['metadata']['name']}")
+def test_gpu_manifests_are_valid(manifest: dict) -> None:
+    if manifest["kind"] in SCHEMA_FILES:
+        jsonschema.validate(manifest, json.loads((SCHEMAS / SCHEMA_FILES[manifest["kind"]])
+                                                 .read_text()))
+    else:
+        kubernetes_validate.validate(manifest, "1.30", strict=True)
+
+
+def test_the_kserve_schemas_catch_mistakes() -> None:
+    isvc = next(m for m in _gpu_manifests() if m["kind"] == "InferenceService")
+    isvc["spec"]["predictor"]["model"]["storageURI"] = isvc["spec"]["predictor"]["model"].pop(
+        "storageUri")
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(isvc, json.loads((SCHEMAS / "inferenceservice.json").read_text()))
+
+
+def test_gpu_manifests_wire_the_model_the_gpu_and_the_load(tmp_path: Path) -> None:
+    manifests = _gpu_manifests()
+    isvc = next(m for m in manifests if m["kind"] == "InferenceService")
+    runtime = next(m for m in manifests if m["kind"] == "ServingRuntime")
+    model = isvc["spec"]["predictor"]["model"]
+    assert model["runtime"] == runtime["metadata"]["name"]
+    assert model["resources"]["limits"]["nvidia.com/gpu"] == 1
+    config = json.loads(next(m for m in manifests if m["kind"] == "ConfigMap")["data"][
+        "config.json"])
+    assert config["target"].startswith(f"http://{isvc['metadata']['name']}-predictor.")
+    assert config["concurrency"] in (1, 4, 16)
+
+
+def test_plan_of_the_gpu_preset_writes_the_manifests(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "flows.llm_serving", "--preset", "gpu",
+                           "--plan", "--artifact-dir", str(tmp_path / "plan")],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    text = "\n".join(p.read_text() for p in (tmp_path / "plan").rglob("*.yaml"))
+    assert "kind: InferenceService" in text and "kind: ServingRuntime" in text

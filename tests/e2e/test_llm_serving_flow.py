@@ -1,0 +1,133 @@
+"""Whole-flow runs of llm_serving on the local platform: a real vLLM server (CPU build), the
+real GuideLLM, real Prefect. Needs the serving venv (.ci/run builds it)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from analysis.discovery import ResultDir
+from analysis.kpi import compute_kpis
+from analysis.parsing import FileReader
+from projects import registry
+from tests.factories import serving_venv_or_skip
+
+pytestmark = pytest.mark.slow
+
+# One server for both cells; the second calls the chat route of a model with no chat
+# template: every request is refused (400), the load step says no request succeeded.
+TWO_CELLS = ["--var", "tests.llm_serving.test_settings.duration_s=5",
+             "--var", "tests.llm_serving.test_extra_settings=[{request_format: /v1/completions},"
+                      " {request_format: /v1/chat/completions}]"]
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["TELLTALE_DATA_DIR"] = str(tmp_path / "data")
+    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+    return env
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except (ProcessLookupError, OSError):
+        return False
+
+
+def _gone(pid: int, within_s: float = 120) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_two_cells_share_one_real_server_and_a_failed_cell_leaves_nothing(
+        tmp_path: Path) -> None:
+    serving_venv_or_skip()
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "flows.llm_serving", "--preset", "light",
+                           *TWO_CELLS, "--artifact-dir", str(run_dir)],
+                          capture_output=True, text=True, env=_env(tmp_path), timeout=1500)
+    output = proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert proc.returncode == 1, output  # one cell failed
+    cells = sorted(run_dir.glob("*__cell*"))
+    assert len(cells) == 2, output
+    jobs = [next(c.glob("*__llm_serving__run_llm_serving_load")) for c in cells]
+    # one server for both cells (same key), stopped at the end
+    services = list((run_dir / "services").iterdir())
+    assert len(services) == 1
+    records = [json.loads((j / "artifacts" / "service.json").read_text()) for j in jobs]
+    assert records[0]["pid"] == records[1]["pid"] and records[0]["url"] == records[1]["url"]
+    assert _gone(records[0]["pid"]), "the vLLM server outlived the run"
+    assert not list(run_dir.rglob("workload.pid"))
+    assert "stopped_at" in json.loads((services[0] / "service.json").read_text())
+    # the failed cell: the load step's own words in the outcome
+    outcome = json.loads((run_dir / "outcome.json").read_text())
+    failed = [c for c in outcome["cells"] if c["status"] == "failed"]
+    assert len(failed) == 1 and (cells[1] / "exit_code").read_text().strip() == "4"
+    # KPIs of the good cell are the numbers GuideLLM itself wrote
+    result_file = jobs[0] / "artifacts" / "guidellm.json"
+    written = json.loads(result_file.read_text())["benchmarks"][0]["metrics"]
+    post = next(run_dir.glob("*__analysis__postprocess_results"))
+    kpis = pd.read_parquet(post / "kpis.parquet")
+    good = kpis[kpis["request_format"] == "/v1/completions"].set_index("kpi")["value"]
+    assert math.isclose(good["ttft_p95"], written["time_to_first_token_ms"]["successful"][
+        "percentiles"]["p95"])
+    assert math.isclose(good["output_tokens_per_second"],
+                        written["output_tokens_per_second"]["successful"]["mean"])
+    for name in ("itl_p50", "tpot_p99", "request_latency_p95", "requests_per_second",
+                 "server_startup_time"):
+        assert math.isfinite(good[name]) and good[name] > 0, name
+    assert good["error_rate"] == 0.0
+    bad = kpis[kpis["request_format"] == "/v1/chat/completions"].set_index("kpi")["value"]
+    assert bad["error_rate"] == 100.0 and "ttft_p95" not in bad.index
+    # the server counted the good cell's tokens itself
+    project = registry.load("llm_serving")
+    parsed = project.parser.parse(ResultDir(path=str(cells[0]), rel_path=cells[0].name,
+                                            settings={}, exit_code=0), FileReader(cells[0]))
+    assert parsed.server_counters["generation_tokens"] > 0
+    assert {k.name for k in compute_kpis(project.kpis, parsed, {})} >= {"ttft_p50", "itl_p95"}
+    # the serving curve page has its point
+    report = post / "report"
+    curve = next(report.glob("*_kpi_curve.html")).read_text()
+    assert "no run has both" not in curve
+
+
+def test_ctrl_c_while_the_server_starts_leaves_no_server(tmp_path: Path) -> None:
+    serving_venv_or_skip()
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "flows.llm_serving", "--preset", "light",
+            "--artifact-dir", str(run_dir)]
+    # SIGINT at its default in the CLI, like a terminal's foreground job (see the
+    # fine-tuning Ctrl-C test: a background CI shell ignores SIGINT for its children)
+    launcher = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                "os.execv(sys.argv[1], sys.argv[1:])")
+    proc = subprocess.Popen([sys.executable, "-c", launcher, *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=_env(tmp_path),
+                            start_new_session=True)
+    server = None
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and server is None and proc.poll() is None:
+        pid_file = next(run_dir.glob("services/*/workload.pid"), None)
+        text = pid_file.read_text().strip() if pid_file is not None else ""
+        server = int(text) if text.isdigit() else None
+        time.sleep(0.2)
+    assert server is not None, "the server never started"
+    os.killpg(proc.pid, signal.SIGINT)
+    output = proc.communicate(timeout=600)[0]
+    assert proc.returncode == 130, output[-3000:]
+    assert _gone(server), "the vLLM server outlived a Ctrl-C"
+    assert json.loads((run_dir / "outcome.json").read_text())["exit_code"] == 130

@@ -1,0 +1,130 @@
+"""A project's LocalService on the local platform: real processes, real HTTP health checks."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from analysis.errors import StepError
+from projects import registry
+from projects.config import resolve
+from projects.contract import CellContext, LocalService
+from projects.matrix import expand
+from tasks.artifacts import use_artifact_dir
+from tasks.platforms.base import RunContext
+from tasks.platforms.local import LocalPlatform, cleanup_local
+from tasks.platforms.service import SERVICE_FILE, start_service
+from tasks.runner import PID_FILE
+
+
+def _http_server(key: str = "web") -> LocalService:
+    return LocalService(key=key, argv=[sys.executable, "-m", "http.server", "{port}",
+                                       "--bind", "127.0.0.1"],
+                        health_path="/", ready_timeout_s=120, facts={"runtime": "http.server"})
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is gone for our purposes
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_service_starts_answers_and_stops_with_its_record(tmp_path: Path) -> None:
+    service = start_service(_http_server(), tmp_path)
+    record = json.loads((tmp_path / "services" / "web" / SERVICE_FILE).read_text())
+    assert record["url"] == service.url and record["runtime"] == "http.server"
+    assert record["startup_s"] >= 0 and (tmp_path / "services" / "web" / PID_FILE).is_file()
+    pid = service.process.proc.pid
+    assert _alive(pid)
+    service.stop()
+    assert not _alive(pid)
+    assert "stopped_at" in json.loads((tmp_path / "services" / "web" / SERVICE_FILE).read_text())
+    assert not (tmp_path / "services" / "web" / PID_FILE).exists()
+
+
+def test_a_server_that_exits_while_starting_fails_at_once_with_its_log(tmp_path: Path) -> None:
+    spec = LocalService(key="broken", argv=[sys.executable, "-c",
+                                            "import sys; print('no model here'); sys.exit(3)"],
+                        ready_timeout_s=3600)  # the exit is seen, not the deadline
+    with pytest.raises(StepError, match="exited with 3") as caught:
+        start_service(spec, tmp_path)
+    assert "no model here" in str(caught.value)
+
+
+def test_a_server_never_ready_is_stopped_at_its_deadline(tmp_path: Path) -> None:
+    spec = LocalService(key="silent", argv=[sys.executable, "-c", "import time; time.sleep(600)"],
+                        ready_timeout_s=1)
+    with pytest.raises(StepError, match="not ready after 1 s"):
+        start_service(spec, tmp_path)
+    assert not (tmp_path / "services" / "silent" / PID_FILE).exists()  # stopped, reaped
+
+
+def test_cleanup_from_another_process_stops_a_server_left_behind(tmp_path: Path) -> None:
+    """What the cancellation hook and the janitor do: pid files, checked command lines."""
+    service = start_service(_http_server(), tmp_path)
+    pid = service.process.proc.pid
+    assert cleanup_local(tmp_path)["stopped_pids"] == [pid]
+    service.process.proc.wait(30)
+    assert not _alive(pid)
+
+
+def _run_ctx(tmp_path: Path) -> tuple[RunContext, list]:
+    """The llm_serving sweep's cells, with the server replaced by a small HTTP server whose
+    key is the cell's prompt length (so the sweep's two shapes need two servers)."""
+    project = registry.load("llm_serving")
+
+    def hook(ctx: CellContext) -> LocalService:
+        return _http_server(f"web-{ctx.settings.prompt_tokens}")
+
+    project = dataclasses.replace(project, local_service=hook)
+    config = resolve("llm_serving", presets=["sweep"], env={})
+    test = config.model.tests.llm_serving
+    cells = expand(test.model_dump(mode="json")["test_settings"],
+                   test.model_dump(mode="json")["test_extra_settings"])
+    run = RunContext(project=project, config=config, model=config.model, test=test,
+                     root=tmp_path, run_id="test-run")
+    return run, cells
+
+
+def test_cells_share_a_server_by_key_and_cleanup_stops_it(tmp_path: Path,
+                                                          prefect_harness: None) -> None:
+    run, cells = _run_ctx(tmp_path)
+    platform = LocalPlatform()
+    first = platform._service(run, cells[0])
+    assert first is not None
+    same = platform._service(run, cells[1])  # same shape, another concurrency
+    assert same == first  # one server, not one per cell
+    other = next(c for c in cells if c.settings["prompt_tokens"] != cells[0].settings[
+        "prompt_tokens"])
+    second = platform._service(run, other)
+    assert second is not None and second["url"] != first["url"]
+    assert not _alive(first["pid"])  # the first server was stopped for the second
+    with use_artifact_dir(tmp_path):
+        platform.cleanup(run)
+    assert not _alive(second["pid"])
+    assert sorted(p.name for p in (tmp_path / "services").iterdir()) == ["web-128", "web-256"]
+
+
+def test_a_server_that_died_between_cells_is_started_again(tmp_path: Path,
+                                                          prefect_harness: None) -> None:
+    run, cells = _run_ctx(tmp_path)
+    platform = LocalPlatform()
+    first = platform._service(run, cells[0])
+    assert platform.service is not None
+    platform.service.process.proc.kill()
+    platform.service.process.proc.wait()
+    again = platform._service(run, cells[1])
+    assert again is not None and again["pid"] != first["pid"] and _alive(again["pid"])
+    with use_artifact_dir(tmp_path):
+        platform.cleanup(run)
+    assert not _alive(again["pid"])
