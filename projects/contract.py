@@ -40,6 +40,7 @@ __all__ = [
     "SERVICE_URL_ENV",
     "USERS_CONFIG_PATH",
     "CellContext",
+    "KubeGate",
     "KubeUsers",
     "KubeWorkload",
     "LocalService",
@@ -134,6 +135,26 @@ class Staging:
 
 
 @dataclass(frozen=True)
+class KubeGate:
+    """An object that must be Ready before the rest of a cell is applied (a model server).
+
+    Attributes:
+        api_version: Its apiVersion (``serving.kserve.io/v1beta1``).
+        kind: Its kind (``InferenceService``).
+        name: Its name.
+        pods: Label selector of its pods: one of them in ImagePullBackOff, CrashLoopBackOff...
+            fails the wait at once, with the kubelet's reason.
+        deadline_s: How long it may take (model download and load).
+    """
+
+    api_version: str
+    kind: str
+    name: str
+    pods: str | None = None
+    deadline_s: float = 1200.0
+
+
+@dataclass(frozen=True)
 class KubeWorkload:
     """What one cell applies on a cluster (pure data: ``--plan`` writes exactly this).
 
@@ -144,6 +165,9 @@ class KubeWorkload:
         staging: Optional data staging before ``manifests``.
         files: Files written to the step dir (e.g. the effective ``src/config_final.json``).
         capture: ``(apiVersion, kind, name, file)`` saved under ``artifacts/`` at the end.
+        gates: Objects of ``manifests`` that must be Ready (condition ``Ready``) before
+            ``after`` is applied; fail-fast on a terminal condition or a failing pod.
+        after: Objects applied once the gates are Ready (the load against a server).
     """
 
     shared: Sequence[dict[str, Any]]
@@ -152,11 +176,13 @@ class KubeWorkload:
     staging: Staging | None = None
     files: Mapping[str, str] = field(default_factory=dict)
     capture: Sequence[tuple[str, str, str, str]] = ()
+    gates: Sequence[KubeGate] = ()
+    after: Sequence[dict[str, Any]] = ()
 
     def all_manifests(self) -> list[dict[str, Any]]:
-        """Every object in apply order (shared, staging, run objects)."""
+        """Every object in apply order (shared, staging, run objects, after the gates)."""
         staged = [self.staging.volume, self.staging.job] if self.staging else []
-        return [*self.shared, *staged, *self.manifests]
+        return [*self.shared, *staged, *self.manifests, *self.after]
 
 
 @dataclass(frozen=True)

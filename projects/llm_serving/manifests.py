@@ -84,7 +84,7 @@ def cell_manifests(settings: dict[str, Any], *, namespace: str, block: dict[str,
         "output_tokens": int(settings["output_tokens"]),
         "duration_s": int(settings["duration_s"]),
         "request_format": settings["request_format"],
-        "wait_ready_s": ready_timeout_s,
+        "wait_ready_s": min(ready_timeout_s, 300),
     }
     configmap = {
         "apiVersion": "v1", "kind": "ConfigMap",

@@ -10,10 +10,14 @@ The cell's load step (``NNN__llm_serving__run_llm_serving_load``) holds, under
 - ``metrics_before.txt`` / ``metrics_after.txt``: the server's Prometheus text, whose
   counters' difference is what the server itself counted during the load;
 - ``service.json``: the local server's record (start-up time).
+
+On a cluster only the load Pod's ``pod.log`` comes back: its ``{"event": "guidellm"}`` line
+(the same benchmark shape, compacted by ``workload/load.py``) stands in for the JSON file.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from typing import Any, ClassVar
@@ -226,6 +230,9 @@ class ServingParser:
     def _benchmark(self, reader: FileReader, rel: str) -> _Benchmark | None:
         data = reader.json(rel, required=False)
         if data is None:
+            data = self._from_log(reader, rel.rsplit("/", 1)[0] + "/pod.log")
+            rel = rel.rsplit("/", 1)[0] + "/pod.log"
+        if data is None:
             return None
         try:
             return _GuideLLM.model_validate(data).benchmarks[0]
@@ -234,6 +241,22 @@ class ServingParser:
             where = ".".join(str(p) for p in first["loc"])
             reader.problem(rel, f"not a GuideLLM result: {where}: {first['msg']}")
             return None
+
+    @staticmethod
+    def _from_log(reader: FileReader, rel: str) -> dict[str, Any] | None:
+        """``{"benchmarks": [...]}`` from the load step's ``{"event": "guidellm"}`` log line."""
+        if not reader.exists(rel):
+            return None
+        found = None
+        for _, line in reader.matching_lines(rel, '"event": "guidellm"', required=False) or []:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                reader.problem(rel, "a cut or broken guidellm result line")
+                continue
+            if isinstance(event, dict) and isinstance(event.get("benchmark"), dict):
+                found = {"benchmarks": [event["benchmark"]]}
+        return found
 
     def _load_record(self, reader: FileReader, directory: str) -> dict[str, Any]:
         record = reader.json(f"{directory}/load.json", required=False)

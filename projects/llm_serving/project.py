@@ -25,7 +25,14 @@ import platformdirs
 
 from analysis.errors import ConfigError
 from analysis.parsing import ParsedResult
-from projects.contract import CellContext, KubeWorkload, LocalService, LocalWorkload, Project
+from projects.contract import (
+    CellContext,
+    KubeGate,
+    KubeWorkload,
+    LocalService,
+    LocalWorkload,
+    Project,
+)
 from projects.library.runs import run_timestamps, run_uuid
 from projects.llm_serving import install
 from projects.llm_serving.kpis import KPIS, as_serving, labels, results_summary
@@ -122,11 +129,13 @@ def local_service(ctx: CellContext) -> LocalService:
     model = model_dir(test, settings)
     python = install.venv_python(_venv(test))
     return LocalService(
-        key=f"vllm-{settings.model_name}-{settings.max_model_len}",
+        key=f"vllm-{settings.model_name}-{settings.max_model_len}"
+            f"{'-eager' if test.local.enforce_eager else ''}",
         argv=[str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
               "--host", "127.0.0.1", "--port", "{port}",
               "--max-model-len", str(settings.max_model_len),
-              "--served-model-name", str(settings.model_name)],
+              "--served-model-name", str(settings.model_name),
+              *(["--enforce-eager"] if test.local.enforce_eager else [])],
         env={"VLLM_CPU_KVCACHE_SPACE": str(test.local.kv_cache_gb),
              "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1",
              "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"},
@@ -169,7 +178,13 @@ def kube_workload(ctx: CellContext) -> KubeWorkload:
     isvc = objects["isvc"]["metadata"]["name"]
     return KubeWorkload(
         shared=[objects["namespace"]],
-        manifests=[objects["runtime"], objects["isvc"], objects["configmap"], objects["pod"]],
+        manifests=[objects["runtime"], objects["isvc"]],
+        # the load starts once KServe says the model is Ready; a predictor pod that cannot
+        # pull or keeps crashing fails the cell at once, with the kubelet's reason
+        gates=[KubeGate("serving.kserve.io/v1beta1", "InferenceService", isvc,
+                        pods=f"serving.kserve.io/inferenceservice={isvc}",
+                        deadline_s=float(test.kubernetes.ready_timeout_s))],
+        after=[objects["configmap"], objects["pod"]],
         pod=objects["pod"]["metadata"]["name"],
         files={"src/load.json": json.dumps(objects["load_config"], indent=2) + "\n"},
         capture=[("serving.kserve.io/v1beta1", "InferenceService", isvc,

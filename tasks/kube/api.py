@@ -78,6 +78,8 @@ KINDS: dict[tuple[str, str], Kind] = {(k.api_version, k.kind): k for k in [
     Kind("apps/v1", "Deployment", "deployments", True),
     Kind("apps/v1", "DaemonSet", "daemonsets", True),
     Kind("kubeflow.org/v1", "PyTorchJob", "pytorchjobs", True),
+    Kind("serving.kserve.io/v1beta1", "InferenceService", "inferenceservices", True),
+    Kind("serving.kserve.io/v1alpha1", "ServingRuntime", "servingruntimes", True),
     Kind("operators.coreos.com/v1alpha1", "Subscription", "subscriptions", True),
     Kind("operators.coreos.com/v1alpha1", "ClusterServiceVersion", "clusterserviceversions",
          True),

@@ -23,8 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from analysis.errors import PermanentServiceError, StepError
 from analysis.yamlio import dump_yaml
-from projects.contract import KubeWorkload, Staging
+from projects.contract import KubeGate, KubeWorkload, Staging
 from tasks.artifacts import artifact_dir, step, write_json
 from tasks.kube.api import MANAGED_BY, RUN_ID_LABEL, Kube, api_client
 
@@ -48,7 +49,8 @@ FAIL_FAST = {"ImagePullBackOff", "ErrImagePull", "CrashLoopBackOff", "InvalidIma
 # Kinds a run creates, deleted (by run-id label) in cleanup, dependents first.
 KEEP_LABEL = "telltale.io/keep"
 CLEANUP_KINDS = [("kubeflow.org/v1", "PyTorchJob"), ("batch/v1", "Job"), ("v1", "Pod"),
-                 ("v1", "ConfigMap")]
+                 ("v1", "ConfigMap"), ("serving.kserve.io/v1beta1", "InferenceService"),
+                 ("serving.kserve.io/v1alpha1", "ServingRuntime")]
 
 
 def pod_failure(pod: dict[str, Any]) -> str | None:
@@ -151,6 +153,10 @@ def run_kube_workload(kube: Kube, shared: Kube, workload: KubeWorkload, namespac
         kube.apply(manifest)
     pod: dict[str, Any] | None = None
     try:
+        for gate in workload.gates:
+            _wait_gate(kube, gate, namespace)
+        for manifest in workload.after:
+            kube.apply(manifest)
         kube.wait("v1", "Pod", workload.pod, namespace, fail=pod_failure,
                   ready=lambda o: (o.get("status") or {}).get("phase") in (
                       "Running", "Succeeded", "Failed"),
@@ -166,6 +172,50 @@ def run_kube_workload(kube: Kube, shared: Kube, workload: KubeWorkload, namespac
                               "Succeeded" else 1))
     reason = str(terminated.get("reason") or (pod or {}).get("status", {}).get("phase"))
     return code, reason, time.monotonic() - started, staged
+
+
+def _ready_condition(obj: dict[str, Any]) -> dict[str, Any]:
+    return next((c for c in (obj.get("status") or {}).get("conditions") or []
+                 if c.get("type") == "Ready"), {})
+
+
+# A model that cannot load says so in the InferenceService's model status (KServe).
+_TERMINAL_MODEL_STATES = {"InvalidSpec", "BlockedByFailedLoad", "FailedToLoad"}
+
+
+def _gate_failure(kube: Kube, gate: KubeGate, namespace: str,
+                  obj: dict[str, Any]) -> str | None:
+    status = obj.get("status") or {}
+    model = status.get("modelStatus") or {}
+    if model.get("transitionStatus") in _TERMINAL_MODEL_STATES:
+        failure = model.get("lastFailureInfo") or {}
+        return (f"{model['transitionStatus']}: {failure.get('reason', '')} "
+                f"{failure.get('message', '')}").strip()
+    if gate.pods:
+        for pod in kube.list("v1", "Pod", namespace, labels=gate.pods):
+            reason = pod_failure(pod)
+            if reason:
+                return f"pod {pod['metadata']['name']}: {reason}"
+    return None
+
+
+def _wait_gate(kube: Kube, gate: KubeGate, namespace: str) -> None:
+    """Wait for the gate's ``Ready`` condition; fail fast, or say its last condition."""
+    last: dict[str, Any] = {}
+
+    def seen(obj: dict[str, Any]) -> None:
+        last.update(_ready_condition(obj))
+
+    try:
+        kube.wait(gate.api_version, gate.kind, gate.name, namespace,
+                  ready=lambda o: _ready_condition(o).get("status") == "True",
+                  fail=lambda o: _gate_failure(kube, gate, namespace, o),
+                  deadline_s=gate.deadline_s, what=f"{gate.kind} {gate.name}", progress=seen)
+    except StepError as exc:
+        if last.get("message") and "failed:" not in str(exc):
+            raise StepError(f"{exc}; its Ready condition: {last.get('reason', '')} "
+                            f"{last['message']}".strip()) from exc
+        raise
 
 
 def _stage(kube: Kube, shared: Kube, staging: Staging, namespace: str) -> bool:
@@ -221,7 +271,7 @@ def cleanup_cluster(kubeconfig: str | None, run_id: str, *, keep: bool = False,
     kube = Kube(api_client(kubeconfig))
     removed: list[str] = []
     for api_version, kind in CLEANUP_KINDS:
-        for obj in kube.list(api_version, kind, labels=f"{RUN_ID_LABEL}={run_id}"):
+        for obj in _list_if_served(kube, api_version, kind, f"{RUN_ID_LABEL}={run_id}"):
             meta = obj["metadata"]
             label = f"{kind}/{meta.get('namespace', '')}/{meta['name']}"
             if keep:
@@ -235,6 +285,17 @@ def cleanup_cluster(kubeconfig: str | None, run_id: str, *, keep: bool = False,
                 kube.delete(api_version, kind, meta["name"], meta.get("namespace"))
             removed.append(label)
     return removed
+
+
+def _list_if_served(kube: Kube, api_version: str, kind: str,
+                    labels: str) -> list[dict[str, Any]]:
+    """Labelled objects of a kind; none when the cluster does not serve the kind (no KServe)."""
+    try:
+        return kube.list(api_version, kind, labels=labels)
+    except PermanentServiceError as exc:
+        if exc.status == 404:
+            return []
+        raise
 
 
 def find_leaks(kubeconfig: str | None, older_than_s: float,
@@ -251,7 +312,7 @@ def find_leaks(kubeconfig: str | None, older_than_s: float,
     selector = f"{MANAGED_BY[0]}={MANAGED_BY[1]},{RUN_ID_LABEL},!{KEEP_LABEL}"
     leaks = []
     for api_version, kind in CLEANUP_KINDS:
-        for obj in kube.list(api_version, kind, labels=selector):
+        for obj in _list_if_served(kube, api_version, kind, selector):
             meta = obj["metadata"]
             created = datetime.fromisoformat(meta["creationTimestamp"].replace("Z", "+00:00"))
             if now - created.timestamp() >= older_than_s:

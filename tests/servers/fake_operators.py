@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import Any, Literal
 
 from tests.factories import train_log
@@ -274,3 +275,84 @@ class IndexedJobController(Controller):
         if condition:
             status["conditions"] = [{"type": condition, "status": "True"}]
         self.state.set_status("batch/v1", "Job", name, status, ns)
+
+
+ServingScenario = Literal["success", "crash"]
+RECORDED_GUIDELLM = Path(__file__).resolve().parent.parent / "data" / "guidellm_light.json"
+"""A result written by the real GuideLLM 0.8.1 against the local vLLM (requests trimmed)."""
+
+
+class KServeController(Controller):
+    """What KServe and the kubelet do with an InferenceService and the load Pod after it.
+
+    ``success``: a predictor pod runs and the InferenceService turns Ready; the load Pod then
+    "runs" and its log is what ``workload/load.py`` prints for a recorded real GuideLLM
+    result. ``crash``: the predictor pod lands in CrashLoopBackOff and the InferenceService
+    stays not Ready.
+    """
+
+    def __init__(self, state: KubeState, scenario: ServingScenario = "success",
+                 step_s: float = 0.2) -> None:
+        super().__init__(state)
+        self.scenario = scenario
+        self.step_s = step_s
+
+    def run(self) -> None:
+        while not self.stopped.wait(0.05):
+            for isvc in self.state.list("serving.kserve.io/v1beta1", "InferenceService"):
+                if isvc["metadata"]["uid"] not in self.handled:
+                    self.handled.add(isvc["metadata"]["uid"])
+                    threading.Thread(target=self._serve, args=(isvc,), daemon=True).start()
+            for pod in self.state.list("v1", "Pod"):
+                if pod["metadata"]["name"].endswith("-load") and \
+                        pod["metadata"]["uid"] not in self.handled:
+                    self.handled.add(pod["metadata"]["uid"])
+                    threading.Thread(target=self._load, args=(pod,), daemon=True).start()
+
+    def _serve(self, isvc: dict[str, Any]) -> None:
+        name, ns = isvc["metadata"]["name"], isvc["metadata"]["namespace"]
+        pod = f"{name}-predictor-00001-deployment-6d9f"
+        self.state.put({"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": pod, "namespace": ns,
+            "labels": {"serving.kserve.io/inferenceservice": name, "component": "predictor"}},
+            "spec": {"containers": [{"name": "kserve-container", "image": "vllm"}]}})
+        time.sleep(self.step_s)
+        if self.scenario == "crash":
+            self.state.set_status("v1", "Pod", pod, {"phase": "Running", "containerStatuses": [
+                {"name": "kserve-container", "state": {"waiting": {
+                    "reason": "CrashLoopBackOff",
+                    "message": "back-off 40s restarting failed container=kserve-container"}}}]},
+                ns)
+            self.state.set_status("serving.kserve.io/v1beta1", "InferenceService", name, {
+                "conditions": [{"type": "Ready", "status": "False",
+                                "reason": "RevisionMissing",
+                                "message": "Revision failed: container exited"}]}, ns)
+            return
+        self.state.set_status("v1", "Pod", pod, {"phase": "Running", "containerStatuses": [
+            {"name": "kserve-container", "state": {"running": {}}, "ready": True}]}, ns)
+        self.state.set_status("serving.kserve.io/v1beta1", "InferenceService", name, {
+            "url": f"http://{name}-predictor.{ns}.svc.cluster.local:8080",
+            "modelStatus": {"transitionStatus": "UpToDate"},
+            "conditions": [{"type": "PredictorReady", "status": "True"},
+                           {"type": "Ready", "status": "True"}]}, ns)
+
+    def _load(self, pod: dict[str, Any]) -> None:
+        import json
+
+        from projects.llm_serving.workload.load import compact_result
+
+        name, ns = pod["metadata"]["name"], pod["metadata"]["namespace"]
+        time.sleep(self.step_s)
+        self.state.set_status("v1", "Pod", name, {"phase": "Running", "containerStatuses": [
+            {"name": "load", "state": {"running": {}}}]}, ns)
+        benchmark = json.loads(RECORDED_GUIDELLM.read_text())["benchmarks"][0]
+        totals = benchmark["metrics"]["request_totals"]
+        self.state.set_log(ns, name, "\n".join([
+            "$ guidellm run --backend kind=openai_http,...",
+            json.dumps({"event": "guidellm", "benchmark": compact_result(benchmark)}),
+            json.dumps({"event": "summary", "successful": totals["successful"],
+                        "errored": totals["errored"], "warnings": [], "exit_code": 0})]) + "\n")
+        time.sleep(self.step_s)
+        self.state.set_status("v1", "Pod", name, {"phase": "Succeeded", "containerStatuses": [
+            {"name": "load", "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]},
+            ns)

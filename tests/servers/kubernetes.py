@@ -70,6 +70,8 @@ RESOURCES = [Resource(*r) for r in [
     ("apps", "v1", "deployments", "Deployment", True),
     ("apps", "v1", "daemonsets", "DaemonSet", True),
     ("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob", True),
+    ("serving.kserve.io", "v1beta1", "inferenceservices", "InferenceService", True),
+    ("serving.kserve.io", "v1alpha1", "servingruntimes", "ServingRuntime", True),
     ("operators.coreos.com", "v1alpha1", "subscriptions", "Subscription", True),
     ("operators.coreos.com", "v1alpha1", "clusterserviceversions", "ClusterServiceVersion",
      True),

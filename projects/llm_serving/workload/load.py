@@ -10,7 +10,9 @@ cluster the load Pod may start before KServe has loaded the model).
 Standard library only, so the same file runs in the load generator's image on a cluster.
 
 Writes ``DIR/metrics_before.txt``, ``DIR/guidellm.json``, ``DIR/metrics_after.txt``,
-``DIR/load.json`` (what ran, when, the server's version) and prints one summary line.
+``DIR/load.json`` (what ran, when, the server's version) and prints two lines: the result
+in compact form (``{"event": "guidellm", ...}``: the statistics the parser reads and up to
+200 requests' timings; a cluster keeps only the Pod's log) and a summary.
 Exit codes: 0 measured; 2 bad config; 3 GuideLLM failed; 4 no request succeeded; 5 GuideLLM
 warned that its own request generation bottlenecked the run (the numbers measure the load
 generator, not the server: a failed measurement, not a KPI).
@@ -88,11 +90,42 @@ def guidellm_argv(config, output):
             "--disable-console-interactive"]
 
 
+_READ = ("request_latency", "requests_per_second", "time_to_first_token_ms",
+         "inter_token_latency_ms", "time_per_output_token_ms", "output_tokens_per_second")
+_REQUEST_FIELDS = ("request_start_time", "request_end_time", "request_latency",
+                   "time_to_first_token_ms", "inter_token_latency_ms")
+_MAX_LOGGED_REQUESTS = 200
+
+
+def compact_result(benchmark):
+    """The statistics of one GuideLLM benchmark the parser reads, small enough for a log line.
+
+    Same shape as the benchmark in GuideLLM's JSON (so one parser model reads both).
+    """
+    metrics = benchmark.get("metrics") or {}
+    compact = {"request_totals": metrics.get("request_totals")}
+    for name in _READ:
+        dist = ((metrics.get(name) or {}).get("successful") or {})
+        compact[name] = {"successful": {
+            "mean": dist.get("mean"), "median": dist.get("median"),
+            "percentiles": {k: v for k, v in (dist.get("percentiles") or {}).items()
+                            if k in ("p50", "p95", "p99")}}}
+    requests = ((benchmark.get("requests") or {}).get("successful") or [])
+    step = max(1, -(-len(requests) // _MAX_LOGGED_REQUESTS))  # ceil: at most 200 kept
+    return {"metrics": compact,
+            "requests": {"successful": [{k: r.get(k) for k in _REQUEST_FIELDS}
+                                        for r in requests[::step]]},
+            "warnings": benchmark.get("warnings") or [],
+            "start_time": benchmark.get("start_time"), "duration": benchmark.get("duration")}
+
+
 def _verdict(result_file):
     """(exit code, summary) from GuideLLM's JSON."""
     try:
         with open(result_file, encoding="utf-8") as stream:
             benchmark = json.load(stream)["benchmarks"][0]
+        print(json.dumps({"event": "guidellm", "benchmark": compact_result(benchmark)}),
+              flush=True)
         totals = benchmark["metrics"]["request_totals"]
         warnings = [w.get("code") for w in benchmark.get("warnings") or []]
     except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:

@@ -1,0 +1,84 @@
+"""What an llm_serving run costs, and whether its load generator measures the server.
+
+    python benchmarks/llm_serving.py [--runs 2] [--preset light] [--var key=value ...]
+
+Runs ``python -m flows.llm_serving --preset light`` as a user types it and prints, per run
+and as medians:
+
+- wall: the whole command (Prefect's temporary API, prepare, server, load, analysis, cleanup);
+- server start: vLLM's start to its ``/health`` answering 200 (``service.json``);
+- load step: the cell's load step (GuideLLM's own start-up plus ``duration_s`` of load);
+- post-processing: the analysis step (parse, KPIs, regression, report);
+- generator overhead: GuideLLM's mean request-generation delay as a share of the mean TTFT
+  (the metric behind its "bottlenecked by the data generation" warning, threshold 1 %).
+
+Goals (issue #17): light preset <= 90 s wall including the server start; generator overhead
+<= 1 % of TTFT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def one_run(root: Path, preset: str, extra: list[str]) -> dict[str, float]:
+    run_dir = root / "run"
+    env = {**os.environ, "PREFECT_HOME": str(root / "prefect-home"),
+           "TELLTALE_DATA_DIR": str(root / "data")}
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "flows.llm_serving", "--preset", preset,
+                           *extra, "--artifact-dir", str(run_dir)], cwd=REPO, env=env,
+                          capture_output=True, text=True, check=False)
+    wall = time.monotonic() - started
+    if done.returncode != 0:
+        raise SystemExit(f"run failed ({done.returncode}):\n{done.stdout[-3000:]}"
+                         f"{done.stderr[-3000:]}")
+    service = json.loads(next(run_dir.glob("services/*/service.json")).read_text())
+    job = next(run_dir.glob("*__cell/*__run_llm_serving_load"))
+    load = json.loads((job / "step.json").read_text())["duration_s"]
+    post = json.loads(next(run_dir.glob("*__analysis__postprocess_results/step.json"))
+                      .read_text())["duration_s"]
+    bench = json.loads((job / "artifacts" / "guidellm.json").read_text())["benchmarks"][0]
+    delay = bench["scheduler_metrics"]["generation_delay"]["mean"]
+    ttft_s = bench["metrics"]["time_to_first_token_ms"]["successful"]["mean"] / 1000
+    return {"wall_s": wall, "server_start_s": float(service["startup_s"]),
+            "load_step_s": float(load), "postprocess_s": float(post),
+            "generator_overhead_pct": 100 * delay / ttft_s, "ttft_mean_ms": ttft_s * 1000}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--preset", default="light")
+    parser.add_argument("--var", action="append", default=[], help="passed to the CLI")
+    args = parser.parse_args()
+    extra = [a for v in args.var for a in ("--var", v)]
+    rows = []
+    for index in range(args.runs):
+        with tempfile.TemporaryDirectory(prefix="llm-serving-bench-") as tmp:
+            row = one_run(Path(tmp), args.preset, extra)
+        rows.append(row)
+        print(f"run {index + 1}: " + "  ".join(f"{k} {v:.2f}" for k, v in row.items()),
+              flush=True)
+    print("\nmedians:")
+    for key in rows[0]:
+        print(f"  {key:24s} {statistics.median(r[key] for r in rows):9.2f}")
+    wall = statistics.median(r["wall_s"] for r in rows)
+    overhead = statistics.median(r["generator_overhead_pct"] for r in rows)
+    print(f"\nwall vs the 90 s goal: {wall / 90:.2f}x; generator overhead vs the 1 % goal: "
+          f"{overhead:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
