@@ -161,13 +161,16 @@ class KubeWorkload:
     Attributes:
         shared: Objects that outlive the run (Namespace...): applied without the run label.
         manifests: The run's objects, applied in order with the run-id label.
-        pod: The pod whose end is the workload's end (its log is ``artifacts/pod.log``).
+        pod: The pod whose end is the workload's end (its log is ``artifacts/pod.log``);
+            empty when ``pod_selector`` finds it.
         staging: Optional data staging before ``manifests``.
         files: Files written to the step dir (e.g. the effective ``src/config_final.json``).
         capture: ``(apiVersion, kind, name, file)`` saved under ``artifacts/`` at the end.
         gates: Objects of ``manifests`` that must be Ready (condition ``Ready``) before
             ``after`` is applied; fail-fast on a terminal condition or a failing pod.
         after: Objects applied once the gates are Ready (the load against a server).
+        pod_selector: Label selector of the workload's pod when a controller names it (a
+            Job's pod: ``batch.kubernetes.io/job-name=<job>``).
     """
 
     shared: Sequence[dict[str, Any]]
@@ -178,6 +181,7 @@ class KubeWorkload:
     capture: Sequence[tuple[str, str, str, str]] = ()
     gates: Sequence[KubeGate] = ()
     after: Sequence[dict[str, Any]] = ()
+    pod_selector: str | None = None
 
     def all_manifests(self) -> list[dict[str, Any]]:
         """Every object in apply order (shared, staging, run objects, after the gates)."""

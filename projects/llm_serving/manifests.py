@@ -2,10 +2,11 @@
 
 Pure functions (no cluster access), so ``--preset gpu --plan`` writes exactly what a run
 applies: a Namespace, a ``serving.kserve.io/v1alpha1`` ServingRuntime running vLLM's OpenAI
-server, a ``serving.kserve.io/v1beta1`` InferenceService (RawDeployment: a plain Service
-the load reaches in-cluster), a ConfigMap with the load step's config and script, and the
-load Pod (GuideLLM's image). The Pod waits for the model's ``/health`` itself, so its end is
-the cell's end whatever KServe takes to load the model.
+server, a ``serving.kserve.io/v1beta1`` InferenceService (RawDeployment: a plain Service the
+load reaches in-cluster), a ConfigMap with the load step's config and script, and the load
+Job (one pod, no retry; GuideLLM's image). The engine applies the load once the
+InferenceService is Ready (a gate); the pod still polls the model's ``/health`` briefly (a
+Service's endpoints can lag its Ready condition).
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["LOAD_SCRIPT", "cell_manifests", "object_name"]
+
+JOB_NAME_LABEL = "job-name"
+"""The label the Job controller puts on its pods (with ``batch.kubernetes.io/job-name``)."""
 
 LOAD_SCRIPT = Path(__file__).resolve().parent / "workload" / "load.py"
 _MOUNT = "/etc/telltale-load"
@@ -39,7 +43,7 @@ def cell_manifests(settings: dict[str, Any], *, namespace: str, block: dict[str,
         ready_timeout_s: How long the load Pod waits for the model to answer.
 
     Returns:
-        ``namespace``, ``runtime``, ``isvc``, ``configmap``, ``pod`` and the ``load_config``.
+        ``namespace``, ``runtime``, ``isvc``, ``configmap``, ``job`` and the ``load_config``.
     """
     name = object_name(str(settings.get("name", "llm-serving")), cell_index)
     model = block["models"][settings["model_name"]]
@@ -92,9 +96,7 @@ def cell_manifests(settings: dict[str, Any], *, namespace: str, block: dict[str,
         "data": {"config.json": json.dumps(load_config, indent=2),
                  "load.py": LOAD_SCRIPT.read_text(encoding="utf-8")},
     }
-    pod = {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": f"{name}-load", "namespace": namespace},
+    template = {
         "spec": {
             "restartPolicy": "Never",
             # the tokenizer ships with the model: the same storage initializer fetches it
@@ -109,9 +111,14 @@ def cell_manifests(settings: dict[str, Any], *, namespace: str, block: dict[str,
                 "volumeMounts": [{"name": "load", "mountPath": _MOUNT},
                                  {"name": "model", "mountPath": "/mnt/models"}]}],
             "volumes": [{"name": "load", "configMap": {"name": f"{name}-load"}},
-                        {"name": "model", "emptyDir": {}}]},
+                        {"name": "model", "emptyDir": {}}]}}
+    job = {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": f"{name}-load", "namespace": namespace},
+        # one try: a re-run load would measure a different window
+        "spec": {"backoffLimit": 0, "ttlSecondsAfterFinished": 86400, "template": template},
     }
     return {"namespace": {"apiVersion": "v1", "kind": "Namespace",
                           "metadata": {"name": namespace}},
-            "runtime": runtime, "isvc": isvc, "configmap": configmap, "pod": pod,
+            "runtime": runtime, "isvc": isvc, "configmap": configmap, "job": job,
             "load_config": load_config}

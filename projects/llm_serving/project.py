@@ -6,8 +6,8 @@ Registered under the ``telltale.projects`` entry point; the engine calls the hoo
   is the vLLM OpenAI server on that model (the engine starts it once for every cell that
   serves the same model and stops it in every outcome); `local_workload` is one cell's load
   (``workload/load.py``: /metrics, GuideLLM, /metrics) against it;
-- kubernetes: `kube_workload` is KServe's vLLM ServingRuntime + InferenceService and the
-  load Pod (`projects.llm_serving.manifests`).
+- kubernetes: `kube_workload` is KServe's vLLM ServingRuntime + InferenceService, then (once
+  it is Ready) the load Job (`projects.llm_serving.manifests`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from projects.contract import (
 from projects.library.runs import run_timestamps, run_uuid
 from projects.llm_serving import install
 from projects.llm_serving.kpis import KPIS, as_serving, labels, results_summary
-from projects.llm_serving.manifests import LOAD_SCRIPT, cell_manifests
+from projects.llm_serving.manifests import JOB_NAME_LABEL, LOAD_SCRIPT, cell_manifests
 from projects.llm_serving.models import ConfigModel, ServingSettings, ServingTest
 from projects.llm_serving.parser import LOAD_STEP, ServingParser
 
@@ -175,7 +175,7 @@ def kube_workload(ctx: CellContext) -> KubeWorkload:
                              block=test.kubernetes.model_dump(mode="json"),
                              cell_index=ctx.index,
                              ready_timeout_s=test.kubernetes.ready_timeout_s)
-    isvc = objects["isvc"]["metadata"]["name"]
+    isvc, job = objects["isvc"]["metadata"]["name"], objects["job"]["metadata"]["name"]
     return KubeWorkload(
         shared=[objects["namespace"]],
         manifests=[objects["runtime"], objects["isvc"]],
@@ -184,11 +184,11 @@ def kube_workload(ctx: CellContext) -> KubeWorkload:
         gates=[KubeGate("serving.kserve.io/v1beta1", "InferenceService", isvc,
                         pods=f"serving.kserve.io/inferenceservice={isvc}",
                         deadline_s=float(test.kubernetes.ready_timeout_s))],
-        after=[objects["configmap"], objects["pod"]],
-        pod=objects["pod"]["metadata"]["name"],
+        after=[objects["configmap"], objects["job"]],
+        pod="", pod_selector=f"{JOB_NAME_LABEL}={job}",
         files={"src/load.json": json.dumps(objects["load_config"], indent=2) + "\n"},
         capture=[("serving.kserve.io/v1beta1", "InferenceService", isvc,
-                  "inferenceservice.json")])
+                  "inferenceservice.json"), ("batch/v1", "Job", job, "job.json")])
 
 
 def _user_rows(result: ParsedResult) -> list[dict[str, object]]:

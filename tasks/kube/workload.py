@@ -152,21 +152,24 @@ def run_kube_workload(kube: Kube, shared: Kube, workload: KubeWorkload, namespac
     for manifest in workload.manifests:
         kube.apply(manifest)
     pod: dict[str, Any] | None = None
+    name = workload.pod
     try:
         for gate in workload.gates:
             _wait_gate(kube, gate, namespace)
         for manifest in workload.after:
             kube.apply(manifest)
-        kube.wait("v1", "Pod", workload.pod, namespace, fail=pod_failure,
+        if workload.pod_selector:  # a Job's pod: its name is the Job controller's choice
+            name = _find_pod(kube, namespace, workload.pod_selector, image_pull_deadline_s)
+        kube.wait("v1", "Pod", name, namespace, fail=pod_failure,
                   ready=lambda o: (o.get("status") or {}).get("phase") in (
                       "Running", "Succeeded", "Failed"),
-                  deadline_s=image_pull_deadline_s, what=f"pod {workload.pod} (image pull)")
-        pod = kube.wait("v1", "Pod", workload.pod, namespace, fail=pod_failure,
+                  deadline_s=image_pull_deadline_s, what=f"pod {name} (image pull)")
+        pod = kube.wait("v1", "Pod", name, namespace, fail=pod_failure,
                         ready=lambda o: (o.get("status") or {}).get("phase") in (
                             "Succeeded", "Failed"),
-                        deadline_s=timeout_s, what=f"workload pod {workload.pod}")
+                        deadline_s=timeout_s, what=f"workload pod {name}")
     finally:
-        _capture(kube, here, namespace, workload, pod)
+        _capture(kube, here, namespace, workload, pod, name)
     terminated = _terminated(pod or {})
     code = int(terminated.get("exitCode", 0 if (pod or {}).get("status", {}).get("phase") ==
                               "Succeeded" else 1))
@@ -240,16 +243,30 @@ def _stage(kube: Kube, shared: Kube, staging: Staging, namespace: str) -> bool:
     return job is not None
 
 
+def _find_pod(kube: Kube, namespace: str, selector: str, deadline_s: float) -> str:
+    """The name of the (first) pod matching ``selector``, once its controller created it."""
+    deadline = time.monotonic() + deadline_s
+    delay = 0.2
+    while True:
+        pods = kube.list("v1", "Pod", namespace, labels=selector)
+        if pods:
+            return str(sorted(p["metadata"]["name"] for p in pods)[0])
+        if time.monotonic() >= deadline:
+            raise StepError(f"no pod matching {selector} after {deadline_s:g}s")
+        time.sleep(delay)
+        delay = min(delay * 2, 5.0)
+
+
 def _capture(kube: Kube, here: Path, namespace: str, workload: KubeWorkload,
-             pod: dict[str, Any] | None) -> None:
+             pod: dict[str, Any] | None, name: str) -> None:
     """Best effort: whatever exists is saved, even when the wait failed."""
     try:
-        current = pod or kube.get("v1", "Pod", workload.pod, namespace)
+        current = pod or (kube.get("v1", "Pod", name, namespace) if name else None)
         if current is not None:
             write_json(here / "artifacts" / "pod.json", current)
             try:
                 (here / "artifacts" / "pod.log").write_text(
-                    kube.pod_log(workload.pod, namespace), encoding="utf-8")
+                    kube.pod_log(name, namespace), encoding="utf-8")
             except Exception as exc:  # a pod that never started has no log
                 (here / "artifacts" / "pod.log.unavailable").write_text(f"{exc}\n")
         for api_version, kind, name, file in workload.capture:
@@ -257,7 +274,7 @@ def _capture(kube: Kube, here: Path, namespace: str, workload: KubeWorkload,
             if obj is not None:
                 write_json(here / "artifacts" / Path(file).name, obj)
     except Exception as exc:
-        logger.warning("capture of %s incomplete: %s", workload.pod, exc)
+        logger.warning("capture of %s incomplete: %s", name or workload.pod_selector, exc)
 
 
 def cleanup_cluster(kubeconfig: str | None, run_id: str, *, keep: bool = False,

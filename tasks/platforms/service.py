@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -23,7 +26,8 @@ from analysis.errors import StepError
 from projects.contract import LocalService
 from tasks.process import ManagedProcess, free_port
 
-__all__ = ["RunningService", "SERVICE_FILE", "start_service"]
+__all__ = ["RunningService", "SERVICE_FILE", "start_ahead", "start_service", "stop_ahead",
+           "take_ahead"]
 
 logger = logging.getLogger("telltale.service")
 
@@ -60,8 +64,51 @@ def service_home(root: Path, key: str) -> Path:
                                 or "service")
 
 
+@dataclass
+class _Launched:
+    """A server process started, not yet known to be ready."""
+
+    spec: LocalService
+    url: str
+    process: ManagedProcess
+    started_at: datetime
+    began: float
+
+
+def _launch(spec: LocalService, home: Path) -> _Launched:
+    port = free_port()
+    argv = [str(a).replace("{port}", str(port)) for a in spec.argv]
+    url = f"http://127.0.0.1:{port}"
+    logger.info("starting %s server on %s (up to %.0f s)", spec.key, url, spec.ready_timeout_s)
+    started_at, began = datetime.now(UTC), time.monotonic()
+    return _Launched(spec, url, ManagedProcess("server", argv, home, env=spec.env),
+                     started_at, began)
+
+
+def _ready(launched: _Launched, root: Path) -> RunningService:
+    process, spec = launched.process, launched.spec
+    try:
+        _wait_healthy(process, launched.url + spec.health_path, spec.ready_timeout_s,
+                      launched.began)
+    except BaseException:
+        process.stop(grace_s=10.0)
+        raise
+    startup = time.monotonic() - launched.began
+    record = {"key": spec.key, "url": launched.url, "pid": process.proc.pid,
+              "started_at": launched.started_at.isoformat(), "startup_s": round(startup, 3),
+              "log": str(process.log_file.relative_to(root)), **dict(spec.facts)}
+    _write(process.home, record)
+    logger.info("%s server ready in %.1f s", spec.key, startup)
+    return RunningService(spec=spec, url=launched.url, process=process, startup_s=startup,
+                          record=record)
+
+
 def start_service(spec: LocalService, root: Path) -> RunningService:
     """Start ``spec`` on a free port and wait until its health endpoint answers 200.
+
+    A server started ahead for this key (`start_ahead`) is taken instead: its dir moves into
+    the run (the running server keeps its open log) and its start-up time counts from its
+    real start.
 
     Args:
         spec: What to run.
@@ -75,26 +122,56 @@ def start_service(spec: LocalService, root: Path) -> RunningService:
             stopped; the message quotes the end of its log).
     """
     home = service_home(root, spec.key)
-    port = free_port()
-    argv = [str(a).replace("{port}", str(port)) for a in spec.argv]
-    url = f"http://127.0.0.1:{port}"
-    started_at = datetime.now(UTC)
-    began = time.monotonic()
-    logger.info("starting %s server on %s (up to %.0f s)", spec.key, url, spec.ready_timeout_s)
-    process = ManagedProcess("server", argv, home, env=spec.env)
-    try:
-        _wait_healthy(process, url + spec.health_path, spec.ready_timeout_s, began)
-    except BaseException:
-        process.stop(grace_s=10.0)
-        raise
-    startup = time.monotonic() - began
-    record = {"key": spec.key, "url": url, "pid": process.proc.pid,
-              "started_at": started_at.isoformat(), "startup_s": round(startup, 3),
-              "log": str(process.log_file.relative_to(root)), **dict(spec.facts)}
-    _write(home, record)
-    logger.info("%s server ready in %.1f s", spec.key, startup)
-    return RunningService(spec=spec, url=url, process=process, startup_s=startup,
-                          record=record)
+    launched = take_ahead(spec, home)
+    if launched is None:
+        launched = _launch(spec, home)
+    return _ready(launched, root)
+
+
+_AHEAD: list[_Launched] = []  # started by a CLI before its run exists (one per process)
+
+
+def start_ahead(spec: LocalService, parent: Path) -> None:
+    """Start a run's first server before the run does, in a hidden dir of ``parent``.
+
+    A CLI run spends ~12 s starting Prefect's temporary API; a model server started then
+    loads meanwhile. The run takes it (`start_service` → `take_ahead`) when its first cell
+    asks for the same key and argv; `stop_ahead` stops one no run took.
+    """
+    parent.mkdir(parents=True, exist_ok=True)
+    home = Path(tempfile.mkdtemp(prefix=".service-", dir=parent))
+    _AHEAD.append(_launch(spec, home))
+
+
+def take_ahead(spec: LocalService, home: Path) -> _Launched | None:
+    """The server started ahead for ``spec``, moved to ``home``; None when there is none.
+
+    One started for another key or command, or one that already died (e.g. its model was
+    not built yet on a first run), is stopped and removed instead.
+    """
+    while _AHEAD:
+        launched = _AHEAD.pop()
+        same = launched.spec.key == spec.key and list(launched.spec.argv) == list(spec.argv)
+        if same and launched.process.running:
+            home.parent.mkdir(parents=True, exist_ok=True)
+            if home.exists():  # a resumed run's earlier server: keep its files aside
+                os.replace(home, home.with_name(f"{home.name}.before-{int(time.time())}"))
+            os.replace(launched.process.home, home)  # same file system: the log stays open
+            launched.process.home = home
+            return launched
+        _discard(launched)
+    return None
+
+
+def _discard(launched: _Launched) -> None:
+    launched.process.stop(grace_s=10.0)
+    shutil.rmtree(launched.process.home, ignore_errors=True)
+
+
+def stop_ahead() -> None:
+    """Stop a server started ahead that no run took, and remove its dir."""
+    while _AHEAD:
+        _discard(_AHEAD.pop())
 
 
 def _wait_healthy(process: ManagedProcess, health: str, timeout_s: float,

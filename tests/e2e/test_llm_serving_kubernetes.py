@@ -52,7 +52,10 @@ def test_kserve_serving_runs_green_and_cleans_up(tmp_path: Path, prefect_harness
     applied = json.loads((job / "manifests.json").read_text())
     kinds = [m["kind"] for m in applied]
     # the runtime and the model first, the load after the InferenceService turned Ready
-    assert kinds.index("InferenceService") < kinds.index("Pod")
+    assert kinds.index("InferenceService") < kinds.index("Job")
+    assert json.loads((job / "artifacts" / "job.json").read_text())["spec"]["backoffLimit"] == 0
+    assert json.loads((job / "artifacts" / "pod.json").read_text())["metadata"]["name"] \
+        .endswith("-load-x7k2q")
     isvc = json.loads((job / "artifacts" / "inferenceservice.json").read_text())
     assert isvc["spec"]["predictor"]["model"]["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert json.loads((job / "src" / "load.json").read_text())["concurrency"] == 4
@@ -68,7 +71,8 @@ def test_kserve_serving_runs_green_and_cleans_up(tmp_path: Path, prefect_harness
     # run-labelled cleanup: the KServe objects and the load are gone, the namespace stays
     assert not state.list("serving.kserve.io/v1beta1", "InferenceService")
     assert not state.list("serving.kserve.io/v1alpha1", "ServingRuntime")
-    assert not [p for p in state.list("v1", "Pod") if p["metadata"]["name"].endswith("-load")]
+    assert not [j for j in state.list("batch/v1", "Job") if j["metadata"]["name"].endswith(
+        "-load")]
     assert not state.list("v1", "ConfigMap")
 
 
@@ -81,5 +85,5 @@ def test_a_crashing_predictor_fails_fast_with_the_kubelet_reason(tmp_path: Path,
     # failed on the pod's status, not on the gate's deadline (no clock bound: load-safe)
     assert "not ready after" not in reason
     # the load never ran: it is applied only once the model is Ready
-    assert not [p for p in state.list("v1", "Pod") if p["metadata"]["name"].endswith("-load")]
+    assert not state.list("batch/v1", "Job")
     assert not state.list("serving.kserve.io/v1beta1", "InferenceService")

@@ -155,7 +155,7 @@ def _gpu_manifests() -> list[dict]:
                                  block=test.kubernetes.model_dump(mode="json"),
                                  cell_index=cell.index,
                                  ready_timeout_s=test.kubernetes.ready_timeout_s)
-        out += [objects[k] for k in ("namespace", "runtime", "isvc", "configmap", "pod")]
+        out += [objects[k] for k in ("namespace", "runtime", "isvc", "configmap", "job")]
     return out
 
 

@@ -285,8 +285,8 @@ RECORDED_GUIDELLM = Path(__file__).resolve().parent.parent / "data" / "guidellm_
 class KServeController(Controller):
     """What KServe and the kubelet do with an InferenceService and the load Pod after it.
 
-    ``success``: a predictor pod runs and the InferenceService turns Ready; the load Pod then
-    "runs" and its log is what ``workload/load.py`` prints for a recorded real GuideLLM
+    ``success``: a predictor pod runs and the InferenceService turns Ready; the load Job's pod
+    then "runs" and its log is what ``workload/load.py`` prints for a recorded real GuideLLM
     result. ``crash``: the predictor pod lands in CrashLoopBackOff and the InferenceService
     stays not Ready.
     """
@@ -303,11 +303,11 @@ class KServeController(Controller):
                 if isvc["metadata"]["uid"] not in self.handled:
                     self.handled.add(isvc["metadata"]["uid"])
                     threading.Thread(target=self._serve, args=(isvc,), daemon=True).start()
-            for pod in self.state.list("v1", "Pod"):
-                if pod["metadata"]["name"].endswith("-load") and \
-                        pod["metadata"]["uid"] not in self.handled:
-                    self.handled.add(pod["metadata"]["uid"])
-                    threading.Thread(target=self._load, args=(pod,), daemon=True).start()
+            for job in self.state.list("batch/v1", "Job"):
+                if job["metadata"]["name"].endswith("-load") and \
+                        job["metadata"]["uid"] not in self.handled:
+                    self.handled.add(job["metadata"]["uid"])
+                    threading.Thread(target=self._load, args=(job,), daemon=True).start()
 
     def _serve(self, isvc: dict[str, Any]) -> None:
         name, ns = isvc["metadata"]["name"], isvc["metadata"]["namespace"]
@@ -336,12 +336,19 @@ class KServeController(Controller):
             "conditions": [{"type": "PredictorReady", "status": "True"},
                            {"type": "Ready", "status": "True"}]}, ns)
 
-    def _load(self, pod: dict[str, Any]) -> None:
+    def _load(self, job: dict[str, Any]) -> None:
         import json
 
         from projects.llm_serving.workload.load import compact_result
 
-        name, ns = pod["metadata"]["name"], pod["metadata"]["namespace"]
+        job_name, ns = job["metadata"]["name"], job["metadata"]["namespace"]
+        name = f"{job_name}-x7k2q"  # the Job controller's generated suffix
+        self.state.put({"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": name, "namespace": ns,
+            "labels": {"job-name": job_name, "batch.kubernetes.io/job-name": job_name},
+            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": job_name,
+                                 "uid": job["metadata"]["uid"]}]},
+            "spec": job["spec"]["template"]["spec"]})
         time.sleep(self.step_s)
         self.state.set_status("v1", "Pod", name, {"phase": "Running", "containerStatuses": [
             {"name": "load", "state": {"running": {}}}]}, ns)
@@ -356,3 +363,5 @@ class KServeController(Controller):
         self.state.set_status("v1", "Pod", name, {"phase": "Succeeded", "containerStatuses": [
             {"name": "load", "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]},
             ns)
+        self.state.set_status("batch/v1", "Job", job_name, {
+            "succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}, ns)

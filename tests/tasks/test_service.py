@@ -128,3 +128,39 @@ def test_a_server_that_died_between_cells_is_started_again(tmp_path: Path,
     with use_artifact_dir(tmp_path):
         platform.cleanup(run)
     assert not _alive(again["pid"])
+
+
+def test_a_server_started_ahead_is_taken_by_the_run_and_moved_into_it(tmp_path: Path) -> None:
+    from tasks.platforms import service as svc
+
+    svc.start_ahead(_http_server(), tmp_path)
+    hidden = next(tmp_path.glob(".service-*"))
+    ahead_pid = int((hidden / PID_FILE).read_text())
+    running = start_service(_http_server(), tmp_path / "run")
+    try:
+        assert running.process.proc.pid == ahead_pid  # taken, not started again
+        assert not hidden.exists()
+        assert (tmp_path / "run" / "services" / "web" / PID_FILE).is_file()
+        assert running.process.log_file.is_file()  # the running server's log moved with it
+    finally:
+        running.stop()
+    assert not _alive(ahead_pid)
+
+
+def test_a_server_started_ahead_for_another_key_is_stopped_not_used(tmp_path: Path) -> None:
+    from tasks.platforms import service as svc
+
+    svc.start_ahead(_http_server("other"), tmp_path)
+    hidden = next(tmp_path.glob(".service-*"))
+    ahead_pid = int((hidden / PID_FILE).read_text())
+    running = start_service(_http_server(), tmp_path / "run")
+    try:
+        assert running.process.proc.pid != ahead_pid and not _alive(ahead_pid)
+        assert not hidden.exists()
+    finally:
+        running.stop()
+    svc.start_ahead(_http_server(), tmp_path)  # one no run takes: the CLI stops it at exit
+    hidden = next(tmp_path.glob(".service-*"))
+    ahead_pid = int((hidden / PID_FILE).read_text())
+    svc.stop_ahead()
+    assert not _alive(ahead_pid) and not hidden.exists()
