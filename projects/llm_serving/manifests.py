@@ -32,7 +32,8 @@ def object_name(test_name: str, cell_index: int) -> str:
 
 
 def cell_manifests(settings: dict[str, Any], *, namespace: str, block: dict[str, Any],
-                   cell_index: int, ready_timeout_s: int) -> dict[str, Any]:
+                   cell_index: int, ready_timeout_s: int,
+                   fail_on_warnings: list[str] | None = None) -> dict[str, Any]:
     """Every manifest of one cell, by role.
 
     Args:
@@ -41,6 +42,7 @@ def cell_manifests(settings: dict[str, Any], *, namespace: str, block: dict[str,
         block: ``tests.llm_serving.kubernetes`` (models, memory, cpu).
         cell_index: The cell's index (names).
         ready_timeout_s: How long the load Pod waits for the model to answer.
+        fail_on_warnings: GuideLLM warning codes that fail the load step.
 
     Returns:
         ``namespace``, ``runtime``, ``isvc``, ``configmap``, ``job`` and the ``load_config``.
@@ -89,6 +91,7 @@ def cell_manifests(settings: dict[str, Any], *, namespace: str, block: dict[str,
         "duration_s": int(settings["duration_s"]),
         "request_format": settings["request_format"],
         "wait_ready_s": min(ready_timeout_s, 300),
+        "fail_on_warnings": list(fail_on_warnings or ["generation_delay_ttft"]),
     }
     configmap = {
         "apiVersion": "v1", "kind": "ConfigMap",

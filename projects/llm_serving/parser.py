@@ -147,8 +147,8 @@ class ServingResult(RunResult):
     platform: str | None = None
     runtime_version: str | None = None
     server_startup_s: float | None = None
-    measured: bool = Field(default=False, description="The load generator produced a valid "
-                           "measurement (not bottlenecked by itself, some request succeeded).")
+    measured: bool = Field(default=False, description="The load step judged the run a valid "
+                           "measurement (exit 0: no fatal GuideLLM warning, some success).")
     warnings: list[str] = Field(default_factory=list)
     successful: int | None = None
     errored: int | None = None
@@ -278,9 +278,11 @@ class ServingParser:
         ratio = next((w.observed for w in bench.warnings
                       if w.code == "generation_delay_ttft"), None)
         out.generation_delay_ratio = ratio
-        out.measured = bool(out.successful) and not out.warnings and out.exit_code == 0
+        # the load step failed the cell on a fatal warning (its load generator was the
+        # bottleneck) or when nothing succeeded: such a run measures no server, no KPI
+        out.measured = bool(out.successful) and out.exit_code == 0
         if not out.measured:
-            return  # a bottlenecked or empty run measures the load generator: no KPI
+            return
         out.ttft_ms = _stats(metrics.time_to_first_token_ms.successful)
         out.itl_ms = _stats(metrics.inter_token_latency_ms.successful)
         out.tpot_ms = _stats(metrics.time_per_output_token_ms.successful)

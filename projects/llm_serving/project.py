@@ -151,7 +151,8 @@ def _load_config(ctx: CellContext) -> dict[str, Any]:
             "tokenizer": str(model_dir(test, settings)),
             "concurrency": settings.concurrency, "prompt_tokens": settings.prompt_tokens,
             "output_tokens": settings.output_tokens, "duration_s": settings.duration_s,
-            "request_format": settings.request_format}
+            "request_format": settings.request_format,
+            "fail_on_warnings": list(test.fail_on_warnings)}
 
 
 def local_workload(ctx: CellContext) -> LocalWorkload:
@@ -174,7 +175,8 @@ def kube_workload(ctx: CellContext) -> KubeWorkload:
     objects = cell_manifests(settings.model_dump(mode="json"), namespace=test.namespace,
                              block=test.kubernetes.model_dump(mode="json"),
                              cell_index=ctx.index,
-                             ready_timeout_s=test.kubernetes.ready_timeout_s)
+                             ready_timeout_s=test.kubernetes.ready_timeout_s,
+                             fail_on_warnings=list(test.fail_on_warnings))
     isvc, job = objects["isvc"]["metadata"]["name"], objects["job"]["metadata"]["name"]
     return KubeWorkload(
         shared=[objects["namespace"]],

@@ -126,8 +126,9 @@ def test_a_bottlenecked_measurement_gives_no_latency_kpi(tmp_path: Path) -> None
                              "output_tokens_per_second")}},
              "warnings": [{"code": "generation_delay_ttft", "observed": 0.03,
                            "threshold": 0.01}]}
+    # the load step failed the cell on that warning (exit 5)
     result, _ = _result(tmp_path, {"artifacts/guidellm.json": json.dumps(
-        {"benchmarks": [bench]})})
+        {"benchmarks": [bench]})}, exit_code=5)
     assert not result.measured and result.generation_delay_ratio == 0.03
     names = {k.name for k in compute_kpis(PROJECT.kpis, result, {})}
     assert "ttft_p95" not in names and "error_rate" in names
@@ -201,3 +202,19 @@ def test_plan_of_the_gpu_preset_writes_the_manifests(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     text = "\n".join(p.read_text() for p in (tmp_path / "plan").rglob("*.yaml"))
     assert "kind: InferenceService" in text and "kind: ServingRuntime" in text
+
+
+@pytest.mark.parametrize(("code", "exit_code"), [("generation_delay_ttft", 5),
+                                                  ("root_late", 0)])
+def test_only_the_listed_warnings_fail_the_load_step(tmp_path: Path, code: str,
+                                                     exit_code: int) -> None:
+    """A bottlenecked load generator is a failed measurement; other warnings are recorded."""
+    from projects.llm_serving.workload.load import _verdict
+
+    data = json.loads((Path(__file__).resolve().parent.parent / "data" /
+                       "guidellm_light.json").read_text())
+    data["benchmarks"][0]["warnings"] = [{"code": code, "observed": 0.3, "threshold": 0.2}]
+    result = tmp_path / "guidellm.json"
+    result.write_text(json.dumps(data))
+    verdict, summary = _verdict(str(result), ["generation_delay_ttft"])
+    assert verdict == exit_code and summary["warnings"] == [code]

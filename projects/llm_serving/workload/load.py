@@ -14,8 +14,9 @@ Writes ``DIR/metrics_before.txt``, ``DIR/guidellm.json``, ``DIR/metrics_after.tx
 in compact form (``{"event": "guidellm", ...}``: the statistics the parser reads and up to
 200 requests' timings; a cluster keeps only the Pod's log) and a summary.
 Exit codes: 0 measured; 2 bad config; 3 GuideLLM failed; 4 no request succeeded; 5 GuideLLM
-warned that its own request generation bottlenecked the run (the numbers measure the load
-generator, not the server: a failed measurement, not a KPI).
+gave a warning listed in ``fail_on_warnings`` (default ``generation_delay_ttft``: its own
+request generation bottlenecked the run, so the numbers measure the load generator, not the
+server: a failed measurement, not a KPI). Other warnings are recorded, not fatal.
 """
 
 import json
@@ -119,8 +120,8 @@ def compact_result(benchmark):
             "start_time": benchmark.get("start_time"), "duration": benchmark.get("duration")}
 
 
-def _verdict(result_file):
-    """(exit code, summary) from GuideLLM's JSON."""
+def _verdict(result_file, fatal):
+    """(exit code, summary) from GuideLLM's JSON; ``fatal``: warning codes that fail it."""
     try:
         with open(result_file, encoding="utf-8") as stream:
             benchmark = json.load(stream)["benchmarks"][0]
@@ -134,7 +135,7 @@ def _verdict(result_file):
                "warnings": warnings}
     if not totals.get("successful"):
         return 4, summary
-    if warnings:
+    if any(code in fatal for code in warnings):
         return 5, summary
     return 0, summary
 
@@ -179,13 +180,13 @@ def main(argv):
     record["ended_at"] = time.time()
     record["guidellm_exit_code"] = code
     verdict, summary = (3, {"error": f"guidellm exited with {code}"}) if code != 0 \
-        else _verdict(result_file)
+        else _verdict(result_file, config.get("fail_on_warnings", ["generation_delay_ttft"]))
     record.update(summary, exit_code=verdict)
     with open(os.path.join(out, "load.json"), "w", encoding="utf-8") as stream:
         json.dump(record, stream, indent=2)
     print(json.dumps({"event": "summary", **summary, "exit_code": verdict}), flush=True)
     if verdict == 5:
-        print("error: GuideLLM's own request generation bottlenecked the run "
+        print("error: GuideLLM says the load generator itself was the bottleneck "
               f"({', '.join(summary['warnings'])}): not a measurement of the server",
               file=sys.stderr, flush=True)
     return verdict
