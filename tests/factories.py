@@ -192,3 +192,20 @@ def serving_venv_or_skip() -> None:
     if os.environ.get("TELLTALE_REQUIRE_SERVING"):
         pytest.fail(message)
     pytest.skip(message)
+
+
+def terminal_job(argv: list[str], env: dict[str, str]) -> Any:
+    """Start ``argv`` like a terminal's foreground job: its own session, SIGINT at default.
+
+    A CI shell that runs the suite in the background ignores SIGINT, every child inherits
+    that, and Python then installs no KeyboardInterrupt handler (a Ctrl-C test's signal went
+    unheard). The exec keeps the default disposition set here. Output: one text pipe.
+    """
+    import subprocess
+    import sys
+
+    launcher = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                "os.execv(sys.argv[1], sys.argv[1:])")
+    return subprocess.Popen([sys.executable, "-c", launcher, *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from analysis.history import HistoryStore
-from tests.factories import prometheus_required
+from tests.factories import prometheus_required, terminal_job
 
 pytestmark = pytest.mark.slow
 
@@ -202,15 +202,7 @@ def _start_long_run(tmp_path: Path) -> tuple[subprocess.Popen[str], Path, int]:
     argv = [sys.executable, "-m", "flows.fine_tuning", "--preset", "light",
             "--var", "tests.fine_tuning.test_settings.dataset_replication=20",
             "--artifact-dir", str(run_dir)]
-    # Like a terminal's foreground job, SIGINT must be at its default in the CLI: a CI shell
-    # that runs the suite in the background ignores SIGINT, every child inherits that, and
-    # Python then installs no KeyboardInterrupt handler (the Ctrl-C went unheard and the
-    # training ran to its end). The exec keeps the default disposition set here.
-    launcher = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
-                "os.execv(sys.argv[1], sys.argv[1:])")
-    proc = subprocess.Popen([sys.executable, "-c", launcher, *argv], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=_cli_env(tmp_path),
-                            start_new_session=True)
+    proc = terminal_job(argv, _cli_env(tmp_path))
     pid_file = None
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and pid_file is None and proc.poll() is None:

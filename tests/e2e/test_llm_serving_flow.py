@@ -19,7 +19,7 @@ from analysis.discovery import ResultDir
 from analysis.kpi import compute_kpis
 from analysis.parsing import FileReader
 from projects import registry
-from tests.factories import serving_venv_or_skip
+from tests.factories import serving_venv_or_skip, terminal_job
 
 pytestmark = pytest.mark.slow
 
@@ -111,13 +111,7 @@ def test_ctrl_c_while_the_server_starts_leaves_no_server(tmp_path: Path) -> None
     run_dir = tmp_path / "run"
     argv = [sys.executable, "-m", "flows.llm_serving", "--preset", "light",
             "--artifact-dir", str(run_dir)]
-    # SIGINT at its default in the CLI, like a terminal's foreground job (see the
-    # fine-tuning Ctrl-C test: a background CI shell ignores SIGINT for its children)
-    launcher = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
-                "os.execv(sys.argv[1], sys.argv[1:])")
-    proc = subprocess.Popen([sys.executable, "-c", launcher, *argv], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=_env(tmp_path),
-                            start_new_session=True)
+    proc = terminal_job(argv, _env(tmp_path))
     server = None
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and server is None and proc.poll() is None:

@@ -218,3 +218,27 @@ def test_only_the_listed_warnings_fail_the_load_step(tmp_path: Path, code: str,
     result.write_text(json.dumps(data))
     verdict, summary = _verdict(str(result), ["generation_delay_ttft"])
     assert verdict == exit_code and summary["warnings"] == [code]
+
+
+def test_multi_user_results_give_per_client_rows_and_first_success(tmp_path: Path) -> None:
+    """The fan-out layout (users/user-NNN/) with results written by the real GuideLLM."""
+    recorded = (Path(__file__).resolve().parent.parent / "data" / "guidellm_light.json")
+    data = json.loads(recorded.read_text())
+    bench = data["benchmarks"][0]
+    first_end = min(r["request_end_time"] for r in bench["requests"]["successful"])
+    files = {}
+    for user in range(2):
+        files[f"users/user-{user:03d}/guidellm.json"] = json.dumps(data)
+        files[f"users/user-{user:03d}/exit_code"] = "0\n"
+    files["users/user-002/exit_code"] = "4\n"  # a client whose requests all failed
+    result, reader = _result(tmp_path, files)
+    assert [u.index for u in result.users] == [0, 1, 2]
+    assert result.measured and result.users[2].successful is None
+    expected = first_end - bench["start_time"]
+    assert result.users[0].time_to_first_success_s == pytest.approx(expected)
+    kpis = {k.name: k.value for k in compute_kpis(PROJECT.kpis, result, {})}
+    assert kpis["time_to_first_success_max"] == pytest.approx(expected)
+    p50 = bench["metrics"]["time_to_first_token_ms"]["successful"]["percentiles"]["p50"]
+    assert kpis["ttft_p50"] == pytest.approx(p50)
+    rows = PROJECT.user_rows(result)
+    assert len(rows) == 3 and rows[0]["ttft_ms_p50"] == pytest.approx(p50)
