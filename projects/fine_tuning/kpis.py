@@ -166,6 +166,7 @@ def labels(result: FineTuningResult) -> dict[str, str]:
         "num_epochs": hp.get("num_train_epochs"),
         "max_steps": settings.get("max_steps"),
         "container_image": settings.get("container_image") if facts.platform != "local" else "",
+        "telltale_image": facts.telltale_image,
         "replicas": replicas,
         "user_count": len(result.users) or 1,
         "accelerators_per_replica": gpus,

@@ -25,7 +25,7 @@ from projects.fine_tuning.logparse import (
     TrainSummary,
     parse_numbered_lines,
 )
-from projects.library.runs import RunResult, first_line, read_run
+from projects.library.runs import RunResult, first_line, read_run, telltale_image
 
 __all__ = ["FineTuningParser", "FineTuningResult", "PlatformFacts", "UserResult",
            "WorkloadState"]
@@ -59,6 +59,7 @@ class PlatformFacts(BaseModel):
     cpu_model: str | None = None
     cpu_count: int | None = None
     memory_gb: float | None = None
+    telltale_image: str | None = None
 
 
 class UserResult(BaseModel):
@@ -205,6 +206,7 @@ class FineTuningParser:
         facts = out.platform
         capture = reader.glob(CAPTURE_GLOB)
         if capture is not None:
+            facts.telltale_image = telltale_image(reader, capture)
             machine = reader.json(f"{capture}/machine.json", required=False)
             if isinstance(machine, dict):
                 facts.platform = "local"

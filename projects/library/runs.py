@@ -17,7 +17,8 @@ from analysis.discovery import ResultDir
 from analysis.parsing import FileReader, ParsedResult
 from projects.library.resources import ResourceTimeline, ResourceUsage, read_resources
 
-__all__ = ["REPEAT_FILE", "RunResult", "first_line", "read_run", "run_timestamps", "run_uuid"]
+__all__ = ["REPEAT_FILE", "RunResult", "first_line", "read_run", "run_timestamps", "run_uuid",
+           "telltale_image"]
 
 REPEAT_FILE = ".repeat_of"
 """In a re-run's cell dir: the uuid of the run it repeats (``analysis.confirm_reruns``)."""
@@ -90,6 +91,19 @@ def _timestamp(reader: FileReader, times: dict[str, object], key: str) -> str | 
         except ValueError:
             pass
     reader.problem("test_start_end.json", f"{key} is not an ISO 8601 time: {str(value)[:40]!r}")
+    return None
+
+
+def telltale_image(reader: FileReader, capture: str) -> str | None:
+    """The image Telltale ran from (``TELLTALE_IMAGE``), from a capture step's facts.
+
+    The local platform records it in ``machine.json``, the cluster platform in
+    ``runner.json``; None when Telltale did not run from an image.
+    """
+    for name in ("machine.json", "runner.json"):
+        facts = reader.json(f"{capture}/{name}", required=False)
+        if isinstance(facts, dict) and isinstance(facts.get("telltale_image"), str):
+            return str(facts["telltale_image"])[:200]
     return None
 
 

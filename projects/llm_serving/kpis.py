@@ -100,6 +100,7 @@ def labels(result: ParsedResult) -> dict[str, str]:
         "request_format": settings.get("request_format"),
         "accelerator_count": settings.get("gpu") or 0,
         "user_count": len(serving.users) or 1,
+        "telltale_image": serving.telltale_image,
     }.items()}
 
 

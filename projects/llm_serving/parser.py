@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from analysis.discovery import ResultDir
 from analysis.parsing import FileReader, ParsedResult
-from projects.library.runs import RunResult, read_run
+from projects.library.runs import RunResult, read_run, telltale_image
 
 __all__ = ["LOAD_STEP", "ServingParser", "ServingResult", "Stats", "UserServing"]
 
@@ -145,6 +145,7 @@ class ServingResult(RunResult):
     """A parsed llm_serving cell."""
 
     platform: str | None = None
+    telltale_image: str | None = None
     runtime_version: str | None = None
     server_startup_s: float | None = None
     measured: bool = Field(default=False, description="The load step judged the run a valid "
@@ -213,6 +214,7 @@ class ServingParser:
         if capture is not None:
             out.platform = "local" if reader.exists(f"{capture}/machine.json") \
                 else "kubernetes"
+            out.telltale_image = telltale_image(reader, capture)
         job = reader.glob(WORKLOAD_GLOB)
         if job is None:
             reader.problem(WORKLOAD_GLOB, "no load step dir")

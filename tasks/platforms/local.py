@@ -126,6 +126,7 @@ def machine_facts() -> dict[str, Any]:
         "memory_gb": memory_gb,
         "accelerator_type": gpu_name,
         "accelerator_count": gpu_count,
+        "telltale_image": os.environ.get("TELLTALE_IMAGE") or None,  # set in the Containerfile
         "captured_at": datetime.now(UTC).isoformat(),
     }
 
