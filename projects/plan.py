@@ -32,7 +32,7 @@ class Plan(BaseModel):
         return [c for c in self.cells if c.skip_reason is None]
 
 
-def cells_of(config: Config, test: str = "fine_tuning") -> list[Cell]:
+def cells_of(config: Config, test: str) -> list[Cell]:
     """Expand the matrix of ``tests.<test>`` from a resolved config."""
     base = f"tests.{test}"
     return expand(
@@ -42,7 +42,7 @@ def cells_of(config: Config, test: str = "fine_tuning") -> list[Cell]:
     )
 
 
-def build_plan(config: Config, platform: str, *, test: str = "fine_tuning") -> Plan:
+def build_plan(config: Config, platform: str, *, test: str) -> Plan:
     """Resolve the plan of a run: its cells, platform, and (bare metal) the lease request."""
     extra: dict[str, Any] = {}
     lab = config.get("clusters.sutest.lab", {})

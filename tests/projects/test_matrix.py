@@ -44,6 +44,6 @@ def test_empty_dimension_is_an_error() -> None:
 
 
 def test_sweep_preset_expands() -> None:
-    cells = cells_of(resolve("fine_tuning", ["sweep"], env={}))
+    cells = cells_of(resolve("fine_tuning", ["sweep"], env={}), "fine_tuning")
     assert len(cells) == 4
     assert sum(c.skip_reason is not None for c in cells) == 1

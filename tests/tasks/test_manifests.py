@@ -45,7 +45,7 @@ def all_manifests() -> list[dict]:
             "tests.fine_tuning.kubernetes.dataset_url": "https://example.com/data.json",
             "tests.fine_tuning.kubernetes.model_url": "s3://models/granite",
             "tests.fine_tuning.kubernetes.storage_class": "nfs"}, env={})
-        for cell in cells_of(config):
+        for cell in cells_of(config, "fine_tuning"):
             out += cell_manifests(cell.settings, namespace="ft", cell_index=cell.index,
                                   block=config.get("tests.fine_tuning.kubernetes"))
     for spec in (SERVICE_MESH, RHOAI.model_copy(update={"version": "rhods-operator.2.13.0",
