@@ -36,7 +36,8 @@ def prefect_harness():
     """Enter Prefect's test harness once per session (8-10 s), only for tests that need it."""
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=60):
+    # generous: on a loaded CI machine (load 6 on 2 cores) the start took over 60 s
+    with prefect_test_harness(server_startup_timeout=240):
         yield
 
 
