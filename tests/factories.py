@@ -209,3 +209,11 @@ def terminal_job(argv: list[str], env: dict[str, str]) -> Any:
     return subprocess.Popen([sys.executable, "-c", launcher, *argv], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
+
+
+def cli_env(tmp_path: Any) -> dict[str, str]:
+    """The environment of a CLI run in a test: its own Prefect home and history dir."""
+    env = dict(os.environ)
+    env["TELLTALE_DATA_DIR"] = str(tmp_path / "data")
+    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+    return env

@@ -18,19 +18,12 @@ import pytest
 import yaml
 
 from analysis.history import HistoryStore
-from tests.factories import prometheus_required, terminal_job
+from tests.factories import cli_env, prometheus_required, terminal_job
 
 pytestmark = pytest.mark.slow
 
 FAST = {"tests.fine_tuning.test_settings.max_steps": 12,
         "tests.fine_tuning.test_settings.dataset_replication": 1}
-
-
-def _cli_env(tmp_path: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env["TELLTALE_DATA_DIR"] = str(tmp_path / "data")
-    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
-    return env
 
 
 def test_cli_light_preset_end_to_end(tmp_path: Path) -> None:
@@ -39,7 +32,7 @@ def test_cli_light_preset_end_to_end(tmp_path: Path) -> None:
     # duration is measured in benchmarks/flow_overhead.py and recorded in the README.
     proc = subprocess.run([sys.executable, "-m", "flows.fine_tuning", "--preset", "light",
                            "--artifact-dir", str(run_dir)], capture_output=True, text=True,
-                          env=_cli_env(tmp_path), timeout=300)
+                          env=cli_env(tmp_path), timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # layout
     for name in ("config.yaml", "plan.yaml", "presets_applied", "outcome.json", "report.html"):
@@ -202,7 +195,7 @@ def _start_long_run(tmp_path: Path) -> tuple[subprocess.Popen[str], Path, int]:
     argv = [sys.executable, "-m", "flows.fine_tuning", "--preset", "light",
             "--var", "tests.fine_tuning.test_settings.dataset_replication=20",
             "--artifact-dir", str(run_dir)]
-    proc = terminal_job(argv, _cli_env(tmp_path))
+    proc = terminal_job(argv, cli_env(tmp_path))
     pid_file = None
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and pid_file is None and proc.poll() is None:
@@ -296,7 +289,7 @@ def test_missing_dataset_fails_in_prepare_with_exit_2(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "flows.fine_tuning", "--preset", "light",
                            "--var", "tests.fine_tuning.test_settings.dataset_name=nope.jsonl",
                            "--artifact-dir", str(run_dir)], capture_output=True, text=True,
-                          env=_cli_env(tmp_path), timeout=300)
+                          env=cli_env(tmp_path), timeout=300)
     assert proc.returncode == 2
     assert "error: tests.fine_tuning.test_settings.dataset_name: dataset 'nope.jsonl' not found" \
         in proc.stderr

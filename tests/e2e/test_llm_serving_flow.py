@@ -19,7 +19,7 @@ from analysis.discovery import ResultDir
 from analysis.kpi import compute_kpis
 from analysis.parsing import FileReader
 from projects import registry
-from tests.factories import serving_venv_or_skip, terminal_job
+from tests.factories import cli_env, serving_venv_or_skip, terminal_job
 
 pytestmark = pytest.mark.slow
 
@@ -28,13 +28,6 @@ pytestmark = pytest.mark.slow
 TWO_CELLS = ["--var", "tests.llm_serving.test_settings.duration_s=5",
              "--var", "tests.llm_serving.test_extra_settings=[{request_format: /v1/completions},"
                       " {request_format: /v1/chat/completions}]"]
-
-
-def _env(tmp_path: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env["TELLTALE_DATA_DIR"] = str(tmp_path / "data")
-    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
-    return env
 
 
 def _alive(pid: int) -> bool:
@@ -60,7 +53,7 @@ def test_two_cells_share_one_real_server_and_a_failed_cell_leaves_nothing(
     run_dir = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-m", "flows.llm_serving", "--preset", "light",
                            *TWO_CELLS, "--artifact-dir", str(run_dir)],
-                          capture_output=True, text=True, env=_env(tmp_path), timeout=1500)
+                          capture_output=True, text=True, env=cli_env(tmp_path), timeout=1500)
     output = proc.stdout[-4000:] + proc.stderr[-4000:]
     assert proc.returncode == 1, output  # one cell failed
     cells = sorted(run_dir.glob("*__cell*"))
@@ -111,7 +104,7 @@ def test_ctrl_c_while_the_server_starts_leaves_no_server(tmp_path: Path) -> None
     run_dir = tmp_path / "run"
     argv = [sys.executable, "-m", "flows.llm_serving", "--preset", "light",
             "--artifact-dir", str(run_dir)]
-    proc = terminal_job(argv, _env(tmp_path))
+    proc = terminal_job(argv, cli_env(tmp_path))
     server = None
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and server is None and proc.poll() is None:
