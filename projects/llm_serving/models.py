@@ -39,6 +39,8 @@ class ServingSettings(BaseModel):
     output_tokens: Tokens | list[Tokens] = Field(description="Generated tokens per request.")
     duration_s: Seconds | list[Seconds] = Field(default=15,
                                                 description="Load time per cell, in seconds.")
+    warmup_s: int = Field(default=2, ge=0, le=600, description="Seconds of load at the "
+                          "start left out of the statistics (a cold server's first requests).")
     max_model_len: int = Field(default=512, ge=64, le=131_072,
                                description="Server context length (prompt + output fit).")
     request_format: Literal["/v1/completions", "/v1/chat/completions"] = Field(
@@ -56,6 +58,10 @@ class ServingSettings(BaseModel):
             else [self.prompt_tokens]
         outputs = self.output_tokens if isinstance(self.output_tokens, list) \
             else [self.output_tokens]
+        durations = self.duration_s if isinstance(self.duration_s, list) else [self.duration_s]
+        if self.warmup_s >= min(durations):
+            raise ValueError(f"warmup_s ({self.warmup_s}) must be shorter than duration_s "
+                             f"({min(durations)})")
         longest = max(prompts) + max(outputs)
         if longest > self.max_model_len:
             raise ValueError(f"prompt_tokens + output_tokens ({longest}) exceed max_model_len "

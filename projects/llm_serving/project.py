@@ -151,7 +151,7 @@ def _load_config(ctx: CellContext) -> dict[str, Any]:
             "tokenizer": str(model_dir(test, settings)),
             "concurrency": settings.concurrency, "prompt_tokens": settings.prompt_tokens,
             "output_tokens": settings.output_tokens, "duration_s": settings.duration_s,
-            "request_format": settings.request_format,
+            "warmup_s": settings.warmup_s, "request_format": settings.request_format,
             "fail_on_warnings": list(test.fail_on_warnings)}
 
 

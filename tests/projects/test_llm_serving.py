@@ -49,6 +49,7 @@ def test_sweep_is_four_concurrencies_times_two_shapes() -> None:
     ("duration_s", 86_400, "less than or equal to 3600"),
     ("output_tokens", 500, "exceed max_model_len"),
     ("name", "Bad Name;rm", "should match pattern"),
+    ("warmup_s", 10, "must be shorter than duration_s"),
 ])
 def test_nonsense_settings_are_refused_at_input(key: str, value: object, words: str) -> None:
     with pytest.raises(ConfigError, match=words):

@@ -5,6 +5,7 @@
 ``CONFIG_JSON``: ``guidellm`` (argv prefix), ``target`` (base URL; default the
 ``TELLTALE_SERVICE_URL`` the local platform sets), ``model`` (served name), ``tokenizer``,
 ``concurrency``, ``prompt_tokens``, ``output_tokens``, ``duration_s``, ``request_format``,
+``warmup_s`` (seconds of load left out of the statistics: a cold server's first requests),
 and optionally ``wait_ready_s`` (poll the server's ``/health`` that long first: on a
 cluster the load Pod may start before KServe has loaded the model).
 Standard library only, so the same file runs in the load generator's image on a cluster.
@@ -80,7 +81,8 @@ def guidellm_argv(config, output):
     return [*[str(a) for a in config["guidellm"]], "run",
             "--backend", f"kind=openai_http,target={config['target']},model={config['model']},"
                          f"request_format={config['request_format']}",
-            "--profile", f"kind=concurrent,streams={config['concurrency']}",
+            "--profile", f"kind=concurrent,streams={config['concurrency']},"
+                         f"warmup={int(config.get('warmup_s') or 0)}",
             "--data", f"kind=synthetic_text,prompt_tokens={config['prompt_tokens']},"
                       f"output_tokens={config['output_tokens']}",
             "--constraint", f"kind=max_duration,seconds={config['duration_s']}",
