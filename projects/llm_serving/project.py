@@ -12,6 +12,7 @@ Registered under the ``telltale.projects`` entry point; the engine calls the hoo
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -66,13 +67,19 @@ def _venv(test: ServingTest) -> Path:
     return Path(test.local.venv).expanduser() if test.local.venv else install.default_venv()
 
 
+@functools.cache
+def _corpus_digest() -> str:
+    """The tokenizer corpus's sha256, read once per process (every cell's hooks ask)."""
+    return hashlib.sha256(CORPUS.read_bytes()).hexdigest()
+
+
 def model_dir(test: ServingTest, settings: ServingSettings) -> Path:
     """Where the cell's tiny model lives: a cache dir named by everything that shapes it."""
     name = str(settings.model_name)
     spec = test.local.models[name].model_dump(mode="json")
     digest = hashlib.sha256(json.dumps(
-        [spec, settings.max_model_len, _BUILDER_VERSION,
-         hashlib.sha256(CORPUS.read_bytes()).hexdigest()], sort_keys=True).encode())
+        [spec, settings.max_model_len, _BUILDER_VERSION, _corpus_digest()],
+        sort_keys=True).encode())
     return Path(platformdirs.user_cache_dir("telltale")) / "llm_serving" / "models" / \
         f"{name}-{digest.hexdigest()[:12]}"
 

@@ -208,17 +208,24 @@ def _gate_failure(kube: Kube, gate: KubeGate, namespace: str,
 def _wait_gate(kube: Kube, gate: KubeGate, namespace: str) -> None:
     """Wait for the gate's ``Ready`` condition; fail fast, or say its last condition."""
     last: dict[str, Any] = {}
+    failures: list[str] = []
 
     def seen(obj: dict[str, Any]) -> None:
         last.update(_ready_condition(obj))
 
+    def failure(obj: dict[str, Any]) -> str | None:
+        reason = _gate_failure(kube, gate, namespace, obj)
+        if reason:
+            failures.append(reason)
+        return reason
+
     try:
         kube.wait(gate.api_version, gate.kind, gate.name, namespace,
                   ready=lambda o: _ready_condition(o).get("status") == "True",
-                  fail=lambda o: _gate_failure(kube, gate, namespace, o),
-                  deadline_s=gate.deadline_s, what=f"{gate.kind} {gate.name}", progress=seen)
+                  fail=failure, deadline_s=gate.deadline_s, what=f"{gate.kind} {gate.name}",
+                  progress=seen)
     except StepError as exc:
-        if last.get("message") and "failed:" not in str(exc):
+        if last.get("message") and not failures:  # the deadline: say what it last said
             raise StepError(f"{exc}; its Ready condition: {last.get('reason', '')} "
                             f"{last['message']}".strip()) from exc
         raise
@@ -272,8 +279,8 @@ def _capture(kube: Kube, here: Path, namespace: str, workload: KubeWorkload,
                     kube.pod_log(name, namespace), encoding="utf-8")
             except Exception as exc:  # a pod that never started has no log
                 (here / "artifacts" / "pod.log.unavailable").write_text(f"{exc}\n")
-        for api_version, kind, name, file in workload.capture:
-            obj = kube.get(api_version, kind, name, namespace)
+        for api_version, kind, obj_name, file in workload.capture:
+            obj = kube.get(api_version, kind, obj_name, namespace)
             if obj is not None:
                 write_json(here / "artifacts" / Path(file).name, obj)
     except Exception as exc:

@@ -14,7 +14,7 @@ from analysis.errors import StepError
 from projects import registry
 from projects.config import resolve
 from projects.contract import CellContext, LocalService
-from projects.matrix import expand
+from projects.plan import cells_of
 from tasks.artifacts import use_artifact_dir
 from tasks.platforms.base import RunContext
 from tasks.platforms.local import LocalPlatform, cleanup_local
@@ -89,8 +89,7 @@ def _run_ctx(tmp_path: Path) -> tuple[RunContext, list]:
     project = dataclasses.replace(project, local_service=hook)
     config = resolve("llm_serving", presets=["sweep"], env={})
     test = config.model.tests.llm_serving
-    cells = expand(test.model_dump(mode="json")["test_settings"],
-                   test.model_dump(mode="json")["test_extra_settings"])
+    cells = cells_of(config, "llm_serving")
     run = RunContext(project=project, config=config, model=config.model, test=test,
                      root=tmp_path, run_id="test-run")
     return run, cells
