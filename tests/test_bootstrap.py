@@ -1,0 +1,67 @@
+"""`./telltale`: the README's one command from a fresh clone (venv on first use, then the run).
+
+The full install path (a new venv, torch, the lock) runs in CI itself: `.ci/run` builds its
+venv with `./telltale setup --dev`. Here: what the script decides, with no network.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "telltale"
+
+
+def _stamp(extras: str) -> str:
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()
+                            + (ROOT / "requirements.lock").read_bytes()).hexdigest()[:16]
+    return f"{extras} {digest}\n"
+
+
+def _venv(tmp_path: Path, python_body: str) -> Path:
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    python.write_text(f"#!/bin/sh\n{python_body}\n")
+    python.chmod(0o755)
+    return venv
+
+
+def _run(venv: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "TELLTALE_VENV": str(venv)}
+    return subprocess.run([str(SCRIPT), *args], env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+
+
+def test_no_arguments_and_unknown_projects_are_usage_errors(tmp_path: Path) -> None:
+    venv = tmp_path / "absent"
+    assert _run(venv).returncode == 2
+    bad = _run(venv, "no_such_project", "--preset", "light")
+    assert bad.returncode == 2 and "no project named 'no_such_project'" in bad.stderr
+    assert _run(venv, "../etc").returncode == 2
+    assert not venv.exists()  # nothing installed for a mistake
+
+
+def test_an_up_to_date_venv_runs_the_project_without_installing(tmp_path: Path) -> None:
+    venv = _venv(tmp_path, f'exec "{sys.executable}" "$@"')  # this test's own venv
+    (venv / ".telltale-stamp").write_text(_stamp("dev"))  # a dev venv serves a plain run
+    done = _run(venv, "fine_tuning", "--list-presets")
+    assert done.returncode == 0, done.stderr
+    assert "light" in done.stdout
+    assert "installing" not in done.stderr
+
+
+def test_a_changed_lock_reinstalls(tmp_path: Path) -> None:
+    # a 'python' that records its arguments and fails: the script must try to install
+    log = tmp_path / "calls.log"
+    venv = _venv(tmp_path, f'echo "$@" >> {log}; exit 3')
+    (venv / ".telltale-stamp").write_text("local 0000000000000000\n")
+    done = _run(venv, "fine_tuning", "--preset", "light")
+    assert done.returncode == 3
+    assert "installing into" in done.stderr
+    assert "pip install --quiet --upgrade pip" in log.read_text()
+    assert (venv / ".telltale-stamp").read_text() == "local 0000000000000000\n"  # not stamped
