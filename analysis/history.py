@@ -39,6 +39,7 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from analysis.environment import env_settings
 from analysis.errors import ResultsError
 from analysis.kpi import BASE_COLUMNS
 
@@ -79,7 +80,7 @@ class HistorySource(Protocol):
 
 def default_data_dir() -> Path:
     """Telltale's data dir: ``$TELLTALE_DATA_DIR`` or the user's data dir."""
-    root = os.environ.get("TELLTALE_DATA_DIR")
+    root = env_settings().data_dir
     if not root:
         from platformdirs import user_data_dir
 

@@ -35,6 +35,7 @@ import numpy as np
 from pydantic import BaseModel, Field, ValidationError
 
 from analysis.discovery import ResultDir
+from analysis.environment import env_settings
 from analysis.errors import ConfigError
 from analysis.yamlio import load_yaml_text
 
@@ -500,17 +501,17 @@ def _store_cache(result: ResultDir, parser: ResultParser, parsed: ParsedResult,
 
 
 def _force_from_env() -> bool:
-    return os.environ.get(FORCE_ENV, "").strip().lower() in ("1", "true", "yes")
+    return env_settings().force_reparse
 
 
-def parse_one(result: ResultDir, parser: ResultParser, *, force: bool = False,
+def parse_one(result: ResultDir, parser: ResultParser, *, force: bool | None = None,
               use_cache: bool = True, trust_cache: bool = False) -> ParsedResult:
     """Parse one result dir, through the cache unless ``force``.
 
     Args:
         result: The dir, as discovered.
         parser: The project's parser.
-        force: Ignore any cache (``TELLTALE_FORCE_REPARSE=1`` does the same).
+        force: Ignore any cache; None: as ``TELLTALE_FORCE_REPARSE`` says.
         use_cache: Read and write the cache at all.
         trust_cache: Accept a cache of the right parser version without checking the
             fingerprints (the source files may be absent, e.g. after a cache-only download).
@@ -518,7 +519,9 @@ def parse_one(result: ResultDir, parser: ResultParser, *, force: bool = False,
     Returns:
         The typed result; problems inside it, never an exception for a bad file.
     """
-    if use_cache and not (force or _force_from_env()):
+    if force is None:
+        force = _force_from_env()
+    if use_cache and not force:
         cached = _load_cached(result, parser, trust_cache)
         if cached is not None:
             return cached
@@ -565,6 +568,7 @@ def parse_dirs(results: Sequence[ResultDir], parser: ResultParser, *, project: s
         Results (or what ``then`` made of them) in the order of ``results``.
     """
     emit: Callable[[int, ParsedResult], Any] = then or (lambda _index, result: result)
+    force = force or _force_from_env()  # asked once here, not once per dir
     workers = workers or os.cpu_count() or 1
     if project is None or workers <= 1 or len(results) < _PARALLEL_MIN:
         return [emit(i, parse_one(r, parser, force=force, use_cache=use_cache,
@@ -573,7 +577,7 @@ def parse_dirs(results: Sequence[ResultDir], parser: ResultParser, *, project: s
     parsed: dict[int, Any] = {}
     cold: list[int] = []
     for index, result in enumerate(results):
-        cached = None if (force or _force_from_env() or not use_cache) else _load_cached(
+        cached = None if (force or not use_cache) else _load_cached(
             result, parser, trust_cache)
         if cached is not None:
             parsed[index] = emit(index, cached)

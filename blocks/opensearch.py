@@ -21,8 +21,8 @@ class OpenSearchInstance(Block):
         ```python
         from blocks.opensearch import OpenSearchInstance
         instance = OpenSearchInstance(url="https://opensearch.example:9200", user="cpt")
-        with instance.client() as http:
-            http.get("/")
+        with instance.client() as client:   # an opensearch-py `OpenSearch`
+            client.info()
         ```
     """
 
@@ -46,15 +46,22 @@ class OpenSearchInstance(Block):
 
     @contextmanager
     def client(self) -> Iterator[Any]:
-        """Yield an ``httpx.Client`` bound to the instance (auth, TLS, timeouts)."""
-        import httpx
+        """Yield an ``opensearchpy.OpenSearch`` client bound to the instance (auth, TLS, timeout).
+
+        The client's own retries are off (``max_retries=0``): opensearch-py retries at once,
+        with no backoff; Telltale's callers retry transient faults with a backoff policy.
+        """
+        from opensearchpy import OpenSearch
 
         auth = None
         if self.user is not None:
-            auth = httpx.BasicAuth(self.user, self.password.get_secret_value()
-                                   if self.password else "")
-        verify: bool | str = self.ca_bundle if (self.ca_bundle and self.verify_certs) else \
-            self.verify_certs
-        with httpx.Client(base_url=self.url.rstrip("/"), auth=auth, verify=verify,
-                          timeout=httpx.Timeout(self.timeout_s, connect=10.0)) as client:
+            auth = (self.user, self.password.get_secret_value() if self.password else "")
+        client = OpenSearch(
+            hosts=[self.url.rstrip("/")], http_auth=auth, verify_certs=self.verify_certs,
+            ca_certs=self.ca_bundle if (self.ca_bundle and self.verify_certs) else None,
+            ssl_show_warn=self.verify_certs, timeout=self.timeout_s, max_retries=0,
+            retry_on_timeout=False, http_compress=False)
+        try:
             yield client
+        finally:
+            client.close()

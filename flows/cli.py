@@ -13,7 +13,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from analysis.environment import env_settings
 from analysis.errors import ConfigError, TelltaleError, UserError
+from analysis.history import default_data_dir
 from projects.config import Config, load_vars_file, parse_override, parse_pr_args, resolve
 
 __all__ = [
@@ -26,6 +28,7 @@ __all__ = [
     "EXIT_USAGE",
     "add_config_arguments",
     "default_artifact_dir",
+    "runs_root",
     "exit_code_for",
     "main_guard",
     "overrides_from_args",
@@ -130,7 +133,20 @@ def resolve_from_args(project: str, args: argparse.Namespace) -> Config:
                    overrides=overrides_from_args(args, pr_comment_keys(project)))
 
 
-def default_artifact_dir(project: str, root: str | Path = "runs", *,
+def runs_root(*, deployed: bool = False) -> Path:
+    """Where runs go when no artifact dir is given.
+
+    ``TELLTALE_RUNS_DIR`` when set; else ``runs/`` under the current dir for a terminal run,
+    and ``<data dir>/runs`` for a deployment's run: a process worker runs it in a temporary
+    dir (the git clone of its pull step) that it deletes afterwards.
+    """
+    settings = env_settings()
+    if settings.runs_dir is not None:
+        return settings.runs_dir
+    return default_data_dir() / "runs" if deployed else Path("runs")
+
+
+def default_artifact_dir(project: str, root: str | Path | None = None, *,
                          run_id: str | None = None) -> Path:
     """Return a fresh ``runs/<date>-<project>-<id>`` path (not created).
 
@@ -138,7 +154,8 @@ def default_artifact_dir(project: str, root: str | Path = "runs", *,
     random one (plan mode, no flow run).
     """
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-    return Path(root) / f"{stamp}-{project}-{(run_id or uuid.uuid4().hex)[:8]}"
+    base = Path(root) if root is not None else runs_root()
+    return base / f"{stamp}-{project}-{(run_id or uuid.uuid4().hex)[:8]}"
 
 
 def exit_code_for(exc: BaseException) -> int:

@@ -25,7 +25,7 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
+import subprocess
 import sys
 import uuid
 from collections.abc import Callable, Sequence
@@ -35,6 +35,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from analysis.environment import env_settings
 from analysis.errors import TelltaleError
 from analysis.history import default_history_uri
 from analysis.pipeline import PostprocessOutcome
@@ -45,6 +46,7 @@ from flows.cli import (
     default_artifact_dir,
     exit_code_for,
     is_terminated,
+    runs_root,
 )
 from projects import registry
 from projects.config import resolve, use_config
@@ -99,6 +101,22 @@ class RunOutcome(BaseModel):
     verdict_counts: dict[str, int] = Field(default_factory=dict)
     export_url: str | None = Field(default=None, description="Where the run was exported.")
     failures: list[str] = Field(default_factory=list, description="Why the run failed.")
+    code_dir: str | None = Field(default=None, description="The Telltale checkout that ran "
+                                 "(a deployment's run: its pull step's clone).")
+    code_commit: str | None = Field(default=None, description="Its git commit, when a git "
+                                    "checkout.")
+
+
+def code_version() -> tuple[str, str | None]:
+    """The directory of the Telltale code that runs, and its git commit (None outside git)."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        done = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], check=False,
+                              capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return str(root), None
+    commit = done.stdout.strip()
+    return str(root), commit if done.returncode == 0 and len(commit) == 40 else None
 
 
 class RunFailed(TelltaleError):
@@ -193,6 +211,12 @@ def _flow_run_id() -> str | None:
     return str(run_id) if run_id else None
 
 
+def _deployment_id() -> str | None:
+    from prefect.runtime import deployment
+
+    return deployment.get_id()
+
+
 def settings_hash(settings: dict[str, Any]) -> str:
     """Identity of a cell's settings (resume compares it)."""
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()
@@ -235,8 +259,7 @@ def _users_result(results: Sequence[CellResult], need_all: bool) -> CellResult:
 def _run_cell(cell: Cell, run: RunContext, platform: Platform,
               repeat_of: str | None = None) -> CellOutcome:
     with next_artifact_dir("cell") as cell_dir:
-        settings = {**cell.settings, "ci_engine": os.environ.get("TELLTALE_CI_ENGINE",
-                                                                 "prefect"),
+        settings = {**cell.settings, "ci_engine": env_settings().ci_engine,
                     "run_id": run.run_id}
         (cell_dir / "settings.yaml").write_text(dump_yaml(settings), encoding="utf-8")
         (cell_dir / ".uuid").write_text(f"{uuid.uuid4()}\n", encoding="utf-8")
@@ -452,12 +475,14 @@ def orchestrate(project_name: str, presets: Sequence[str], overrides: dict[str, 
         creates_cluster=creates)
     run_id = _flow_run_id()
     root_path = Path(artifact_dir) if artifact_dir else default_artifact_dir(
-        project.name, run_id=run_id)
+        project.name, runs_root(deployed=_deployment_id() is not None), run_id=run_id)
     with use_artifact_dir(root_path) as root, use_config(config):
         plan = plan_run(project, config, chosen, root)
         config.freeze()
         log.info("artifacts in %s; %d cell(s) on %s", root, len(plan.cells), chosen)
-        outcome = RunOutcome(artifact_dir=str(root), exit_code=EXIT_OK, platform=chosen)
+        code_dir, code_commit = code_version()
+        outcome = RunOutcome(artifact_dir=str(root), exit_code=EXIT_OK, platform=chosen,
+                             code_dir=code_dir, code_commit=code_commit)
         run = RunContext(project=project, config=config, model=model,
                          test=project.test_block(model), root=root,
                          run_id=run_id or root.name, kubeconfig=kubeconfig)
@@ -516,8 +541,9 @@ def cleanup_hook(project_name: str) -> Callable[[Any, Any, Any], None]:
     def hook(flow_obj: Any, flow_run: Any, state: Any) -> None:
         params = getattr(flow_run, "parameters", {}) or {}
         target = params.get("artifact_dir")
+        deployed = getattr(flow_run, "deployment_id", None) is not None
         roots = [Path(target)] if target else sorted(
-            Path("runs").glob(f"*-{project_name}-{str(flow_run.id)[:8]}"))
+            runs_root(deployed=deployed).glob(f"*-{project_name}-{str(flow_run.id)[:8]}"))
         for root in roots:
             if not root.is_dir():
                 continue

@@ -1,8 +1,12 @@
-"""One retry policy value for service calls (S3 has boto's own; OpenSearch and QUADS use this).
+"""One retry policy value for service calls, run by tenacity.
 
-Like urllib3's ``Retry``: a frozen value, exponential backoff with jitter and a cap, retries
-only what `analysis.errors.is_transient` calls transient, every attempt logged with its number
-and whether it will retry; exhaustion re-raises the last error.
+S3 has boto's own; OpenSearch, QUADS and the Kubernetes API use this.
+
+Like urllib3's ``Retry``: a frozen value (pydantic, so it can sit in a config block),
+exponential backoff with jitter and a cap, retries only what `analysis.errors.is_transient`
+calls transient, every attempt logged with its number and whether it will retry; exhaustion
+re-raises the last error. tenacity runs the loop; this module only says which errors are
+transient and what the log lines say.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+import tenacity
 from pydantic import BaseModel, ConfigDict, Field
 
 from analysis.errors import is_transient
@@ -57,7 +62,11 @@ def call_with_retries(fn: Callable[[], T], policy: RetryPolicy, *, what: str,
     Raises:
         Exception: The last error, when it is permanent or the attempts are exhausted.
     """
-    for attempt in range(1, policy.attempts + 1):
+    attempt = 0
+
+    def logged() -> T:
+        nonlocal attempt
+        attempt += 1
         try:
             return fn()
         except Exception as exc:
@@ -67,7 +76,10 @@ def call_with_retries(fn: Callable[[], T], policy: RetryPolicy, *, what: str,
             level = logging.WARNING if retry or attempt > 1 else logging.DEBUG
             logger.log(level, "%s: attempt %d/%d failed (%s)%s", what, attempt,
                        policy.attempts, exc, "; retrying" if retry else "; giving up")
-            if not retry:
-                raise
-            sleep(policy.delay(attempt))
-    raise AssertionError("unreachable")  # the loop returns or raises
+            raise
+
+    retrying = tenacity.Retrying(
+        stop=tenacity.stop_after_attempt(policy.attempts),
+        wait=lambda state: policy.delay(state.attempt_number),
+        retry=tenacity.retry_if_exception(transient), sleep=sleep, reraise=True)
+    return retrying(logged)

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+from analysis.environment import env_settings
 
 __all__ = ["MARKER", "default_venv", "install", "installed", "venv_python"]
 
@@ -40,8 +41,12 @@ _SMOKE = ("import json, vllm.entrypoints.openai.api_server, guidellm, transforme
 
 
 def default_venv() -> Path:
-    """``.venvs/llm-serving`` in the repo (``TELLTALE_SERVING_VENV`` overrides it)."""
-    return Path(os.environ.get("TELLTALE_SERVING_VENV") or REPO / ".venvs" / "llm-serving")
+    """``.venvs/llm-serving`` in the repo; ``TELLTALE_SERVING__VENV`` overrides it.
+
+    So does ``TELLTALE_SERVING_VENV``, the older flat name.
+    """
+    settings = env_settings()
+    return Path(settings.serving.venv or settings.serving_venv or REPO / ".venvs" / "llm-serving")
 
 
 def venv_python(venv: Path) -> Path:

@@ -19,11 +19,11 @@ skipped) is labelled ``managed-by=telltale`` but not with the run id, so run cle
 from __future__ import annotations
 
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
 
+from analysis.environment import env_settings
 from analysis.errors import PermanentServiceError, StepError
 from analysis.yamlio import dump_yaml
 from projects.contract import KubeGate, KubeWorkload, Staging
@@ -91,7 +91,7 @@ def capture_environment(kubeconfig: str | None,
             for c in kube.list("operators.coreos.com/v1alpha1", "ClusterServiceVersion")}
     write_json(here / "operators.json", csvs)
     # where Telltale itself ran: the image a worker or pod runs (Containerfile), if any
-    write_json(here / "runner.json", {"telltale_image": os.environ.get("TELLTALE_IMAGE")})
+    write_json(here / "runner.json", {"telltale_image": env_settings().image})
     write_json(here / "prometheus.json", {
         "url": prometheus_url,
         "note": "each cell's window is in its *__observe__capture_prometheus/prometheus/ "

@@ -33,6 +33,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from analysis.environment import env_settings
 from analysis.errors import ConfigError, StepError
 from projects.contract import SCRATCH_DIR, SERVICE_URL_ENV, LocalWorkload
 from projects.matrix import Cell
@@ -126,7 +127,7 @@ def machine_facts() -> dict[str, Any]:
         "memory_gb": memory_gb,
         "accelerator_type": gpu_name,
         "accelerator_count": gpu_count,
-        "telltale_image": os.environ.get("TELLTALE_IMAGE") or None,  # set in the Containerfile
+        "telltale_image": env_settings().image or None,  # set in the Containerfile
         "captured_at": datetime.now(UTC).isoformat(),
     }
 

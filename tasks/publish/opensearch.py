@@ -3,7 +3,8 @@
 One document per run (``_id`` = run uuid), optional per-KPI documents, and a label-filtered,
 paginated history query.
 
-Endpoints used (and implemented by the test server): ``HEAD /<index>``, ``PUT /<index>``
+Through OpenSearch's own client, opensearch-py (connection pool, auth, TLS, the bulk helper).
+Endpoints it calls (and the test server implements): ``HEAD /<index>``, ``PUT /<index>``
 (explicit mappings), ``POST /_bulk`` (NDJSON ``index`` actions), ``POST /<index>/_search``
 (``bool.filter`` of ``term`` clauses, ``sort``, ``size``, ``search_after``).
 
@@ -17,8 +18,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import pandas as pd
 
@@ -40,6 +41,7 @@ __all__ = [
 ]
 
 logger = logging.getLogger("telltale.opensearch")
+T = TypeVar("T")
 
 _LABELS_AS_KEYWORDS = [{"labels": {"path_match": "*labels.*", "match_mapping_type": "string",
                                    "mapping": {"type": "keyword"}}}]
@@ -73,46 +75,57 @@ KPI_MAPPINGS: dict[str, Any] = {
 }
 
 
-def _request(client: Any, method: str, url: str, policy: RetryPolicy, **kwargs: Any) -> Any:
-    import httpx
+def _service_error(exc: Exception, what: str) -> Exception:
+    """Telltale's transient/permanent error for an opensearch-py exception."""
+    from opensearchpy.exceptions import ConnectionError as ClientConnectionError
+    from opensearchpy.exceptions import TransportError
 
-    def once() -> httpx.Response:
+    if isinstance(exc, ClientConnectionError):  # refused, reset, timed out, TLS
+        return TransientServiceError(f"{what}: {exc}", service="opensearch")
+    if isinstance(exc, TransportError):
+        status = exc.status_code if isinstance(exc.status_code, int) else None
+        reason = json.dumps(exc.info, default=str)[:256] if exc.info else str(exc.error)
+        kind = TransientServiceError if status is None or status >= 500 or status == 429 \
+            else PermanentServiceError
+        return kind(f"{what}: {reason}", service="opensearch", status=status)
+    return exc
+
+
+def _call(fn: Callable[[], T], policy: RetryPolicy, what: str) -> T:
+    """Run one opensearch-py call with the retry policy; errors become Telltale's kinds."""
+
+    def once() -> T:
         try:
-            response = client.request(method, url, **kwargs)
-        except (httpx.TransportError, httpx.TimeoutException) as exc:
-            raise TransientServiceError(f"{method} {url}: {exc}", service="opensearch") from exc
-        if response.status_code >= 500 or response.status_code == 429:
-            raise TransientServiceError(f"{method} {url}: {response.text[:256]}",
-                                        service="opensearch", status=response.status_code)
-        return response
+            return fn()
+        except Exception as exc:
+            mapped = _service_error(exc, what)
+            if mapped is exc:
+                raise
+            raise mapped from exc
 
-    return call_with_retries(once, policy, what=f"opensearch {method} {url}")
-
-
-def _fail(response: Any, what: str) -> None:
-    if response.status_code >= 400:
-        raise PermanentServiceError(f"{what}: {response.text[:256]}", service="opensearch",
-                                    status=response.status_code)
+    return call_with_retries(once, policy, what=f"opensearch {what}")
 
 
 def ensure_index(client: Any, index: str, mappings: Mapping[str, Any],
                  policy: RetryPolicy = RetryPolicy()) -> bool:
     """Create ``index`` with explicit mappings when it does not exist; True when created."""
-    head = _request(client, "HEAD", f"/{index}", policy)
-    if head.status_code == 200:
+    if _call(lambda: client.indices.exists(index=index), policy, f"check index {index}"):
         return False
-    if head.status_code != 404:
-        _fail(head, f"check index {index}")
-    created = _request(client, "PUT", f"/{index}", policy, json={"mappings": mappings})
-    if created.status_code == 400 and "already_exists" in created.text:
-        return False  # created concurrently: fine
-    _fail(created, f"create index {index}")
+    try:
+        _call(lambda: client.indices.create(index=index, body={"mappings": dict(mappings)}),
+              policy, f"create index {index}")
+    except PermanentServiceError as exc:
+        if exc.status == 400 and "already_exists" in str(exc):
+            return False  # created concurrently: fine
+        raise
     return True
 
 
 def bulk_index(client: Any, index: str, documents: Iterable[tuple[str, dict[str, Any]]],
                policy: RetryPolicy = RetryPolicy(), chunk: int = 500) -> int:
-    """Index documents with ``_bulk`` (``index`` action: same ``_id`` overwrites).
+    """Index documents with opensearch-py's bulk helper.
+
+    The ``index`` action: the same ``_id`` overwrites, so a retried chunk never duplicates.
 
     Returns:
         Documents indexed.
@@ -121,37 +134,27 @@ def bulk_index(client: Any, index: str, documents: Iterable[tuple[str, dict[str,
         PermanentServiceError: An item was refused (mapping error...), with its reason.
         TransientServiceError: The server kept answering 5xx/429 or was unreachable.
     """
-    batch: list[str] = []
-    count = 0
+    from opensearchpy import helpers
 
-    def flush() -> None:
-        nonlocal count
-        if not batch:
-            return
-        body = "".join(batch)
-        response = _request(client, "POST", "/_bulk", policy, content=body.encode(),
-                            headers={"Content-Type": "application/x-ndjson"})
-        _fail(response, f"bulk index into {index}")
-        result = response.json()
-        if result.get("errors"):
-            failed = [item.get("index", {}) for item in result.get("items", [])
-                      if item.get("index", {}).get("status", 200) >= 300]
-            statuses = {f.get("status") for f in failed}
-            reason = json.dumps(failed[0].get("error"))[:256] if failed else "unknown"
-            error_type = TransientServiceError if statuses <= {429, 503} else \
-                PermanentServiceError
-            raise error_type(f"{len(failed)} document(s) refused by {index}: {reason}",
-                             service="opensearch", status=max(statuses) if statuses else None)
-        count += len(batch) // 2
-        batch.clear()
+    actions = [{"_op_type": "index", "_index": index, "_id": doc_id,
+                "_source": json.loads(json.dumps(body, default=str))}
+               for doc_id, body in documents]
+    if not actions:
+        return 0
 
-    for doc_id, body in documents:
-        batch.append(json.dumps({"index": {"_index": index, "_id": doc_id}}) + "\n")
-        batch.append(json.dumps(body, default=str) + "\n")
-        if len(batch) >= 2 * chunk:
-            flush()
-    flush()
-    return count
+    def once() -> int:
+        indexed, failed = helpers.bulk(client, actions, chunk_size=chunk, max_retries=0,
+                                       raise_on_error=False, stats_only=False)
+        if failed:
+            items = [item.get("index", {}) for item in failed if isinstance(item, dict)]
+            statuses = {int(i.get("status", 500)) for i in items}
+            reason = json.dumps(items[0].get("error"))[:256] if items else "unknown"
+            kind = TransientServiceError if statuses <= {429, 503} else PermanentServiceError
+            raise kind(f"{len(failed)} document(s) refused by {index}: {reason}",
+                       service="opensearch", status=max(statuses) if statuses else None)
+        return int(indexed)
+
+    return _call(once, policy, f"bulk index into {index}")
 
 
 def _labels(payload: LtsPayload) -> dict[str, str]:
@@ -247,12 +250,14 @@ class OpenSearchHistory:
                 }
                 if search_after is not None:
                     body["search_after"] = search_after
-                response = _request(client, "POST", f"/{self.index}/_search", self.policy,
-                                    json=body)
-                if response.status_code == 404:
-                    break  # no index yet: no history
-                _fail(response, f"search {self.index}")
-                hits = response.json().get("hits", {}).get("hits", [])
+                try:
+                    answer = _call(lambda b=body: client.search(index=self.index, body=b),
+                                   self.policy, f"search {self.index}")
+                except PermanentServiceError as exc:
+                    if exc.status == 404:
+                        break  # no index yet: no history
+                    raise
+                hits = answer.get("hits", {}).get("hits", [])
                 for hit in hits:
                     source = hit.get("_source", {})
                     meta = source.get("metadata", {})

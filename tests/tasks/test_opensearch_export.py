@@ -41,6 +41,8 @@ def test_one_document_per_run_overwritten_on_reexport() -> None:
         assert set(state.indices["telltale-ft-kpis"]["docs"]) == {
             "r1-tps", "r1-runtime", "r2-tps", "r2-runtime"}
         assert "s3cret" not in repr(instance)
+        # opensearch-py's bulk helper: one _bulk request per index and export, no per-doc PUTs
+        assert [p for m, p in state.requests if m == "POST"].count("/_bulk") == 3
 
 
 def test_transient_faults_are_retried() -> None:

@@ -1,0 +1,72 @@
+"""Telltale's settings that come from the environment (``TELLTALE_*``), read by pydantic-settings.
+
+One typed place for the process-wide switches; the project config (YAML + presets) stays the
+place for everything a run is about. ``TELLTALE__a__b=value`` variables are *config* overrides,
+not settings: they address any key of a project's config, validated by that project's model, so
+`projects.config` reads them (a settings model has no fixed fields for them); with this
+model's ``TELLTALE_`` prefix they never collide (no field starts with an underscore).
+
+Nested groups use ``__`` (pydantic-settings' nested delimiter): ``TELLTALE_SERVING__VENV``.
+Settings are read when asked for, not at import, so a test or a CLI that sets a variable
+before the call is seen.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["ServingEnv", "TelltaleEnv", "env_settings"]
+
+
+class ServingEnv(BaseModel):
+    """The llm_serving project's machine-level settings."""
+
+    venv: Path | None = Field(default=None, description="The serving venv (vLLM + GuideLLM); "
+                              "default .venvs/llm-serving in the repo.")
+
+
+class TelltaleEnv(BaseSettings):
+    """``TELLTALE_*`` environment variables.
+
+    Unknown ones are ignored: the workload's own ``TELLTALE_USERS``... belong to its scripts,
+    which stay standard-library only.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="TELLTALE_", env_nested_delimiter="__",
+                                      extra="ignore", case_sensitive=False)
+
+    data_dir: Path | None = Field(default=None, description="History and caches; default "
+                                  "the user's data dir (platformdirs).")
+    runs_dir: Path | None = Field(default=None, description="Where runs go when no artifact "
+                                  "dir is given (default ./runs; <data dir>/runs for a "
+                                  "deployment run, whose working dir a worker deletes).")
+    force_reparse: bool = Field(default=False, description="Ignore the parse caches.")
+    image: str | None = Field(default=None, description="The container image this runs in "
+                              "(set by the Containerfile); recorded as a label.")
+    ci_engine: str = Field(default="prefect", description="Recorded in each cell's "
+                           "settings.yaml.")
+    serving: ServingEnv = Field(default_factory=ServingEnv)
+    # The old flat name of the serving venv, kept because install docs and CI used it.
+    serving_venv: Path | None = Field(default=None, description="Same as SERVING__VENV.")
+
+
+def env_settings() -> TelltaleEnv:
+    """The ``TELLTALE_*`` settings as the environment holds them now.
+
+    Building the model costs ~1 ms (pydantic-settings scans every source); the parser asks
+    once per result dir, so the answer is kept per distinct set of ``TELLTALE_*`` variables.
+    """
+    prefix = "TELLTALE_"
+    return _settings_for(tuple(sorted((k, v) for k, v in os.environ.items()
+                                      if k[:9].upper() == prefix)))
+
+
+@functools.lru_cache(maxsize=8)
+def _settings_for(variables: tuple[tuple[str, str], ...]) -> TelltaleEnv:
+    # the key is what the model reads; the model still reads os.environ itself
+    return TelltaleEnv()

@@ -1,0 +1,81 @@
+"""A real Prefect server with its services (scheduler, triggers, automations) for tests.
+
+``prefect server start`` on 127.0.0.1 and a free port, its own home (SQLite), in its own
+session; stopped with its whole process group. Used where the test harness's in-process API is
+not enough: a worker in another process, automations firing from the triggers service.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+__all__ = ["clean_env", "prefect_server"]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def clean_env(home: Path, **extra: str) -> dict[str, str]:
+    """A minimal environment: PATH, a fresh HOME, Prefect's CI settings; no TELLTALE_*."""
+    home.mkdir(parents=True, exist_ok=True)
+    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home),
+            "LANG": "C.UTF-8", "DO_NOT_TRACK": "1",
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_HOME": str(home / ".prefect"),
+            **extra}
+
+
+@contextmanager
+def prefect_server(home: Path, *, startup_s: float = 240.0,
+                   log: Path | None = None) -> Iterator[str]:
+    """Run ``prefect server start``; yields its API URL (``http://127.0.0.1:PORT/api``).
+
+    The start-up deadline is generous (a loaded 2-core machine); the wait is on the server's
+    own health answer, not on a sleep.
+    """
+    port = _free_port()
+    env = clean_env(home, PREFECT_UI_ENABLED="false", PREFECT_SERVER_API_HOST="127.0.0.1",
+                    PREFECT_SERVER_API_PORT=str(port))
+    out = open(log or home / "server.log", "ab")  # noqa: SIM115 - closed below
+    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host",
+                               "127.0.0.1", "--port", str(port)], env=env,
+                              stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                              start_new_session=True)
+    url = f"http://127.0.0.1:{port}/api"
+    try:
+        deadline = time.monotonic() + startup_s
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                pass
+            if server.poll() is not None:
+                raise RuntimeError(f"prefect server exited {server.returncode}; see {out.name}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"prefect server did not answer in {startup_s:.0f} s")
+            time.sleep(0.25)
+        yield url
+    finally:
+        try:
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(timeout=30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(server.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            server.wait()
+        out.close()
