@@ -48,6 +48,7 @@ from flows.cli import (
     is_terminated,
     runs_root,
 )
+from flows.events import emit_run_events
 from projects import registry
 from projects.config import resolve, use_config
 from projects.library.runs import REPEAT_FILE
@@ -101,6 +102,8 @@ class RunOutcome(BaseModel):
     verdict_counts: dict[str, int] = Field(default_factory=dict)
     export_url: str | None = Field(default=None, description="Where the run was exported.")
     failures: list[str] = Field(default_factory=list, description="Why the run failed.")
+    regressions: list[str] = Field(default_factory=list, description="One line per KPI "
+                                   "judged a regression: KPI, change, explanation.")
     code_dir: str | None = Field(default=None, description="The Telltale checkout that ran "
                                  "(a deployment's run: its pull step's clone).")
     code_commit: str | None = Field(default=None, description="Its git commit, when a git "
@@ -377,6 +380,10 @@ def _postprocess_phase(outcome: RunOutcome, run: RunContext) -> None:
         return
     outcome.report = post.report
     outcome.verdict_counts = post.verdict_counts
+    outcome.regressions = [
+        f"{v.kpi} ({v.test_path}): " + (f"{v.change_pct:+.1f} %" if v.change_pct is not None
+                                        else "changed") + f" — {v.explanation}"
+        for v in post.verdicts if v.verdict == "regression"]
     outcome.failures.extend(post.gate_failures)
     if post.report:
         index = Path(post.report).relative_to(run.root)
@@ -520,6 +527,7 @@ def orchestrate(project_name: str, presets: Sequence[str], overrides: dict[str, 
         if outcome.failures:
             outcome.exit_code = EXIT_FAILED
         _write_outcome(root, outcome)
+        emit_run_events(project.name, outcome, model.notify, run_id)
     return outcome
 
 

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from analysis.settings import AnalysisSettings
 from projects.library.clusters import ClustersBlock
 from projects.library.export import ExportBlock
+from projects.library.notify import NotifyBlock
 from projects.library.observe import ObserveBlock
 from projects.library.operators import PrepareBlock
 from projects.library.secrets import SecretsBlock
@@ -77,6 +78,7 @@ class EngineConfig(BaseModel):
     analysis: AnalysisSettings
     export_artifacts: ExportBlock = Field(default_factory=ExportBlock)
     observe: ObserveBlock = Field(default_factory=ObserveBlock)
+    notify: NotifyBlock = Field(default_factory=NotifyBlock)
     pr_comment_keys: list[str] = Field(
         default_factory=list, description="Keys a PR comment's '/var key: value' lines may "
         "set (fnmatch patterns); a comment is untrusted, every other key is refused.")

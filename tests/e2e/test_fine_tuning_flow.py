@@ -146,6 +146,11 @@ def test_a_suspected_regression_is_rerun_and_judged_with_its_repeat(
         [(v["verdict"], v["explanation"]) for v in tokens]
     index = next((tmp_path / "run").glob("*__analysis__*/report/index.html")).read_text()
     assert "regression" in index
+    # what the regression automation is told (flows.events): one line per regressed KPI
+    regressed = [v for v in verdicts if v["verdict"] == "regression"]
+    assert len(outcome.regressions) == len(regressed)
+    assert all(line.startswith(f"{v['kpi']} (") for line, v in zip(
+        outcome.regressions, regressed, strict=True))
 
 
 def test_failing_cell_does_not_stop_the_matrix_and_cleanup_runs(tmp_path: Path,

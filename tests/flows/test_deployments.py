@@ -1,5 +1,16 @@
 from __future__ import annotations
 
+import asyncio
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from analysis.yamlio import load_yaml
 from flows.serve import build_deployments, load_deployment_specs
 
 
@@ -16,3 +27,89 @@ def test_prefect_yaml_deployments_build_and_validate() -> None:
     assert set(props) == {"presets", "overrides", "platform", "artifact_dir"}
     assert props["presets"]["description"].startswith("Presets from ``ci_presets``")
     assert props["platform"]["enum"] == ["auto", "local", "kubernetes"]
+
+
+ROOT = Path(__file__).resolve().parents[2]
+TEMPLATE = ROOT / "deployments" / "kubernetes-job-template.json"
+
+
+def _render(template: dict[str, Any], **job_variables: Any) -> dict[str, Any]:
+    """The Job a Kubernetes worker would create for a flow run, through prefect-kubernetes."""
+    from prefect.client.schemas.objects import Flow, FlowRun
+    from prefect_kubernetes.worker import KubernetesWorkerJobConfiguration
+
+    defaults = {name: spec["default"] for name, spec in
+                template["variables"]["properties"].items() if "default" in spec}
+    config = asyncio.run(KubernetesWorkerJobConfiguration.from_template_and_values(
+        template, {**defaults, **job_variables}))
+    run = FlowRun(id=uuid.uuid4(), name="brave-otter", flow_id=uuid.uuid4())
+    config.prepare_for_flow_run(run, flow=Flow(id=run.flow_id, name="fine-tuning"))
+    return dict(config.job_manifest)
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_the_kubernetes_job_template_renders_a_valid_job() -> None:
+    template = json.loads(TEMPLATE.read_text())
+    assert "image" in template["variables"]["required"]  # no default image: say which
+    job = _render(template, image="quay.io/org/telltale:abc123")
+    kubernetes_validate.validate(job, "1.30", strict=True)
+    pod = job["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["image"] == "quay.io/org/telltale:abc123"
+    assert pod["serviceAccountName"] == "telltale-runner"
+    assert job["spec"]["backoffLimit"] == 0  # a CPT run is never re-run behind one's back
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    # the secrets block reads $TELLTALE_SECRET_DIR: the Secret is mounted exactly there
+    assert mounts["telltale-secrets"]["mountPath"] == env["TELLTALE_SECRET_DIR"]
+    assert mounts["telltale-secrets"]["readOnly"] is True
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["telltale-secrets"]["secret"]["secretName"] == "telltale-secrets"
+    assert env["TELLTALE_RUNS_DIR"].startswith(mounts["work"]["mountPath"])
+    assert "PREFECT__FLOW_RUN_ID" in env  # Prefect's own settings still reach the pod
+    assert container["args"][:2] == ["prefect", "flow-run"]
+    custom = _render(template, image="i:1", secret_name="cpt-creds", namespace="perf")
+    kubernetes_validate.validate(custom, "1.30", strict=True)
+    assert custom["metadata"]["namespace"] == "perf"
+    assert custom["spec"]["template"]["spec"]["volumes"][0]["secret"]["secretName"] == \
+        "cpt-creds"
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_the_stock_template_is_what_the_schema_check_catches() -> None:
+    # prefect-kubernetes' default puts completions/parallelism in the pod spec; ours moved
+    # them to the Job spec: the validation used above does see such a mistake
+    from prefect_kubernetes.worker import KubernetesWorker
+
+    job = _render(KubernetesWorker.get_default_base_job_template(), image="i:1")
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(job, "1.30", strict=True)
+
+
+def test_deployments_clone_the_configured_repo_or_use_the_image() -> None:
+    data, _ = load_yaml(ROOT / "deployments" / "prefect.yaml")
+    (step,) = data["pull"]
+    clone = step["prefect.deployments.steps.git_clone"]
+    # read by the worker at run time from Prefect variables: nothing to set on the worker
+    assert clone["repository"] == "{{ prefect.variables.telltale_repository }}"
+    assert clone["branch"] == "{{ prefect.variables.telltale_ref }}"
+    pools = {spec["name"]: spec["work_pool"] for spec in data["deployments"]}
+    kube = [s for s in data["deployments"] if s["work_pool"]["name"] == "telltale-kubernetes"]
+    assert kube, pools
+    for spec in kube:  # the image holds the code at its WORKDIR
+        assert spec["pull"] == [{"prefect.deployments.steps.set_working_directory": {
+            "directory": "/opt/telltale"}}]
+        assert spec["work_pool"]["job_variables"]["image"] == \
+            "{{ prefect.variables.telltale_image }}"
+    assert "WORKDIR /opt/telltale" in (ROOT / "Containerfile").read_text()
+
+
+def test_the_rbac_manifests_are_valid() -> None:
+    documents = [d for d in yaml.safe_load_all(
+        (ROOT / "deployments" / "kubernetes-rbac.yaml").read_text()) if d]
+    for document in documents:
+        kubernetes_validate.validate(document, "1.30", strict=True)
+    template = json.loads(TEMPLATE.read_text())
+    account = template["variables"]["properties"]["service_account_name"]["default"]
+    assert {"kind": "ServiceAccount", "name": account} in [
+        {"kind": d["kind"], "name": d["metadata"]["name"]} for d in documents]
