@@ -166,22 +166,33 @@ def kpi_table(rows: Iterable[tuple[str, str | None, Sequence[Kpi]]]) -> pd.DataF
     Returns:
         A DataFrame with `BASE_COLUMNS` then the label columns (strings, sorted).
     """
-    records: list[dict[str, Any]] = []
+    # Column by column: a dict per row (90 000 rows for 10 000 runs) held ~230 MB, and a
+    # run's label strings are shared by its rows instead of copied into each.
+    base: dict[str, list[Any]] = {name: [] for name in BASE_COLUMNS}
+    labels: dict[str, list[str | None]] = {}
+    count = 0
     for run_uuid, timestamp, kpis in rows:
         for kpi in kpis:
-            clash = set(kpi.labels) & set(BASE_COLUMNS)
+            clash = kpi.labels.keys() & set(BASE_COLUMNS)
             if clash:
                 raise ValueError(f"label names clash with table columns: {sorted(clash)}")
-            records.append({"run_uuid": run_uuid, "timestamp": timestamp, "kpi": kpi.name,
-                            "value": kpi.value, "unit": kpi.unit,
-                            "lower_better": kpi.lower_better,
-                            "ignored_for_regression": kpi.ignored_for_regression,
-                            **{k: str(v) for k, v in kpi.labels.items()}})
-    frame = pd.DataFrame.from_records(records)
+            for name, value in (("run_uuid", run_uuid), ("timestamp", timestamp),
+                                ("kpi", kpi.name), ("value", kpi.value), ("unit", kpi.unit),
+                                ("lower_better", kpi.lower_better),
+                                ("ignored_for_regression", kpi.ignored_for_regression)):
+                base[name].append(value)
+            for key, value in kpi.labels.items():
+                column = labels.get(key)
+                if column is None:
+                    column = labels[key] = [None] * count
+                column.append(value if type(value) is str else str(value))
+            count += 1
+            for column in labels.values():  # labels this KPI lacks
+                if len(column) < count:
+                    column.append(None)
+    frame = pd.DataFrame({**base, **{k: labels[k] for k in sorted(labels)}})
     if frame.empty:
         frame = pd.DataFrame(columns=BASE_COLUMNS)
-    labels = sorted(c for c in frame.columns if c not in BASE_COLUMNS)
-    frame = frame[BASE_COLUMNS + labels]
     frame["timestamp"] = pd.to_datetime(frame["timestamp"], utc=True, errors="coerce")
     frame["value"] = frame["value"].astype("float64")
     frame["lower_better"] = frame["lower_better"].astype(bool)

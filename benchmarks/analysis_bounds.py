@@ -1,0 +1,119 @@
+"""Bounded post-processing: peak memory and time of ``python -m analysis`` on hostile sizes.
+
+    python benchmarks/analysis_bounds.py [--dirs 10000] [--log-gb 2] [--skip-log] [--no-report]
+
+Two inputs (issue #20), each analysed by a fresh ``python -m analysis`` process whose peak RSS
+is read from ``getrusage(RUSAGE_CHILDREN)`` (the same figure ``/usr/bin/time -v`` prints):
+
+- one result dir whose ``pod.log`` is ``--log-gb`` GiB with no newline at all;
+- ``--dirs`` result dirs with 10 KB logs (4 configurations, a day apart each), report on,
+  analysed cold (no parse cache) then warm, with a history appended by the cold pass.
+
+Goals: peak RSS <= 500 MB for both; time linear in the number of dirs (the script also runs
+a tenth of the dirs and prints the ratio of seconds per dir).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.factories import DEFAULT_SETTINGS, make_result_dir  # noqa: E402
+
+GOAL_MB = 500
+
+
+def build_tree(root: Path, dirs: int) -> None:
+    """``dirs`` result dirs: 4 configurations (model x learning rate), one run a day each."""
+    configs = [{"model_name": model,
+                "hyper_parameters": {**DEFAULT_SETTINGS["hyper_parameters"], "learning_rate": lr}}
+               for model in ("tiny-llama", "tiny-mistral") for lr in (0.0003, 0.0001)]
+    start = datetime(2020, 1, 1, tzinfo=UTC)
+    for i in range(dirs):
+        config = configs[i % len(configs)]
+        make_result_dir(root, f"{i:05d}__cell", settings=config,
+                        tokens_per_second=1000 + (i * 37) % 100, noise_lines=60,
+                        start=start + timedelta(hours=6 * i), seed=i)
+
+
+def analyse(results: Path, out: Path, extra: list[str]) -> tuple[float, float, int]:
+    """Run ``python -m analysis`` once; (seconds, peak RSS in MB, exit code)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "analysis", str(results), "--project",
+                           "fine_tuning", "--out", str(out), *extra], cwd=REPO,
+                          capture_output=True, text=True, check=False)
+    seconds = time.perf_counter() - t0
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    if proc.returncode not in (0, 1):
+        print(proc.stderr[-2000:], file=sys.stderr)
+    # ru_maxrss of children is the largest child so far: each call's own peak shows only
+    # when it is the largest yet, so the measured process runs are ordered small to large
+    return seconds, max(peak, before) / 1024, proc.returncode
+
+
+def bench_log(tmp: Path, gib: float) -> None:
+    """One result dir with a newline-free log of ``gib`` GiB."""
+    results = tmp / "bigline"
+    run = make_result_dir(results, "000__cell")
+    log = run / "001__fine_tuning__run_fine_tuning_job" / "artifacts" / "pod.log"
+    block = b"x" * (1 << 20)
+    with open(log, "wb") as stream:
+        for _ in range(int(gib * 1024)):
+            stream.write(block)
+    seconds, peak, code = analyse(results, tmp / "bigline-out", ["--no-report"])
+    print(f"newline-free log {gib:.1f} GiB : {seconds:6.1f} s, peak RSS {peak:6.0f} MB "
+          f"(goal <= {GOAL_MB}), exit {code}")
+    shutil.rmtree(results)
+
+
+def bench_tree(tmp: Path, dirs: int, report: bool) -> None:
+    """Cold then warm analysis of ``dirs`` dirs, and a tenth of them for the linearity."""
+    extra = [] if report else ["--no-report"]
+    small = max(dirs // 10, 1)
+    for count in (small, dirs):
+        results = tmp / f"tree{count}"
+        t0 = time.perf_counter()
+        build_tree(results, count)
+        print(f"tree of {count} dirs built in {time.perf_counter() - t0:.0f} s")
+        history = tmp / f"history{count}"
+        cold = analyse(results, tmp / f"out{count}", [*extra, "--history", str(history)])
+        warm = analyse(results, tmp / f"out{count}w",
+                       [*extra, "--history", str(history), "--no-append"])
+        for name, (seconds, peak, code) in (("cold", cold), ("warm", warm)):
+            print(f"{count:6d} dirs {name}: {seconds:6.1f} s = {seconds / count * 1000:5.2f} "
+                  f"ms/dir, peak RSS {peak:6.0f} MB (goal <= {GOAL_MB}), exit {code}")
+        shutil.rmtree(results)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dirs", type=int, default=10_000)
+    parser.add_argument("--log-gb", type=float, default=2.0)
+    parser.add_argument("--skip-log", action="store_true")
+    parser.add_argument("--skip-tree", action="store_true")
+    parser.add_argument("--no-report", action="store_true")
+    args = parser.parse_args()
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    with tempfile.TemporaryDirectory() as name:
+        tmp = Path(name)
+        if not args.skip_log:
+            bench_log(tmp, args.log_gb)
+        if not args.skip_tree:
+            bench_tree(tmp, args.dirs, not args.no_report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
