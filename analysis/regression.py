@@ -24,7 +24,9 @@ Method (`change_points`)
    ``(candidate_z * sigma)^2`` (4.5) per change and segments of at least ``min_size`` (5) runs,
    by optimal partitioning with PELT pruning (Killick et al., 2012). Unlike binary
    segmentation it places nearby changes jointly, so a misplaced split leaves no spurious
-   neighbour behind.
+   neighbour behind. When the steps validated (5.) leave a significant drift, the
+   candidates are looked for again on the series less that drift: the segmentation reads a
+   drift as a staircase and puts its steps where drift and noise add up, not at the step.
 4. **Location**: each candidate moves to its most probable place between its neighbours
    (within ``window``): the split whose likelihood mass within ``locate_radius`` (2) runs is
    largest, after removing the series' drift.
@@ -484,6 +486,14 @@ def _detect(y: np.ndarray, sigma: float, s: DetectorSettings, log_scale: bool) -
     """Steps 3-5 of the method on a shielded series: candidates, location, validation."""
     candidates = _refine(y, _segment(y, sigma, s), sigma, s)
     kept = _validate(y, candidates, sigma, s, log_scale)
+    slope, sxx = _drift_slope(y, [0, *kept, len(y)])
+    if _is_drift(slope, sxx, sigma, s.drift_z):
+        # The segmentation reads a drift as a staircase, and its least-squares steps sit
+        # where drift and noise add up, not at the real step: look for candidates again
+        # on the series without the drift (validation still measures the drift itself).
+        flat = y - slope * np.arange(len(y))
+        candidates = _refine(y, _segment(flat, sigma, s), sigma, s)
+        kept = _validate(y, candidates, sigma, s, log_scale)
     return _refine(y, kept, sigma, s)
 
 
