@@ -34,7 +34,7 @@ def _venv(tmp_path: Path, python_body: str) -> Path:
 def _run(venv: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "TELLTALE_VENV": str(venv)}
     return subprocess.run([str(SCRIPT), *args], env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
+                          timeout=1200, check=False)
 
 
 def test_no_arguments_and_unknown_projects_are_usage_errors(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from tests.factories import DEFAULT_SETTINGS, make_result_dir
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "analysis", *args], capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=600)
 
 
 def test_cli_writes_every_output(tmp_path: Path) -> None:

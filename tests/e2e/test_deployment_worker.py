@@ -31,7 +31,7 @@ def _git(*args: str, cwd: Path) -> str:
 
 def _prefect(env: dict[str, str], cwd: Path, *args: str) -> str:
     done = subprocess.run([sys.executable, "-m", "prefect", "--no-prompt", *args], cwd=cwd,
-                          env=env, capture_output=True, text=True, timeout=300, check=False)
+                          env=env, capture_output=True, text=True, timeout=1200, check=False)
     assert done.returncode == 0, f"prefect {' '.join(args)}: {done.stdout}\n{done.stderr}"
     return done.stdout
 

@@ -38,7 +38,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _gone(pid: int, within_s: float = 120) -> bool:
+def _gone(pid: int, within_s: float = 600) -> bool:
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
         if not _alive(pid):

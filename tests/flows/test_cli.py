@@ -14,7 +14,7 @@ import yaml
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "flows.fine_tuning", *args],
-                          capture_output=True, text=True, timeout=60,
+                          capture_output=True, text=True, timeout=600,
                           env={**os.environ, **(env or {})})
 
 
@@ -38,7 +38,7 @@ def test_plan_does_not_import_prefect(tmp_path: Path, preset: str) -> None:
             f"'{'local' if preset == 'light' else 'kubernetes'}', '--plan', "
             f"'--artifact-dir', {str(tmp_path)!r}]); print('prefect' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60)
+                         timeout=600)
     assert out.stdout.strip().endswith("False"), out.stderr[-2000:]
 
 
@@ -98,7 +98,7 @@ def test_list_presets_and_schema() -> None:
 
 def test_replot_cli_refuses_missing_source(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "flows.replot", "--from",
-                           str(tmp_path / "nope")], capture_output=True, text=True, timeout=60)
+                           str(tmp_path / "nope")], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2 and "no such directory" in proc.stderr
 
 
@@ -200,7 +200,7 @@ def test_a_full_disk_during_analysis_is_one_line_not_a_traceback(tmp_path: Path)
 
     proc = subprocess.run([sys.executable, "-m", "analysis", str(tmp_path / "results"),
                            "--project", "fine_tuning", "--out", str(tmp_path / "out")],
-                          capture_output=True, text=True, timeout=120, preexec_fn=small_disk)
+                          capture_output=True, text=True, timeout=600, preexec_fn=small_disk)
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
     assert "File too large" in proc.stderr

@@ -59,7 +59,7 @@ def test_scaffolded_project_runs_green_end_to_end(tmp_path: Path) -> None:
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, *args], cwd=repo, env=env, capture_output=True,
-                              text=True, timeout=400)
+                              text=True, timeout=1200)
 
     made = run("-m", "flows.new_project", "demo")
     assert made.returncode == 0, made.stderr

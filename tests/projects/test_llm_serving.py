@@ -68,7 +68,7 @@ def _load(tmp_path: Path, config: dict, env: dict | None = None) -> subprocess.C
     path.write_text(json.dumps(config))
     return subprocess.run([sys.executable, str(LOAD_SCRIPT), str(path), "--out",
                            str(tmp_path / "out")], capture_output=True, text=True,
-                          timeout=120, env=env or {"PATH": "/usr/bin:/bin"}, check=False)
+                          timeout=600, env=env or {"PATH": "/usr/bin:/bin"}, check=False)
 
 
 GOOD = {"guidellm": ["guidellm"], "model": "tiny", "tokenizer": "/models/tiny",
@@ -199,7 +199,7 @@ def test_gpu_manifests_wire_the_model_the_gpu_and_the_load(tmp_path: Path) -> No
 def test_plan_of_the_gpu_preset_writes_the_manifests(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "flows.llm_serving", "--preset", "gpu",
                            "--plan", "--artifact-dir", str(tmp_path / "plan")],
-                          capture_output=True, text=True, timeout=300, check=False)
+                          capture_output=True, text=True, timeout=1200, check=False)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     text = "\n".join(p.read_text() for p in (tmp_path / "plan").rglob("*.yaml"))
     assert "kind: InferenceService" in text and "kind: ServingRuntime" in text

@@ -38,7 +38,7 @@ def local_prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prome
 
 def _wait_for_samples(server: PrometheusServer, start: datetime) -> None:
     """Until the node exporter has been scraped a few times (a condition, not a sleep)."""
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         rows = server.query_range("node_load1", start, datetime.now(UTC), 0.5)
         if rows and len(rows[0].values) >= 3:
@@ -239,7 +239,7 @@ def test_series_rebuilt_from_a_real_tsdb_snapshot(tmp_path: Path) -> None:
 
     proc = subprocess.run([sys.executable, "-m", "flows.requery_prometheus", str(run),
                            "--scrape-interval", "0.5"], capture_output=True, text=True,
-                          timeout=300)
+                          timeout=1200)
     assert proc.returncode == 0, proc.stderr
     assert "1 cell(s) captured again" in proc.stdout
     found = read_resources(FileReader(cell))
@@ -249,7 +249,7 @@ def test_series_rebuilt_from_a_real_tsdb_snapshot(tmp_path: Path) -> None:
     assert usage.memory_used_max_bytes is not None and usage.memory_used_max_bytes > 1e7
     assert sorted(p.relative_to(snapshot) for p in snapshot.rglob("*")) == before  # a copy
     again = subprocess.run([sys.executable, "-m", "flows.requery_prometheus", str(run)],
-                           capture_output=True, text=True, timeout=300)
+                           capture_output=True, text=True, timeout=1200)
     assert "0 cell(s)" in again.stdout  # captures that exist are kept without --force
     missing = subprocess.run([sys.executable, "-m", "flows.requery_prometheus",
                               str(tmp_path / "nothing")], capture_output=True, text=True)

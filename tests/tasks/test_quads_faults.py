@@ -192,7 +192,7 @@ def test_the_janitor_cli_releases_one_runs_lease(lab, tmp_path: Path) -> None:
                                         "password: pw\n")
     env = {**os.environ, "TELLTALE_SECRET_DIR": str(secrets)}
     proc = subprocess.run([sys.executable, "-m", "flows.cleanup", "--quads", "--artifact-dir",
-                           str(root)], capture_output=True, text=True, env=env, timeout=300)
+                           str(root)], capture_output=True, text=True, env=env, timeout=1200)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "released 1" in proc.stdout
     assert not _active(state)
