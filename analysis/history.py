@@ -203,7 +203,9 @@ class HistoryStore:
         if frame.empty:
             return 0
         now = time.time_ns()
-        table = pa.Table.from_pandas(frame, preserve_index=False)
+        # rows read back from a history (a re-import) carry their old write time: replaced
+        table = pa.Table.from_pandas(frame.drop(columns=[_WRITTEN_AT], errors="ignore"),
+                                     preserve_index=False)
         table = table.append_column(_WRITTEN_AT, pa.array([now] * len(frame), pa.int64()))
         if compacted:
             name = f"{_COMPACTED}{now}"

@@ -178,3 +178,16 @@ def test_one_append_of_many_runs_is_one_file_and_mixed_labels_stay_apart(
         f"r{i}" for i in range(30)]
     store.append(frame.assign(value=frame["value"] + 100))  # the newest write still wins
     assert store.read()["value"].min() >= 100
+
+
+def test_rows_read_back_from_a_history_append_again(tmp_path: Path) -> None:
+    """A frame read from a history dataset carries ``_written_at``: re-appending it (an
+    import, a seeding from another history) replaces that write time, never duplicates it."""
+    first = HistoryStore(str(tmp_path / "first"))
+    first.append(rows("r1", "2026-01-01T00:00:00Z", 1.0))
+    again = pd.read_parquet(tmp_path / "first")
+    assert "_written_at" in again.columns
+    store = HistoryStore(str(tmp_path / "hist"))
+    store.bulk_append(again.assign(run_uuid="r0"))
+    store.append(again)
+    assert sorted(store.read()["run_uuid"]) == ["r0", "r0", "r1", "r1"]
