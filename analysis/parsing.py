@@ -61,6 +61,7 @@ CACHE_FILE = ".telltale_parse_cache.json"
 FORCE_ENV = "TELLTALE_FORCE_REPARSE"
 _PARALLEL_MIN = 16  # below this many dirs, worker start-up costs more than it saves
 _BLOCK = 1 << 20  # bytes a log is scanned by
+_CACHE_FORMAT = 2  # 2: bulky fields on a line of their own
 _buffers = threading.local()  # per thread: Prefect runs tasks in threads
 
 
@@ -456,19 +457,23 @@ def _fingerprints_match(root: str, recorded: dict[str, Any]) -> bool:
     return True
 
 
-def _load_cached(result: ResultDir, parser: ResultParser,
-                 trust: bool = False) -> ParsedResult | None:
+def _load_cached(result: ResultDir, parser: ResultParser, trust: bool = False,
+                 skip: Sequence[str] = ()) -> ParsedResult | None:
     """Return the cached result when it is still valid, else None.
 
-    The cache file is two JSON lines: a small header (parser, version, inputs, fingerprints)
-    checked first, then the result, validated straight from JSON by pydantic.
+    The cache file is three JSON lines: a small header (parser, version, inputs,
+    fingerprints, the fields stored apart) checked first, the result without the fields
+    stored apart, and those fields. With ``skip`` (fields stored apart), the third line is
+    not read and those fields keep their defaults: a warm post-processing of many runs
+    validated each run's loss curve (three quarters of its validation time) to drop it.
     """
     try:
         with open(f"{result.path}/{CACHE_FILE}", "rb") as stream:
             header_line = stream.readline()
             header = json.loads(header_line)
             if not isinstance(header, dict) or header.get("parser") != parser.name or \
-                    header.get("version") != parser.version:
+                    header.get("version") != parser.version or \
+                    header.get("format") != _CACHE_FORMAT:
                 return None
             if header.get("exit_code") != result.exit_code or \
                     header.get("settings") != result.settings:
@@ -476,25 +481,36 @@ def _load_cached(result: ResultDir, parser: ResultParser,
             if not trust and not _fingerprints_match(result.path,
                                                      header.get("fingerprints") or {}):
                 return None
-            return parser.result_model.model_validate_json(stream.read())
+            body = stream.readline().rstrip(b"\n")
+            apart = set(header.get("apart") or ())
+            if not skip or not set(skip) <= apart:
+                rest = stream.readline().rstrip(b"\n")
+                if rest not in (b"", b"{}"):  # disjoint fields: one object again
+                    body = body[:-1] + (b"," if body != b"{}" else b"") + rest[1:]
+            return parser.result_model.model_validate_json(body)
     except (OSError, ValueError, ValidationError):
         return None
 
 
 def _store_cache(result: ResultDir, parser: ResultParser, parsed: ParsedResult,
-                 fingerprints: dict[str, Any]) -> None:
+                 fingerprints: dict[str, Any], apart: Sequence[str] = ()) -> None:
     root = Path(result.path)
+    apart = [name for name in apart if name in type(parsed).model_fields]
     header = {
         "parser": parser.name,
         "version": parser.version,
+        "format": _CACHE_FORMAT,
         "exit_code": result.exit_code,
         "settings": result.settings,
         "fingerprints": fingerprints,
+        "apart": apart,
     }
+    fields = set(apart)
     tmp = root / f".{CACHE_FILE}.{os.getpid()}"
     try:
-        tmp.write_text(json.dumps(header) + "\n" + parsed.model_dump_json() + "\n",
-                       encoding="utf-8")
+        tmp.write_text(json.dumps(header) + "\n" + parsed.model_dump_json(exclude=fields)
+                       + "\n" + (parsed.model_dump_json(include=fields) if fields else "{}")
+                       + "\n", encoding="utf-8")
         os.replace(tmp, root / CACHE_FILE)
     except OSError:  # a read-only results tree still parses, just without a cache
         tmp.unlink(missing_ok=True)
@@ -505,7 +521,8 @@ def _force_from_env() -> bool:
 
 
 def parse_one(result: ResultDir, parser: ResultParser, *, force: bool | None = None,
-              use_cache: bool = True, trust_cache: bool = False) -> ParsedResult:
+              use_cache: bool = True, trust_cache: bool = False,
+              apart: Sequence[str] = (), skip: Sequence[str] = ()) -> ParsedResult:
     """Parse one result dir, through the cache unless ``force``.
 
     Args:
@@ -515,6 +532,10 @@ def parse_one(result: ResultDir, parser: ResultParser, *, force: bool | None = N
         use_cache: Read and write the cache at all.
         trust_cache: Accept a cache of the right parser version without checking the
             fingerprints (the source files may be absent, e.g. after a cache-only download).
+        apart: Bulky fields the cache stores on a line of their own (the project's
+            ``bulky``), so that a later read can skip them.
+        skip: Fields the caller does not need: a cache that stores them apart is read
+            without them (they keep their defaults); a fresh parse still has them.
 
     Returns:
         The typed result; problems inside it, never an exception for a bad file.
@@ -522,7 +543,7 @@ def parse_one(result: ResultDir, parser: ResultParser, *, force: bool | None = N
     if force is None:
         force = _force_from_env()
     if use_cache and not force:
-        cached = _load_cached(result, parser, trust_cache)
+        cached = _load_cached(result, parser, trust_cache, skip)
         if cached is not None:
             return cached
     reader = FileReader(result.path)
@@ -530,25 +551,26 @@ def parse_one(result: ResultDir, parser: ResultParser, *, force: bool | None = N
     if reader.problems:
         parsed = parsed.model_copy(update={"problems": [*parsed.problems, *reader.problems]})
     if use_cache:
-        _store_cache(result, parser, parsed, reader.fingerprints)
+        _store_cache(result, parser, parsed, reader.fingerprints, apart)
     return parsed
 
 
 def _parse_chunk(project: str, results: list[ResultDir], force: bool,
-                 use_cache: bool) -> list[bytes]:
+                 use_cache: bool, apart: Sequence[str]) -> list[bytes]:
     from analysis.project import load_project  # in the worker process
 
     parser = load_project(project).parser
     # JSON bytes, not dicts: pickling thousands of small objects and validating them again
     # in the parent cost more than pydantic's Rust (de)serialisation on both sides
-    return [parse_one(r, parser, force=force, use_cache=use_cache).model_dump_json().encode()
-            for r in results]
+    return [parse_one(r, parser, force=force, use_cache=use_cache,
+                      apart=apart).model_dump_json().encode() for r in results]
 
 
 def parse_dirs(results: Sequence[ResultDir], parser: ResultParser, *, project: str | None = None,
                force: bool = False, use_cache: bool = True,
                workers: int | None = None, trust_cache: bool = False,
-               then: Callable[[int, ParsedResult], Any] | None = None) -> list[Any]:
+               then: Callable[[int, ParsedResult], Any] | None = None,
+               apart: Sequence[str] = (), skip_before: int = 0) -> list[Any]:
     """Parse many result dirs, in parallel processes when there are enough of them.
 
     Args:
@@ -563,6 +585,9 @@ def parse_dirs(results: Sequence[ResultDir], parser: ResultParser, *, project: s
         then: Called with (index, result) as each result arrives; its return value takes
             the result's place. Post-processing analyses and slims each run here, so the
             full parsed results of 10 000 dirs are never all in memory at once.
+        apart: Bulky fields (the project's ``bulky``) the caches store apart (`parse_one`).
+        skip_before: Results before this index may come without the ``apart`` fields
+            (read from a cache that stores them apart: they keep their defaults).
 
     Returns:
         Results (or what ``then`` made of them) in the order of ``results``.
@@ -570,15 +595,20 @@ def parse_dirs(results: Sequence[ResultDir], parser: ResultParser, *, project: s
     emit: Callable[[int, ParsedResult], Any] = then or (lambda _index, result: result)
     force = force or _force_from_env()  # asked once here, not once per dir
     workers = workers or os.cpu_count() or 1
+
+    def skip(index: int) -> Sequence[str]:
+        return apart if index < skip_before else ()
+
     if project is None or workers <= 1 or len(results) < _PARALLEL_MIN:
         return [emit(i, parse_one(r, parser, force=force, use_cache=use_cache,
-                                  trust_cache=trust_cache)) for i, r in enumerate(results)]
+                                  trust_cache=trust_cache, apart=apart, skip=skip(i)))
+                for i, r in enumerate(results)]
     # Warm dirs are cheap: serve them here and send only the cold ones to workers.
     parsed: dict[int, Any] = {}
     cold: list[int] = []
     for index, result in enumerate(results):
         cached = None if (force or not use_cache) else _load_cached(
-            result, parser, trust_cache)
+            result, parser, trust_cache, skip(index))
         if cached is not None:
             parsed[index] = emit(index, cached)
         else:
@@ -586,7 +616,7 @@ def parse_dirs(results: Sequence[ResultDir], parser: ResultParser, *, project: s
     if len(cold) < _PARALLEL_MIN:
         for index in cold:
             parsed[index] = emit(index, parse_one(results[index], parser, force=True,
-                                                  use_cache=use_cache))
+                                                  use_cache=use_cache, apart=apart))
     else:
         size = max(1, len(cold) // (workers * 4))
         chunks = [cold[i:i + size] for i in range(0, len(cold), size)]
@@ -595,7 +625,7 @@ def parse_dirs(results: Sequence[ResultDir], parser: ResultParser, *, project: s
         context = multiprocessing.get_context("fork" if os.name == "posix" else "spawn")
         with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
             futures = [pool.submit(_parse_chunk, project, [results[i] for i in chunk], True,
-                                   use_cache) for chunk in chunks]
+                                   use_cache, tuple(apart)) for chunk in chunks]
             for chunk, future in zip(chunks, futures, strict=True):
                 for index, data in zip(chunk, future.result(), strict=True):
                     parsed[index] = emit(index, parser.result_model.model_validate_json(data))

@@ -321,7 +321,8 @@ def _analyse_tree(results_dir: str | Path, hooks: AnalysisProject,
         return run
 
     analysed = parse_dirs(found.results, hooks.parser, project=hooks.name, force=force,
-                          trust_cache=trust_cache, then=analyse)
+                          trust_cache=trust_cache, then=analyse, apart=hooks.bulky,
+                          skip_before=total - KEEP_BULKY)
     runs = [a for a in analysed if isinstance(a, RunAnalysis)]
     skipped = [*found.skipped, *(a for a in analysed if isinstance(a, SkippedDir))]
     if not runs:

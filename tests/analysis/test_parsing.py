@@ -59,8 +59,9 @@ def test_cache_hits_and_invalidates(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     run = make_result_dir(tmp_path, "000__cell", tokens_per_second=100)
     result_dir = _only(tmp_path)
     first = parse_one(result_dir, PARSER)
-    header, body = (json.loads(line) for line in (run / CACHE_FILE).read_text().splitlines())
-    assert header["version"] == PARSER.version
+    header, body, apart = (json.loads(line)
+                           for line in (run / CACHE_FILE).read_text().splitlines())
+    assert header["version"] == PARSER.version and apart == {}
     assert "001__fine_tuning__run_fine_tuning_job/artifacts/pod.log" in header["fingerprints"]
     # a poisoned cache value proves the second parse read the cache
     body["summary"]["train_runtime"] = 999.0
@@ -85,7 +86,7 @@ def test_cache_hits_and_invalidates(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 def test_stale_parser_version_rebuilds(tmp_path: Path) -> None:
     run = make_result_dir(tmp_path, "000__cell")
     parse_one(_only(tmp_path), PARSER)
-    header, body = (json.loads(line) for line in (run / CACHE_FILE).read_text().splitlines())
+    header, body, _ = (json.loads(line) for line in (run / CACHE_FILE).read_text().splitlines())
     header["version"] = "0.0"
     body["run_uuid"] = "stale"
     (run / CACHE_FILE).write_text(json.dumps(header) + "\n" + json.dumps(body) + "\n")
@@ -156,3 +157,20 @@ def test_matching_lines_exact_across_block_boundaries(tmp_path: Path, block: int
     found = list(parsing.FileReader(tmp_path).matching_lines("pod.log", "{"))
     expected = [(n, line) for n, line in enumerate(data.split("\n"), start=1) if "{" in line]
     assert found == expected and len(found) > 100
+
+
+def test_bulky_fields_stored_apart_are_read_only_when_wanted(tmp_path: Path) -> None:
+    """A warm post-processing of many runs reads the old runs' caches without their loss
+    curves (stored on a line of their own), which it would drop anyway."""
+    make_result_dir(tmp_path, "000__cell")
+    result_dir = _only(tmp_path)
+    fresh = parse_one(result_dir, PARSER, apart=("progress",))
+    assert len(fresh.progress) > 0
+    lines = (tmp_path / "000__cell" / CACHE_FILE).read_text().splitlines()
+    assert json.loads(lines[0])["apart"] == ["progress"] and "progress" not in lines[1]
+    lean = parse_one(result_dir, PARSER, apart=("progress",), skip=("progress",))
+    assert len(lean.progress) == 0 and lean.summary == fresh.summary
+    assert parse_one(result_dir, PARSER) == fresh  # not skipped: the whole result again
+    # in a batch, only the results before skip_before come without it
+    both = parse_dirs([result_dir, result_dir], PARSER, apart=("progress",), skip_before=1)
+    assert [len(r.progress) for r in both] == [0, len(fresh.progress)]
