@@ -9,6 +9,7 @@ history query for one configuration over 1 M rows < 1 s.
 from __future__ import annotations
 
 import argparse
+import math
 import shutil
 import sys
 import tempfile
@@ -60,16 +61,20 @@ def bench_parse(root: Path) -> tuple[float, float, float]:
     cold = parse_dirs(found, project.parser, project="fine_tuning", force=True,
                       apart=project.bulky)
     t_cold = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    warm = parse_dirs(found, project.parser, project="fine_tuning", apart=project.bulky)
-    t_warm = time.perf_counter() - t0
+    t_warm = math.inf
+    for _ in range(3):  # best of 3: one pass moves by ~30 % with this machine's noise
+        t0 = time.perf_counter()
+        warm = parse_dirs(found, project.parser, project="fine_tuning", apart=project.bulky)
+        t_warm = min(t_warm, time.perf_counter() - t0)
     assert [r.run_uuid for r in cold] == [r.run_uuid for r in warm]
     assert all(r.summary is not None for r in warm)
     # as post-processing reads them warm: the loss curves of the newest 40 runs only
-    t0 = time.perf_counter()
-    lean = parse_dirs(found, project.parser, project="fine_tuning", apart=project.bulky,
-                      skip_before=len(found) - 40)
-    t_lean = time.perf_counter() - t0
+    t_lean = math.inf
+    for _ in range(3):
+        t0 = time.perf_counter()
+        lean = parse_dirs(found, project.parser, project="fine_tuning", apart=project.bulky,
+                          skip_before=len(found) - 40)
+        t_lean = min(t_lean, time.perf_counter() - t0)
     assert [r.run_uuid for r in lean] == [r.run_uuid for r in warm]
     print(f"parse warm, loss curves of the newest 40 only: {t_lean:.2f} s = "
           f"{len(found) / t_lean:.0f} dirs/s")
@@ -143,7 +148,7 @@ def main() -> int:
         t_disc, t_cold, t_warm = bench_parse(root)
         print(f"discovery  : {t_disc:6.2f} s  {args.dirs / t_disc:8.0f} dirs/s   (settings index)")
         print(f"parse cold : {t_cold:6.2f} s  {args.dirs / t_cold:8.0f} dirs/s   (goal >= 200)")
-        print(f"parse warm : {t_warm:6.2f} s  {args.dirs / t_warm:8.0f} dirs/s   "
+        print(f"parse warm : {t_warm:6.2f} s  {args.dirs / t_warm:8.0f} dirs/s   (best of 3) "
               f"wall speed-up x{t_cold / t_warm:.1f} (cold uses 2 processes, warm 1)")
         c1, w1 = bench_serial(root)
         print(f"one core   : cold {c1 * 1000:.2f} ms/dir, warm {w1 * 1000:.3f} ms/dir, "
