@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -288,9 +288,12 @@ def _gate(rows: Sequence[VerdictRow], settings: AnalysisSettings) -> list[str]:
 
 def _analyse_tree(results_dir: str | Path, hooks: AnalysisProject,
                   presets: Sequence[str] | None, config_text: str | None, *, force: bool,
-                  trust_cache: bool,
+                  trust_cache: bool, keep: Callable[[RunAnalysis], None] | None = None,
                   ) -> tuple[Discovery, list[RunAnalysis], list[SkippedDir], tuple[int, int]]:
     """Discover, parse and analyse every result dir of a tree (nothing written but caches).
+
+    ``keep`` is called with each analysed run as it arrives (before its bulky fields are
+    dropped): post-processing spools the LTS payload to disk there.
 
     Returns the discovery, the analysed runs, the skipped dirs and (failed runs, parse
     problems) counted over every parsed dir.
@@ -316,6 +319,8 @@ def _analyse_tree(results_dir: str | Path, hooks: AnalysisProject,
             # scalar for a mapping) is this run's problem, never the whole analysis's.
             return SkippedDir(path=result.path, reason=(
                 f"labels/KPIs could not be computed: {type(exc).__name__}: {exc}")[:300])
+        if keep is not None:
+            keep(run)
         if index < total - KEEP_BULKY:
             run.result = _slimmed(run.result, hooks)
         return run
@@ -415,12 +420,41 @@ def postprocess(
     settings = settings or settings_for(hooks, results_dir)
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    found, runs, skipped, (failed, problems) = _analyse_tree(results_dir, hooks, presets,
-                                                             config_text,
-                                                 force=force, trust_cache=trust_cache)
-    for run in runs:
-        require_complete(run.payload, settings.mode)
+    # Each run's LTS payload goes to a spool file as it is analysed and only its metadata
+    # stays in memory (6 KB a run: 60 MB at 10 000 runs); lts_payload.json is written from
+    # the spool once the verdicts are known.
+    spool_path = out_dir / ".lts_payload.spool"
+    places: dict[int, tuple[int, int]] = {}  # id(run) -> (offset, length) in the spool
+    with open(spool_path, "w+b") as spool:
+        try:
+            def keep(run: RunAnalysis) -> None:
+                require_complete(run.payload, settings.mode)
+                data = run.payload.model_dump_json(exclude={"regression"}).encode()
+                places[id(run)] = (spool.tell(), len(data))
+                spool.write(data)
+                run.payload = LtsPayload.model_construct(
+                    metadata=run.payload.metadata.model_copy(
+                        update={"settings": None, "config": None}))
 
+            found, runs, skipped, (failed, problems) = _analyse_tree(
+                results_dir, hooks, presets, config_text, force=force,
+                trust_cache=trust_cache, keep=keep)
+            outcome = _write_outputs(
+                out_dir, hooks, settings, found, runs, skipped, failed, problems,
+                spool, places, history_uri=history_uri, history=history,
+                append_history=append_history, report=report)
+        finally:
+            spool_path.unlink(missing_ok=True)
+    return outcome
+
+
+def _write_outputs(out_dir: Path, hooks: AnalysisProject, settings: AnalysisSettings,
+                   found: Discovery, runs: list[RunAnalysis], skipped: list[SkippedDir],
+                   failed: int, problems: int, spool: Any, places: dict[int, tuple[int, int]],
+                   *, history_uri: str | None, history: HistorySource | None,
+                   append_history: bool, report: bool | None,
+                   ) -> PostprocessOutcome:
+    """Judge the analysed runs and write every output of `postprocess`."""
     frame = kpi_table((r.run_uuid, r.timestamp, r.kpis) for r in runs)
     files: dict[str, str] = {}
     files["kpis"] = str(out_dir / "kpis.parquet")
@@ -440,14 +474,21 @@ def postprocess(
         by_run.setdefault(row.run_uuid, {})[row.kpi] = row.model_dump(
             include={"verdict", "baseline", "change_pct", "confidence", "history_used",
                      "explanation"})
-    for run in runs:
-        run.payload.regression = by_run.get(run.run_uuid)
     counts = dict(Counter(v.verdict for v in verdicts))
     files["lts"] = str(out_dir / "lts_payload.json")
+
+    def payloads() -> Iterable[Any]:
+        for run in runs:
+            offset, length = places[id(run)]
+            spool.seek(offset)
+            data = json.loads(spool.read(length))
+            data["regression"] = by_run.get(run.run_uuid)
+            yield data
+
     # Compact JSON, one run at a time: an indent sends json through its pure-Python encoder
     # (2.6 s for 1 000 runs), and one dumps() of 10 000 payloads held ~600 MB at once.
     # These files are read by programs (OpenSearch export, replot), not people.
-    _write_json_array(files["lts"], (r.payload.model_dump(mode="json") for r in runs))
+    _write_json_array(files["lts"], payloads())
     files["regression"] = str(out_dir / "regression.json")
     _write_json_array(files["regression"], (v.model_dump(mode="json") for v in verdicts))
     files["regression_summary"] = str(out_dir / "regression_summary.yaml")

@@ -64,6 +64,27 @@ def test_strict_mode_refuses_incomplete_payload(tmp_path: Path) -> None:
     proc = run_cli(str(tmp_path / "r"), "--project", "fine_tuning", "--out",
                    str(tmp_path / "o"), "--strict")
     assert proc.returncode == 2 and "incomplete" in proc.stderr
+    assert not list((tmp_path / "o").glob(".lts_payload.spool*"))  # the spool is gone
+
+
+def test_lts_payloads_come_back_from_the_spool_whole_and_in_order(tmp_path: Path) -> None:
+    """Payloads are spooled to disk while the runs are analysed (only their metadata stays
+    in memory) and written with their verdicts once these are known."""
+    for i in range(20):  # enough for the parallel parse: results arrive out of order
+        make_result_dir(tmp_path / "r", f"{i:03d}__cell", tokens_per_second=1000 + i, seed=i,
+                        exit_code=1 if i == 3 else 0)
+    outcome = postprocess(tmp_path / "r", "fine_tuning", tmp_path / "o",
+                          history_uri=str(tmp_path / "h"))
+    payloads = json.loads((tmp_path / "o" / "lts_payload.json").read_text())
+    assert [p["metadata"]["test_path"] for p in payloads] == [f"{i:03d}__cell"
+                                                              for i in range(20)]
+    assert all(p["kpis"] and p["results"] and p["regression"] for p in payloads)
+    assert payloads[3]["metadata"]["status"] == "failed"
+    assert payloads[5]["metadata"]["settings"]["model_name"] == "tiny-llama"
+    assert payloads[5]["results"]["train_tokens_per_second"] == 1005
+    assert outcome.runs == 20 and not list((tmp_path / "o").glob(".lts_payload.spool*"))
+    runs = pd.read_parquet(tmp_path / "o" / "runs.parquet")
+    assert runs["status"].tolist().count("failed") == 1
 
 
 def test_history_gives_verdicts_and_regression_is_flagged(tmp_path: Path) -> None:
