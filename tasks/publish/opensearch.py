@@ -245,7 +245,9 @@ class OpenSearchHistory:
                 body: dict[str, Any] = {
                     "size": self.page_size,
                     "query": {"bool": {"filter": filters}},
-                    "sort": [{"metadata.start": "asc"}, {"metadata.run_uuid": "asc"}],
+                    # newest first: past max_runs it is the oldest runs that are left out
+                    # (ascending kept the oldest and judged against them)
+                    "sort": [{"metadata.start": "desc"}, {"metadata.run_uuid": "desc"}],
                     "_source": ["metadata.run_uuid", "metadata.start", "kpis", "labels"],
                 }
                 if search_after is not None:

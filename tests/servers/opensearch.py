@@ -217,8 +217,8 @@ class _Handler(BaseHTTPRequestHandler):
             hits.sort(key=lambda h: (h["sort"][position] is None, h["sort"][position] or ""),
                       reverse=sort[position][1] == "desc")
         after = body.get("search_after")
-        if after is not None:
-            hits = [h for h in hits if h["sort"] > after]
+        if after is not None:  # the hits that come after it in this sort order
+            hits = [h for h in hits if _after(h["sort"], after, [d for _, d in sort])]
         self._send(200, {"took": 1, "timed_out": False,
                          "hits": {"total": {"value": len(hits), "relation": "eq"},
                                   "hits": hits[:size]}})
@@ -243,3 +243,12 @@ def opensearch_server(user: str | None = None,
     handler = type("Handler", (_Handler,), {"state": state})
     with serve(handler) as port:
         yield f"http://127.0.0.1:{port}", state
+
+
+def _after(keys: list[Any], after: list[Any], directions: list[str]) -> bool:
+    """Whether sort ``keys`` come strictly after ``after``, key by key in each direction."""
+    for key, mark, direction in zip(keys, after, directions, strict=False):
+        if key == mark:
+            continue
+        return (key < mark) if direction == "desc" else (key > mark)
+    return False

@@ -88,6 +88,10 @@ def test_history_query_filters_by_labels_and_pages() -> None:
         assert "newer-ocp" in ignoring["run_uuid"].tolist()
         assert "other" not in ignoring["run_uuid"].tolist()
         assert OpenSearchHistory(instance, "missing", policy=FAST).query(labels).empty
+        # past max_runs, the newest runs are kept (the verdict's baseline), oldest first
+        capped = OpenSearchHistory(instance, "ft", page_size=4, max_runs=8, policy=FAST)
+        assert capped.query(labels, kpi="tps")["run_uuid"].tolist() == [
+            f"r{i:02d}" for i in range(17, 25)]
 
 
 def test_postprocess_judges_against_opensearch_history(tmp_path) -> None:
