@@ -49,6 +49,7 @@ __all__ = [
     "HistoryStore",
     "default_data_dir",
     "default_history_uri",
+    "matched_labels",
     "open_filesystem",
 ]
 
@@ -389,7 +390,6 @@ class HistoryStore:
         Returns:
             Matching rows sorted by ``timestamp``.
         """
-        skip = set(ignored_labels) | {compared_label} | set(BASE_COLUMNS)
         files = self._files()
         if not files:
             return pd.DataFrame(columns=BASE_COLUMNS)
@@ -398,9 +398,7 @@ class HistoryStore:
             return pd.DataFrame(columns=BASE_COLUMNS)
         known = set(schema.names)
         expr = None
-        for name, value in labels.items():
-            if name in skip:
-                continue
+        for name, value in matched_labels(labels, compared_label, ignored_labels).items():
             if name not in known:  # no stored run has this label: none can match a value
                 if value is None:
                     continue
@@ -415,6 +413,13 @@ class HistoryStore:
         if excluded:
             frame = frame[~frame["run_uuid"].isin(excluded)]
         return frame.reset_index(drop=True)
+
+
+def matched_labels(labels: Mapping[str, str | None], compared_label: str | None,
+                   ignored_labels: Iterable[str]) -> dict[str, str | None]:
+    """The labels a history row must match: all but the compared and ignored ones."""
+    skip = set(ignored_labels) | {compared_label} | set(BASE_COLUMNS)
+    return {name: value for name, value in labels.items() if name not in skip}
 
 
 def _safe_name(run_uuid: str) -> str:

@@ -21,8 +21,8 @@ from pydantic import BaseModel, Field, ValidationError
 
 from analysis.discovery import Discovery, SkippedDir, discover
 from analysis.errors import ConfigError, ResultsError
-from analysis.history import ALL_KPIS, HistorySource, HistoryStore
-from analysis.kpi import BASE_COLUMNS, Kpi, compute_kpis, kpi_table, openmetrics_lines
+from analysis.history import ALL_KPIS, HistorySource, HistoryStore, matched_labels
+from analysis.kpi import Kpi, compute_kpis, kpi_table, openmetrics_lines
 from analysis.lts import LtsKpi, LtsMetadata, LtsPayload, require_complete
 from analysis.parsing import ParsedResult, parse_dirs
 from analysis.project import AnalysisProject, load_project
@@ -167,16 +167,16 @@ def judge_runs(runs: Sequence[RunAnalysis], store: HistorySource | None,
     accepts = getattr(store, "accepted", None)
     accepted: dict[str, set[str]] = accepts() if callable(accepts) else {}
     tuning = replace(DEFAULTS, min_history=settings.regression.min_history)
-    skip = {settings.comparison.compared_label, *settings.comparison.ignored_labels,
-            *BASE_COLUMNS}
     # One history query per configuration, not per run: runs of one configuration share
     # their history rows (a query per run cost ~75 ms: 77 s for 1 000 runs).
-    by_configuration: dict[tuple[tuple[str, str], ...], _TimedSeries] = {}
+    by_configuration: dict[tuple[tuple[str, str | None], ...], _TimedSeries] = {}
     for group in _repeat_groups(runs):
         first = group[0]
         by_kpi: _KpiSeries = {}
         if store is not None:
-            key = tuple(sorted((k, v) for k, v in first.labels.items() if k not in skip))
+            key = tuple(sorted(matched_labels(
+                first.labels, settings.comparison.compared_label,
+                settings.comparison.ignored_labels).items(), key=lambda kv: kv[0]))
             series = by_configuration.get(key)
             if series is None:
                 series = by_configuration[key] = _kpi_series(store.query(
