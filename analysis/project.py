@@ -48,6 +48,9 @@ class AnalysisProject:
         bulky: Fields of the parsed result only the newest runs' report pages need (a loss
             curve per step): post-processing drops them from older runs once their KPIs
             and payloads are computed, so memory stays bounded over 10 000 runs.
+        analysis_only: Fields of the parsed result only the analysis reads (KPIs, labels and
+            the payload are computed from them; no report page reads them): dropped from
+            older runs once analysed, like ``bulky``, but still read from every run's cache.
     """
 
     name: str
@@ -64,6 +67,7 @@ class AnalysisProject:
     resource_rows: Callable[[ParsedResult], list[dict[str, Any]]] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     bulky: tuple[str, ...] = ()
+    analysis_only: tuple[str, ...] = ()
 
     def analysis_defaults(self) -> dict[str, Any]:
         """The project's default ``analysis`` block (ignored labels, compared label...).

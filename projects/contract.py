@@ -269,6 +269,8 @@ class Project(AnalysisProject):
             object.__setattr__(self, "resource_rows", _resource_rows)
         if "resource_timeline" not in self.bulky:
             object.__setattr__(self, "bulky", (*self.bulky, "resource_timeline"))
+        if "resources" not in self.analysis_only:  # its KPIs are all the report shows of it
+            object.__setattr__(self, "analysis_only", (*self.analysis_only, "resources"))
 
     @property
     def data_dir(self) -> Path:

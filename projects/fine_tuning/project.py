@@ -150,6 +150,8 @@ PROJECT = Project(
     loss_curve=_loss_curve,
     user_rows=_user_rows,
     bulky=("progress",),
+    # read by the KPIs, labels and LTS results only (the report draws users for every run)
+    analysis_only=("platform", "trainer_config", "dataset_stats", "summary", "workload"),
     folder=_FOLDER,
     flow_name="fine-tuning",
     config_model=ConfigModel,

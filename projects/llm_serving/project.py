@@ -216,6 +216,8 @@ PROJECT = Project(
     user_rows=_user_rows,
     samples=lambda r: as_serving(r).samples,
     bulky=("samples",),
+    # read by the KPIs, labels and LTS results only (the report draws users for every run)
+    analysis_only=("ttft_ms", "itl_ms", "tpot_ms", "request_latency_s", "server_counters"),
     folder=FOLDER,
     flow_name="llm-serving",
     config_model=ConfigModel,

@@ -247,7 +247,7 @@ def test_history_lines_follow_the_regressions_configuration_and_mark_changes(
     assert "<svg" in index and outcome.verdicts
 
 
-def test_older_runs_drop_their_loss_curves_after_analysis(tmp_path: Path) -> None:
+def test_older_runs_drop_their_bulky_and_analysis_only_fields(tmp_path: Path) -> None:
     """Bounded memory over 10 000 runs: only the newest runs keep per-step data (for the
     loss-curve page); every run's payload still has its loss summary and KPIs."""
     from analysis.pipeline import KEEP_BULKY, _analyse_tree
@@ -260,6 +260,10 @@ def test_older_runs_drop_their_loss_curves_after_analysis(tmp_path: Path) -> Non
                                             trust_cache=False)
     assert failed == 0 and len(runs) == KEEP_BULKY + 5
     assert [len(r.result.progress) > 0 for r in runs] == [False] * 5 + [True] * KEEP_BULKY
+    # what only the KPIs read goes too (~8 KB a run); what the report reads stays
+    assert [r.result.summary is not None for r in runs] == [False] * 5 + [True] * KEEP_BULKY
+    assert [r.result.resources is None for r in runs[:5]] == [True] * 5
+    assert all(r.result.settings and r.result.run_uuid for r in runs)
     assert all(r.payload.results.get("last_loss") is not None for r in runs)
     assert all(r.kpis for r in runs)
 
