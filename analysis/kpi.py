@@ -25,6 +25,7 @@ __all__ = [
     "Kpi",
     "KpiDefinition",
     "compute_kpis",
+    "display_value",
     "kpi_table",
     "label_strings",
     "openmetrics_lines",
@@ -80,10 +81,15 @@ class Kpi(BaseModel):
 
     def display(self) -> str:
         """The value formatted for humans."""
-        try:
-            return self.format.format(self.value)
-        except (ValueError, IndexError):
-            return str(self.value)
+        return display_value(self.format, self.value)
+
+
+def display_value(format: str, value: float) -> str:
+    """``value`` in a KPI's display ``format`` (its plain text when the format does not fit)."""
+    try:
+        return format.format(value)
+    except (ValueError, IndexError):
+        return str(value)
 
 
 _KPI_FIELDS = set(Kpi.model_fields)  # one set shared by every constructed Kpi (all fields set)
@@ -235,7 +241,7 @@ def kpi_table(rows: Iterable[tuple[str, str | None, Sequence[Kpi]]]) -> pd.DataF
     for key in sorted(keys):
         columns[key] = expanded([_label_text(labels.get(key)) for labels in label_sets],
                                 "string")
-    return pd.DataFrame(columns)
+    return pd.DataFrame(columns, copy=False)  # the arrays are new: no second copy
 
 
 def _label_text(value: Any) -> str | None:

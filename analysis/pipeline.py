@@ -67,7 +67,9 @@ class VerdictRow(BaseModel):
 
 _LTS_VERDICT = {"verdict", "baseline", "change_pct", "confidence", "history_used",
                 "explanation"}  # what an LTS payload's regression block keeps of a verdict
-_VERDICT_FIELDS = set(VerdictRow.model_fields)  # all set: shared by every constructed row
+_VERDICT_FIELDS = set(VerdictRow.model_fields)
+_PAYLOAD_FIELDS = set(LtsPayload.model_fields)  # the spooled payloads' metadata-only copies
+_METADATA_FIELDS = set(LtsMetadata.model_fields)  # all set: shared by every constructed row
 
 
 class RunAnalysis(BaseModel):
@@ -363,7 +365,24 @@ def _slimmed(result: ParsedResult, hooks: AnalysisProject) -> ParsedResult:
     model = type(result)
     drop = {name: _empty(model, name) for name in (*hooks.bulky, *hooks.analysis_only)
             if name in model.model_fields and not model.model_fields[name].is_required()}
-    return result.model_copy(update=drop) if drop else result
+    return result.model_copy(update={**drop, "settings": _shared_settings(result.settings)})
+
+
+_SETTINGS: dict[str, dict[str, Any]] = {}
+
+
+def _shared_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """One dict for equal settings (read-only by convention).
+
+    The runs of a configuration repeat them, ~1.3 KB a run.
+    """
+    try:
+        key = json.dumps(settings, sort_keys=True)
+    except (TypeError, ValueError):  # a value JSON has no type for (a YAML date): not shared
+        return settings
+    if len(_SETTINGS) > 4096:  # bounded: a long-lived process (a Prefect worker) analyses
+        _SETTINGS.clear()      # many trees
+    return _SETTINGS.setdefault(key, settings)
 
 
 @functools.cache
@@ -456,12 +475,16 @@ def postprocess(
                 data = run.payload.model_dump_json(exclude={"regression"}).encode()
                 places[id(run)] = (spool.tell(), len(data))
                 spool.write(data)
-                # model_copy, not model_construct: that one computes every default
-                # (0.75 ms a run through inspect.signature)
-                run.payload = run.payload.model_copy(update={
-                    "results": {}, "kpis": {}, "problems": [],
-                    "metadata": run.payload.metadata.model_copy(
-                        update={"settings": None, "config": None})})
+                # Every field given (model_construct computes a missing default through
+                # inspect.signature: 0.75 ms a run) and one shared fields set: a copy's own
+                # sets were ~1 KB a run.
+                metadata = run.payload.metadata
+                run.payload = LtsPayload.model_construct(
+                    _fields_set=_PAYLOAD_FIELDS, **{
+                        **run.payload.__dict__, "results": {}, "kpis": {}, "problems": [],
+                        "metadata": LtsMetadata.model_construct(
+                            _fields_set=_METADATA_FIELDS,
+                            **{**metadata.__dict__, "settings": None, "config": None})})
 
             found, runs, skipped, (failed, problems) = _analyse_tree(
                 results_dir, hooks, presets, config_text, force=force,
@@ -496,6 +519,10 @@ def _write_outputs(out_dir: Path, hooks: AnalysisProject, settings: AnalysisSett
     store = HistoryStore(history_uri) if history_uri else None
     source: HistorySource | None = history if history is not None else store
     verdicts = judge_runs(runs, source, settings) if settings.regression.enabled else []
+    # From here on the KPI table holds every value (the report reads it): the runs' own
+    # KPI objects go, ~4 KB a run.
+    for run in runs:
+        run.kpis = []
     by_run: dict[str, list[VerdictRow]] = {}
     for row in verdicts:
         by_run.setdefault(row.run_uuid, []).append(row)

@@ -28,7 +28,7 @@ import html
 import math
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ import pandas as pd
 
 from analysis.discovery import Discovery
 from analysis.errors import ConfigError
-from analysis.kpi import BASE_COLUMNS
+from analysis.kpi import BASE_COLUMNS, display_value
 from analysis.project import AnalysisProject
 from analysis.regression import change_points
 from analysis.yamlio import load_yaml
@@ -88,17 +88,30 @@ def _varying_settings(runs: Sequence[Any]) -> list[str]:
 
 
 def shape_kpi_table(ctx: ReportContext) -> pd.DataFrame:
-    """One row per run: run path, status, the varying settings, then each KPI's value."""
+    """One row per run: run path, status, the varying settings, then each KPI's value.
+
+    The values come from the KPI table (``ctx.kpis``), matched by run uuid, in each KPI's
+    display format.
+    """
     from analysis.matrix_utils import flatten_settings
 
     varying = _varying_settings(ctx.runs)
+    values: dict[str, dict[str, str]] = {}
+    frame = ctx.kpis
+    if not frame.empty:
+        formats = {d.name: d.format for d in ctx.project.kpis}
+        frame = frame[frame["run_uuid"].isin({r.run_uuid for r in ctx.runs})]
+        for uuid, kpi, unit, value in zip(frame["run_uuid"], frame["kpi"], frame["unit"],
+                                          frame["value"], strict=True):
+            values.setdefault(uuid, {})[f"{kpi} [{unit}]"] = display_value(
+                formats.get(kpi, "{:.3f}"), value)
     rows = []
     for run in ctx.runs:
         flat = flatten_settings(run.result.settings)
         row: dict[str, Any] = {"run": run.result.rel_path,
                                "status": run.payload.metadata.status}
         row.update({k: flat.get(k) for k in varying})
-        row.update({f"{k.name} [{k.unit}]": k.display() for k in run.kpis})
+        row.update(values.get(run.run_uuid, {}))
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -115,57 +128,72 @@ def configuration_keys(ctx: ReportContext) -> list[str]:
 
 def shape_kpi_history(ctx: ReportContext, kpis: Sequence[str] | None = None) -> pd.DataFrame:
     """History rows (and the current runs) of the current configurations, tidy."""
-    key = tuple(kpis) if kpis else None
-    cached = ctx.shaped.get(key)
-    if cached is None:
-        cached = ctx.shaped[key] = _shape_kpi_history(ctx, kpis)
-    return cached
+    full = ctx.shaped.get(None)
+    if full is None:
+        full = ctx.shaped[None] = _shape_kpi_history(ctx)
+    if not kpis or full.empty:
+        return full
+    part = full[full["kpi"].isin(list(kpis))]
+    # the configurations the current runs have for these KPIs
+    wanted = set(part.loc[part["current"].astype(bool), "configuration"])
+    return part[part["configuration"].isin(wanted)]
 
 
-def _shape_kpi_history(ctx: ReportContext, kpis: Sequence[str] | None) -> pd.DataFrame:
+_HISTORY_COLUMNS = ["timestamp", "kpi", "value", "unit", "configuration", "run_uuid",
+                    "current"]
+
+
+def _shape_kpi_history(ctx: ReportContext) -> pd.DataFrame:
     keys = configuration_keys(ctx)
-    # only the columns drawn and the configuration's labels: a copy of every label column
-    # of history and current rows was ~200 MB at 10 000 runs
-    wanted_columns = ["timestamp", "kpi", "value", "unit", "run_uuid", *keys]
-    frames = []
+    # The tidy rows carry the drawn columns only; the configuration's labels are read once
+    # per run (a run's labels are the same on each of its KPI rows): a copy of the label
+    # columns for every row was ~200 MB at 10 000 runs, and ~40 MB still with only the keys.
+    rows, labels = [], []
     for part, current in ((ctx.history, False), (ctx.kpis, True)):
         if part is None or part.empty:
             continue
-        if kpis:
-            part = part[part["kpi"].isin(list(kpis))]
-        frames.append(part[[c for c in wanted_columns if c in part.columns]]
-                      .assign(current=current))
-    columns = ["timestamp", "kpi", "value", "unit", "configuration", "run_uuid", "current"]
-    frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
-    frame = frame.drop_duplicates(subset=["run_uuid", "kpi"], keep="last")
+        rows.append(part[["timestamp", "kpi", "value", "unit", "run_uuid"]]
+                    .assign(current=current))
+        labels.append(part.drop_duplicates("run_uuid", keep="last")[
+            ["run_uuid", *(k for k in keys if k in part.columns)]])
+    if not rows:
+        return pd.DataFrame(columns=_HISTORY_COLUMNS)
+    frame = pd.concat(rows, ignore_index=True).drop_duplicates(subset=["run_uuid", "kpi"],
+                                                               keep="last")
     if frame.empty:  # e.g. a scale test has none of the single-job KPIs
-        return pd.DataFrame(columns=columns)
-    # One string per distinct configuration, shared by its rows (a string per row, built
-    # row-wise, took 25 s over 130 000 rows; column-wise it was still one object per row).
-    # Codes from the label columns as they are (an object copy of them for the grouping
-    # held ~200 MB at 10 000 runs); only each configuration's first row is made text.
-    present = [k for k in keys if k in frame.columns]
-    if present:
-        codes = frame[present].groupby(present, sort=False, dropna=False).ngroup().to_numpy()
-        order, first_rows = np.unique(codes, return_index=True)
-        names = np.empty(len(order), dtype=object)
-        for code, row in zip(order, frame[present].iloc[first_rows].itertuples(index=False),
-                             strict=True):
-            known = {k: ("" if pd.isna(v) else v) for k, v in zip(present, row, strict=True)}
-            names[code] = " / ".join(f"{k}={known.get(k, '')}" for k in keys)
-        # object dtype: pandas would infer an Arrow string column, a copy of the long
-        # name per row (~110 MB at 10 000 runs); these rows point at one shared string
-        configuration = pd.Series(names[codes], index=frame.index, dtype="object")
-    else:
-        configuration = pd.Series(
-            " / ".join(f"{k}=" for k in keys) if keys else "all", index=frame.index,
-            dtype="object")
-    frame = frame.assign(configuration=configuration)
+        return pd.DataFrame(columns=_HISTORY_COLUMNS)
+    runs = pd.concat(labels, ignore_index=True).drop_duplicates("run_uuid", keep="last")
+    names = _configuration_names(runs, keys)
+    where = pd.Index(runs["run_uuid"]).get_indexer(frame["run_uuid"])
+    # object dtype: pandas would infer an Arrow string column, a copy of the long name per
+    # row (~110 MB at 10 000 runs); these rows point at one shared string per configuration
+    frame = frame.assign(configuration=pd.Series(names[where], index=frame.index,
+                                                 dtype="object"))
     # The configurations of this run's rows, read off the same frame: a merge with the
     # history was a cartesian join (10 000 runs: 26.8 GiB) and failed with no label columns.
     wanted = set(frame.loc[frame["current"].astype(bool), "configuration"])
     frame = frame[frame["configuration"].isin(wanted)]
-    return frame.sort_values("timestamp")[columns]
+    return frame.sort_values("timestamp", kind="stable")[_HISTORY_COLUMNS]
+
+
+def _configuration_names(runs: pd.DataFrame, keys: Sequence[str]) -> Any:
+    """Per row of ``runs``: its configuration's name, one shared string per configuration.
+
+    A string per row, built row-wise, took 25 s over 130 000 rows; here only each
+    configuration's first row is made text.
+    """
+    present = [k for k in keys if k in runs.columns]
+    if not present:
+        return np.full(len(runs), " / ".join(f"{k}=" for k in keys) if keys else "all",
+                       dtype=object)
+    codes = runs[present].groupby(present, sort=False, dropna=False).ngroup().to_numpy()
+    order, first_rows = np.unique(codes, return_index=True)
+    names = np.empty(len(order), dtype=object)
+    for code, row in zip(order, runs[present].iloc[first_rows].itertuples(index=False),
+                         strict=True):
+        known = {k: ("" if pd.isna(v) else v) for k, v in zip(present, row, strict=True)}
+        names[code] = " / ".join(f"{k}={known.get(k, '')}" for k in keys)
+    return names[codes]
 
 
 def shape_loss_curve(ctx: ReportContext) -> pd.DataFrame:
@@ -284,10 +312,13 @@ def _capped(frame: pd.DataFrame, where: str, first: pd.Series | None = None
     rest = frame.drop(important.index).iloc[-(MAX_TABLE_ROWS - len(important)):] \
         if len(important) < MAX_TABLE_ROWS else frame.iloc[:0]
     shown = pd.concat([important, rest])
-    note = (f"<p class='empty'>showing {len(shown)} of {len(frame)} rows"
-            f"{' (every regression and improvement first)' if first is not None else ''}; "
+    return shown, _cap_note(len(shown), len(frame), where, important=first is not None)
+
+
+def _cap_note(shown: int, total: int, where: str, *, important: bool) -> str:
+    return (f"<p class='empty'>showing {shown} of {total} rows"
+            f"{' (every regression and improvement first)' if important else ''}; "
             f"all of them are in {html.escape(where)}</p>")
-    return shown, note
 
 
 def _table_html(frame: pd.DataFrame, empty: str) -> str:
@@ -301,8 +332,11 @@ def _figure_html(figure: Any) -> str:
 
 
 def _draw_kpi_table(ctx: ReportContext, options: dict[str, Any]) -> str:
-    frame, note = _capped(shape_kpi_table(ctx), "kpis.parquet")
-    return note + _table_html(frame, "no KPI could be computed")
+    # the newest runs only are shown: only they are shaped
+    shown = replace(ctx, runs=ctx.runs[-MAX_TABLE_ROWS:], shaped={})
+    note = "" if len(shown.runs) == len(ctx.runs) else _cap_note(
+        len(shown.runs), len(ctx.runs), "kpis.parquet", important=False)
+    return note + _table_html(shape_kpi_table(shown), "no KPI could be computed")
 
 
 MAX_HISTORY_LINES = 12
@@ -423,11 +457,23 @@ _VERDICT_MARKS = {"regression": "#c0392b", "improvement": "#1e8449", "no_change"
 
 
 def _draw_regression(ctx: ReportContext, options: dict[str, Any]) -> str:
-    frame = shape_regression(ctx)
-    if frame.empty:
+    if not ctx.verdicts:
         return "<p class='empty'>no verdicts (no history configured?)</p>"
-    frame, note = _capped(frame, "regression.json",
-                          frame["verdict"].isin(["regression", "improvement"]))
+    # Only the rows shown are shaped (80 000 verdicts made a ~20 MB frame for 1 000 rows):
+    # every regression and improvement first, then the newest of the rest.
+    news = [i for i, v in enumerate(ctx.verdicts) if v.verdict in ("regression",
+                                                                    "improvement")]
+    kept = news[:MAX_TABLE_ROWS]
+    room = MAX_TABLE_ROWS - len(kept)
+    if len(ctx.verdicts) <= MAX_TABLE_ROWS:
+        shown, note = list(ctx.verdicts), ""
+    else:
+        chosen = set(kept)
+        rest = [i for i in range(len(ctx.verdicts)) if i not in chosen][-room:] if room \
+            else []
+        shown = [ctx.verdicts[i] for i in (*kept, *rest)]
+        note = _cap_note(len(shown), len(ctx.verdicts), "regression.json", important=True)
+    frame = shape_regression(replace(ctx, verdicts=shown, shaped={}))
     # Written directly, every cell escaped: result dir names and labels are untrusted (a dir
     # named <img src=x onerror=...> reached the page through Styler, which escapes nothing by
     # default), and Styler took 8 s for 8 000 rows.

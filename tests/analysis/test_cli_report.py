@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
@@ -119,6 +120,14 @@ def test_report_shapes(tmp_path: Path) -> None:
     ctx = ReportContext(project, runs, pd.DataFrame(), None, [], found)
     table = shape_kpi_table(ctx)
     assert list(table["gpu"]) == [1, 2] and "hyper_parameters.r" not in table.columns
+    # the KPI values come from the KPI table, in each KPI's display format
+    from analysis.kpi import kpi_table
+
+    frame = kpi_table((r.run_uuid, r.timestamp, r.kpis) for r in runs)
+    table = shape_kpi_table(ReportContext(project, runs, frame, None, [], found))
+    expected = {k.name: k.display() for k in runs[0].kpis}
+    assert table.loc[0, "train_tokens_per_second [tokens/s]"] == \
+        expected["train_tokens_per_second"]
     assert set(shape_loss_curve(ctx)["run"]) == {"000__cell", "001__cell"}
     errors = shape_errors(ctx)
     assert set(errors["kind"]) == {"failed run", "parse problem"}
@@ -294,3 +303,28 @@ def test_resource_capture_gives_kpis_and_a_report_page(tmp_path: Path) -> None:
     page = next((out / "report").glob("*_resources.html")).read_text()
     assert "CPU cores in use" in page and "memory in use (GB)" in page
     assert "workload: loss per logging step" in page  # the cell's own timeline next to it
+
+
+def test_regression_page_shows_every_regression_then_the_newest_rows(tmp_path: Path) -> None:
+    """Past MAX_TABLE_ROWS verdicts, the page keeps the news and the newest of the rest."""
+    from analysis.pipeline import VerdictRow
+    from analysis.report import MAX_TABLE_ROWS, REPORT_KINDS
+
+    def row(i: int, kind: str) -> VerdictRow:
+        return VerdictRow(run_uuid=f"run-{i}", test_path=f"p{i:05d}", kpi="k", unit="u",
+                          latest=1.0, baseline=1.0, change_pct=0.0, verdict=kind,
+                          confidence=0.5, history_used=5, explanation="e")
+
+    total = MAX_TABLE_ROWS + 50
+    news = {3, 40, total - 60}
+    verdicts = [row(i, "regression" if i in news else "no_change") for i in range(total)]
+    make_result_dir(tmp_path, "000__cell")
+    ctx = ReportContext(load_project("fine_tuning"), [], pd.DataFrame(), None, verdicts,
+                        discover(tmp_path))
+    page = REPORT_KINDS["regression"](ctx, {})
+    shown = [int(p[1:]) for p in re.findall(r"<td>(p\d{5})</td>", page)]
+    assert len(shown) == MAX_TABLE_ROWS
+    assert shown[:3] == sorted(news)  # the regressions first
+    rest = [i for i in range(total) if i not in news][-(MAX_TABLE_ROWS - 3):]
+    assert shown[3:] == rest
+    assert f"showing {MAX_TABLE_ROWS} of {total} rows" in page
