@@ -182,6 +182,7 @@ def judge_runs(runs: Sequence[RunAnalysis], store: HistorySource | None,
     # One history query per configuration, not per run: runs of one configuration share
     # their history rows (a query per run cost ~75 ms: 77 s for 1 000 runs).
     by_configuration: dict[tuple[tuple[str, str | None], ...], _TimedSeries] = {}
+    texts: dict[str, str] = {}  # one copy of each explanation ("3 historical point(s)...")
     for group in _repeat_groups(runs):
         first = group[0]
         by_kpi: _KpiSeries = {}
@@ -217,7 +218,8 @@ def judge_runs(runs: Sequence[RunAnalysis], store: HistorySource | None,
                     change_pct=round(judged.magnitude * 100, 3) if judged.baseline is not None
                     else None,
                     verdict=judged.kind, confidence=judged.confidence, suspect=judged.suspect,
-                    history_used=judged.history_used, explanation=judged.explanation))
+                    history_used=judged.history_used,
+                    explanation=texts.setdefault(judged.explanation, judged.explanation)))
     return rows
 
 
@@ -310,8 +312,9 @@ def _analyse_tree(results_dir: str | Path, hooks: AnalysisProject,
     ``keep`` is called with each analysed run as it arrives (before its bulky fields are
     dropped): post-processing spools the LTS payload to disk there.
 
-    Returns the discovery, the analysed runs, the skipped dirs and (failed runs, parse
-    problems) counted over every parsed dir.
+    Returns the discovery (its root and skipped dirs: the result dirs it found are the runs
+    now, ~2 KB a dir with their settings), the analysed runs, the skipped dirs and (failed
+    runs, parse problems) counted over every parsed dir.
 
     Raises:
         ResultsError: No result dir, or no usable run.
@@ -348,7 +351,8 @@ def _analyse_tree(results_dir: str | Path, hooks: AnalysisProject,
     if not runs:
         raise ResultsError(f"no usable run under {results_dir}: "
                            + "; ".join(f"{s.path}: {s.reason}" for s in skipped[:5]))
-    return found, runs, skipped, (counts[0], counts[1])
+    lean = Discovery.model_construct(root=found.root, results=[], skipped=found.skipped)
+    return lean, runs, skipped, (counts[0], counts[1])
 
 
 KEEP_BULKY = 40
