@@ -67,9 +67,11 @@ class VerdictRow(BaseModel):
 
 _LTS_VERDICT = {"verdict", "baseline", "change_pct", "confidence", "history_used",
                 "explanation"}  # what an LTS payload's regression block keeps of a verdict
+# Fields sets shared by every model_construct-ed instance (all fields set): the verdict rows
+# and the metadata-only copies of the spooled payloads
 _VERDICT_FIELDS = set(VerdictRow.model_fields)
-_PAYLOAD_FIELDS = set(LtsPayload.model_fields)  # the spooled payloads' metadata-only copies
-_METADATA_FIELDS = set(LtsMetadata.model_fields)  # all set: shared by every constructed row
+_PAYLOAD_FIELDS = set(LtsPayload.model_fields)
+_METADATA_FIELDS = set(LtsMetadata.model_fields)
 
 
 class RunAnalysis(BaseModel):
