@@ -4,6 +4,9 @@
 records that a run's level is the new baseline (all its KPIs, or the named ones): later
 verdicts compare with it, and the shift it carries stops being reported.
 
+Progress lines (``parse: 4,000/10,000 run(s) (40 %), 1,250/s``, judging, the report) go to
+stderr; ``--quiet`` leaves them out.
+
 Exit codes: 0 parsing succeeded (failed runs still count as parsed), 1 the regression gate
 failed (``--fail-on-regression``), 2 a user error (bad path, unknown project, cpt-incomplete
 payload), with one line on stderr.
@@ -12,6 +15,7 @@ payload), with one line on stderr.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Sequence
 
@@ -19,6 +23,7 @@ from analysis.errors import TelltaleError, UserError
 from analysis.history import ALL_KPIS, HistoryStore
 from analysis.paths import writable_dir
 from analysis.pipeline import postprocess, settings_for
+from analysis.progress import logger as progress_logger
 from analysis.project import load_project
 
 
@@ -59,6 +64,17 @@ def accept_main(argv: Sequence[str]) -> int:
     return 0
 
 
+def _show_progress() -> None:
+    """Print the progress lines (`analysis.progress`) on stderr, once."""
+    if not any(getattr(h, "telltale_progress", False) for h in progress_logger.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler.telltale_progress = True  # type: ignore[attr-defined]
+        progress_logger.addHandler(handler)
+    if progress_logger.level == logging.NOTSET:
+        progress_logger.setLevel(logging.INFO)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run post-processing from the command line; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -80,7 +96,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="exit 1 when a KPI regressed")
     parser.add_argument("--force", action="store_true", help="re-parse, ignoring caches")
     parser.add_argument("--no-report", action="store_true", help="skip the HTML report")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress lines on stderr (parse, judge, report)")
     args = parser.parse_args(argv)
+    if not args.quiet:
+        _show_progress()
     try:
         # the run's (or the project's) analysis block: the same history selection and
         # ignored labels as the run itself; the command line's flags go on top

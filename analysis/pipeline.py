@@ -26,6 +26,7 @@ from analysis.history import ALL_KPIS, HistorySource, HistoryStore, matched_labe
 from analysis.kpi import Kpi, compute_kpis, kpi_table, label_strings, openmetrics_lines
 from analysis.lts import LtsKpi, LtsMetadata, LtsPayload, require_complete
 from analysis.parsing import ParsedResult, parse_dirs
+from analysis.progress import StageProgress
 from analysis.project import AnalysisProject, load_project
 from analysis.regression import DEFAULTS, verdict
 from analysis.settings import AnalysisSettings
@@ -185,7 +186,9 @@ def judge_runs(runs: Sequence[RunAnalysis], store: HistorySource | None,
     # their history rows (a query per run cost ~75 ms: 77 s for 1 000 runs).
     by_configuration: dict[tuple[tuple[str, str | None], ...], _TimedSeries] = {}
     texts: dict[str, str] = {}  # one copy of each explanation ("3 historical point(s)...")
+    progress = StageProgress("judge", len(runs))
     for group in _repeat_groups(runs):
+        progress.advance(len(group))
         first = group[0]
         by_kpi: _KpiSeries = {}
         if store is not None:
@@ -222,6 +225,7 @@ def judge_runs(runs: Sequence[RunAnalysis], store: HistorySource | None,
                     verdict=judged.kind, confidence=judged.confidence, suspect=judged.suspect,
                     history_used=judged.history_used,
                     explanation=texts.setdefault(judged.explanation, judged.explanation)))
+    progress.finish()
     return rows
 
 
@@ -328,8 +332,10 @@ def _analyse_tree(results_dir: str | Path, hooks: AnalysisProject,
                            + (f" (skipped: {reasons})" if reasons else ""))
     total = len(found.results)
     counts = [0, 0]
+    progress = StageProgress("parse", total)
 
     def analyse(index: int, result: ParsedResult) -> RunAnalysis | SkippedDir:
+        progress.advance()
         counts[0] += result.exit_code != 0
         counts[1] += len(result.problems)
         try:
@@ -348,6 +354,7 @@ def _analyse_tree(results_dir: str | Path, hooks: AnalysisProject,
     analysed = parse_dirs(found.results, hooks.parser, project=hooks.name, force=force,
                           trust_cache=trust_cache, then=analyse, apart=hooks.bulky,
                           skip_before=total - KEEP_BULKY)
+    progress.finish()
     runs = [a for a in analysed if isinstance(a, RunAnalysis)]
     skipped = [*found.skipped, *(a for a in analysed if isinstance(a, SkippedDir))]
     if not runs:

@@ -38,6 +38,7 @@ import pandas as pd
 from analysis.discovery import Discovery
 from analysis.errors import ConfigError
 from analysis.kpi import BASE_COLUMNS, display_value
+from analysis.progress import StageProgress
 from analysis.project import AnalysisProject
 from analysis.regression import change_points
 from analysis.yamlio import load_yaml
@@ -707,7 +708,10 @@ def render_report(out_dir: Path, project: AnalysisProject, runs: Sequence[Any],
                         out_dir=out_dir)
     links = []
     plotly_needed = False
-    for index, entry in enumerate(_load_plots(project)):
+    plots = _load_plots(project)
+    progress = StageProgress("report", len(plots), "page(s)")
+    for index, entry in enumerate(plots):
+        progress.advance()
         kind, title = entry["kind"], str(entry.get("title", entry["kind"]))
         options = {k: v for k, v in entry.items() if k not in ("kind", "title")}
         body = REPORT_KINDS[kind](ctx, options)
@@ -731,4 +735,5 @@ def render_report(out_dir: Path, project: AnalysisProject, runs: Sequence[Any],
             + "</ul>" + _headlines_html(ctx))
     index_path = out_dir / "index.html"
     index_path.write_text(_page(f"{project.name} report", body, False), encoding="utf-8")
+    progress.finish()
     return index_path

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 import subprocess
 import sys
@@ -8,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pandas as pd
+import pytest
 import yaml
 
 from analysis.discovery import discover
@@ -47,6 +49,32 @@ def test_cli_writes_every_output(tmp_path: Path) -> None:
     assert "<script src='plotly.min.js'>" in page
     assert (out / "report" / "plotly.min.js").read_text().count("plotly.js v") >= 1
     assert "<svg" in index and "train_tokens_per_second" in index  # headlines, sparklines
+    # progress on stderr: each stage's end line (a quick stage says nothing else)
+    assert re.search(r"^parse: 2 run\(s\) in \d+\.\d s$", proc.stderr, re.M), proc.stderr
+    assert re.search(r"^judge: 2 run\(s\) in ", proc.stderr, re.M)
+    assert re.search(r"^report: \d+ page\(s\) in ", proc.stderr, re.M)
+    quiet = run_cli(str(results), "--project", "fine_tuning", "--out", str(out),
+                    "--no-report", "--quiet")
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+
+
+def test_progress_lines_each_tenth_once_the_stage_is_slow(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Tenths are logged only after QUIET_S seconds; the end line always."""
+    from analysis.progress import QUIET_S, StageProgress
+
+    now = [0.0]
+    caplog.set_level(logging.INFO, logger="telltale.analysis")
+    progress = StageProgress("parse", 1000, clock=lambda: now[0])
+    for i in range(1000):
+        now[0] = i * (2 * QUIET_S / 1000)  # half the stage quick, half slow
+        progress.advance()
+    progress.finish()
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[:-1] == [f"parse: {n:,}/1,000 run(s) ({n // 10} %), "
+                          f"{n / ((n - 1) * 2 * QUIET_S / 1000):,.0f}/s"
+                          for n in range(600, 1000, 100)]
+    assert lines[-1] == f"parse: 1,000 run(s) in {999 * 2 * QUIET_S / 1000:.1f} s"
 
 
 def test_cli_user_errors_exit_2(tmp_path: Path) -> None:
