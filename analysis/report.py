@@ -711,7 +711,6 @@ def render_report(out_dir: Path, project: AnalysisProject, runs: Sequence[Any],
     plots = _load_plots(project)
     progress = StageProgress("report", len(plots), "page(s)")
     for index, entry in enumerate(plots):
-        progress.advance()
         kind, title = entry["kind"], str(entry.get("title", entry["kind"]))
         options = {k: v for k, v in entry.items() if k not in ("kind", "title")}
         body = REPORT_KINDS[kind](ctx, options)
@@ -722,6 +721,7 @@ def render_report(out_dir: Path, project: AnalysisProject, runs: Sequence[Any],
                                                  f"<h1>{html.escape(title)}</h1>{body}",
                                           needs_js), encoding="utf-8")
         links.append((name, title))
+        progress.advance()  # a page written
     if plotly_needed:
         (out_dir / PLOTLY_FILE).write_text(get_plotlyjs(), encoding="utf-8")
     counts: dict[str, int] = {}
