@@ -308,12 +308,23 @@ def _capped(frame: pd.DataFrame, where: str, first: pd.Series | None = None
     """
     if len(frame) <= MAX_TABLE_ROWS:
         return frame, ""
-    important = frame[first] if first is not None else frame.iloc[:0]
-    important = important.iloc[:MAX_TABLE_ROWS]
-    rest = frame.drop(important.index).iloc[-(MAX_TABLE_ROWS - len(important)):] \
-        if len(important) < MAX_TABLE_ROWS else frame.iloc[:0]
-    shown = pd.concat([important, rest])
+    important = (np.flatnonzero(first.fillna(False).to_numpy(dtype=bool))
+                 if first is not None else [])
+    shown = frame.iloc[_shown_positions(len(frame), important)]
     return shown, _cap_note(len(shown), len(frame), where, important=first is not None)
+
+
+def _shown_positions(total: int, first: Sequence[int]) -> list[int]:
+    """Which of ``total`` rows a capped table shows.
+
+    The ``first`` positions (at most `MAX_TABLE_ROWS`), then the last of the others, up to
+    `MAX_TABLE_ROWS` rows in all.
+    """
+    kept = [int(i) for i in first[:MAX_TABLE_ROWS]]
+    room = MAX_TABLE_ROWS - len(kept)
+    chosen = set(kept)
+    rest = [i for i in range(total) if i not in chosen][-room:] if room else []
+    return kept + rest
 
 
 def _cap_note(shown: int, total: int, where: str, *, important: bool) -> str:
@@ -462,17 +473,12 @@ def _draw_regression(ctx: ReportContext, options: dict[str, Any]) -> str:
         return "<p class='empty'>no verdicts (no history configured?)</p>"
     # Only the rows shown are shaped (80 000 verdicts made a ~20 MB frame for 1 000 rows):
     # every regression and improvement first, then the newest of the rest.
-    news = [i for i, v in enumerate(ctx.verdicts) if v.verdict in ("regression",
-                                                                    "improvement")]
-    kept = news[:MAX_TABLE_ROWS]
-    room = MAX_TABLE_ROWS - len(kept)
     if len(ctx.verdicts) <= MAX_TABLE_ROWS:
         shown, note = list(ctx.verdicts), ""
     else:
-        chosen = set(kept)
-        rest = [i for i in range(len(ctx.verdicts)) if i not in chosen][-room:] if room \
-            else []
-        shown = [ctx.verdicts[i] for i in (*kept, *rest)]
+        news = [i for i, v in enumerate(ctx.verdicts)
+                if v.verdict in ("regression", "improvement")]
+        shown = [ctx.verdicts[i] for i in _shown_positions(len(ctx.verdicts), news)]
         note = _cap_note(len(shown), len(ctx.verdicts), "regression.json", important=True)
     frame = shape_regression(replace(ctx, verdicts=shown, shaped={}))
     # Written directly, every cell escaped: result dir names and labels are untrusted (a dir
