@@ -88,7 +88,8 @@ class LogMetrics(BaseModel):
     dataset_stats: DatasetStats | None = None
     progress: Progress = Field(default_factory=Progress)
     summary: TrainSummary | None = None
-    problems: list[tuple[int, str]] = Field(default_factory=list)
+    problems: list[tuple[int, str]] = Field(default_factory=list, description="(where, "
+                                            "message): ``where`` as the lines were given")
 
 
 def _number(text: str) -> float | None:
@@ -125,27 +126,64 @@ def parse_train_log(lines: Iterable[str]) -> LogMetrics:
     return parse_numbered_lines(enumerate(lines, start=1))
 
 
-def parse_numbered_lines(lines: Iterable[tuple[int, str]]) -> LogMetrics:
-    """`parse_train_log` over ``(line number, line)`` pairs.
+def _columns(rows: list[tuple[str | None, ...]]) -> list[list[float | None]]:
+    """The plain lines' values, column by column, as numbers (None: absent or not a number).
 
-    Only lines holding a ``{`` matter, so a caller may pass just those (e.g.
-    `analysis.parsing.FileReader.matching_lines`), which skips a log's progress-bar noise.
+    One C-level ``map(float, ...)`` a column; a column with an absent value (grad_norm is
+    optional) or an odd one (``nan?``) takes a per-value path.
+    """
+    out: list[list[float | None]] = []
+    for texts in zip(*rows, strict=True):
+        try:
+            out.append(list(map(float, texts)))  # type: ignore[arg-type]
+            continue
+        except TypeError:  # an absent value (grad_norm is optional)
+            pass
+        except ValueError:
+            out.append([None if text is None else _number(text) for text in texts])
+            continue
+        try:
+            out.append([None if text is None else float(text) for text in texts])
+        except ValueError:
+            out.append([None if text is None else _number(text) for text in texts])
+    return out
+
+
+def parse_numbered_lines(lines: Iterable[tuple[int, str]]) -> LogMetrics:
+    """`parse_train_log` over ``(where, line)`` pairs.
+
+    ``where`` is the line's number or byte offset: ``problems`` carry it back (e.g.
+    `analysis.parsing.FileReader.matching_spans` gives offsets, whose lines
+    `~analysis.parsing.FileReader.line_numbers` finds for the few problems). Only lines
+    holding a ``{`` matter, so a caller may pass just those, which skips a log's
+    progress-bar noise.
     """
     out = LogMetrics()
     summary: dict[str, float | None] = {}
     last_tokens_rate: float | None = None
     progress = out.progress
     plain = _PLAIN_PROGRESS.fullmatch
-    columns = (progress.loss, progress.grad_norm, progress.learning_rate, progress.epoch)
-    rates = progress.train_tokens_per_second
+    rows: list[tuple[str | None, ...]] = []  # plain periodic lines not yet in the columns
+
+    def flush() -> None:
+        # the hot path of a cold parse: per line one regex match, per column one conversion
+        if not rows:
+            return
+        for column, values in zip((progress.loss, progress.grad_norm, progress.learning_rate,
+                                   progress.epoch), _columns(rows), strict=True):
+            column += values
+        progress.train_tokens_per_second += [None] * len(rows)
+        rows.clear()
+
     for lineno, raw in lines:
-        if raw.startswith("{") and (match := plain(raw)) is not None:
-            # the hot path of a cold parse: one regex match, no dict, no call per value
-            for column, value in zip(columns, match.groups(), strict=True):
-                column.append(_number(value) if value is not None else None)
-            rates.append(None)
+        brace = raw.find("{")
+        if brace < 0:
             continue
-        if "{" not in raw:
+        # A plain dict, alone or after a progress bar it is glued to (what the general path
+        # below would read from its frame, without splitting the line into frames)
+        if (match := plain(raw, brace)) is not None and (
+                brace == 0 or _STATS not in raw[:brace]):
+            rows.append(match.groups())
             continue
         line = _ANSI.sub("", raw) if "\x1b" in raw else raw
         # Progress bars redraw with \r: the metrics are in the frame that holds a dict.
@@ -166,7 +204,8 @@ def parse_numbered_lines(lines: Iterable[tuple[int, str]]) -> LogMetrics:
                 continue
             pairs = _dict_pairs(fragment)
             if "loss" in pairs:
-                out.progress.append(pairs)
+                flush()  # the curve keeps the log's order
+                progress.append(pairs)
                 if pairs.get("train_tokens_per_second") is not None:
                     last_tokens_rate = pairs["train_tokens_per_second"]
             elif "train_runtime" in pairs:
@@ -174,6 +213,7 @@ def parse_numbered_lines(lines: Iterable[tuple[int, str]]) -> LogMetrics:
                                 if v is not None})
             elif ("'loss'" in fragment or "'train_runtime'" in fragment):
                 out.problems.append((lineno, "unparsable metrics line"))
+    flush()
     if summary:
         if summary.get("train_tokens_per_second") is None and last_tokens_rate is not None:
             summary["train_tokens_per_second"] = last_tokens_rate
