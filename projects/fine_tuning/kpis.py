@@ -191,10 +191,8 @@ def results_summary(result: FineTuningResult) -> dict[str, Any]:
     if result.dataset_stats is not None:
         out.update({f"dataset_{k}": v for k, v in
                     result.dataset_stats.model_dump(exclude_none=True).items()})
-    if len(result.progress):
-        losses = [loss for loss in result.progress.loss if loss is not None]
-        if losses:
-            out["first_loss"], out["last_loss"] = losses[0], losses[-1]
+    # from the parser's ends of the curve: an older run's curve is not read (bulky)
+    out["first_loss"], out["last_loss"] = result.first_loss, result.last_loss
     if result.users:
         out["user_count"] = len(result.users)
         out["users_succeeded"] = sum(u.exit_code == 0 for u in result.users)

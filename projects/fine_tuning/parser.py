@@ -81,6 +81,9 @@ class FineTuningResult(RunResult):
     dataset_stats: DatasetStats | None = None
     summary: TrainSummary | None = None
     progress: Progress = Field(default_factory=Progress)
+    first_loss: float | None = Field(default=None, description="The loss curve's first value: "
+                                     "there when the curve, stored apart, is not read.")
+    last_loss: float | None = Field(default=None, description="The loss curve's last value.")
     workload: WorkloadState = Field(default_factory=WorkloadState)
     users: list[UserResult] = Field(default_factory=list, description="Multi-user tests.")
     platform: PlatformFacts = Field(default_factory=PlatformFacts)
@@ -120,7 +123,7 @@ class FineTuningParser:
     """`analysis.parsing.ResultParser` for fine_tuning runs."""
 
     name: ClassVar[str] = "fine_tuning"
-    version: ClassVar[str] = "1.5"
+    version: ClassVar[str] = "1.6"  # 1.6: first/last loss kept apart from the curve
     result_model: ClassVar[type[ParsedResult]] = FineTuningResult
 
     def parse(self, result: ResultDir, reader: FileReader) -> FineTuningResult:
@@ -145,16 +148,21 @@ class FineTuningParser:
         if user_dirs:
             self._users(reader, out, job, user_dirs)
             return
-        lines = reader.matching_lines(f"{job}/artifacts/pod.log", "{")
+        log = f"{job}/artifacts/pod.log"
+        lines = reader.matching_spans(log, "{")
         if lines is not None:
             metrics = parse_numbered_lines(lines)
             if out.exit_code != 0:
-                out.failure = reader.tail(f"{job}/artifacts/pod.log")
+                out.failure = reader.tail(log)
             out.dataset_stats = metrics.dataset_stats
             out.summary = metrics.summary
             out.progress = metrics.progress
-            for line, message in metrics.problems:
-                reader.problem(f"{job}/artifacts/pod.log", message, line)
+            losses = [loss for loss in metrics.progress.loss if loss is not None]
+            if losses:
+                out.first_loss, out.last_loss = losses[0], losses[-1]
+            numbers = reader.line_numbers(log, [offset for offset, _ in metrics.problems])
+            for line, (_, message) in zip(numbers, metrics.problems, strict=True):
+                reader.problem(log, message, line)
             if metrics.summary is None and out.exit_code == 0:
                 reader.problem(f"{job}/artifacts/pod.log", "no training summary line")
         if reader.exists(f"{job}/artifacts/pod.json"):
@@ -186,7 +194,7 @@ class FineTuningParser:
                 user.time_to_start_s = started - launched
             if started is not None and ended is not None:
                 user.runtime_s = ended - started
-            lines = reader.matching_lines(f"{job}/users/{name}/pod.log", "{",
+            lines = reader.matching_spans(f"{job}/users/{name}/pod.log", "{",
                                           required=user.exit_code != 124)
             if lines is not None:
                 metrics = parse_numbered_lines(lines)

@@ -151,7 +151,8 @@ PROJECT = Project(
     user_rows=_user_rows,
     bulky=("progress",),
     # read by the KPIs, labels and LTS results only (the report draws users for every run)
-    analysis_only=("platform", "trainer_config", "dataset_stats", "summary", "workload"),
+    analysis_only=("platform", "trainer_config", "dataset_stats", "summary", "workload",
+                   "first_loss", "last_loss"),
     folder=_FOLDER,
     flow_name="fine-tuning",
     config_model=ConfigModel,

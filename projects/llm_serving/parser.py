@@ -250,7 +250,7 @@ class ServingParser:
         if not reader.exists(rel):
             return None
         found = None
-        for _, line in reader.matching_lines(rel, '"event": "guidellm"', required=False) or []:
+        for _, line in reader.matching_spans(rel, '"event": "guidellm"', required=False) or []:
             try:
                 event = json.loads(line)
             except ValueError:

@@ -303,6 +303,9 @@ def test_older_runs_drop_their_bulky_and_analysis_only_fields(tmp_path: Path) ->
     assert all(r.result.settings and r.result.run_uuid for r in runs)
     assert all(r.payload.results.get("last_loss") is not None for r in runs)
     assert all(r.kpis for r in runs)
+    # warm, the older runs' caches are read without their curves: same payloads
+    _, warm, _, _ = _analyse_tree(results, project, None, None, force=False, trust_cache=False)
+    assert [r.payload.results for r in warm] == [r.payload.results for r in runs]
 
 
 def test_resource_capture_gives_kpis_and_a_report_page(tmp_path: Path) -> None:

@@ -126,6 +126,19 @@ def test_matching_lines_equal_the_line_by_line_parse(tmp_path: Path) -> None:
     assert fast.summary is not None and len(fast.progress) == len(slow.progress) > 0
 
 
+def test_a_log_problem_names_its_line(tmp_path: Path) -> None:
+    """The parser scans by byte offsets; the problem it records still names the line."""
+    run = make_result_dir(tmp_path, "000__cell", noise_lines=30_000)  # > 1 MiB: two blocks
+    log = next(run.glob("*__run_fine_tuning_job")) / "artifacts" / "pod.log"
+    lines = log.read_text().splitlines(keepends=True)
+    where = len(lines) * 3 // 4
+    lines.insert(where, "  7%|#  | 7/100 {'loss'}\n")
+    log.write_text("".join(lines))
+    parsed = parse_one(_only(tmp_path), PARSER, use_cache=False)
+    assert [(p.line, p.message) for p in parsed.problems if p.file.endswith("pod.log")] == \
+        [(where + 1, "unparsable metrics line")]
+
+
 def test_matching_lines_bound_an_endless_line(tmp_path: Path) -> None:
     from analysis.parsing import MAX_LINE_CHARS, FileReader
 
@@ -154,9 +167,16 @@ def test_matching_lines_exact_across_block_boundaries(tmp_path: Path, block: int
         lines.append(f"{i}:{text}")
     data = "\n".join(lines)  # no newline at the end: the last line is a carry
     (tmp_path / "pod.log").write_text(data, newline="")
-    found = list(parsing.FileReader(tmp_path).matching_lines("pod.log", "{"))
+    reader = parsing.FileReader(tmp_path)
+    found = list(reader.matching_lines("pod.log", "{"))
     expected = [(n, line) for n, line in enumerate(data.split("\n"), start=1) if "{" in line]
     assert found == expected and len(found) > 100
+    # the scan itself gives byte offsets; their lines, asked in any order, are the same
+    spans = list(reader.matching_spans("pod.log", "{"))
+    raw = data.encode()
+    assert all(raw[offset:].startswith(line.encode()) for offset, line in spans)
+    offsets = [offset for offset, _ in spans]
+    assert reader.line_numbers("pod.log", offsets[::-1]) == [n for n, _ in found][::-1]
 
 
 def test_bulky_fields_stored_apart_are_read_only_when_wanted(tmp_path: Path) -> None:
@@ -174,3 +194,18 @@ def test_bulky_fields_stored_apart_are_read_only_when_wanted(tmp_path: Path) -> 
     # in a batch, only the results before skip_before come without it
     both = parse_dirs([result_dir, result_dir], PARSER, apart=("progress",), skip_before=1)
     assert [len(r.progress) for r in both] == [0, len(fresh.progress)]
+
+
+
+def test_workers_send_the_older_runs_without_their_bulky_fields(tmp_path: Path) -> None:
+    """A cold parse in worker processes: the runs before skip_before come lean (the parent
+    validated their loss curves only to drop them), their caches still hold everything."""
+    for i in range(20):
+        make_result_dir(tmp_path, f"{i:03d}__cell", seed=i)
+    found = discover(tmp_path).results
+    parsed = parse_dirs(found, PARSER, project="fine_tuning", workers=2, apart=("progress",),
+                        skip_before=18)
+    assert [len(r.progress) > 0 for r in parsed] == [False] * 18 + [True] * 2
+    assert all(r.summary is not None for r in parsed)
+    again = parse_dirs(found, PARSER, workers=1, apart=("progress",))  # warm: from the caches
+    assert all(len(r.progress) > 0 for r in again)
