@@ -13,6 +13,16 @@ import pytest
 # Must be set before Prefect is imported anywhere in the session.
 _PREFECT_HOME = tempfile.mkdtemp(prefix="telltale-prefect-home-")
 os.environ.setdefault("PREFECT_HOME", _PREFECT_HOME)
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if _WORKER:
+    # pytest-xdist runs the suite in several processes: each gets its own Prefect home (its
+    # SQLite database and temporary API servers) and data dir under the ones CI gave, so
+    # two workers never share a database or a history.
+    for _name in ("PREFECT_HOME", "TELLTALE_DATA_DIR"):
+        if os.environ.get(_name):
+            _own = Path(os.environ[_name]) / f"xdist-{_WORKER}"
+            _own.mkdir(parents=True, exist_ok=True)
+            os.environ[_name] = str(_own)
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "60")

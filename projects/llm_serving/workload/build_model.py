@@ -33,10 +33,12 @@ def main(argv: list[str]) -> int:
     model = build_model(spec, len(tokenizer), max_len, tokenizer)
     model.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
-    if out.exists():  # another run built it meanwhile: keep theirs
-        shutil.rmtree(staging)
-    else:
+    try:
         os.replace(staging, out)
+    except OSError:
+        if not out.is_dir():
+            raise
+        shutil.rmtree(staging)  # another run built it meanwhile (a non-empty dir): keep theirs
     print(json.dumps({"event": "built", "dir": str(out)}), flush=True)
     return 0
 
