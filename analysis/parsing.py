@@ -210,12 +210,14 @@ class FileReader:
     def _open_fd(self, rel: str, limit: int | None) -> int | None:
         """A read-only descriptor of ``rel`` when it is safe to read; else None and a problem.
 
-        Safe: no symlink on the way (dirs: a cached ``lstat`` each; the file itself:
-        ``O_NOFOLLOW``, so it cannot be swapped for a link between check and open), a
-        regular file (``O_NONBLOCK``: opening a FIFO does not wait for a writer), and (with
-        ``limit``) not larger than ``limit`` bytes. One open and one ``fstat`` a file: a
-        cold parse reads a dozen small files per dir. A missing file raises
-        FileNotFoundError (fingerprinted as missing) for the caller to report (or not).
+        Safe: no symlink on the way (dirs: a cached ``lstat`` each), a regular file that is
+        not a link (``lstat`` before the open: a device or a FIFO is never even opened, as
+        opening some devices acts), and (with ``limit``) not larger than ``limit`` bytes.
+        The open itself takes ``O_NOFOLLOW | O_NONBLOCK`` and its ``fstat`` must be the same
+        regular file, so a swap between check and open can neither follow a link nor hang on
+        a FIFO. Three system calls a file, no path objects: a cold parse reads a dozen small
+        files a dir. A missing file raises FileNotFoundError (fingerprinted as missing) for
+        the caller to report (or not).
         """
         norm = os.path.normpath(rel)
         path = self._real(norm)
@@ -224,25 +226,31 @@ class FileReader:
             self.problem(rel, _SYMLINK_PROBLEM)
             return None
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            st = os.lstat(path)
         except FileNotFoundError:
             self._fingerprint(rel, None)
             raise
-        except OSError as exc:
-            if exc.errno != errno.ELOOP:
-                raise
-            self._fingerprint(rel, os.lstat(path))  # the link's own: its change re-parses
+        self._fingerprint(rel, st)  # a link's own: its change re-parses
+        if stat.S_ISLNK(st.st_mode):
             self.problem(rel, _SYMLINK_PROBLEM)
             return None
-        st = os.fstat(fd)
-        self._fingerprint(rel, st)
         if not stat.S_ISREG(st.st_mode):
-            os.close(fd)
             self.problem(rel, "not a regular file: not read")
             return None
         if limit is not None and st.st_size > limit:
-            os.close(fd)
             self.problem(rel, f"{st.st_size} bytes, over the {limit} read whole: not read")
+            return None
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            self.problem(rel, _SYMLINK_PROBLEM)  # swapped for a link since the lstat
+            return None
+        now = os.fstat(fd)
+        if not stat.S_ISREG(now.st_mode) or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+            os.close(fd)
+            self.problem(rel, "replaced while being read: not read")
             return None
         # O_NONBLOCK stays: it changes nothing for a regular file, and clearing it costs two
         # more system calls a file

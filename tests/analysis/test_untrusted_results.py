@@ -72,6 +72,30 @@ def test_fifo_and_device_files_do_not_hang(tmp_path: Path) -> None:
     assert {p.message.split(":")[0] for p in reader.problems} >= {"not a regular file"}
 
 
+def test_a_fifo_is_never_even_opened(tmp_path: Path) -> None:
+    """Opening some special files acts (a FIFO's writer wakes up, some devices start): the
+    reader checks before it opens. A writer blocked on the FIFO stays blocked."""
+    import threading
+
+    run = make_result_dir(tmp_path / "results", "000__cell")
+    os.mkfifo(run / "presets_applied")
+    woke = threading.Event()
+
+    def writer() -> None:
+        with open(run / "presets_applied", "wb"):  # blocks until a reader opens the FIFO
+            woke.set()
+
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    reader = FileReader(run)
+    assert reader.text("presets_applied") is None
+    assert reader.problems[0].message == "not a regular file: not read"
+    assert not woke.wait(0.5)  # (load can only make this miss a bug, never fail a good run)
+    with open(os.open(run / "presets_applied", os.O_RDONLY | os.O_NONBLOCK), "rb"):
+        thread.join(timeout=600)  # release the writer
+    assert woke.is_set()
+
+
 def test_huge_uuid_is_refused_not_loaded(tmp_path: Path) -> None:
     results = tmp_path / "results"
     run = make_result_dir(results, "000__cell")
