@@ -20,6 +20,8 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, Field
 
+from analysis.construct import constructor
+
 __all__ = [
     "BASE_COLUMNS",
     "Kpi",
@@ -92,7 +94,7 @@ def display_value(format: str, value: float) -> str:
         return str(value)
 
 
-_KPI_FIELDS = set(Kpi.model_fields)  # one set shared by every constructed Kpi (all fields set)
+_new_kpi = constructor(Kpi)  # every value typed: a validated definition or a finite float
 
 
 def label_strings(labels: Mapping[str, Any]) -> dict[str, str]:
@@ -130,8 +132,8 @@ def compute_kpis(definitions: Sequence[KpiDefinition], result: Any,
         if not math.isfinite(value):
             continue
         # every field comes from a validated KpiDefinition or is the float above
-        out.append(Kpi.model_construct(
-            _fields_set=_KPI_FIELDS, name=definition.name, value=value, unit=definition.unit,
+        out.append(_new_kpi(
+            name=definition.name, value=value, unit=definition.unit,
             help=definition.help, lower_better=definition.lower_better,
             ignored_for_regression=definition.ignored_for_regression,
             format=definition.format, labels=shared))

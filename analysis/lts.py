@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from analysis.construct import constructor
 from analysis.errors import ResultsError
 from analysis.kpi import Kpi
 
@@ -65,13 +66,13 @@ class LtsKpi(BaseModel):
     @classmethod
     def from_kpi(cls, kpi: Kpi) -> LtsKpi:
         """Convert a computed `Kpi` (already validated: its labels are shared, not copied)."""
-        return cls.model_construct(_fields_set=_LTS_KPI_FIELDS, value=kpi.value,
-                                   unit=kpi.unit, help=kpi.help, lower_better=kpi.lower_better,
-                                   ignored_for_regression=kpi.ignored_for_regression,
-                                   labels=kpi.labels)
+        return _new_lts_kpi(value=kpi.value, unit=kpi.unit, help=kpi.help,
+                            lower_better=kpi.lower_better,
+                            ignored_for_regression=kpi.ignored_for_regression,
+                            labels=kpi.labels)
 
 
-_LTS_KPI_FIELDS = set(LtsKpi.model_fields)  # shared by every constructed LtsKpi
+_new_lts_kpi = constructor(LtsKpi)
 
 
 class LtsPayload(BaseModel):

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, Field, ValidationError
 
+from analysis.construct import constructor
 from analysis.discovery import Discovery, SkippedDir, discover
 from analysis.errors import ConfigError, ResultsError
 from analysis.history import ALL_KPIS, HistorySource, HistoryStore, matched_labels
@@ -68,9 +69,9 @@ class VerdictRow(BaseModel):
 
 _LTS_VERDICT = {"verdict", "baseline", "change_pct", "confidence", "history_used",
                 "explanation"}  # what an LTS payload's regression block keeps of a verdict
-# Fields sets shared by every model_construct-ed instance (all fields set): the verdict rows
-# and the metadata-only copies of the spooled payloads
-_VERDICT_FIELDS = set(VerdictRow.model_fields)
+_new_verdict_row = constructor(VerdictRow)
+# Fields sets shared by every model_construct-ed instance (all fields set): the
+# metadata-only copies of the spooled payloads
 _PAYLOAD_FIELDS = set(LtsPayload.model_fields)
 _METADATA_FIELDS = set(LtsMetadata.model_fields)
 
@@ -213,11 +214,11 @@ def judge_runs(runs: Sequence[RunAnalysis], store: HistorySource | None,
             judged = verdict(values, repeats, direction, settings=tuning,
                              accepted=_accepted_index(uuids, accepted, kpi.name))
             for run in group:
-                # model_construct with one shared fields set: every value is typed by
-                # `verdict` or the run; a validated row held its own set (80 000 rows at
-                # 10 000 runs: 115 MB, 51 MB this way)
-                rows.append(VerdictRow.model_construct(
-                    _fields_set=_VERDICT_FIELDS, run_uuid=run.run_uuid,
+                # constructed, one fields set shared: every value is typed by `verdict` or
+                # the run; a validated row held its own set (80 000 rows at 10 000 runs:
+                # 115 MB, 51 MB this way)
+                rows.append(_new_verdict_row(
+                    run_uuid=run.run_uuid,
                     test_path=run.result.rel_path, kpi=kpi.name, unit=kpi.unit,
                     latest=judged.latest, repeats=repeats, baseline=judged.baseline,
                     change_pct=round(judged.magnitude * 100, 3) if judged.baseline is not None
