@@ -12,7 +12,6 @@ leaves no server behind; and it is stopped when the run ends.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -22,15 +21,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from analysis.errors import StepError
+from tasks.process import free_port
 from tasks.runner import die_with_parent
 
 __all__ = ["prefect_api"]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _healthy(url: str) -> bool:
@@ -77,7 +71,7 @@ def prefect_api(log_file: Path | None = None) -> Iterator[str | None]:
     if PREFECT_API_URL.value():
         yield None
         return
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}/api"
     env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
            "PREFECT__SERVER_FINAL": "1",
