@@ -69,6 +69,7 @@ from tasks.publish.export import (
     upload_run,
 )
 from tasks.publish.prefect_artifacts import publish_results
+from tasks.retry import RetryPolicy
 from tasks.runner import run_and_catch
 
 __all__ = ["CellOutcome", "RunFailed", "RunOutcome", "cleanup_hook", "finish", "orchestrate",
@@ -435,7 +436,8 @@ def _export_phase(outcome: RunOutcome, run: RunContext, post: PostprocessOutcome
     if export.opensearch.enabled:
         attempt("OpenSearch export", lambda: publish_opensearch(
             opensearch_instance(export, secrets), post.files["lts"], export.opensearch.index,
-            export.opensearch.kpi_index, valid))
+            export.opensearch.kpi_index, valid,
+            RetryPolicy(**export.opensearch.retry.model_dump())))
 
 
 def _provision(run: RunContext, creates: bool) -> RunContext:

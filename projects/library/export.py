@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["ExportBlock", "OpenSearchExportBlock", "S3ExportBlock"]
+__all__ = ["ExportBlock", "ExportRetryBlock", "OpenSearchExportBlock", "S3ExportBlock"]
 
 
 class S3ExportBlock(BaseModel):
@@ -18,6 +18,23 @@ class S3ExportBlock(BaseModel):
     region: str | None = Field(default=None, description="Region name.")
 
 
+class ExportRetryBlock(BaseModel):
+    """How an export request retries a transient failure (refused, timed out, 429, 5xx).
+
+    A permanent failure (a 400, a 403) is never retried. The defaults ride out a service's
+    restart of a few seconds; a nightly job that would rather fail fast sets fewer attempts.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    attempts: int = Field(default=5, ge=1, le=20,
+                          description="Attempts a request gets, the first included.")
+    backoff_base_s: float = Field(default=0.5, ge=0, le=60, description="Wait before the "
+                                  "second attempt (seconds), doubled before each next one.")
+    backoff_max_s: float = Field(default=30.0, ge=0, le=600,
+                                 description="Longest single wait (seconds).")
+
+
 class OpenSearchExportBlock(BaseModel):
     """One document per run (and optionally one per KPI)."""
 
@@ -27,6 +44,8 @@ class OpenSearchExportBlock(BaseModel):
     instance: str | None = Field(default=None, description="Instance name in the secret file.")
     index: str = Field(default="fine-tuning", description="Run index (prefix added by block).")
     kpi_index: str | None = Field(default=None, description="Per-KPI index for dashboards.")
+    retry: ExportRetryBlock = Field(default_factory=ExportRetryBlock,
+                                    description="Retries of each OpenSearch request.")
 
 
 class ExportBlock(BaseModel):

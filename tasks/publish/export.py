@@ -24,6 +24,7 @@ from projects.library import ExportBlock, SecretsBlock
 from tasks.artifacts import step
 from tasks.publish.opensearch import export_payloads
 from tasks.publish.s3 import ExportResult, upload_dir
+from tasks.retry import RetryPolicy
 from tasks.secrets import from_secret_file, read_env_file, read_yaml_secret, secret_file
 
 __all__ = ["append_history", "opensearch_instance", "publish_opensearch", "s3_target",
@@ -115,8 +116,13 @@ def append_history(target: S3Target, kpis_file: str, project: str) -> int:
 
 @step("export", timeout_seconds=600)
 def publish_opensearch(instance: OpenSearchInstance, lts_file: str, index: str,
-                       kpi_index: str | None, valid: bool) -> dict[str, int]:
-    """Publish one document per run (and per KPI) from the post-process ``lts_payload.json``."""
+                       kpi_index: str | None, valid: bool,
+                       policy: RetryPolicy | None = None) -> dict[str, int]:
+    """Publish one document per run (and per KPI) from the post-process ``lts_payload.json``.
+
+    ``policy``: the retries of each request (``export_artifacts.opensearch.retry``).
+    """
     payloads = [LtsPayload.model_validate(p) for p in
                 json.loads(Path(lts_file).read_text(encoding="utf-8"))]
-    return export_payloads(instance, payloads, index=index, kpi_index=kpi_index, valid=valid)
+    return export_payloads(instance, payloads, index=index, kpi_index=kpi_index, valid=valid,
+                           policy=policy or RetryPolicy())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import boto3
@@ -82,7 +83,8 @@ def test_run_is_exported_to_s3_and_opensearch(tmp_path: Path, prefect_harness, s
 
 def test_opensearch_down_keeps_local_artifacts(tmp_path: Path, prefect_harness,
                                                secret_dir: Path, s3_server: str,
-                                               s3_bucket: str) -> None:
+                                               s3_bucket: str,
+                                               caplog: pytest.LogCaptureFixture) -> None:
     from flows.fine_tuning.flow import fine_tuning
     from flows.orchestration import outcome_of
 
@@ -90,11 +92,17 @@ def test_opensearch_down_keeps_local_artifacts(tmp_path: Path, prefect_harness,
         pass  # nothing listens there any more
     (secret_dir / "opensearch.yaml").write_text(yaml.safe_dump({"test": {"url": url,
                                                                          "timeout_s": 2}}))
-    overrides = _overrides(tmp_path, s3_server, s3_bucket)
+    # export_artifacts.opensearch.retry: 2 attempts, no wait (the default 5 waited ~7.5 s)
+    overrides = _overrides(tmp_path, s3_server, s3_bucket, **{
+        "export_artifacts.opensearch.retry.attempts": 2,
+        "export_artifacts.opensearch.retry.backoff_base_s": 0})
+    caplog.set_level(logging.DEBUG, logger="telltale.retry")
     outcome = outcome_of(fine_tuning(presets=["light"], overrides=overrides,
                           artifact_dir=str(tmp_path / "lenient"), return_state=True))
     assert outcome.exit_code == 0  # reported, not fatal by default
     assert list((tmp_path / "lenient").glob("*__cell/exit_code"))
+    tries = [r.getMessage() for r in caplog.records if r.name == "telltale.retry"]
+    assert any("attempt 2/2 failed" in t and "giving up" in t for t in tries), tries
     strict = outcome_of(fine_tuning(presets=["light"], overrides={
         **overrides, "export_artifacts.fail_on_error": True},
         artifact_dir=str(tmp_path / "strict"), return_state=True))

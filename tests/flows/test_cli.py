@@ -59,6 +59,7 @@ def test_plan_does_not_import_prefect(tmp_path: Path, preset: str) -> None:
     (["--var", "tests.fine_tuning.test_settings.hyper_parameters.lora_dropout=2"],
      "less than or equal to 1"),
     (["--var", "tests.fine_tuning.multi_user.user_count=100001"], "less than or equal to"),
+    (["--var", "export_artifacts.opensearch.retry.attempts=0"], "greater than or equal to 1"),
 ])
 def test_user_errors_are_one_line_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
     proc = cli(*args, "--plan", "--artifact-dir", str(tmp_path))
