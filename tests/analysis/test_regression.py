@@ -184,3 +184,16 @@ def test_nan_latest_and_zero_baseline() -> None:
 def test_deterministic() -> None:
     values = series([(100, 200), (95, 200)], cv=0.03, seed=9)
     assert change_points(values, "higher_better") == change_points(values, "higher_better")
+
+
+@pytest.mark.parametrize(("history", "latest"), [
+    ([], [101.0]), ([], 101), ([100.0, math.nan], [101.0, 99.0, 104.0]), ([100.0, 98.0], 97.0),
+    ([], [math.nan]), ([], []), ([math.inf, 1.0], [2.0, math.nan]),
+])
+def test_too_short_a_history_is_judged_alike_on_both_paths(history: list[float],
+                                                           latest: object) -> None:
+    # A short history is decided without numpy; accepted=0 takes the general path, which
+    # must give the same verdict.
+    fast = verdict(history, latest, "higher_better")  # type: ignore[arg-type]
+    assert fast.kind == "insufficient_history"
+    assert fast == verdict(history, latest, "higher_better", accepted=0)  # type: ignore[arg-type]
