@@ -361,7 +361,8 @@ def _table_html(frame: pd.DataFrame, empty: str, *, digits: int = 6,
     # columns as lists, zipped: itertuples walks Arrow-backed columns element by element
     columns = [frame.iloc[:, i].tolist() for i in range(frame.shape[1])]
     rows = "".join(opener + "".join(f"<td>{_cell_text(v, digits)}</td>" for v in values)
-                   + "</tr>" for opener, values in zip(opens, zip(*columns), strict=True))
+                   + "</tr>" for opener, values in zip(opens, zip(*columns, strict=True),
+                                                      strict=True))
     return (f"<table class='data'><thead><tr>{head}</tr></thead>"
             f"<tbody>{rows}</tbody></table>")
 
