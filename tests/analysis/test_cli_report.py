@@ -382,3 +382,16 @@ def test_line_figures_are_built_as_plotly_json() -> None:
     assert "run_uuid=%{customdata[0]}" in figure["data"][0]["hovertemplate"]
     page = _figure_html(figure)
     assert "Plotly.newPlot" in page and "</script><b>" not in page
+    # the page's JSON reads back as the figure: numpy arrays as lists, escapes undone
+    import json
+    import re
+
+    arguments = re.fullmatch(
+        r"<div id='(plot-\w+)' class='plotly-graph-div'[^>]*></div><script>"
+        r"Plotly\.newPlot\('\1',(.*)\);</script>", page).group(2)
+    assert "<" not in arguments
+    decoder = json.JSONDecoder()
+    data, end = decoder.raw_decode(arguments)
+    layout, end = decoder.raw_decode(arguments, end + 1)
+    assert arguments[end:] == ',{"responsive":true}' and layout == figure["layout"]
+    assert data[0] == {**figure["data"][0], "y": [1.0, 3.0], "customdata": [["a"], ["c"]]}
