@@ -177,7 +177,8 @@ def main() -> int:
     started = time.perf_counter()
     with ProcessPoolExecutor() as pool:
         if not args.grid:
-            overrides = {k: float(v) for k, v in (x.split("=", 1) for x in args.set)}
+            overrides = {k: int(v) if v.isdigit() else float(v)  # min_size is an int
+                         for k, v in (x.split("=", 1) for x in args.set)}
             scores = score_all(test, overrides, pool)
             print(f"{overrides or 'defaults'}, seed {args.test_seed}, {args.count} series per "
                   f"family")
