@@ -60,18 +60,29 @@ def test_second_run_on_a_cluster_queues(prefect_harness) -> None:
     from tasks.kube.lock import cluster_lock
 
     order: list[str] = []
+    first_in, second_trying = threading.Event(), threading.Event()
 
-    def run(name: str, hold: float) -> None:
+    # Events, not sleeps: taking the slot is a few Prefect API calls, which a loaded machine
+    # can stretch past any fixed head start.
+    def first_run() -> None:
         with cluster_lock("https://api.cluster-a.example:6443"):
-            order.append(f"{name}-in")
-            time.sleep(hold)
-            order.append(f"{name}-out")
+            order.append("first-in")
+            first_in.set()
+            second_trying.wait(60)
+            time.sleep(0.5)  # the second is asking for the slot meanwhile (it is polled)
+            order.append("first-out")
 
-    first = threading.Thread(target=run, args=("first", 1.5))
+    def second_run() -> None:
+        second_trying.set()
+        with cluster_lock("https://api.cluster-a.example:6443"):
+            order.append("second-in")
+            order.append("second-out")
+
+    first = threading.Thread(target=first_run)
     first.start()
-    time.sleep(0.5)
-    second = threading.Thread(target=run, args=("second", 0.1))
+    assert first_in.wait(120), "the first run never took the cluster's slot"
+    second = threading.Thread(target=second_run)
     second.start()
-    first.join(60)
-    second.join(60)
+    first.join(120)
+    second.join(120)
     assert order == ["first-in", "first-out", "second-in", "second-out"]
