@@ -64,13 +64,23 @@ def test_wait_follows_a_driven_lifecycle(kube) -> None:
     k, state = kube
     k.apply(pod("p"))
     seen: list[str] = []
-    later((0.3, lambda: state.set_status("v1", "Pod", "p", {"phase": "Pending"}, "ft")),
-          (0.3, lambda: state.set_status("v1", "Pod", "p", {"phase": "Running"}, "ft")),
-          (0.3, lambda: state.set_status("v1", "Pod", "p", {"phase": "Succeeded"}, "ft")))
-    obj = k.wait("v1", "Pod", "p", "ft", ready=phase("Succeeded"), deadline_s=10,
-                 progress=lambda o: seen.append((o.get("status") or {}).get("phase", "")))
+    following = threading.Event()
+
+    def progress(obj: dict) -> None:
+        seen.append((obj.get("status") or {}).get("phase", ""))
+        following.set()
+
+    # The lifecycle starts once the wait has read the pod (an event, not a head start a
+    # loaded machine can outrun); the watch then resumes from that read's resourceVersion,
+    # so it sees every phase, however fast they come.
+    later((0, lambda: following.wait(120)),
+          (0, lambda: state.set_status("v1", "Pod", "p", {"phase": "Pending"}, "ft")),
+          (0, lambda: state.set_status("v1", "Pod", "p", {"phase": "Running"}, "ft")),
+          (0, lambda: state.set_status("v1", "Pod", "p", {"phase": "Succeeded"}, "ft")))
+    obj = k.wait("v1", "Pod", "p", "ft", ready=phase("Succeeded"), deadline_s=600,
+                 progress=progress)
     assert obj["status"]["phase"] == "Succeeded"
-    assert seen[-3:] == ["Pending", "Running", "Succeeded"]
+    assert seen == ["", "Pending", "Running", "Succeeded"]
 
 
 def test_fail_fast_on_image_pull_backoff(kube) -> None:
