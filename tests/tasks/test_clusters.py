@@ -122,7 +122,7 @@ def test_claim_from_a_hive_pool(tmp_path: Path) -> None:
             root = tmp_path / "a"
             root.mkdir()
             record = claim_from_pool(root, hub, "gpu-pool", "hive", "telltale-claim-1",
-                                     hub_kubeconfig=hub_config, deadline_s=10)
+                                     hub_kubeconfig=hub_config, deadline_s=300)
             assert record.api_url == cluster_url
             cluster = Kube(api_client(record.kubeconfig))
             assert cluster.get("v1", "Namespace", "default") is not None

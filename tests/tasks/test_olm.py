@@ -42,17 +42,17 @@ def writes(state) -> int:
 
 def test_install_is_idempotent(cluster) -> None:
     kube, state = cluster
-    csv = install(kube, SERVICE_MESH, deadline_s=10)
+    csv = install(kube, SERVICE_MESH, deadline_s=300)
     assert csv["status"]["phase"] == "Succeeded" and is_installed(kube, SERVICE_MESH)
     before = writes(state)
-    install(kube, SERVICE_MESH, deadline_s=10)
+    install(kube, SERVICE_MESH, deadline_s=300)
     assert writes(state) == before  # a prepared cluster is left untouched
 
 
 def test_pinned_version_needs_and_gets_manual_approval(cluster) -> None:
     kube, state = cluster
     pinned = RHOAI.model_copy(update={"version": "rhods-operator.2.13.0"})
-    csv = install(kube, pinned, deadline_s=10)
+    csv = install(kube, pinned, deadline_s=300)
     assert csv["metadata"]["name"] == "rhods-operator.2.13.0"
     sub = state.get("operators.coreos.com/v1alpha1", "Subscription", "rhods-operator",
                     "redhat-ods-operator")
@@ -69,13 +69,13 @@ def test_failed_csv_fails_fast(cluster) -> None:
     kube, _ = cluster
     broken = GPU_OPERATOR.model_copy(update={"package": "broken-operator"})
     with pytest.raises(StepError, match="CSV phase Failed: install strategy failed"):
-        install(kube, broken, deadline_s=30)
+        install(kube, broken, deadline_s=300)
 
 
 def test_rhoai_and_gpu_stacks(cluster) -> None:
     kube, state = cluster
     prepare_rhoai(kube, RhoaiBlock(channel="fast", components=["trainingoperator"]),
-                  deadline_s=10)
+                  deadline_s=300)
     dsc = state.get("datasciencecluster.opendatahub.io/v1", "DataScienceCluster", "default-dsc")
     assert dsc["spec"]["components"]["trainingoperator"]["managementState"] == "Managed"
     assert dsc["spec"]["components"]["kserve"]["managementState"] == "Removed"
@@ -85,7 +85,7 @@ def test_rhoai_and_gpu_stacks(cluster) -> None:
                                              "tolerations": [{"key": "nvidia.com/gpu",
                                                               "operator": "Exists",
                                                               "effect": "NoSchedule"}]})
-    prepare_gpu(kube, block, NfdBlock(enabled=True), deadline_s=10)
+    prepare_gpu(kube, block, NfdBlock(enabled=True), deadline_s=300)
     policy = state.get("nvidia.com/v1", "ClusterPolicy", "gpu-cluster-policy")
     assert policy["spec"]["devicePlugin"]["config"] == {"name": "time-slicing-config",
                                                         "default": "any"}

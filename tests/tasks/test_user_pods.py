@@ -51,7 +51,7 @@ def test_indexed_job_barrier_stagger_and_collection(tmp_path: Path, cluster, s3_
     launch(kube, s3_server, s3_bucket,
            [sys.executable, "-c", "import os; print('user', os.environ['JOB_COMPLETION_INDEX'])"])
     seen = []
-    status = follow_users(kube, "users", "scale", USERS, deadline_s=60, progress=seen.append)
+    status = follow_users(kube, "users", "scale", USERS, deadline_s=600, progress=seen.append)
     assert (status.succeeded, status.failed) == (USERS, 0)
     assert seen[-1].succeeded == USERS and seen[0].pending + seen[0].running > 0
     target = S3Target(bucket=s3_bucket, endpoint_url=s3_server, region="us-east-1")
@@ -71,7 +71,7 @@ def test_abort_on_failure_deletes_the_job(cluster, s3_server: str, s3_bucket: st
     launch(kube, s3_server, s3_bucket, [sys.executable, "-c",
            "import os, sys, time; i = int(os.environ['JOB_COMPLETION_INDEX']);"
            "time.sleep(0 if i == 0 else 3); sys.exit(7 if i == 0 else 0)"])
-    status = follow_users(kube, "users", "scale", USERS, deadline_s=60, abort_on_failure=True)
+    status = follow_users(kube, "users", "scale", USERS, deadline_s=600, abort_on_failure=True)
     assert status.aborted and status.failed >= 1
     assert state.get("batch/v1", "Job", "users", "scale") is None
 
