@@ -752,9 +752,8 @@ def verdict(history: Sequence[float], latest: float | Sequence[float],
 def _too_short(latest: float | Sequence[float] | np.ndarray, used: int, since_accepted: bool,
                s: DetectorSettings) -> Verdict:
     """The verdict of a run without enough history (or without a finite value)."""
-    values = [float(x) for x in np.atleast_1d(latest) if math.isfinite(x)] \
-        if not isinstance(latest, (int, float)) else \
-        ([float(latest)] if math.isfinite(latest) else [])
+    given = [latest] if isinstance(latest, (int, float)) else list(latest)
+    values = [float(x) for x in given if math.isfinite(x)]
     if not values:
         return Verdict(kind="insufficient_history", magnitude=0.0, confidence=0.0,
                        baseline=None, explanation="the newest run has no finite value")

@@ -401,7 +401,7 @@ def _json_value(value: Any) -> Any:
         return value.tolist()
     if isinstance(value, np.generic):
         return value.item()
-    if isinstance(value, (datetime.date, datetime.datetime)):
+    if isinstance(value, datetime.date):  # datetimes (and pandas Timestamps) included
         return value.isoformat()
     raise TypeError(f"a figure value of type {type(value).__name__} has no JSON form")
 
