@@ -11,7 +11,6 @@ import json
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -29,7 +28,7 @@ from analysis.lts import LtsKpi, LtsMetadata, LtsPayload, require_complete
 from analysis.parsing import ParsedResult, parse_dirs
 from analysis.progress import StageProgress
 from analysis.project import AnalysisProject, load_project
-from analysis.regression import DEFAULTS, verdict
+from analysis.regression import verdict
 from analysis.settings import AnalysisSettings
 from analysis.yamlio import dump_yaml, load_yaml
 
@@ -182,7 +181,7 @@ def judge_runs(runs: Sequence[RunAnalysis], store: HistorySource | None,
     rows: list[VerdictRow] = []
     accepts = getattr(store, "accepted", None)
     accepted: dict[str, set[str]] = accepts() if callable(accepts) else {}
-    tuning = replace(DEFAULTS, min_history=settings.regression.min_history)
+    tuning = settings.regression.detector()
     # One history query per configuration, not per run: runs of one configuration share
     # their history rows (a query per run cost ~75 ms: 77 s for 1 000 runs).
     by_configuration: dict[tuple[tuple[str, str | None], ...], _TimedSeries] = {}
@@ -588,6 +587,7 @@ def _write_outputs(out_dir: Path, hooks: AnalysisProject, settings: AnalysisSett
         outcome.report = str(render_report(
             out_dir / "report", hooks, runs, frame, history_frame, verdicts, found,
             ignored_labels=settings.comparison.ignored_labels,
-            compared_label=settings.comparison.compared_label))
+            compared_label=settings.comparison.compared_label,
+            detector=settings.regression.detector()))
         outcome.files["report"] = outcome.report
     return outcome

@@ -43,7 +43,7 @@ from analysis.errors import ConfigError
 from analysis.kpi import BASE_COLUMNS, display_value
 from analysis.progress import StageProgress
 from analysis.project import AnalysisProject
-from analysis.regression import change_points
+from analysis.regression import DEFAULTS, DetectorSettings, change_points
 from analysis.yamlio import load_yaml
 
 __all__ = [
@@ -77,6 +77,7 @@ class ReportContext:
     ignored_labels: Sequence[str] = field(default_factory=tuple)
     compared_label: str | None = None
     out_dir: Path | None = None  # where the pages are written (for relative links)
+    detector: DetectorSettings = DEFAULTS  # the run's own tuning: the same change points
     shaped: dict[Any, pd.DataFrame] = field(default_factory=dict)  # shape_kpi_history cache
 
 
@@ -482,7 +483,7 @@ def _draw_kpi_history(ctx: ReportContext, options: dict[str, Any]) -> str:
         fig = _lines(group, "timestamp", "value", "configuration", hover=["run_uuid"],
                      title=f"{kpi} [{unit}]", height=360)
         for _config, line in group.groupby("configuration", sort=False):
-            found = change_points(line["value"].tolist())
+            found = change_points(line["value"].tolist(), settings=ctx.detector)
             if found:
                 at = line.iloc[found]
                 fig["data"].append({
@@ -818,12 +819,13 @@ def _headlines_html(ctx: ReportContext) -> str:
 def render_report(out_dir: Path, project: AnalysisProject, runs: Sequence[Any],
                   kpis: pd.DataFrame, history: pd.DataFrame | None, verdicts: Sequence[Any],
                   discovery: Discovery, *, ignored_labels: Sequence[str] = (),
-                  compared_label: str | None = None) -> Path:
+                  compared_label: str | None = None,
+                  detector: DetectorSettings = DEFAULTS) -> Path:
     """Write one HTML page per report plus ``index.html``; returns the index path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     ctx = ReportContext(project, runs, kpis, history, verdicts, discovery,
                         ignored_labels=tuple(ignored_labels), compared_label=compared_label,
-                        out_dir=out_dir)
+                        out_dir=out_dir, detector=detector)
     links = []
     plotly_needed = False
     plots = _load_plots(project)

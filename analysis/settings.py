@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from analysis.regression import DEFAULTS, DetectorSettings
 
 __all__ = ["AnalysisSettings", "ComparisonSettings", "RegressionSettings"]
 
@@ -35,6 +38,17 @@ class RegressionSettings(BaseModel):
         default=False, description="An improvement also fails the run (it needs a look too)."
     )
     min_history: int = Field(default=3, ge=3, description="Runs needed before any verdict.")
+    min_change_pct: float = Field(
+        default=0.0, ge=0, le=100,
+        description=("Smallest change, in %, called a regression, an improvement or a change "
+                     "point. 0: significance against the KPI's own noise decides alone; set "
+                     "e.g. 2 where a smaller change is real but not worth a look."),
+    )
+
+    def detector(self) -> DetectorSettings:
+        """The detector's tuning with this policy's minimum history and minimum change."""
+        return replace(DEFAULTS, min_history=self.min_history,
+                       min_magnitude=self.min_change_pct / 100)
 
 
 class AnalysisSettings(BaseModel):

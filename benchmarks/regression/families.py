@@ -22,7 +22,10 @@ Families (``FAMILIES``):
                    step), steps 2-8 σ;
 - ``short``        histories of 5-15 runs, at most one change, steps 2-8 σ;
 - ``tail``         the newest level began in the last 1-10 runs (the regression is news),
-                   steps 1.5-8 σ, plus a few single outliers earlier.
+                   steps 1.5-8 σ, plus a few single outliers earlier;
+- ``quiet``        stable benchmarks (CPU-bound microbenchmarks, counters): noise 0.1-1 % of
+                   the level, half of them quantised to a timer's resolution of 0.5-2 σ,
+                   steps 1-8 σ, so most steps are under 2 % of the level.
 
 Every family mixes no-change series (about a third) with changed ones, so each family scores
 both recall and false alarms. Deterministic per (family, seed).
@@ -214,9 +217,21 @@ def tail(rng: Rng, name: str) -> Series:
     return _finish(name, "tail", rng, values, cps, signs, outliers)
 
 
+def quiet(rng: Rng, name: str) -> Series:
+    n, sigma, base = _length(rng), float(np.exp(rng.uniform(np.log(0.001), np.log(0.01)))), 40.0
+    cps = _changes(rng, n, 3)
+    level, signs = _levels(rng, n, cps, (1.0, 8.0), sigma, base)
+    values = level + rng.normal(0, sigma * base, n)
+    if rng.random() < 0.5:  # a timer's resolution: runs repeat the same few values
+        resolution = rng.uniform(0.5, 2.0) * sigma * base
+        values = np.round(values / resolution) * resolution
+    return _finish(name, "quiet", rng, values, cps, signs)
+
+
 FAMILIES: dict[str, Callable[[Rng, str], Series]] = {
     "heavy": heavy, "hetero": hetero, "multimodal": multimodal, "seasonal": seasonal,
     "drift": drift, "small_steps": small_steps, "close": close, "short": short, "tail": tail,
+    "quiet": quiet,
 }
 
 
