@@ -53,9 +53,11 @@ GRID: list[tuple[str, dict[str, float]]] = [
                 "single_run_z": math.inf, "z_threshold": 5.0, "candidate_z": 5.0}),
     ("v3", {"verdict_z": 3.0, "confirm_factor": 0.6, "edge_z": 5.0, "single_run_z": 6.0,
             "z_threshold": 5.0, "candidate_z": 5.0}),
+    ("v2.75", {"verdict_z": 2.75}),
+    ("floor2%", {"min_magnitude": 0.02}),
     ("default", {}),
-    ("v2.5-z4", {"verdict_z": 2.5, "edge_z": 4.0, "single_run_z": 5.0, "z_threshold": 4.0,
-                 "candidate_z": 4.0}),
+    ("v2.25-z4", {"verdict_z": 2.25, "edge_z": 4.0, "single_run_z": 5.0, "z_threshold": 4.0,
+                  "candidate_z": 4.0}),
 ]
 
 
