@@ -38,8 +38,9 @@ Method (`change_points`)
    against the drift line, so a slow drift produces no step; when it is not, the step must
    still beat the drift explanation by ``drift_floor_z`` (2.5) standard errors. Weak
    candidates are removed one at a time, weakest first, and the others re-measured. Steps
-   that leave no drift may have absorbed one (a staircase): the drift with the steps found
-   on the series less it wins when its penalised least-squares cost is lower.
+   that leave no drift may have absorbed one (a staircase), and levels with one slope read a
+   slow bend as steps: the drift (or a quadratic bend) with the fewer steps found on the
+   series less it wins when its penalised least-squares cost is lower.
 6. **Short series** (``n < short_length`` = 200) offer fewer places for a false step, so
    ``candidate_z`` and ``z_threshold`` are scaled by ``ln n / ln short_length``. Their
    difference-based ``sigma`` is off by up to 30 % at 40 runs, enough to decide a weak step
@@ -517,7 +518,29 @@ def _detect(y: np.ndarray, sigma: float, s: DetectorSettings, log_scale: bool) -
             if len(other) < len(kept) and _model_cost(y, other, sigma, s, True) < _model_cost(
                     y, kept, sigma, s, False):
                 kept = other
+    if kept:
+        kept = _curved_alternative(y, kept, sigma, s, log_scale)
     return _refine(y, kept, sigma, s)
+
+
+def _curved_alternative(y: np.ndarray, kept: list[int], sigma: float, s: DetectorSettings,
+                        log_scale: bool) -> list[int]:
+    """``kept``, or fewer steps found on ``y`` less a quadratic trend when that costs less.
+
+    Levels with one shared slope read a slow bend as steps. The bend and fewer steps win when
+    their penalised least-squares cost is lower, the curve's two parameters costing what two
+    steps cost (`_model_cost`). Measured: no-change series with a false change point 2.8 ->
+    1.8 % over the generator families (drifting ones 19 -> 8 %), F1 unchanged.
+    """
+    t = np.arange(len(y)) / len(y)
+    bent = y - np.polyval(np.polyfit(t, y, 2), t)
+    other = _validate(bent, _refine(bent, _segment(bent, sigma, s), sigma, s), sigma, s,
+                      log_scale)
+    if len(other) >= len(kept):
+        return kept
+    drift = _is_drift(*_drift_slope(y, [0, *kept, len(y)]), sigma, s.drift_z)
+    curved = _model_cost(bent, other, sigma, s, False) + 2 * s.candidate_z ** 2
+    return other if curved < _model_cost(y, kept, sigma, s, drift) else kept
 
 
 def _model_cost(y: np.ndarray, cps: Sequence[int], sigma: float, s: DetectorSettings,
