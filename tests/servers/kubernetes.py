@@ -233,13 +233,18 @@ class KubeState:
             namespace: str | None = None) -> dict[str, Any] | None:
         """The stored object, or None."""
         resource = _BY_KIND[(api_version, kind)]
-        return copy.deepcopy(self.objects.get(self.key_of(resource, namespace, name)))
+        with self.lock:  # the server's threads write while controllers and tests read
+            return copy.deepcopy(self.objects.get(self.key_of(resource, namespace, name)))
 
     def list(self, api_version: str, kind: str) -> list[dict[str, Any]]:
         """Every stored object of a kind."""
         resource = _BY_KIND[(api_version, kind)]
-        return [copy.deepcopy(o) for k, o in self.objects.items()
-                if k[:3] == (resource.group, resource.version, resource.plural)]
+        # under the lock: iterating while a request thread adds an object raised "dictionary
+        # changed size during iteration" and killed the controller that listed (a flow then
+        # waited an hour for a staging Job nobody completed)
+        with self.lock:
+            return [copy.deepcopy(o) for k, o in self.objects.items()
+                    if k[:3] == (resource.group, resource.version, resource.plural)]
 
     def set_status(self, api_version: str, kind: str, name: str, status: dict[str, Any],
                    namespace: str | None = None) -> None:
@@ -400,7 +405,9 @@ class _Handler(BaseHTTPRequestHandler):
                   query: dict[str, str]) -> list[tuple[Key, dict[str, Any]]]:
         labels, fields = query.get("labelSelector", ""), query.get("fieldSelector", "")
         out = []
-        for key, obj in sorted(self.state.objects.items()):
+        with self.state.lock:  # a snapshot: other request threads write meanwhile
+            items = sorted(self.state.objects.items())
+        for key, obj in items:
             if key[:3] != (resource.group, resource.version, resource.plural):
                 continue
             if namespace and key[3] != namespace:

@@ -109,7 +109,7 @@ def test_postprocess_judges_against_opensearch_history(tmp_path) -> None:
         outcome = None
         for i in range(5):
             make_result_dir(tmp_path / f"r{i}", "000__cell", start=start + timedelta(days=i),
-                            tokens_per_second=1000 + i, seed=i)
+                            tokens_per_second=1000 + i % 2 * 3, seed=i)  # no trend
             outcome = postprocess(tmp_path / f"r{i}", "fine_tuning", tmp_path / f"o{i}",
                                   history=history, report=False)
             payloads = [LtsPayload.model_validate(p) for p in json.loads(
