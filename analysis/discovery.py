@@ -29,6 +29,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from analysis.errors import ConfigError, ResultsError
+from analysis.safeio import write_text
 from analysis.yamlio import load_yaml
 
 __all__ = ["Discovery", "ResultDir", "SkippedDir", "discover", "read_exit_code"]
@@ -116,13 +117,10 @@ class _SettingsIndex:
         """Write the index when it changed (atomically; a read-only tree keeps none)."""
         if self.new == self.old:
             return
-        tmp = self.path.with_name(f"{INDEX_FILE}.{os.getpid()}")
         try:
-            tmp.write_text(json.dumps({"version": _INDEX_VERSION, "settings": self.new}),
-                           encoding="utf-8")
-            os.replace(tmp, self.path)
-        except OSError:
-            tmp.unlink(missing_ok=True)
+            write_text(self.path, json.dumps({"version": _INDEX_VERSION, "settings": self.new}))
+        except OSError:  # a read-only (or link-planted) tree keeps no index
+            pass
 
 
 def read_exit_code(path: str | Path) -> int | str:

@@ -7,6 +7,15 @@ Layout under the history URI::
 
 Guarantees:
 
+- *append-only per run*: a run's stored rows are never replaced by fewer rows of that run (a
+  re-parse that lost a log file is refused with both counts), and a run uuid already stored
+  for another run (another identity: a hash of its settings and start) is refused and named
+  (`HistoryConflictError`);
+- *self-checking parts*: every part carries its schema version in its Parquet metadata; a
+  part of a newer version, without the base columns, or with a base column of the wrong
+  type (``value`` as text, ``timestamp`` as an integer) is moved to ``quarantine/`` and named
+  while the rest is read. Version 1 parts (before the identity column) are read as they are:
+  their ``run_identity`` is null, which matches any identity;
 - *idempotent per run*: appending the same run again writes a new file, and readers keep only
   the newest write of each run (``_written_at``), so nothing is duplicated;
 - *no lost rows under concurrency*: every append writes its own file (atomically: temp file +
@@ -40,17 +49,22 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from analysis.environment import env_settings
-from analysis.errors import ResultsError
+from analysis.errors import ResultsError, TelltaleError
 from analysis.kpi import BASE_COLUMNS
+from analysis.safeio import atomic_open
 
 __all__ = [
     "AUTO_COMPACT_PARTS",
+    "IDENTITY",
+    "SCHEMA_VERSION",
+    "HistoryConflictError",
     "HistorySource",
     "HistoryStore",
     "default_data_dir",
     "default_history_uri",
     "matched_labels",
     "open_filesystem",
+    "run_identity",
 ]
 
 AUTO_COMPACT_PARTS = 64
@@ -63,6 +77,41 @@ ALL_KPIS = "*"
 """An accept record for every KPI of a run."""
 QUARANTINE = "quarantine"
 """Sub-directory where unreadable history files are moved (kept for inspection)."""
+IDENTITY = "run_identity"
+"""Column holding a run's identity: a hash of its settings and start (`run_identity`)."""
+SCHEMA_VERSION = 2
+"""Version of the parts this code writes (1: before `IDENTITY`)."""
+_VERSION_KEY = b"telltale.history.schema"
+
+
+def _is_text(kind: pa.DataType) -> bool:
+    return bool(pa.types.is_string(kind) or pa.types.is_large_string(kind)
+                or getattr(pa.types, "is_string_view", lambda _: False)(kind))
+
+
+# The type each base column must have (a part with another is quarantined, never read).
+_BASE_TYPES: dict[str, Any] = {
+    "run_uuid": _is_text, "kpi": _is_text,
+    "value": lambda t: pa.types.is_floating(t) or pa.types.is_integer(t),
+    "timestamp": pa.types.is_timestamp, "unit": _is_text,
+    "lower_better": pa.types.is_boolean, "ignored_for_regression": pa.types.is_boolean,
+    _WRITTEN_AT: pa.types.is_integer,
+}
+
+
+class HistoryConflictError(TelltaleError):
+    """An append that would lose or overwrite stored rows; nothing was written.
+
+    Not a user error of the command line (exit 1): the run's KPIs were not stored.
+    """
+
+
+def run_identity(settings: Any, start: str | None) -> str:
+    """A run's identity: the hash of its settings and start time (16 hex characters)."""
+    import json
+
+    text = json.dumps([settings, start], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 class HistorySource(Protocol):
@@ -154,11 +203,14 @@ class HistoryStore:
     def _write_table(self, table: pa.Table, name: str) -> None:
         self._ensure_dir()
         target = f"{self.base}/{name}"
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}),
+                                               _VERSION_KEY: str(SCHEMA_VERSION).encode()})
         if isinstance(self.fs, pafs.LocalFileSystem):
-            tmp = f"{self.base}/.{name}.{uuid.uuid4().hex}.tmp"
-            pq.write_table(table, tmp, filesystem=self.fs, compression="zstd")
-            self.fs.move(tmp, target)  # atomic rename: readers never see half a file
-        else:
+            # temp file + fsync + rename, never through a link: readers never see half a
+            # file, and a full disk names the history file that failed
+            with atomic_open(target) as stream:
+                pq.write_table(table, stream, compression="zstd")
+        else:  # safeio-exempt: one S3 PUT is atomic (the object appears whole or not at all)
             pq.write_table(table, target, filesystem=self.fs, compression="zstd")
 
     def append(self, frame: pd.DataFrame) -> int:
@@ -203,6 +255,7 @@ class HistoryStore:
             raise ResultsError(f"history rows lack columns: {', '.join(missing)}")
         if frame.empty:
             return 0
+        self._check_append(frame)
         now = time.time_ns()
         # rows read back from a history (a re-import) carry their old write time: replaced
         table = pa.Table.from_pandas(frame.drop(columns=[_WRITTEN_AT], errors="ignore"),
@@ -216,6 +269,38 @@ class HistoryStore:
             name = f"{_PART}{_safe_name(str(runs[0]))}{more}-{now}"
         self._write_table(table, f"{name}-{uuid.uuid4().hex[:8]}.parquet")
         return len(frame)
+
+    def _check_append(self, frame: pd.DataFrame) -> None:
+        """Refuse an append that would shrink a stored run or reuse another run's uuid.
+
+        Raises:
+            HistoryConflictError: With the run, both counts or both identities.
+        """
+        runs = [str(r) for r in pd.unique(frame["run_uuid"])]
+        stored = self.read(pc.field("run_uuid").isin(runs))
+        if stored.empty:
+            return
+        problems = []
+        new_counts = frame.groupby("run_uuid")["kpi"].nunique()
+        old_counts = stored.groupby("run_uuid")["kpi"].nunique()
+        for run, old in old_counts.items():
+            new = int(new_counts.get(run, 0))
+            if new < old:
+                problems.append(f"run {run}: {new} KPI rows would replace the {int(old)} "
+                                "stored (the history is append-only; was a result file "
+                                "deleted before this re-parse?)")
+        if IDENTITY in frame.columns and IDENTITY in stored.columns:
+            new_ids = frame.dropna(subset=[IDENTITY]).groupby("run_uuid")[IDENTITY].first()
+            old_ids = stored.dropna(subset=[IDENTITY]).groupby("run_uuid")[IDENTITY].first()
+            for run, old_id in old_ids.items():
+                new_id = new_ids.get(run)
+                if new_id is not None and str(new_id) != str(old_id):
+                    problems.append(f"run uuid {run} is already stored for another run "
+                                    f"(identity {old_id}, this one {new_id}: its settings or "
+                                    "start differ); give this run a new .uuid")
+        if problems:
+            raise HistoryConflictError(f"history {self.uri.split('?', 1)[0]}: nothing "
+                                       "appended: " + "; ".join(problems[:5]))
 
     def compact(self) -> int:
         """Merge part files (and earlier compactions) into one file; returns files merged."""
@@ -306,18 +391,26 @@ class HistoryStore:
     def _schema(self, files: list[str]) -> pa.Schema:
         """The unified schema of ``files``.
 
-        A file whose footer cannot be read is quarantined (and removed from ``files``)
-        instead of failing every query.
+        Each part is checked first (its footer, version and base column types); one that
+        fails is quarantined and named (and removed from ``files``) instead of failing
+        every query. Label columns are text: a part with another type there is foreign.
         """
         schemas = []
         for path in list(files):
             try:
-                schemas.append(pq.read_schema(path, filesystem=self.fs))
+                schema = pq.read_schema(path, filesystem=self.fs)
             except FileNotFoundError:
                 raise
             except (pa.ArrowInvalid, OSError) as exc:
                 self._quarantine(path, str(exc)[:200])
                 files.remove(path)
+                continue
+            problem = _part_problem(schema)
+            if problem is not None:
+                self._quarantine(path, problem)
+                files.remove(path)
+                continue
+            schemas.append(schema.remove_metadata())
         if not schemas:
             return pa.schema([])
         return pa.unify_schemas(schemas, promote_options="permissive")
@@ -415,10 +508,35 @@ class HistoryStore:
         return frame.reset_index(drop=True)
 
 
+def _part_problem(schema: pa.Schema) -> str | None:
+    """Why a part cannot be read with the others (None: it can)."""
+    version_text = (schema.metadata or {}).get(_VERSION_KEY, b"1")
+    try:
+        version = int(version_text)
+    except ValueError:
+        return f"unreadable schema version {version_text[:20]!r}"
+    if version > SCHEMA_VERSION:
+        return (f"schema version {version} is newer than this Telltale reads "
+                f"({SCHEMA_VERSION}): upgrade Telltale to read it")
+    names = set(schema.names)
+    missing = [c for c in (*BASE_COLUMNS, _WRITTEN_AT) if c not in names]
+    if missing:
+        return f"not a Telltale history part: no {', '.join(missing)} column"
+    for name, is_ok in _BASE_TYPES.items():
+        kind = schema.field(name).type
+        if not is_ok(kind):
+            return f"column {name} is {kind}, not the type the history stores"
+    for item in schema:
+        if item.name not in _BASE_TYPES and item.name != _WRITTEN_AT and not (
+                _is_text(item.type) or pa.types.is_null(item.type)):
+            return f"label column {item.name} is {item.type}, not text"
+    return None
+
+
 def matched_labels(labels: Mapping[str, str | None], compared_label: str | None,
                    ignored_labels: Iterable[str]) -> dict[str, str | None]:
     """The labels a history row must match: all but the compared and ignored ones."""
-    skip = set(ignored_labels) | {compared_label} | set(BASE_COLUMNS)
+    skip = set(ignored_labels) | {compared_label} | set(BASE_COLUMNS) | {IDENTITY}
     return {name: value for name, value in labels.items() if name not in skip}
 
 

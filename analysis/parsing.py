@@ -38,6 +38,7 @@ from pydantic import BaseModel, Field, ValidationError
 from analysis.discovery import ResultDir
 from analysis.environment import env_settings
 from analysis.errors import ConfigError
+from analysis.safeio import write_bytes
 from analysis.yamlio import load_yaml_text
 
 __all__ = [
@@ -621,12 +622,11 @@ def _store_cache(result: ResultDir, parser: ResultParser, parsed: ParsedResult,
     fields = set(apart)
     body = parsed.model_dump_json(exclude=fields).encode()
     rest = parsed.model_dump_json(include=fields).encode() if fields else b"{}"
-    tmp = root / f".{CACHE_FILE}.{os.getpid()}"
     try:
-        tmp.write_bytes(json.dumps(header).encode() + b"\n" + body + b"\n" + rest + b"\n")
-        os.replace(tmp, root / CACHE_FILE)
-    except OSError:  # a read-only results tree still parses, just without a cache
-        tmp.unlink(missing_ok=True)
+        write_bytes(root / CACHE_FILE,
+                    json.dumps(header).encode() + b"\n" + body + b"\n" + rest + b"\n")
+    except OSError:  # a read-only (or link-planted) results tree parses without a cache
+        pass
     return body, rest
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
@@ -22,13 +23,21 @@ from pydantic import BaseModel, Field, ValidationError
 from analysis.construct import constructor
 from analysis.discovery import Discovery, SkippedDir, discover
 from analysis.errors import ConfigError, ResultsError
-from analysis.history import ALL_KPIS, HistorySource, HistoryStore, matched_labels
+from analysis.history import (
+    ALL_KPIS,
+    IDENTITY,
+    HistorySource,
+    HistoryStore,
+    matched_labels,
+    run_identity,
+)
 from analysis.kpi import Kpi, compute_kpis, kpi_table, label_strings, openmetrics_lines
 from analysis.lts import LtsKpi, LtsMetadata, LtsPayload, require_complete
 from analysis.parsing import ParsedResult, parse_dirs
 from analysis.progress import StageProgress
 from analysis.project import AnalysisProject, load_project
 from analysis.regression import verdict
+from analysis.safeio import atomic_open, write_text
 from analysis.settings import AnalysisSettings
 from analysis.yamlio import dump_yaml, load_yaml
 
@@ -84,6 +93,8 @@ class RunAnalysis(BaseModel):
     labels: dict[str, str]
     kpis: list[Kpi]
     payload: LtsPayload
+    identity: str = Field(description="Hash of the settings and start (the history refuses "
+                          "another run under this uuid).")
 
 
 class PostprocessOutcome(BaseModel):
@@ -147,7 +158,7 @@ def analyse_run(project: AnalysisProject, result: ParsedResult,
     # model_construct: validation would copy the labels its KPIs share; every value is typed
     return RunAnalysis.model_construct(
         result=result, run_uuid=run_uuid, timestamp=_timestamp(start, result), labels=labels,
-        kpis=kpis, payload=payload)
+        kpis=kpis, payload=payload, identity=run_identity(result.settings, start))
 
 
 def settings_for(project: AnalysisProject, results_dir: str | Path) -> AnalysisSettings:
@@ -357,11 +368,27 @@ def _analyse_tree(results_dir: str | Path, hooks: AnalysisProject,
     progress.finish()
     runs = [a for a in analysed if isinstance(a, RunAnalysis)]
     skipped = [*found.skipped, *(a for a in analysed if isinstance(a, SkippedDir))]
+    _refuse_shared_uuids(runs)
     if not runs:
         raise ResultsError(f"no usable run under {results_dir}: "
                            + "; ".join(f"{s.path}: {s.reason}" for s in skipped[:5]))
     lean = Discovery.model_construct(root=found.root, results=[], skipped=found.skipped)
     return lean, runs, skipped, (counts[0], counts[1])
+
+
+def _refuse_shared_uuids(runs: Sequence[RunAnalysis]) -> None:
+    """Two result dirs of one tree with one ``.uuid`` would store one run's rows twice.
+
+    Raises:
+        ResultsError: Naming the uuid and the dirs that share it.
+    """
+    seen: dict[str, str] = {}
+    for run in runs:
+        path = run.result.rel_path or run.result.path
+        first = seen.setdefault(run.run_uuid, path)
+        if first != path:
+            raise ResultsError(f"result dirs {first} and {path} share the run uuid "
+                               f"{run.run_uuid} (.uuid): give each run its own")
 
 
 KEEP_BULKY = 40
@@ -419,7 +446,7 @@ def suspects(results_dir: str | Path, project: str | AnalysisProject, history_ur
 
 def _write_json_array(path: str, items: Iterable[bytes]) -> None:
     """Write a JSON array of already encoded items, never the whole text in memory."""
-    with open(path, "wb") as stream:
+    with atomic_open(path) as stream:
         stream.write(b"[")
         for index, item in enumerate(items):
             if index:
@@ -479,35 +506,32 @@ def postprocess(
     # Each run's LTS payload goes to a spool file as it is analysed and only its metadata
     # stays in memory (6 KB a run: 60 MB at 10 000 runs); lts_payload.json is written from
     # the spool once the verdicts are known.
-    spool_path = out_dir / ".lts_payload.spool"
     places: dict[int, tuple[int, int]] = {}  # id(run) -> (offset, length) in the spool
-    with open(spool_path, "w+b") as spool:
-        try:
-            def keep(run: RunAnalysis) -> None:
-                require_complete(run.payload, settings.mode)
-                data = run.payload.model_dump_json(exclude={"regression"}).encode()
-                places[id(run)] = (spool.tell(), len(data))
-                spool.write(data)
-                # Every field given (model_construct computes a missing default through
-                # inspect.signature: 0.75 ms a run) and one shared fields set: a copy's own
-                # sets were ~1 KB a run.
-                metadata = run.payload.metadata
-                run.payload = LtsPayload.model_construct(
-                    _fields_set=_PAYLOAD_FIELDS, **{
-                        **run.payload.__dict__, "results": {}, "kpis": {}, "problems": [],
-                        "metadata": LtsMetadata.model_construct(
-                            _fields_set=_METADATA_FIELDS,
-                            **{**metadata.__dict__, "settings": None, "config": None})})
+    # An anonymous file (no name a results tree could have planted a link under)
+    with tempfile.TemporaryFile(dir=out_dir, prefix=".lts_payload.spool") as spool:
+        def keep(run: RunAnalysis) -> None:
+            require_complete(run.payload, settings.mode)
+            data = run.payload.model_dump_json(exclude={"regression"}).encode()
+            places[id(run)] = (spool.tell(), len(data))
+            spool.write(data)
+            # Every field given (model_construct computes a missing default through
+            # inspect.signature: 0.75 ms a run) and one shared fields set: a copy's own
+            # sets were ~1 KB a run.
+            metadata = run.payload.metadata
+            run.payload = LtsPayload.model_construct(
+                _fields_set=_PAYLOAD_FIELDS, **{
+                    **run.payload.__dict__, "results": {}, "kpis": {}, "problems": [],
+                    "metadata": LtsMetadata.model_construct(
+                        _fields_set=_METADATA_FIELDS,
+                        **{**metadata.__dict__, "settings": None, "config": None})})
 
-            found, runs, skipped, (failed, problems) = _analyse_tree(
-                results_dir, hooks, presets, config_text, force=force,
-                trust_cache=trust_cache, keep=keep)
-            outcome = _write_outputs(
-                out_dir, hooks, settings, found, runs, skipped, failed, problems,
-                spool, places, history_uri=history_uri, history=history,
-                append_history=append_history, report=report)
-        finally:
-            spool_path.unlink(missing_ok=True)
+        found, runs, skipped, (failed, problems) = _analyse_tree(
+            results_dir, hooks, presets, config_text, force=force,
+            trust_cache=trust_cache, keep=keep)
+        outcome = _write_outputs(
+            out_dir, hooks, settings, found, runs, skipped, failed, problems,
+            spool, places, history_uri=history_uri, history=history,
+            append_history=append_history, report=report)
     return outcome
 
 
@@ -519,15 +543,22 @@ def _write_outputs(out_dir: Path, hooks: AnalysisProject, settings: AnalysisSett
                    ) -> PostprocessOutcome:
     """Judge the analysed runs and write every output of `postprocess`."""
     frame = kpi_table((r.run_uuid, r.timestamp, r.kpis) for r in runs)
+    identities = {r.run_uuid: r.identity for r in runs}
+    frame[IDENTITY] = pd.array(frame["run_uuid"].map(identities), dtype="string")
+    # A workload that exited 0 and yielded no KPI measured nothing: never a green run.
+    empty = [r for r in runs if r.result.exit_code == 0 and not r.kpis
+             and not hooks.kpi_less]
     files: dict[str, str] = {}
     files["kpis"] = str(out_dir / "kpis.parquet")
-    frame.to_parquet(files["kpis"], index=False)
+    with atomic_open(files["kpis"]) as stream:
+        frame.to_parquet(stream, index=False)
     files["openmetrics"] = str(out_dir / "kpis.prom")
-    with open(files["openmetrics"], "w", encoding="utf-8") as stream:
-        stream.writelines(openmetrics_lines(k for r in runs for k in r.kpis))
+    with atomic_open(files["openmetrics"], "w") as text:
+        text.writelines(openmetrics_lines(k for r in runs for k in r.kpis))
 
     files["runs"] = str(out_dir / "runs.parquet")
-    runs_table(runs).to_parquet(files["runs"], index=False)
+    with atomic_open(files["runs"]) as stream:
+        runs_table(runs).to_parquet(stream, index=False)
 
     store = HistoryStore(history_uri) if history_uri else None
     source: HistorySource | None = history if history is not None else store
@@ -562,11 +593,11 @@ def _write_outputs(out_dir: Path, hooks: AnalysisProject, settings: AnalysisSett
     _write_json_array(files["regression"],
                       (VerdictRow.__pydantic_serializer__.to_json(v) for v in verdicts))
     files["regression_summary"] = str(out_dir / "regression_summary.yaml")
-    Path(files["regression_summary"]).write_text(dump_yaml({
+    write_text(files["regression_summary"], dump_yaml({
         "counts": {k: counts.get(k, 0) for k in
                    ("regression", "improvement", "no_change", "insufficient_history")},
         "runs": len(runs),
-    }), encoding="utf-8")
+    }))
 
     history_frame = None
     if store is not None:
@@ -579,7 +610,11 @@ def _write_outputs(out_dir: Path, hooks: AnalysisProject, settings: AnalysisSett
         skipped=[s.model_dump() for s in skipped],
         problems=problems, kpi_rows=len(frame),
         verdicts=verdicts, verdict_counts=counts, history_uri=history_uri, files=files,
-        gate_failures=_gate(verdicts, settings),
+        gate_failures=_gate(verdicts, settings) + [
+            f"run {r.result.rel_path or r.run_uuid} exited 0 but yielded no KPI: its "
+            "result files are missing or empty" for r in empty[:10]] + (
+            [f"no KPI at all from {len(runs)} run(s)"] if frame.empty and not empty
+            and not hooks.kpi_less else []),
     )
     if settings.report if report is None else report:
         from analysis.report import render_report

@@ -51,6 +51,8 @@ class AnalysisProject:
         analysis_only: Fields of the parsed result only the analysis reads (KPIs, labels and
             the payload are computed from them; no report page reads them): dropped from
             older runs once analysed, like ``bulky``, but still read from every run's cache.
+        kpi_less: The project measures nothing as KPIs (a functional check): a run that
+            exits 0 with no KPI is then not a failure.
     """
 
     name: str
@@ -68,6 +70,7 @@ class AnalysisProject:
     extra: dict[str, Any] = field(default_factory=dict)
     bulky: tuple[str, ...] = ()
     analysis_only: tuple[str, ...] = ()
+    kpi_less: bool = False
 
     def analysis_defaults(self) -> dict[str, Any]:
         """The project's default ``analysis`` block (ignored labels, compared label...).

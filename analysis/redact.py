@@ -1,14 +1,31 @@
-"""Secret redaction shared by every layer that writes or logs user data."""
+"""Secret redaction at every sink: files, caches, exports, Prefect artifacts, log lines.
+
+Two rules, applied in one place each sink goes through:
+
+- **by key**: a value under a key that names a credential (`is_secret_key`: ``password``,
+  ``api_key``, ``hf_token``...) is masked in every structure written (`redact`, which
+  `analysis.yamlio.dump_yaml` and `analysis.safeio.write_json` apply). Secret *references*
+  are not secrets: the values of the config's top-level ``secrets`` block are file or block
+  names, kept so that a crash hook can still find the credentials and release a lease;
+- **by value**: every secret value Telltale reads (secret files, Prefect Secret blocks, a
+  value given under a secret-named key) is registered (`register_secret`) and masked wherever
+  it appears, whole or inside a longer text, in every file `analysis.safeio` writes and
+  every log line that passes `RedactingFilter`; passwords inside URLs are masked by shape.
+"""
 
 from __future__ import annotations
 
+import logging
 import re
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pydantic import SecretBytes, SecretStr
 
-__all__ = ["REDACTED", "is_secret_key", "redact", "redact_text"]
+__all__ = ["REDACTED", "REFERENCE_BLOCKS", "RedactingFilter", "is_secret_key",
+           "known_secrets", "redact", "redact_bytes", "redact_text", "register_secret",
+           "register_secrets_in"]
 
 REDACTED = "***"
 
@@ -33,23 +50,103 @@ def is_secret_key(key: str) -> bool:
 
 _URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)[^/\s@]+@")
 
+REFERENCE_BLOCKS = frozenset({"secrets"})
+"""Top-level config blocks whose values are references to secrets (file or block names)."""
+
+MIN_SECRET_LENGTH = 4
+"""Shorter values are not registered: masking every "1" or "on" would garble the text."""
+
+_LOCK = threading.Lock()
+_KNOWN: set[str] = set()
+_PATTERN: re.Pattern[str] | None = None
+_BYTES_PATTERN: re.Pattern[bytes] | None = None
+
+
+def register_secret(value: object) -> None:
+    """Remember a secret value: every later sink masks it, whole or inside a text.
+
+    Args:
+        value: The secret (a `SecretStr` is unwrapped); ``None``, non-text and values
+            shorter than `MIN_SECRET_LENGTH` are ignored.
+    """
+    global _PATTERN, _BYTES_PATTERN
+    if isinstance(value, SecretStr):
+        value = value.get_secret_value()
+    if not isinstance(value, str) or len(value) < MIN_SECRET_LENGTH or value == REDACTED:
+        return
+    with _LOCK:
+        if value in _KNOWN:
+            return
+        _KNOWN.add(value)
+        ordered = sorted(_KNOWN, key=len, reverse=True)  # the longest first
+        _PATTERN = re.compile("|".join(re.escape(v) for v in ordered))
+        _BYTES_PATTERN = re.compile(b"|".join(re.escape(v.encode()) for v in ordered))
+
+
+def known_secrets() -> frozenset[str]:
+    """The secret values registered so far."""
+    with _LOCK:
+        return frozenset(_KNOWN)
+
 
 def redact_text(text: str) -> str:
-    """Mask the password of every URL in ``text`` (``https://u:pw@host`` → ``u:***@``)."""
+    """Mask registered secrets and URL passwords in ``text`` (``https://u:pw@host``)."""
+    pattern = _PATTERN
+    if pattern is not None:
+        text = pattern.sub(REDACTED, text)
     return _URL_PASSWORD.sub(rf"\1{REDACTED}@", text)
 
 
-def redact(value: Any, *, extra_secrets: frozenset[str] = frozenset()) -> Any:
+def redact_bytes(data: bytes) -> bytes:
+    """Mask registered secrets in encoded text (what `analysis.safeio` writes)."""
+    pattern = _BYTES_PATTERN
+    return pattern.sub(REDACTED.encode(), data) if pattern is not None else data
+
+
+def _register_under_secret_keys(value: Any, secret: bool = False) -> None:
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            _register_under_secret_keys(item, secret or is_secret_key(str(key)))
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _register_under_secret_keys(item, secret)
+    elif secret:
+        register_secret(value)
+
+
+def register_secrets_in(data: Iterable[Any] | Mapping[str, Any]) -> None:
+    """Register every value under a secret-named key of ``data`` (a secret file's YAML)."""
+    _register_under_secret_keys(data)
+
+
+class RedactingFilter(logging.Filter):
+    """A logging filter that masks registered secrets and URL passwords in each record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Mask the record's message in place; never drops a record."""
+        message = record.getMessage()
+        masked = redact_text(message)
+        if masked != message:
+            record.msg, record.args = masked, None
+        return True
+
+
+def redact(value: Any, *, extra_secrets: frozenset[str] = frozenset(),
+           references: frozenset[str] = REFERENCE_BLOCKS, _top: bool = True) -> Any:
     """Return a deep copy of ``value`` with every secret replaced by ``***``.
 
-    Secrets are `SecretStr`/`SecretBytes` values, values under a key `is_secret_key` matches,
+    Secrets are `SecretStr`/`SecretBytes` values, values under a key `is_secret_key` matches
+    (a secret-named key's value is registered too, so it is masked in every other sink),
     passwords inside URLs (by value, whatever the key: ``endpoint_url:
-    https://user:pw@host``), and any string equal to one of ``extra_secrets`` (secret values
-    read at run time).
+    https://user:pw@host``), registered secrets (`register_secret`) wherever they appear in
+    a string, and any string equal to one of ``extra_secrets``. The string values of the
+    top-level ``references`` blocks (the config's ``secrets``: file and block names) are
+    references, not secrets, and are kept.
 
     Args:
         value: Any JSON/YAML-like structure (mappings, sequences, scalars).
         extra_secrets: Known secret strings to mask wherever they appear as whole values.
+        references: Top-level keys whose values are secret references.
 
     Returns:
         The redacted copy; ``value`` itself is left untouched.
@@ -59,15 +156,33 @@ def redact(value: Any, *, extra_secrets: frozenset[str] = frozenset()) -> Any:
     if isinstance(value, Mapping):
         out: dict[Any, Any] = {}
         for key, item in value.items():
-            if is_secret_key(str(key)) and item not in (None, "", [], {}) and not isinstance(
+            if _top and str(key) in references and isinstance(item, Mapping):
+                out[key] = _references(item)
+            elif is_secret_key(str(key)) and item not in (None, "", [], {}) and not isinstance(
                 item, Mapping
             ):
+                _register_under_secret_keys(item, True)
                 out[key] = REDACTED
             else:
-                out[key] = redact(item, extra_secrets=extra_secrets)
+                out[key] = redact(item, extra_secrets=extra_secrets, _top=False)
         return out
     if isinstance(value, list | tuple):
-        return type(value)(redact(v, extra_secrets=extra_secrets) for v in value)
+        return type(value)(redact(v, extra_secrets=extra_secrets, _top=False) for v in value)
     if isinstance(value, str):
         return REDACTED if value in extra_secrets else redact_text(value)
     return value
+
+
+def _references(block: Mapping[str, Any]) -> dict[str, Any]:
+    """A block of secret references: names kept, anything that is not a name masked."""
+    out: dict[str, Any] = {}
+    for key, item in block.items():
+        if isinstance(item, Mapping):
+            out[key] = _references(item)
+        elif item is None or isinstance(item, bool | int | float):
+            out[key] = item
+        elif isinstance(item, str) and re.fullmatch(r"[A-Za-z0-9_./-]{1,255}", item):
+            out[key] = item  # a file name, a block name, an environment variable's name
+        else:
+            out[key] = REDACTED
+    return out

@@ -44,6 +44,7 @@ from analysis.kpi import BASE_COLUMNS, display_value
 from analysis.progress import StageProgress
 from analysis.project import AnalysisProject
 from analysis.regression import DEFAULTS, DetectorSettings, change_points
+from analysis.safeio import write_bytes, write_text
 from analysis.yamlio import load_yaml
 
 __all__ = [
@@ -731,7 +732,7 @@ def _write_plotlyjs(path: Path) -> None:
         from plotly.offline import get_plotlyjs
 
         data = get_plotlyjs().encode("utf-8")
-    path.write_bytes(data)
+    write_bytes(path, data)
 
 
 def _load_plots(project: AnalysisProject) -> list[dict[str, Any]]:
@@ -837,9 +838,9 @@ def render_report(out_dir: Path, project: AnalysisProject, runs: Sequence[Any],
         name = f"{index:02d}_{kind}.html"
         needs_js = "Plotly" in body or "plotly" in body
         plotly_needed = plotly_needed or needs_js
-        (out_dir / name).write_text(_page(title, f"<p><a href='index.html'>← index</a></p>"
+        write_text(out_dir / name, _page(title, f"<p><a href='index.html'>← index</a></p>"
                                                  f"<h1>{html.escape(title)}</h1>{body}",
-                                          needs_js), encoding="utf-8")
+                                          needs_js))
         links.append((name, title))
         progress.advance()  # a page written
     if plotly_needed:
@@ -854,6 +855,6 @@ def render_report(out_dir: Path, project: AnalysisProject, runs: Sequence[Any],
             "<ul>" + "".join(f"<li><a href='{n}'>{html.escape(t)}</a></li>" for n, t in links)
             + "</ul>" + _headlines_html(ctx))
     index_path = out_dir / "index.html"
-    index_path.write_text(_page(f"{project.name} report", body, False), encoding="utf-8")
+    write_text(index_path, _page(f"{project.name} report", body, False))
     progress.finish()
     return index_path

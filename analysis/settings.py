@@ -5,17 +5,16 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from analysis.regression import DEFAULTS, DetectorSettings
+from analysis.strict import StrictSettings
 
 __all__ = ["AnalysisSettings", "ComparisonSettings", "RegressionSettings"]
 
 
-class ComparisonSettings(BaseModel):
+class ComparisonSettings(StrictSettings):
     """Which runs count as the same configuration when building a KPI's history."""
-
-    model_config = ConfigDict(extra="forbid")
 
     ignored_labels: list[str] = Field(
         default_factory=list,
@@ -27,17 +26,16 @@ class ComparisonSettings(BaseModel):
     )
 
 
-class RegressionSettings(BaseModel):
+class RegressionSettings(StrictSettings):
     """Regression verdict policy."""
-
-    model_config = ConfigDict(extra="forbid")
 
     enabled: bool = Field(default=True, description="Compute verdicts against the history.")
     fail_on_regression: bool = Field(default=False, description="A regression fails the run.")
     fail_on_improvement: bool = Field(
         default=False, description="An improvement also fails the run (it needs a look too)."
     )
-    min_history: int = Field(default=3, ge=3, description="Runs needed before any verdict.")
+    min_history: int = Field(default=3, ge=3, le=10_000,
+                             description="Runs needed before any verdict.")
     min_change_pct: float = Field(
         default=0.0, ge=0, le=100,
         description=("Smallest change, in %, called a regression, an improvement or a change "
@@ -51,10 +49,8 @@ class RegressionSettings(BaseModel):
                        min_magnitude=self.min_change_pct / 100)
 
 
-class AnalysisSettings(BaseModel):
+class AnalysisSettings(StrictSettings):
     """Post-processing settings shared by every project."""
-
-    model_config = ConfigDict(extra="forbid")
 
     history_uri: str | None = Field(
         default=None,

@@ -8,8 +8,11 @@ from typing import Any
 import yaml
 
 from analysis.errors import ConfigError
+from analysis.redact import redact
+from analysis.safeio import UnreadableInputError, read_text_bounded
 
-__all__ = ["MAX_UNTRUSTED_YAML", "LineMap", "dump_yaml", "load_yaml", "load_yaml_text"]
+__all__ = ["MAX_UNTRUSTED_YAML", "MAX_YAML_DEPTH", "MAX_YAML_FILE", "LineMap", "dump_yaml",
+           "load_yaml", "load_yaml_text"]
 
 LineMap = dict[str, int]
 """Dotted key path -> 1-based line where that key is written."""
@@ -52,25 +55,57 @@ MAX_UNTRUSTED_YAML = 256 * 1024
 """Largest YAML text accepted from a user (``--var``, PR comment, vars file), in characters."""
 
 
-def _refuse_aliases(node: yaml.Node | None, source: str) -> None:
-    """Refuse anchors/aliases: in untrusted text they are how a few bytes expand to gigabytes.
+MAX_YAML_DEPTH = 64
+"""Deepest nesting of mappings and lists accepted in any YAML (a config is ~8 deep).
 
-    An alias is the same composed node reached twice; the walk visits each node once, so it
-    stays linear in the text's size whatever the aliases would expand to.
+Deeper documents are refused before they are built: composing and constructing recurse, and
+300 levels of block-style YAML (46 KB) ended in a 3 000-line `RecursionError`."""
+
+MAX_YAML_FILE = 16 * 1024 * 1024
+"""Largest YAML file read at all (project configs, saved configs, secrets), in bytes."""
+
+_SafeParser: type = getattr(yaml, "CParser", None) or yaml.Loader
+
+
+def _scan(text: str, source: str, *, aliases: bool) -> None:
+    """Refuse too deep nesting and (untrusted) anchors/aliases, before anything is built.
+
+    libyaml's parser is a state machine: its event stream is produced without recursion,
+    so this walk is linear in the text and safe on any input. Aliases are how a few bytes
+    expand to gigabytes (a 372-byte alias bomb held 3.9 GB).
     """
-    seen: set[int] = set()
-    stack = [node] if node is not None else []
-    while stack:
-        current = stack.pop()
-        if id(current) in seen:
-            raise ConfigError("YAML anchors and aliases (&x / *x) are not accepted here",
-                              file=source, line=current.start_mark.line + 1)
-        seen.add(id(current))
-        if isinstance(current, yaml.MappingNode):
-            for key, value in current.value:
-                stack += [key, value]
-        elif isinstance(current, yaml.SequenceNode):
-            stack += current.value
+    depth = 0
+    try:
+        for event in yaml.parse(text, Loader=_SafeParser):
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_YAML_DEPTH:
+                    raise ConfigError(f"nested deeper than {MAX_YAML_DEPTH} levels",
+                                      file=source, line=event.start_mark.line + 1)
+                if not aliases and event.anchor is not None:
+                    raise ConfigError("YAML anchors and aliases (&x / *x) are not accepted "
+                                      "here", file=source, line=event.start_mark.line + 1)
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
+            elif not aliases and (isinstance(event, yaml.AliasEvent) or (
+                    isinstance(event, yaml.ScalarEvent) and event.anchor is not None)):
+                raise ConfigError("YAML anchors and aliases (&x / *x) are not accepted here",
+                                  file=source, line=event.start_mark.line + 1)
+    except yaml.MarkedYAMLError as exc:
+        raise _malformed(exc, source) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"malformed YAML: {_one_line(str(exc))}", file=source) from None
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())[:300]
+
+
+def _malformed(exc: yaml.MarkedYAMLError, source: str) -> ConfigError:
+    mark = exc.problem_mark or exc.context_mark
+    line = mark.line + 1 if mark is not None else None
+    problem = exc.problem or exc.context or "malformed YAML"
+    return ConfigError(f"malformed YAML: {_one_line(problem)}", file=source, line=line)
 
 
 def load_yaml_text(text: str, *, source: str = "<string>",
@@ -87,49 +122,51 @@ def load_yaml_text(text: str, *, source: str = "<string>",
         The parsed data and its `LineMap`.
 
     Raises:
-        ConfigError: Malformed YAML, a duplicate key, or (untrusted) an alias or oversized
-            text, with the source and line.
+        ConfigError: Malformed YAML, a duplicate key, nesting deeper than `MAX_YAML_DEPTH`,
+            or (untrusted) an alias or oversized text, with the source and line: one line.
     """
     if untrusted and len(text) > MAX_UNTRUSTED_YAML:
         raise ConfigError(f"{len(text)} characters of YAML: over the {MAX_UNTRUSTED_YAML} "
                           "accepted from a user", file=source)
+    _scan(text, source, aliases=not untrusted)
     loader = _Loader(text)
     loader._telltale_file = source  # type: ignore[attr-defined]
     try:
         node = loader.get_single_node()
-        if untrusted:
-            _refuse_aliases(node, source)
         lines: LineMap = {}
         _line_map(node, "", lines)
         data = loader.construct_document(node) if node is not None else None
     except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark is not None else None
-        problem = exc.problem or exc.context or "malformed YAML"
-        raise ConfigError(f"malformed YAML: {problem}", file=source, line=line) from None
+        raise _malformed(exc, source) from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"malformed YAML: {exc}", file=source) from None
+        raise ConfigError(f"malformed YAML: {_one_line(str(exc))}", file=source) from None
+    except (ValueError, OverflowError, RecursionError) as exc:  # e.g. a timestamp in year 0
+        raise ConfigError(f"malformed YAML: {_one_line(str(exc))}", file=source) from None
     finally:
         loader.dispose()
     return data, lines
 
 
-def load_yaml(path: str | Path, *, untrusted: bool = False) -> tuple[Any, LineMap]:
-    """Read a YAML file safely; see `load_yaml_text`.
+def load_yaml(path: str | Path, *, untrusted: bool = False,
+              follow_links: bool = True) -> tuple[Any, LineMap]:
+    """Read a YAML file safely (the bounded reader, then `load_yaml_text`).
+
+    Args:
+        path: The file: a regular file (a FIFO or device is refused, never waited on).
+        untrusted: A user's or a results tree's file: at most 4 x `MAX_UNTRUSTED_YAML`
+            bytes, no aliases. Others are capped at `MAX_YAML_FILE`.
+        follow_links: Follow a symbolic link (off for files inside a results tree).
 
     Raises:
-        ConfigError: The file is missing, unreadable, oversized (untrusted) or malformed.
+        ConfigError: The file is missing, unreadable, not a regular file, oversized or
+            malformed, in one line.
     """
     path = Path(path)
+    cap = MAX_UNTRUSTED_YAML * 4 if untrusted else MAX_YAML_FILE
     try:
-        if untrusted and path.stat().st_size > MAX_UNTRUSTED_YAML * 4:
-            raise ConfigError(f"over the {MAX_UNTRUSTED_YAML} characters of YAML accepted "
-                              "from a user", file=str(path))
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError("file not found", file=str(path)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read: {exc}", file=str(path)) from None
+        text = read_text_bounded(path, cap, what="YAML", follow_links=follow_links)
+    except UnreadableInputError as exc:
+        raise ConfigError(exc.reason, file=str(path)) from None
     return load_yaml_text(text, source=str(path), untrusted=untrusted)
 
 
@@ -140,7 +177,14 @@ class _Dumper(yaml.SafeDumper):
         return True
 
 
-def dump_yaml(data: Any) -> str:
-    """Serialise ``data`` as block-style YAML keeping key order, without aliases."""
-    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False,
-                     allow_unicode=True)
+def dump_yaml(data: Any, *, redacted: bool = True) -> str:
+    """Serialise ``data`` as block-style YAML keeping key order, without aliases.
+
+    Args:
+        data: The structure.
+        redacted: Mask secrets by key and by value (`analysis.redact.redact`): every YAML
+            artifact is a sink. Only a file that must hold a credential (an install config,
+            written private) passes False.
+    """
+    return yaml.dump(redact(data) if redacted else data, Dumper=_Dumper, sort_keys=False,
+                     default_flow_style=False, allow_unicode=True)

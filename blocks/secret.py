@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, SecretStr
+from pydantic import AfterValidator, BeforeValidator, SecretStr
+
+from analysis.redact import register_secret
 
 __all__ = ["SecretText"]
 
@@ -19,5 +21,11 @@ def _as_text(value: Any) -> Any:
     return value
 
 
-SecretText = Annotated[SecretStr, BeforeValidator(_as_text)]
-"""A `SecretStr` that takes numbers as their text (never echoed in an error)."""
+def _registered(value: SecretStr) -> SecretStr:
+    register_secret(value)  # masked by value at every sink from now on
+    return value
+
+
+SecretText = Annotated[SecretStr, BeforeValidator(_as_text), AfterValidator(_registered)]
+"""A `SecretStr` that takes numbers as their text (never echoed in an error), registered
+with `analysis.redact` so that its value is masked wherever it would be written."""

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from analysis.errors import StepError
+from analysis.safeio import open_append
 from tasks.process import free_port
 from tasks.runner import die_with_parent
 
@@ -80,7 +81,7 @@ def prefect_api(log_file: Path | None = None) -> Iterator[str | None]:
                             str(Path(prefect.__file__).parent.parent), "--factory",
                             "prefect.server.api.server:create_app", "--host", "127.0.0.1",
                             "--port", str(port), "--log-level", "error", "--lifespan", "on"])
-    out = open(log_file, "ab") if log_file is not None else subprocess.DEVNULL  # noqa: SIM115
+    out = open_append(log_file) if log_file is not None else subprocess.DEVNULL
     server = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out,
                               stderr=subprocess.STDOUT, start_new_session=True)
     try:

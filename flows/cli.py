@@ -16,7 +16,11 @@ from typing import Any
 from analysis.environment import env_settings
 from analysis.errors import ConfigError, TelltaleError, UserError
 from analysis.history import default_data_dir
-from projects.config import Config, load_vars_file, parse_override, parse_pr_args, resolve
+from analysis.redact import redact_text
+from analysis.safeio import UnreadableInputError, read_text_bounded
+from analysis.terminal import printable
+from projects.config import Config, load_vars_file, parse_override, resolve
+from projects.untrusted import MAX_PR_COMMENT, UntrustedPolicy, parse_pr_args, policy_for
 
 __all__ = [
     "Terminated",
@@ -32,9 +36,10 @@ __all__ = [
     "exit_code_for",
     "main_guard",
     "overrides_from_args",
-    "pr_comment_keys",
+    "policy_for",
     "prefect_defaults",
     "resolve_from_args",
+    "say",
 ]
 
 EXIT_OK = 0
@@ -92,33 +97,25 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
                         help="PR comment text; its '/var key: value' lines become overrides")
 
 
-def pr_comment_keys(project: str) -> list[str]:
-    """The keys a PR comment may set: the project's *base* ``pr_comment_keys``.
-
-    Read without presets or overrides, so neither can widen it.
-    """
-    return list(resolve(project, env={}).get("pr_comment_keys", []) or [])
-
-
 def overrides_from_args(args: argparse.Namespace,
-                        pr_allowed: Sequence[str] | None = None) -> dict[str, Any]:
+                        pr_policy: UntrustedPolicy | None = None) -> dict[str, Any]:
     """Collect overrides in precedence order: vars files < PR comment < ``--var``.
 
     Args:
         args: The parsed command line.
-        pr_allowed: Key patterns a PR comment may set (`pr_comment_keys`); None: none.
+        pr_policy: What a PR comment may set (`policy_for`); None: nothing.
     """
     overrides: dict[str, Any] = {}
     for path in args.vars_file:
         overrides.update(load_vars_file(path))
     if args.pr_args:
         try:
-            text = Path(args.pr_args).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"cannot read PR comment: {exc.strerror}",
-                              file=args.pr_args) from None
-        overrides.update(parse_pr_args(text, source=args.pr_args,
-                                       allowed=list(pr_allowed or [])))
+            text = read_text_bounded(args.pr_args, MAX_PR_COMMENT, what="PR comment",
+                                     follow_links=True)
+        except UnreadableInputError as exc:
+            raise ConfigError(f"PR comment: {exc.reason}", file=args.pr_args) from None
+        overrides.update(parse_pr_args(text, pr_policy or UntrustedPolicy(keys=()),
+                                       source=args.pr_args))
     for item in args.var:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
@@ -130,7 +127,7 @@ def overrides_from_args(args: argparse.Namespace,
 def resolve_from_args(project: str, args: argparse.Namespace) -> Config:
     """Resolve the project config from parsed command-line arguments."""
     return resolve(project, presets=args.preset,
-                   overrides=overrides_from_args(args, pr_comment_keys(project)))
+                   overrides=overrides_from_args(args, policy_for(project)))
 
 
 def runs_root(*, deployed: bool = False) -> Path:
@@ -180,6 +177,16 @@ def prefect_defaults() -> None:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "60")
 
 
+def say(text: object, *, error: bool = False, keep_newlines: bool = False) -> None:
+    """Print a line that may carry input (a PR value, a log tail, a service's answer).
+
+    Registered secrets and URL passwords are masked, and control and bidirectional
+    characters are shown as escapes, so nothing a user typed can drive the terminal.
+    """
+    print(printable(redact_text(str(text)), keep_newlines=keep_newlines),
+          file=sys.stderr if error else sys.stdout)
+
+
 Main = Callable[[Sequence[str] | None], int]
 
 
@@ -195,15 +202,14 @@ def main_guard(main: Main) -> Main:
         try:
             return main(argv)
         except TelltaleError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            say(f"error: {exc}", error=True)
             return exit_code_for(exc)
         except KeyboardInterrupt as exc:
-            print("terminated" if is_terminated(exc) else "interrupted",
-                  file=sys.stderr)
+            say("terminated" if is_terminated(exc) else "interrupted", error=True)
             return exit_code_for(exc)
         except OSError as exc:  # e.g. a full disk: one line, not a 162-line traceback
             where = f" ({exc.filename})" if exc.filename else ""
-            print(f"error: {exc.strerror or exc}{where}", file=sys.stderr)
+            say(f"error: {exc.strerror or exc}{where}", error=True)
             return EXIT_FAILED
 
     return guarded

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import keyword
 import re
-import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from analysis.errors import ConfigError
+from analysis.safeio import copy_file, write_text
 from flows.cli import EXIT_OK, main_guard, make_parser
 
 __all__ = ["scaffold"]
@@ -62,13 +62,11 @@ def _minimal(name: str, repo: Path) -> list[Path]:
     for template, target in _MINIMAL.items():
         path = repo / target.format(name=name)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(_fill((TEMPLATES / template).read_text(encoding="utf-8"), name),
-                        encoding="utf-8")
+        write_text(path, _fill((TEMPLATES / template).read_text(encoding="utf-8"), name))
         written.append(path)
     for package in (repo / "projects" / name, repo / "flows" / name):
         init = package / "__init__.py"
-        init.write_text(f'"""The {name} orchestration (scaffolded by flows.new_project)."""\n',
-                        encoding="utf-8")
+        write_text(init, f'"""The {name} orchestration (scaffolded by flows.new_project)."""\n')
         written.append(init)
     return written
 
@@ -87,10 +85,10 @@ def _copy(source: str, name: str, repo: Path) -> list[Path]:
             try:
                 text = path.read_text(encoding="utf-8")
             except UnicodeDecodeError:
-                shutil.copyfile(path, target)
+                copy_file(path, target)
             else:
-                target.write_text(text.replace(source, name).replace(
-                    source.replace("_", "-"), dash), encoding="utf-8")
+                write_text(target, text.replace(source, name).replace(
+                    source.replace("_", "-"), dash))
             written.append(target)
     return written
 

@@ -39,6 +39,8 @@ from analysis.environment import env_settings
 from analysis.errors import TelltaleError
 from analysis.history import default_history_uri
 from analysis.pipeline import PostprocessOutcome
+from analysis.redact import RedactingFilter
+from analysis.safeio import write_text
 from analysis.yamlio import dump_yaml, load_yaml
 from flows.cli import (
     EXIT_FAILED,
@@ -47,12 +49,14 @@ from flows.cli import (
     exit_code_for,
     is_terminated,
     runs_root,
+    say,
 )
 from flows.events import emit_run_events
 from projects import registry
 from projects.config import resolve, use_config
 from projects.library.runs import REPEAT_FILE
 from projects.matrix import Cell
+from projects.untrusted import check_untrusted, policy_for
 from tasks.artifacts import next_artifact_dir, use_artifact_dir
 from tasks.lab import provision
 from tasks.platforms.base import CellResult, Platform, RunContext
@@ -200,6 +204,7 @@ def send_telltale_logs_to_prefect() -> None:
 
     handler = APILogHandler(level=logging.INFO)
     handler.addFilter(_InRunOnly())
+    handler.addFilter(RedactingFilter())
     ours = logging.getLogger("telltale")
     if ours.level == logging.NOTSET:  # INFO lines are the point, whatever the root says
         ours.setLevel(logging.INFO)
@@ -245,7 +250,7 @@ def finished_cells(root: Path) -> dict[str, Path]:
         if code == 0:
             finished[meta.get("settings_hash", "")] = cell_dir
         else:
-            (cell_dir / "skip").write_text("superseded by a re-run\n", encoding="utf-8")
+            write_text(cell_dir / "skip", "superseded by a re-run\n")
     return finished
 
 
@@ -265,13 +270,13 @@ def _run_cell(cell: Cell, run: RunContext, platform: Platform,
     with next_artifact_dir("cell") as cell_dir:
         settings = {**cell.settings, "ci_engine": env_settings().ci_engine,
                     "run_id": run.run_id}
-        (cell_dir / "settings.yaml").write_text(dump_yaml(settings), encoding="utf-8")
-        (cell_dir / ".uuid").write_text(f"{uuid.uuid4()}\n", encoding="utf-8")
+        write_text(cell_dir / "settings.yaml", dump_yaml(settings))
+        write_text(cell_dir / ".uuid", f"{uuid.uuid4()}\n")
         if repeat_of:
-            (cell_dir / REPEAT_FILE).write_text(f"{repeat_of}\n", encoding="utf-8")
-        (cell_dir / CELL_FILE).write_text(json.dumps({
+            write_text(cell_dir / REPEAT_FILE, f"{repeat_of}\n")
+        write_text(cell_dir / CELL_FILE, json.dumps({
             "name": cell.name, "index": cell.index,
-            "settings_hash": settings_hash(cell.settings)}) + "\n", encoding="utf-8")
+            "settings_hash": settings_hash(cell.settings)}) + "\n")
         start = datetime.now(UTC).isoformat()
         try:
             platform.capture(run)
@@ -282,9 +287,9 @@ def _run_cell(cell: Cell, run: RunContext, platform: Platform,
                 result = platform.run_cell(run, cell)
         except Exception as exc:  # the cell failed; the matrix and post-processing go on
             result = CellResult(exit_code=1, reason=f"{type(exc).__name__}: {exc}")
-        (cell_dir / "test_start_end.json").write_text(json.dumps({
-            "start": start, "end": datetime.now(UTC).isoformat()}) + "\n", encoding="utf-8")
-        (cell_dir / "exit_code").write_text(f"{result.exit_code}\n", encoding="utf-8")
+        write_text(cell_dir / "test_start_end.json", json.dumps({
+            "start": start, "end": datetime.now(UTC).isoformat()}) + "\n")
+        write_text(cell_dir / "exit_code", f"{result.exit_code}\n")
         passed = result.exit_code == 0
         _log().log(logging.INFO if passed else logging.ERROR, "cell %d/%s %s (exit %d)%s",
                    cell.index, cell.name, "passed" if passed else "failed", result.exit_code,
@@ -388,9 +393,9 @@ def _postprocess_phase(outcome: RunOutcome, run: RunContext) -> None:
     outcome.failures.extend(post.gate_failures)
     if post.report:
         index = Path(post.report).relative_to(run.root)
-        (run.root / "report.html").write_text(
-            f"<!DOCTYPE html><meta http-equiv='refresh' content='0; url={index}'>"
-            f"<a href='{index}'>report</a>\n", encoding="utf-8")
+        write_text(run.root / "report.html",
+                   f"<!DOCTYPE html><meta http-equiv='refresh' content='0; url={index}'>"
+                   f"<a href='{index}'>report</a>\n")
     try:
         publish_results(run.project.flow_name, post,
                         [c.model_dump() for c in outcome.cells], run.root)
@@ -475,6 +480,12 @@ def orchestrate(project_name: str, presets: Sequence[str], overrides: dict[str, 
     if _flow_run_id() is not None:
         send_telltale_logs_to_prefect()
     project = registry.load(project_name)
+    if _deployment_id() is not None:
+        # A deployment's form is filled in by anyone who can start a run in the UI: its
+        # overrides are held to the PR-comment policy (allow-listed, declared, bounded).
+        policy = policy_for(project_name)
+        for key, value in (overrides or {}).items():
+            check_untrusted(key, value, policy, source="deployment form")
     config = resolve(project_name, presets=presets, overrides=overrides or {})
     model = config.model
     clusters = model.clusters
@@ -535,7 +546,7 @@ def orchestrate(project_name: str, presets: Sequence[str], overrides: dict[str, 
 
 def _write_outcome(root: Path, outcome: RunOutcome) -> None:
     try:
-        (root / "outcome.json").write_text(outcome.model_dump_json(indent=2), encoding="utf-8")
+        write_text(root / "outcome.json", outcome.model_dump_json(indent=2))
     except OSError as exc:  # a full disk must not hide the run's real outcome
         logger.error("could not write %s/outcome.json: %s", root, exc)
 
@@ -591,32 +602,33 @@ def run_from_cli(flow_fn: Callable[..., RunOutcome], presets: list[str],
                 presets=presets, overrides=overrides, platform=platform,
                 artifact_dir=str(artifact_dir) if artifact_dir else None, return_state=True))
     except TelltaleError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        say(f"error: {exc}", error=True)
         return exit_code_for(exc)
     except KeyboardInterrupt as exc:
-        print(f"{'terminated' if is_terminated(exc) else 'interrupted'}: the run's "
-              f"cleanup ran; partial results are kept ({artifact_dir or 'see runs/'})",
-              file=sys.stderr)
+        say(f"{'terminated' if is_terminated(exc) else 'interrupted'}: the run's "
+            f"cleanup ran; partial results are kept ({artifact_dir or 'see runs/'})",
+            error=True)
         return exit_code_for(exc)
     except OSError as exc:  # e.g. a full artifact disk: outcome.json was attempted already
-        print(f"error: {exc.strerror or exc} ({exc.filename or artifact_dir or 'runs/'})",
-              file=sys.stderr)
+        say(f"error: {exc.strerror or exc} ({exc.filename or artifact_dir or 'runs/'})",
+            error=True)
         return EXIT_FAILED
     print()
-    print(f"artifacts : {outcome.artifact_dir}")
+    say(f"artifacts : {outcome.artifact_dir}")
     for cell in outcome.cells:
-        print(f"  cell {cell.name:<40} {cell.status}"
-              + (f" (exit {cell.exit_code})" if cell.exit_code not in (None, 0) else ""))
+        say(f"  cell {cell.name:<40} {cell.status}"
+            + (f" (exit {cell.exit_code})" if cell.exit_code not in (None, 0) else ""))
     if outcome.verdict_counts:
-        print("verdicts  : " + ", ".join(f"{k}={v}" for k, v in
-                                         sorted(outcome.verdict_counts.items())))
+        say("verdicts  : " + ", ".join(f"{k}={v}" for k, v in
+                                       sorted(outcome.verdict_counts.items())))
     if outcome.report:
-        print(f"report    : {outcome.report}")
+        say(f"report    : {outcome.report}")
     if outcome.export_url:
-        print(f"exported  : {outcome.export_url}")
+        say(f"exported  : {outcome.export_url}")
     for failure in outcome.failures:
-        print(f"FAILED    : {failure}")
+        say(f"FAILED    : {failure}")
     for cell in outcome.cells:
         if cell.log_tail:
-            print(f"--- last lines of {cell.name}'s workload log ---\n{cell.log_tail}")
+            say(f"--- last lines of {cell.name}'s workload log ---\n{cell.log_tail}",
+                keep_newlines=True)
     return outcome.exit_code

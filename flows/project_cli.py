@@ -26,7 +26,7 @@ from flows.cli import (
     main_guard,
     make_parser,
     overrides_from_args,
-    pr_comment_keys,
+    policy_for,
     prefect_defaults,
     resolve_from_args,
 )
@@ -147,7 +147,7 @@ def project_main(project: str, argv: Sequence[str] | None = None) -> int:
             _service_ahead(project, config, artifact_dir)
         try:
             return run_from_cli(module.FLOW, presets=list(args.preset),
-                                overrides=overrides_from_args(args, pr_comment_keys(project)),
+                                overrides=overrides_from_args(args, policy_for(project)),
                                 platform=platform, artifact_dir=artifact_dir)
         finally:
             from tasks.observe.prometheus import stop_ahead

@@ -34,7 +34,7 @@ from flows.cli import (
     main_guard,
     make_parser,
     overrides_from_args,
-    pr_comment_keys,
+    policy_for,
     prefect_defaults,
 )
 from projects.config import resolve
@@ -153,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     prefect_defaults()
     outcome = replot(source=args.source, download=args.download, project=args.project,
                      history_uri=args.history, presets=args.preset,
-                     overrides=overrides_from_args(args, pr_comment_keys(args.project)))
+                     overrides=overrides_from_args(args, policy_for(args.project)))
     print(f"outputs : {outcome.out_dir}")
     if outcome.report:
         print(f"report  : {outcome.report}")

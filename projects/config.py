@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextvars
 import copy
 import difflib
-import fnmatch
 import os
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -34,7 +33,8 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from analysis.errors import ConfigError
-from analysis.redact import REDACTED, is_secret_key, redact
+from analysis.redact import REDACTED, is_secret_key, redact, register_secrets_in
+from analysis.safeio import write_text
 from analysis.yamlio import LineMap, dump_yaml, load_yaml, load_yaml_text
 from projects import registry
 
@@ -46,7 +46,6 @@ __all__ = [
     "json_schema",
     "load_vars_file",
     "parse_override",
-    "parse_pr_args",
     "resolve",
     "use_config",
 ]
@@ -105,46 +104,6 @@ def parse_override(key: str, text: str) -> Any:
         return ""
     value, _ = load_yaml_text(text, source=f"value of {key}", untrusted=True)
     return value
-
-
-def parse_pr_args(text: str, *, source: str = "PR comment",
-                  allowed: Sequence[str] | None = None) -> dict[str, Any]:
-    """Extract ``/var key: value`` lines from a PR comment into overrides.
-
-    Other lines (``/test ...``, prose) are ignored; values are parsed as YAML (untrusted: no
-    aliases, bounded). A PR comment is written by anyone who can comment: with ``allowed``
-    (the project's ``pr_comment_keys``, fnmatch patterns) any other key is refused, so a
-    comment cannot point exports, history or secrets elsewhere, or size the fan-out.
-
-    Args:
-        text: The comment body.
-        source: Name used in error messages.
-        allowed: Key patterns a comment may set (None: any key, for trusted callers).
-
-    Returns:
-        Dotted key → value, in comment order (a later line wins).
-
-    Raises:
-        ConfigError: A ``/var`` line without ``key: value``, or with a key outside
-            ``allowed``, with its line number.
-    """
-    out: dict[str, Any] = {}
-    for lineno, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if not line.startswith("/var"):
-            continue
-        rest = line[len("/var") :]
-        if rest and not rest[0].isspace():
-            continue  # e.g. "/variable" is not our command
-        key, sep, value = rest.strip().partition(":")
-        key = key.strip()
-        if not sep or not key or " " in key:
-            raise ConfigError(f"expected '/var key: value', got {line!r}", file=source, line=lineno)
-        if allowed is not None and not any(fnmatch.fnmatchcase(key, p) for p in allowed):
-            raise ConfigError(f"a PR comment may not set {key!r}; allowed (pr_comment_keys): "
-                              f"{', '.join(allowed) or '(nothing)'}", file=source, line=lineno)
-        out[key] = parse_override(key, value.strip())
-    return out
 
 
 def load_vars_file(path: str | Path) -> dict[str, Any]:
@@ -383,7 +342,7 @@ class Config:
 
     def to_yaml(self, *, redacted: bool = True) -> str:
         """Serialise the resolved config as YAML (secrets masked unless asked otherwise)."""
-        return dump_yaml(self.as_dict(redacted=redacted))
+        return dump_yaml(self.as_dict(redacted=redacted), redacted=redacted)
 
     def save(self, directory: str | Path) -> Path:
         """Write ``config.yaml``, ``presets_applied`` and ``variable_overrides.yaml``.
@@ -397,10 +356,10 @@ class Config:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         target = directory / "config.yaml"
-        _atomic_write(target, self.to_yaml())
+        write_text(target, self.to_yaml())
         presets = "".join(f"{p}\n" for p in self.presets_applied)
-        _atomic_write(directory / "presets_applied", presets)
-        _atomic_write(directory / "variable_overrides.yaml", dump_yaml(redact(self.overrides)))
+        write_text(directory / "presets_applied", presets)
+        write_text(directory / "variable_overrides.yaml", dump_yaml(redact(self.overrides)))
         return target
 
     def json_schema(self) -> dict[str, Any]:
@@ -424,12 +383,6 @@ def _data_path(data: Any, loc: Sequence[Any]) -> str:
             continue
         parts.append(str(part))
     return ".".join(parts)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def resolve(
@@ -482,6 +435,7 @@ def resolve(
     for key, value in _env_overrides(environ).items():
         resolver.assign(key, value, f"environment {ENV_PREFIX}{key.replace('.', '__')}")
         applied_overrides[key] = value
+    register_secrets_in(applied_overrides)  # a value under a secret-named key: masked everywhere
     if model is None and project is not None:
         model = registry.config_model(project)
     return Config(resolver.data, project=project, file=str(path),

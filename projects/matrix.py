@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -92,6 +93,8 @@ def expand(
     test_settings: Mapping[str, Any],
     test_extra_settings: Sequence[Mapping[str, Any]] = (),
     skip_if: Sequence[Mapping[str, Any]] = (),
+    *,
+    max_cells: int | None = None,
 ) -> list[Cell]:
     """Expand settings into cells.
 
@@ -99,19 +102,25 @@ def expand(
         test_settings: The base settings (lists are dimensions).
         test_extra_settings: Experiment groups merged over the base, dotted keys allowed.
         skip_if: Rules marking cells skipped.
+        max_cells: Refuse a matrix of more cells (``matrix.max_cells``), counted before
+            anything is expanded: three lists of 100 values are 10^6 cells.
 
     Returns:
         The cells, in order (group, then Cartesian product in key order).
 
     Raises:
-        ConfigError: A group names a setting that does not exist, or a dimension is empty.
+        ConfigError: A group names a setting that does not exist, a dimension is empty, or
+            the matrix has more than ``max_cells`` cells (the count and the settings that
+            multiply are named).
 
     Example:
         >>> [c.name for c in expand({"a": [1, 2], "b": 3})]
         ['a=1', 'a=2']
     """
     groups: Sequence[Mapping[str, Any]] = list(test_extra_settings) or [{}]
-    cells: list[Cell] = []
+    prepared = []
+    total = 0
+    sizes: dict[str, int] = {}
     for group_index, group in enumerate(groups):
         if not isinstance(group, Mapping):
             raise ConfigError(f"test_extra_settings[{group_index}] must be a mapping")
@@ -122,6 +131,17 @@ def expand(
         for key in dims:
             if not flat[key]:
                 raise ConfigError(f"setting {key!r} is an empty list: a dimension needs values")
+            sizes[key] = max(sizes.get(key, 0), len(flat[key]))
+        total += math.prod(len(flat[k]) for k in dims)
+        prepared.append((group_index, group, flat, dims))
+    if max_cells is not None and total > max_cells:
+        factors = " x ".join(f"{k} ({n})" for k, n in sizes.items() if n > 1)
+        groups_part = f" over {len(groups)} test_extra_settings groups" if len(groups) > 1 else ""
+        raise ConfigError(f"the matrix has {total} cells, over matrix.max_cells ({max_cells}): "
+                          f"{factors or 'no list'}{groups_part} multiply; shorten a list or "
+                          "raise matrix.max_cells")
+    cells: list[Cell] = []
+    for group_index, group, flat, dims in prepared:
         varying = [k for k in dims if len(flat[k]) > 1]
         for combo in itertools.product(*(flat[k] for k in dims)):
             values = dict(flat)

@@ -5,8 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
+from analysis.errors import ConfigError
+from analysis.safeio import write_text
+from analysis.terminal import printable
 from analysis.yamlio import dump_yaml
 from projects.config import Config
 from projects.matrix import Cell, expand
@@ -33,13 +36,47 @@ class Plan(BaseModel):
 
 
 def cells_of(config: Config, test: str) -> list[Cell]:
-    """Expand the matrix of ``tests.<test>`` from a resolved config."""
+    """Expand the matrix of ``tests.<test>`` from a resolved config.
+
+    Every cell is validated by the project's settings model here, at plan time: a group or
+    override that leaves a cell invalid (a value list where the workload takes a list
+    value) is a user error naming the cell and the setting, never a failure minutes later.
+
+    Raises:
+        ConfigError: An invalid matrix (see `expand`) or an invalid cell.
+    """
     base = f"tests.{test}"
-    return expand(
+    cells = expand(
         config.get(f"{base}.test_settings"),
         config.get(f"{base}.test_extra_settings", []),
         config.get(f"{base}.skip_if", []),
+        max_cells=config.get("matrix.max_cells", None),
     )
+    model = _settings_model(config)
+    if model is not None:
+        for cell in cells:
+            try:
+                model.model_validate(cell.settings)
+            except ValidationError as exc:
+                error = exc.errors()[0]
+                where = ".".join(str(p) for p in error["loc"])
+                raise ConfigError(f"cell {cell.index} ({cell.name}): {error['msg']}",
+                                  file=config.file, key=f"{base}.test_settings.{where}") \
+                    from None
+    return cells
+
+
+def _settings_model(config: Config) -> type[BaseModel] | None:
+    """The settings model of the config's project (None for a bare YAML file)."""
+    typed = config.typed
+    if typed is None:
+        return None
+    tests = getattr(typed, "tests", None)
+    blocks = list(type(tests).model_fields) if tests is not None else []
+    if len(blocks) != 1:
+        return None
+    block = getattr(tests, blocks[0])
+    return type(block.test_settings) if isinstance(block.test_settings, BaseModel) else None
 
 
 def build_plan(config: Config, platform: str, *, test: str) -> Plan:
@@ -76,7 +113,7 @@ def write_plan(plan: Plan, config: Config, directory: str | Path) -> Path:
         for c in plan.cells
     ]
     target = directory / "plan.yaml"
-    target.write_text(dump_yaml(data), encoding="utf-8")
+    write_text(target, dump_yaml(data))
     return target
 
 
@@ -106,4 +143,5 @@ def format_plan(plan: Plan) -> str:
     for cell in plan.cells:
         status = f"skip ({cell.skip_reason})" if cell.skip_reason else "run"
         lines.append(f"  {cell.index:>3}  {cell.name:<{width}}  {status}")
-    return "\n".join(lines)
+    # cell names and skip reasons carry values from a PR comment or a form
+    return "\n".join(printable(line) for line in lines)

@@ -34,7 +34,8 @@ from typing import Any, ParamSpec, TypeVar
 from pydantic import BaseModel
 
 from analysis.errors import StepError, is_transient
-from analysis.redact import redact
+from analysis.redact import RedactingFilter, redact
+from analysis.safeio import open_append, write_text
 from analysis.yamlio import dump_yaml
 
 __all__ = [
@@ -102,7 +103,8 @@ def allocate_dir(parent: str | Path, name: str) -> Path:
         raise StepError(f"invalid artifact dir name {name!r}")
     parent = Path(parent)
     parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(parent / _LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(parent / _LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         highest = -1
@@ -135,14 +137,15 @@ class _StepLogHandler(logging.Handler):
     def __init__(self) -> None:
         super().__init__(level=logging.DEBUG)
         self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        self.addFilter(RedactingFilter())
 
     def emit(self, record: logging.LogRecord) -> None:
         target = _STEP_LOG.get()
         if target is None:
             return
         try:
-            with open(target, "a", encoding="utf-8") as stream:
-                stream.write(self.format(record) + "\n")
+            with open_append(target) as stream:
+                stream.write((self.format(record) + "\n").encode("utf-8"))
         except Exception:  # a log write must never fail the step
             self.handleError(record)
 
@@ -177,7 +180,7 @@ def _plain(value: Any) -> Any:
 
 def write_json(path: Path, data: Any) -> None:
     """Write ``data`` as indented JSON (non-JSON values as their ``str``)."""
-    path.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+    write_text(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
 def retry_on_transient(task: Any, task_run: Any, state: Any) -> bool:
@@ -200,7 +203,7 @@ def _run_in_step_dir(group: str, fn: Callable[P, R], *args: P.args,
         params = {"args": list(args), "kwargs": kwargs}
     name = _step_name or fn.__name__
     with next_artifact_dir(f"{group}__{name}") as path:
-        (path / "parameters.yaml").write_text(dump_yaml(redact(_plain(params))), encoding="utf-8")
+        write_text(path / "parameters.yaml", dump_yaml(redact(_plain(params))))
         started = time.time()
         meta: dict[str, Any] = {
             "step": f"{group}.{name}",
@@ -216,7 +219,7 @@ def _run_in_step_dir(group: str, fn: Callable[P, R], *args: P.args,
         except BaseException as exc:
             meta["state"] = "Cancelled" if isinstance(exc, KeyboardInterrupt) else "Failed"
             meta["error"] = f"{type(exc).__name__}: {exc}"
-            (path / "FAILURE").write_text(traceback.format_exc(), encoding="utf-8")
+            write_text(path / "FAILURE", traceback.format_exc())
             raise
         finally:
             _STEP_LOG.reset(token)

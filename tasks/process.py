@@ -15,6 +15,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from analysis.safeio import open_append, write_text
 from tasks.runner import CMDLINE_FILE, PID_FILE, die_with_parent
 
 __all__ = ["ManagedProcess", "free_port"]
@@ -43,13 +44,13 @@ class ManagedProcess:
         self.home = home
         home.mkdir(parents=True, exist_ok=True)
         argv = [str(a) for a in argv]
-        (home / CMDLINE_FILE).write_text("\0".join(argv), encoding="utf-8")
-        with open(self.log_file, "wb") as log:
+        write_text(home / CMDLINE_FILE, "\0".join(argv))
+        with open_append(self.log_file) as log:
             self.proc = subprocess.Popen(die_with_parent(argv), stdout=log,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True,
                                          env={**os.environ, **(env or {})})
-        (home / PID_FILE).write_text(f"{self.proc.pid}\n", encoding="utf-8")
+        write_text(home / PID_FILE, f"{self.proc.pid}\n")
 
     @property
     def log_file(self) -> Path:

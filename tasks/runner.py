@@ -9,6 +9,7 @@ instead of being ignored. Each call appends the command, its exit code and its o
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import shlex
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.errors import StepError
+from analysis.safeio import open_append, write_text
 from tasks.artifacts import ARTIFACT_DIR
 
 __all__ = [
@@ -91,7 +93,8 @@ def _log(command: str, result: CommandResult | None, note: str = "") -> None:
     directory = ARTIFACT_DIR.get()
     if directory is None:
         return
-    with open(directory / "commands.log", "a", encoding="utf-8") as stream:
+    with open_append(directory / "commands.log") as raw, \
+            io.TextIOWrapper(raw, encoding="utf-8") as stream:
         stream.write(f"$ {command}\n")
         if result is not None:
             stream.write(f"# exit {result.returncode} in {result.duration_s:.2f}s\n")
@@ -159,7 +162,7 @@ def run(
         stdin: Any = (stack.enter_context(open(stdin_file, "rb")) if stdin_file is not None
                       else subprocess.DEVNULL)
         if output_file is not None:
-            stdout: Any = stack.enter_context(open(output_file, "ab"))
+            stdout: Any = stack.enter_context(open_append(output_file))
             stderr: Any = subprocess.STDOUT
         elif capture:
             stdout = stderr = subprocess.PIPE
@@ -176,7 +179,7 @@ def run(
         except FileNotFoundError as exc:
             raise StepError(f"program not found: {argv[0]!r} (command: {display})") from exc
         if pid_file is not None:
-            Path(pid_file).write_text(f"{proc.pid}\n", encoding="utf-8")
+            write_text(Path(pid_file), f"{proc.pid}\n")
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired as exc:

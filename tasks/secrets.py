@@ -14,7 +14,12 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, SecretStr, ValidationError
 
 from analysis.errors import ConfigError
+from analysis.redact import register_secret, register_secrets_in
+from analysis.safeio import UnreadableInputError, read_text_bounded
 from analysis.yamlio import load_yaml
+
+MAX_SECRET_FILE = 1024 * 1024
+"""Largest secret file read, in bytes (a pull secret or kubeconfig is a few KB)."""
 
 __all__ = ["from_secret_file", "read_env_file", "read_yaml_secret", "secret_dir",
            "secret_file"]
@@ -69,7 +74,11 @@ def secret_file(env_key: str, name: str | None) -> Path | None:
 def read_env_file(path: Path) -> dict[str, SecretStr]:
     """Parse ``KEY=VALUE`` lines (``#`` comments, optional ``export``, optional quotes)."""
     values: dict[str, SecretStr] = {}
-    for lineno, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    try:
+        text = read_text_bounded(path, MAX_SECRET_FILE, what="secret file", follow_links=True)
+    except UnreadableInputError as exc:
+        raise ConfigError(exc.reason, file=str(path)) from None
+    for lineno, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
@@ -78,6 +87,7 @@ def read_env_file(path: Path) -> dict[str, SecretStr]:
             raise ConfigError("expected KEY=VALUE (value not shown)", file=str(path),
                               line=lineno)
         values[key.strip()] = SecretStr(value.strip().strip("'\""))
+        register_secret(values[key.strip()])
     return values
 
 
@@ -86,4 +96,5 @@ def read_yaml_secret(path: Path) -> dict[str, Any]:
     data, _ = load_yaml(path)
     if not isinstance(data, dict):
         raise ConfigError("a secret YAML file must be a mapping", file=str(path))
+    register_secrets_in(data)  # its credentials are masked at every sink from now on
     return data

@@ -34,6 +34,15 @@ for name in list(os.environ):
 
 REPO = Path(__file__).resolve().parent.parent
 
+# Property-based tests: no per-example deadline (the suite must pass at load 6 on 2 cores, so
+# no test hinges on wall-clock time), a fixed number of examples, and no example database
+# written into the checkout.
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+settings.register_profile("telltale", deadline=None, max_examples=150, database=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "telltale"))
+
 
 @pytest.fixture()
 def python() -> str:

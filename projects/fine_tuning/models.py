@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    NonNegativeInt,
-    PositiveFloat,
-    PositiveInt,
-)
+from pydantic import Field
 
+from analysis.strict import DnsLabel, ImageRef, Name, StrictSettings, Text
 from projects.library import EngineConfig, TestBlock
 from projects.library.tiny_lm import LocalModelSpec
 
@@ -28,80 +22,91 @@ __all__ = [
 
 
 Ratio = Annotated[float, Field(ge=0, le=1)]
+Epochs = Annotated[float, Field(gt=0, le=1000)]
+Batch = Annotated[int, Field(ge=1, le=65_536)]
+Steps = Annotated[int, Field(ge=1, le=10_000_000)]
+LearningRate = Annotated[float, Field(gt=0, le=10)]
+SeqLength = Annotated[int, Field(ge=8, le=1_048_576)]
+Rank = Annotated[int, Field(ge=1, le=4096)]
+Gpus = Annotated[int, Field(ge=0, le=64)]
+Replicas = Annotated[int, Field(ge=1, le=1024)]
+Replication = Annotated[int, Field(ge=1, le=10_000)]
 
 
-class HyperParameters(BaseModel):
-    """Trainer hyper-parameters: the known ones checked at input, others passed through.
+class HyperParameters(StrictSettings):
+    """Trainer hyper-parameters: only these reach the trainer, each checked at input.
 
     Each may be a list (a matrix dimension). A typo'd value (``r: sixteen``,
-    ``learning_rate: fast``) is refused before anything runs, not by the trainer later.
+    ``learning_rate: fast``, ``.inf``) or an undeclared key (``output_dir``,
+    ``training_data_path``: the engine sets where the trainer reads and writes) is refused
+    before anything runs, never forwarded to the trainer.
     """
 
-    model_config = ConfigDict(extra="allow")
-
-    raw_lists: list[str] = Field(default_factory=list,
-                                 description="Keys whose lists are values, not dimensions.")
-    num_train_epochs: PositiveFloat | list[PositiveFloat] | None = Field(
+    raw_lists: list[Literal["target_modules"]] = Field(
+        default_factory=list, description="Keys whose lists are values, not dimensions.")
+    num_train_epochs: Epochs | list[Epochs] | None = Field(
         default=None, description="Epochs over the dataset.")
-    per_device_train_batch_size: PositiveInt | list[PositiveInt] | None = Field(
+    per_device_train_batch_size: Batch | list[Batch] | None = Field(
         default=None, description="Samples per device and step.")
-    gradient_accumulation_steps: PositiveInt | list[PositiveInt] | None = Field(
+    gradient_accumulation_steps: Batch | list[Batch] | None = Field(
         default=None, description="Steps accumulated per optimiser step.")
-    learning_rate: PositiveFloat | list[PositiveFloat] | None = Field(
+    learning_rate: LearningRate | list[LearningRate] | None = Field(
         default=None, description="Peak learning rate.")
-    max_seq_length: PositiveInt | list[PositiveInt] | None = Field(
+    max_seq_length: SeqLength | list[SeqLength] | None = Field(
         default=None, description="Tokens per sample (longer ones are cut).")
-    peft_method: str | list[str] | None = Field(default=None,
-                                                description="lora, or none for full tuning.")
-    r: PositiveInt | list[PositiveInt] | None = Field(default=None, description="LoRA rank.")
-    lora_alpha: PositiveInt | list[PositiveInt] | None = Field(default=None,
-                                                               description="LoRA alpha.")
+    peft_method: Literal["lora", "none"] | list[Literal["lora", "none"]] | None = Field(
+        default=None, description="lora, or none for full tuning.")
+    r: Rank | list[Rank] | None = Field(default=None, description="LoRA rank.")
+    lora_alpha: Rank | list[Rank] | None = Field(default=None, description="LoRA alpha.")
     lora_dropout: Ratio | list[Ratio] | None = Field(default=None, description="LoRA dropout.")
+    target_modules: list[Name] | None = Field(
+        default=None, max_length=64, description="Modules LoRA adapts (a value, not a "
+        "dimension: listed in raw_lists).")
+    warmup_ratio: Ratio | list[Ratio] | None = Field(
+        default=None, description="Share of the steps spent warming the learning rate up.")
+    weight_decay: Ratio | list[Ratio] | None = Field(default=None,
+                                                     description="Weight decay.")
 
 
-class TestSettings(BaseModel):
+class TestSettings(StrictSettings):
     """Settings of one test cell (after matrix expansion every value is a scalar)."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field(description="Test name, used in labels.")
-    model_name: str = Field(description="Model: a local spec name or a model dir on the PVC.")
-    dataset_name: str = Field(description="Dataset file name.")
-    dataset_replication: PositiveInt | list[PositiveInt] = Field(
+    name: Text = Field(description="Test name, used in labels.")
+    model_name: Name = Field(description="Model: a local spec name or a model dir on the PVC.")
+    dataset_name: Name = Field(description="Dataset file name (inside the project's data dir "
+                               "locally, the PVC's dataset dir on a cluster).")
+    dataset_replication: Replication | list[Replication] = Field(
         description="Dataset copies concatenated.")
-    gpu: NonNegativeInt | list[NonNegativeInt] = Field(
-        description="GPUs per pod (0 on the local platform).")
-    pod_count: PositiveInt | list[PositiveInt] = Field(
+    gpu: Gpus | list[Gpus] = Field(description="GPUs per pod (0 on the local platform).")
+    pod_count: Replicas | list[Replicas] = Field(
         description="PyTorchJob replicas (master + workers).")
-    container_image: str | list[str] = Field(description="Trainer image (cluster).")
+    container_image: ImageRef | list[ImageRef] = Field(description="Trainer image (cluster).")
     hyper_parameters: HyperParameters = Field(
         description="Trainer config merged into config.json.")
-    max_steps: PositiveInt | list[PositiveInt] | None = Field(
+    max_steps: Steps | list[Steps] | None = Field(
         default=None, description="Cap training steps.")
 
 
-class KubernetesWorkloadBlock(BaseModel):
+class KubernetesWorkloadBlock(StrictSettings):
     """How the workload runs on a cluster (``tests.fine_tuning.kubernetes``)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     pvc_name: str = Field(default="fine-tuning-storage", description="Data/model volume.")
     pvc_size: str = Field(default="200Gi", description="Volume size.")
     storage_class: str | None = Field(default=None, description="StorageClass (default: the "
                                                                 "cluster's).")
-    staging_image: str = Field(default="registry.access.redhat.com/ubi9/python-311:latest",
+    staging_image: ImageRef = Field(default="registry.access.redhat.com/ubi9/python-311:latest",
                                description="Image of the data/model staging job.")
     dataset_url: str | None = Field(default=None, description="Where staging fetches the "
                                                               "dataset (https:// or s3://).")
     model_url: str | None = Field(default=None, description="Where staging fetches the model.")
-    image_pull_deadline_minutes: int = Field(default=15, ge=1,
+    image_pull_deadline_minutes: int = Field(default=15, ge=1, le=24 * 60,
                                              description="Deadline to pull the image.")
 
 
 class FineTuningTest(TestBlock):
     """``tests.fine_tuning``: the shared test block with this project's settings."""
 
-    namespace: str = Field(default="fine-tuning-testing",
+    namespace: DnsLabel = Field(default="fine-tuning-testing",
                            description="Cluster namespace of the workload.")
     test_settings: TestSettings
     local_models: dict[str, LocalModelSpec] = Field(
@@ -110,10 +115,8 @@ class FineTuningTest(TestBlock):
     kubernetes: KubernetesWorkloadBlock = Field(default_factory=KubernetesWorkloadBlock)
 
 
-class TestsBlock(BaseModel):
+class TestsBlock(StrictSettings):
     """``tests``: one entry per test of this project."""
-
-    model_config = ConfigDict(extra="forbid")
 
     fine_tuning: FineTuningTest
 

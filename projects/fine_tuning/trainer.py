@@ -25,11 +25,14 @@ def trainer_config(settings: dict[str, Any], data_file: str, output_dir: str, *,
         logging_steps: Trainer logging period.
 
     Returns:
-        The ``config.json`` mapping (hyper-parameters win over the base values).
+        The ``config.json`` mapping (the engine's paths always win).
     """
     hyper = {k: v for k, v in (settings.get("hyper_parameters") or {}).items()
              if k != "raw_lists"}
+    # The hyper-parameters come first: where the trainer reads and writes is the engine's
+    # to say, and a key of the same name (the model refuses them anyway) never wins.
     config: dict[str, Any] = {
+        **hyper,
         "model_name_or_path": model_path or settings["model_name"],
         "training_data_path": data_file,
         "output_dir": output_dir,
@@ -37,7 +40,6 @@ def trainer_config(settings: dict[str, Any], data_file: str, output_dir: str, *,
         "logging_steps": logging_steps,
         "max_steps": settings.get("max_steps"),
         "include_tokens_per_second": True,
-        **hyper,
     }
     if local_model is not None:
         config["telltale_local_model"] = local_model

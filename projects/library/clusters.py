@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BeforeValidator, Field, model_validator
+
+from analysis.strict import StrictSettings
 
 __all__ = ["ClustersBlock", "CreateBlock", "QuadsLabBlock", "SutestBlock"]
 
@@ -14,10 +16,8 @@ def _number_as_text(value: Any) -> Any:
     return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
 
-class QuadsLabBlock(BaseModel):
+class QuadsLabBlock(StrictSettings):
     """A QUADS self-scheduling request."""
-
-    model_config = ConfigDict(extra="forbid")
 
     enabled: bool = Field(default=False, description="Lease hosts from QUADS first.")
     count: int = Field(default=1, ge=1, le=10, description="Hosts to lease (≤ 10 per cloud).")
@@ -30,27 +30,23 @@ class QuadsLabBlock(BaseModel):
         default=None, description="JIRA ticket of the assignment: the number (8001) or the "
         "key; QUADS stores the number.")
     wait_hosts_minutes: int = Field(
-        default=60, ge=0, description="How long to wait for enough free hosts."
+        default=60, ge=0, le=7 * 24 * 60, description="How long to wait for enough free hosts."
     )
     wait_delivery_minutes: int = Field(
-        default=240, ge=1, description="Deadline for provisioned+validated."
+        default=240, ge=1, le=7 * 24 * 60, description="Deadline for provisioned+validated."
     )
-    poll_seconds: float = Field(default=60.0, gt=0, description="QUADS polling period.")
+    poll_seconds: float = Field(default=60.0, gt=0, le=3600, description="QUADS polling period.")
 
 
-class SutestBlock(BaseModel):
+class SutestBlock(StrictSettings):
     """The system-under-test cluster."""
-
-    model_config = ConfigDict(extra="forbid")
 
     is_metal: bool = Field(default=False, description="Bare-metal cluster (lease, install).")
     lab: QuadsLabBlock = Field(default_factory=QuadsLabBlock)
 
 
-class CreateBlock(BaseModel):
+class CreateBlock(StrictSettings):
     """How to obtain a cluster when none is given."""
-
-    model_config = ConfigDict(extra="forbid")
 
     type: Literal["single", "ocp", "managed", "pool", "metal"] | None = Field(
         default=None, description="None: use the given kubeconfig (or the local platform)."
@@ -62,15 +58,13 @@ class CreateBlock(BaseModel):
     region: str | None = Field(default=None, description="Cloud region (ocp/managed).")
     base_domain: str | None = Field(default=None, description="DNS base domain (ocp/single).")
     worker_instance_type: str | None = Field(default=None, description="Worker machine type.")
-    worker_count: int = Field(default=2, ge=0, description="Worker nodes.")
+    worker_count: int = Field(default=2, ge=0, le=1000, description="Worker nodes.")
     pool: str | None = Field(default=None, description="Hive ClusterPool name (type: pool).")
     pool_namespace: str = Field(default="hive", description="Namespace of the pool's claims.")
 
 
-class ClustersBlock(BaseModel):
+class ClustersBlock(StrictSettings):
     """Where the test runs."""
-
-    model_config = ConfigDict(extra="forbid")
 
     platform: Literal["auto", "local", "kubernetes"] = Field(
         default="auto", description="auto: kubernetes when a kubeconfig is found, else local."

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from analysis.strict import StrictSettings
 
 __all__ = ["ExportBlock", "ExportRetryBlock", "OpenSearchExportBlock", "S3ExportBlock"]
 
 
-class S3ExportBlock(BaseModel):
+class S3ExportBlock(StrictSettings):
     """Artifact upload target (credentials come from a block or the secret dir)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     bucket: str | None = Field(default=None, description="Bucket name.")
     prefix: str = Field(default="telltale", description="Key prefix.")
@@ -18,14 +18,12 @@ class S3ExportBlock(BaseModel):
     region: str | None = Field(default=None, description="Region name.")
 
 
-class ExportRetryBlock(BaseModel):
+class ExportRetryBlock(StrictSettings):
     """How an export request retries a transient failure (refused, timed out, 429, 5xx).
 
     A permanent failure (a 400, a 403) is never retried. The defaults ride out a service's
     restart of a few seconds; a nightly job that would rather fail fast sets fewer attempts.
     """
-
-    model_config = ConfigDict(extra="forbid")
 
     attempts: int = Field(default=5, ge=1, le=20,
                           description="Attempts a request gets, the first included.")
@@ -35,10 +33,8 @@ class ExportRetryBlock(BaseModel):
                                  description="Longest single wait (seconds).")
 
 
-class OpenSearchExportBlock(BaseModel):
+class OpenSearchExportBlock(StrictSettings):
     """One document per run (and optionally one per KPI)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     enabled: bool = Field(default=False, description="Publish to OpenSearch.")
     instance: str | None = Field(default=None, description="Instance name in the secret file.")
@@ -48,10 +44,8 @@ class OpenSearchExportBlock(BaseModel):
                                     description="Retries of each OpenSearch request.")
 
 
-class ExportBlock(BaseModel):
+class ExportBlock(StrictSettings):
     """Where results are published."""
-
-    model_config = ConfigDict(extra="forbid")
 
     enabled: bool = Field(default=False, description="Publish results at the end of the run.")
     fail_on_error: bool = Field(default=False, description="An export failure fails the run.")

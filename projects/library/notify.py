@@ -11,21 +11,22 @@ a comment must not choose where the answer goes.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from analysis.strict import StrictSettings
 
 __all__ = ["NotifyBlock"]
 
 
-class NotifyBlock(BaseModel):
+class NotifyBlock(StrictSettings):
     """Events for automations, and the pull request or commit a run answers."""
-
-    model_config = ConfigDict(extra="forbid")
 
     events: bool = Field(default=True, description="Emit telltale.run.* Prefect events.")
     github_repository: str | None = Field(
         default=None, pattern=r"^[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}$",
         description="owner/repo the run tests (with pull_request or commit).")
-    pull_request: int | None = Field(default=None, ge=1, description="The PR to comment on.")
+    pull_request: int | None = Field(default=None, ge=1, le=10**9,
+                                     description="The PR to comment on.")
     commit: str | None = Field(default=None, pattern=r"^[0-9a-f]{7,40}$",
                                description="The commit to comment on (when no PR).")
 

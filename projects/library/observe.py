@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
+
+from analysis.strict import StrictSettings
 
 __all__ = ["ObserveBlock", "PrometheusBlock"]
 
 
-class PrometheusBlock(BaseModel):
+class PrometheusBlock(StrictSettings):
     """Resource series of each cell's test window, kept with the artifacts."""
-
-    model_config = ConfigDict(extra="forbid")
 
     mode: Literal["auto", "on", "off"] = Field(
         default="auto", description="Local platform: start a Prometheus and a node exporter "
@@ -42,9 +42,7 @@ class PrometheusBlock(BaseModel):
                              "certificate.")
 
 
-class ObserveBlock(BaseModel):
+class ObserveBlock(StrictSettings):
     """Observability of the run."""
-
-    model_config = ConfigDict(extra="forbid")
 
     prometheus: PrometheusBlock = Field(default_factory=PrometheusBlock)

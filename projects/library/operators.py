@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from analysis.strict import ImageRef, StrictSettings
 
 __all__ = ["GpuOperatorBlock", "NfdBlock", "PrepareBlock", "RhoaiBlock"]
 
 
-class RhoaiBlock(BaseModel):
+class RhoaiBlock(StrictSettings):
     """Red Hat OpenShift AI (with its service-mesh dependency)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     enabled: bool = Field(default=False, description="Install RHOAI and a DataScienceCluster.")
     channel: str = Field(default="stable", description="OLM channel.")
     version: str | None = Field(default=None, description="Pinned CSV version (manual approval).")
-    catalog_image: str | None = Field(default=None, description="Custom CatalogSource image.")
+    catalog_image: ImageRef | None = Field(default=None, description="Custom CatalogSource image.")
     components: list[str] = Field(
         default_factory=lambda: ["trainingoperator", "dashboard"],
         description="DataScienceCluster components set to Managed.",
@@ -23,25 +23,21 @@ class RhoaiBlock(BaseModel):
     uninstall: bool = Field(default=False, description="Uninstall in cleanup.")
 
 
-class NfdBlock(BaseModel):
+class NfdBlock(StrictSettings):
     """Node Feature Discovery."""
-
-    model_config = ConfigDict(extra="forbid")
 
     enabled: bool = Field(default=False, description="Install NFD and a NodeFeatureDiscovery.")
     channel: str = Field(default="stable", description="OLM channel.")
 
 
-class GpuOperatorBlock(BaseModel):
+class GpuOperatorBlock(StrictSettings):
     """NVIDIA GPU operator."""
-
-    model_config = ConfigDict(extra="forbid")
 
     enabled: bool = Field(default=False, description="Install the GPU operator + ClusterPolicy.")
     channel: str = Field(default="stable", description="OLM channel.")
     version: str | None = Field(default=None, description="Pinned CSV version.")
     time_sharing_replicas: int | None = Field(
-        default=None, ge=2, description="GPU time-sharing replicas per GPU."
+        default=None, ge=2, le=128, description="GPU time-sharing replicas per GPU."
     )
     extended_dcgm_metrics: bool = Field(default=False, description="Enable extended DCGM metrics.")
     tolerations: list[dict[str, str]] = Field(
@@ -49,10 +45,8 @@ class GpuOperatorBlock(BaseModel):
     )
 
 
-class PrepareBlock(BaseModel):
+class PrepareBlock(StrictSettings):
     """Cluster preparation."""
-
-    model_config = ConfigDict(extra="forbid")
 
     enabled: bool = Field(default=True, description="Run the prepare phase.")
     rhoai: RhoaiBlock = Field(default_factory=RhoaiBlock)

@@ -2,23 +2,21 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from analysis.strict import StrictSettings
 
 __all__ = ["SecretDirBlock", "SecretsBlock"]
 
 
-class SecretDirBlock(BaseModel):
+class SecretDirBlock(StrictSettings):
     """The secret directory, found through an environment variable."""
-
-    model_config = ConfigDict(extra="forbid")
 
     env_key: str = Field(description="Environment variable holding the secret dir path.")
 
 
-class SecretsBlock(BaseModel):
+class SecretsBlock(StrictSettings):
     """File names inside the secret dir; their contents never reach config, logs or exports."""
-
-    model_config = ConfigDict(extra="forbid")
 
     dir: SecretDirBlock
     s3_credentials: str | None = Field(default=None, description="AWS-style env file name.")

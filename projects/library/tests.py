@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from analysis.settings import AnalysisSettings
+from analysis.strict import DnsLabel, StrictSettings
 from projects.library.clusters import ClustersBlock
 from projects.library.export import ExportBlock
 from projects.library.notify import NotifyBlock
@@ -20,18 +21,18 @@ from projects.library.observe import ObserveBlock
 from projects.library.operators import PrepareBlock
 from projects.library.secrets import SecretsBlock
 
-__all__ = ["EngineConfig", "MultiUserBlock", "TestBlock"]
+__all__ = ["EngineConfig", "MatrixBlock", "MultiUserBlock", "PrCommentBlock", "TestBlock"]
 
 
-class MultiUserBlock(BaseModel):
+class MultiUserBlock(StrictSettings):
     """Multi-user fan-out: N users of the cell's workload at once (any project)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     enabled: bool = Field(default=False, description="Run N users at once.")
     user_count: int = Field(default=1, ge=1, le=100_000, description="Number of users (N).")
-    batch_size: int = Field(default=1, ge=1, description="Users released per stagger step.")
-    sleep_factor: float = Field(default=0.0, ge=0, description="Seconds between stagger steps.")
+    batch_size: int = Field(default=1, ge=1, le=100_000,
+                            description="Users released per stagger step.")
+    sleep_factor: float = Field(default=0.0, ge=0, le=3600,
+                                description="Seconds between stagger steps.")
     abort_on_failure: bool = Field(default=False, description="Stop all users on a failure.")
     need_all_success: bool = Field(default=False, description="k < N successes fails the test.")
     deploy_s3: bool = Field(default=False, description="Cluster fan-out: prepare deploys an "
@@ -40,18 +41,18 @@ class MultiUserBlock(BaseModel):
                                     "the pods reach it (barrier and per-user artifacts).")
     s3_external_endpoint: str | None = Field(default=None, description="The same S3 as "
                                              "Telltale reaches it (default: s3_endpoint).")
-    s3_bucket: str = Field(default="telltale-users", description="Bucket of the fan-out.")
-    collect_batch: int = Field(default=50, ge=1, description="Users collected per task.")
+    s3_bucket: str = Field(default="telltale-users", pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$",
+                           description="Bucket of the fan-out (an S3 bucket name).")
+    collect_batch: int = Field(default=50, ge=1, le=10_000,
+                               description="Users collected per task.")
     command: list[str] | None = Field(default=None, description="Cluster fan-out: workload "
                                       "argv in each user pod (default: the project's).")
 
 
-class TestBlock(BaseModel):
+class TestBlock(StrictSettings):
     """``tests.<project>``: what the test runs and how the matrix is walked."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    namespace: str = Field(default="telltale-testing",
+    namespace: DnsLabel = Field(default="telltale-testing",
                            description="Cluster namespace of the workload.")
     stop_on_error: bool = Field(default=False, description="A failed cell stops the matrix.")
     timeout_minutes: int = Field(default=60, ge=1, le=7 * 24 * 60,
@@ -66,10 +67,31 @@ class TestBlock(BaseModel):
     multi_user: MultiUserBlock = Field(default_factory=MultiUserBlock)
 
 
-class EngineConfig(BaseModel):
-    """The blocks every project's config file has; projects add ``tests``."""
+class PrCommentBlock(StrictSettings):
+    """What an untrusted source (a PR comment, a deployment form) may set.
 
-    model_config = ConfigDict(extra="forbid")
+    See `projects.untrusted`: allow-listed keys, declared settings only, images only from
+    the listed registries, bounded values.
+    """
+
+    keys: list[str] = Field(default_factory=list, max_length=256, description="Keys a PR "
+                            "comment's '/var key: value' lines (and a deployment form's "
+                            "overrides) may set (fnmatch patterns); every other is refused.")
+    image_registries: list[str] = Field(
+        default_factory=list, max_length=64, description="Registries an untrusted source "
+        "may take images from (quay.io...); empty: it sets no image.")
+
+
+class MatrixBlock(StrictSettings):
+    """Limits of the test matrix."""
+
+    max_cells: int = Field(default=256, ge=1, le=100_000, description="Most cells a run may "
+                           "plan; more is refused at plan time with the count and the "
+                           "settings that multiply.")
+
+
+class EngineConfig(StrictSettings):
+    """The blocks every project's config file has; projects add ``tests``."""
 
     ci_presets: dict[str, dict[str, Any] | None] = Field(description="Named presets.")
     secrets: SecretsBlock
@@ -79,6 +101,5 @@ class EngineConfig(BaseModel):
     export_artifacts: ExportBlock = Field(default_factory=ExportBlock)
     observe: ObserveBlock = Field(default_factory=ObserveBlock)
     notify: NotifyBlock = Field(default_factory=NotifyBlock)
-    pr_comment_keys: list[str] = Field(
-        default_factory=list, description="Keys a PR comment's '/var key: value' lines may "
-        "set (fnmatch patterns); a comment is untrusted, every other key is refused.")
+    pr_comment: PrCommentBlock = Field(default_factory=lambda: PrCommentBlock())
+    matrix: MatrixBlock = Field(default_factory=lambda: MatrixBlock())

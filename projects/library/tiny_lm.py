@@ -12,7 +12,9 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from analysis.strict import StrictSettings
 
 __all__ = ["PROMPT", "LocalModelSpec", "build_model", "build_tokenizer", "read_samples"]
 
@@ -20,17 +22,16 @@ PROMPT = "### Instruction:\n{instruction}\n{given}### Response:\n{output}"
 """How one dataset row (``instruction/input/output``) becomes training text."""
 
 
-class LocalModelSpec(BaseModel):
+class LocalModelSpec(StrictSettings):
     """A tiny causal LM built from a config on the local platform (no weights downloaded)."""
 
-    model_config = ConfigDict(extra="forbid")
-
     architecture: Literal["llama"] = Field(default="llama", description="Model family.")
-    hidden_size: int = Field(default=64, ge=8, description="Hidden width.")
-    num_hidden_layers: int = Field(default=2, ge=1, description="Transformer layers.")
-    num_attention_heads: int = Field(default=4, ge=1, description="Attention heads.")
-    intermediate_size: int = Field(default=128, ge=8, description="MLP width.")
-    seed: int = Field(default=42, description="Seed of the random initialisation.")
+    hidden_size: int = Field(default=64, ge=8, le=4096, description="Hidden width.")
+    num_hidden_layers: int = Field(default=2, ge=1, le=64, description="Transformer layers.")
+    num_attention_heads: int = Field(default=4, ge=1, le=128, description="Attention heads.")
+    intermediate_size: int = Field(default=128, ge=8, le=16_384, description="MLP width.")
+    seed: int = Field(default=42, ge=0, le=2**32 - 1,
+                      description="Seed of the random initialisation.")
 
 
 def read_samples(path: Path, replication: int) -> list[str]:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from analysis.environment import env_settings
+from analysis.safeio import write_text
 
 __all__ = ["MARKER", "default_venv", "install", "installed", "venv_python"]
 
@@ -101,7 +102,7 @@ def install(venv: Path, *, force: bool = False,
     except BaseException:
         shutil.rmtree(venv, ignore_errors=True)
         raise
-    (venv / MARKER).write_text(json.dumps(versions, indent=2) + "\n", encoding="utf-8")
+    write_text(venv / MARKER, json.dumps(versions, indent=2) + "\n")
     say(f"serving venv ready in {time.monotonic() - started:.0f} s: {versions}")
     return {str(k): str(v) for k, v in versions.items()}
 

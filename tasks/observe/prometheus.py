@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import re
 import shutil
 import tempfile
@@ -35,6 +34,7 @@ import httpx
 from pydantic import BaseModel, Field, ValidationError
 
 from analysis.errors import ConfigError, PermanentServiceError, TransientServiceError
+from analysis.safeio import atomic_open, write_text
 from tasks.process import ManagedProcess, free_port
 
 __all__ = ["CLUSTER_QUERIES", "LOCAL_QUERIES", "PrometheusServer", "QueryResult", "Series",
@@ -171,8 +171,7 @@ class PrometheusServer:
             shutil.which("process-exporter")
         if process_bin:  # optional: the workload's own processes, apart from the machine
             port = free_port()
-            (home / "process-exporter.yml").write_text(json.dumps(_PROCESS_GROUPS),
-                                                       encoding="utf-8")
+            write_text(home / "process-exporter.yml", json.dumps(_PROCESS_GROUPS))
             processes.append(ManagedProcess("process-exporter", [
                 process_bin, f"-web.listen-address=127.0.0.1:{port}",
                 f"-config.path={home / 'process-exporter.yml'}", "-threads=false"],
@@ -183,7 +182,7 @@ class PrometheusServer:
         config = {"global": {"scrape_interval": interval, "evaluation_interval": interval},
                   "scrape_configs": [{"job_name": job, "static_configs": [
                       {"targets": [target]}]} for job, target in targets.items()]}
-        (home / "prometheus.yml").write_text(json.dumps(config, indent=2), encoding="utf-8")
+        write_text(home / "prometheus.yml", json.dumps(config, indent=2))
         data = home / "data"
         server = ManagedProcess("prometheus", [
             server_bin, f"--config.file={home / 'prometheus.yml'}",
@@ -214,7 +213,7 @@ class PrometheusServer:
             raise ConfigError("prometheus is not installed: `sudo apt-get install prometheus`",
                               key="observe.prometheus.mode")
         port = free_port()
-        (home / "prometheus.yml").write_text("{}\n", encoding="utf-8")
+        write_text(home / "prometheus.yml", "{}\n")
         server = ManagedProcess("prometheus", [
             server_bin, f"--config.file={home / 'prometheus.yml'}",
             f"--storage.tsdb.path={home / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
@@ -363,6 +362,7 @@ class PrometheusServer:
             home = self._processes[0].home.parent
             self.relocate_to.mkdir(parents=True, exist_ok=True)
             for entry in sorted(home.iterdir()):
+                # safeio-exempt: moves this run's own Prometheus files into its artifact dir
                 shutil.move(str(entry), str(self.relocate_to / entry.name))
             shutil.rmtree(home, ignore_errors=True)
             self.data_dir = self.relocate_to / "data"
@@ -454,9 +454,7 @@ def capture_window(prometheus: PrometheusServer, queries: Mapping[str, str], sta
         rows += found
     frame = pd.DataFrame(rows, columns=["query", "labels", "timestamp", "value"])
     frame["timestamp"] = pd.to_datetime(frame["timestamp"], unit="s", utc=True)
-    tmp = out_dir / f".series.parquet.{os.getpid()}"
-    frame.to_parquet(tmp, index=False)
-    os.replace(tmp, out_dir / "series.parquet")
-    (out_dir / "capture.json").write_text(json.dumps(summary, indent=2) + "\n",
-                                          encoding="utf-8")
+    with atomic_open(out_dir / "series.parquet") as stream:
+        frame.to_parquet(stream, index=False)
+    write_text(out_dir / "capture.json", json.dumps(summary, indent=2) + "\n")
     return summary

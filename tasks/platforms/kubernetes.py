@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.errors import ConfigError
+from analysis.safeio import write_text
 from blocks.s3 import S3Target
 from projects.matrix import Cell
 from tasks.artifacts import artifact_dir, step, write_json
@@ -69,8 +70,7 @@ def launch_users(run_ctx: RunContext, cell: Cell) -> dict[str, Any]:
     manifests = users_manifests(run_ctx, cell, run_ctx.cell_context(cell, here))
     configmap, job = manifests
     (here / "src").mkdir(exist_ok=True)
-    (here / "src" / "config_final.json").write_text(configmap["data"]["config.json"] + "\n",
-                                                    encoding="utf-8")
+    write_text(here / "src" / "config_final.json", configmap["data"]["config.json"] + "\n")
     write_json(here / "manifests.json", manifests)
     kube = Kube(api_client(run_ctx.kubeconfig), run_ctx.run_id)
     kube.apply({"apiVersion": "v1", "kind": "Namespace",
@@ -163,11 +163,11 @@ class KubernetesPlatform:
             prometheus.stop()
         target = run_ctx.root / "prometheus"
         target.mkdir(parents=True, exist_ok=True)
-        (target / "cluster_snapshot.json").write_text(json.dumps({
+        write_text(target / "cluster_snapshot.json", json.dumps({
             "url": block.url, "snapshot": name,
             "note": "in the Prometheus pod's data dir, under snapshots/" if name else
                     "refused (admin API off): each cell's range queries are the record"},
-            indent=2) + "\n", encoding="utf-8")
+            indent=2) + "\n")
 
     def _capture(self, run_ctx: RunContext, start: datetime) -> None:
         prometheus = cluster_prometheus(run_ctx.model.observe.prometheus,

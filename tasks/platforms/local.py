@@ -35,6 +35,7 @@ from typing import Any
 
 from analysis.environment import env_settings
 from analysis.errors import ConfigError, StepError
+from analysis.safeio import open_append, write_text
 from projects.contract import SCRATCH_DIR, SERVICE_URL_ENV, LocalWorkload
 from projects.matrix import Cell
 from tasks.artifacts import artifact_dir, step
@@ -140,8 +141,7 @@ def capture_environment() -> dict[str, Any]:
         The facts written.
     """
     facts = machine_facts()
-    (artifact_dir() / "machine.json").write_text(json.dumps(facts, indent=2) + "\n",
-                                                 encoding="utf-8")
+    write_text(artifact_dir() / "machine.json", json.dumps(facts, indent=2) + "\n")
     return facts
 
 
@@ -176,7 +176,7 @@ def _write_inputs(here: Path, workload: LocalWorkload) -> None:
         if here.resolve() not in target.parents:
             raise StepError(f"workload input {relative!r} escapes the step dir")
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text, encoding="utf-8")
+        write_text(target, text)
 
 
 def _service_env(here: Path, service: dict[str, Any] | None) -> dict[str, str]:
@@ -184,8 +184,7 @@ def _service_env(here: Path, service: dict[str, Any] | None) -> dict[str, str]:
     if not service:
         return {}
     (here / "artifacts").mkdir(exist_ok=True)
-    (here / "artifacts" / SERVICE_FILE).write_text(json.dumps(service, indent=2) + "\n",
-                                                   encoding="utf-8")
+    write_text(here / "artifacts" / SERVICE_FILE, json.dumps(service, indent=2) + "\n")
     return {SERVICE_URL_ENV: str(service["url"])}
 
 
@@ -214,7 +213,7 @@ def run_local_workload(run_ctx: RunContext, cell: Cell, timeout_minutes: int,
     logger.info("starting %s cell %s", run_ctx.project.name, cell.name)
     reason = "Completed"
     argv = [str(a) for a in workload.argv]
-    (here / CMDLINE_FILE).write_text("\0".join(argv), encoding="utf-8")
+    write_text(here / CMDLINE_FILE, "\0".join(argv))
     try:
         with LogProgress(log_file, cell.name):  # steps and ETA, from the workload's own bar
             result = run(argv, check=False, timeout=timeout_minutes * 60,
@@ -225,10 +224,10 @@ def run_local_workload(run_ctx: RunContext, cell: Cell, timeout_minutes: int,
     except CommandTimeout:
         code, reason = 124, "DeadlineExceeded"
     duration = time.monotonic() - started
-    (here / "artifacts" / "process.json").write_text(json.dumps({
+    write_text(here / "artifacts" / "process.json", json.dumps({
         "job_name": cell.name, "exit_code": code, "finish_reason": reason,
         "start": start_iso, "end": datetime.now(UTC).isoformat(),
-        "duration_s": round(duration, 3)}, indent=2) + "\n", encoding="utf-8")
+        "duration_s": round(duration, 3)}, indent=2) + "\n")
     (here / PID_FILE).unlink(missing_ok=True)  # finished: nothing left for cleanup to stop
     logger.info("%s finished: exit %d (%s) in %.1fs", cell.name, code, reason, duration)
     return CellResult(exit_code=code, reason=reason, duration_s=duration,
@@ -283,12 +282,12 @@ def run_local_users(run_ctx: RunContext, cell: Cell, timeout_minutes: int,
     progress = _UsersProgress(users)
     deadline = time.monotonic() + timeout_minutes * 60
     logger.info("starting %d users of %s", users, cell.name)
-    (here / CMDLINE_FILE).write_text("\0".join(argv), encoding="utf-8")
-    with open(here / "launcher.log", "wb") as log:
+    write_text(here / CMDLINE_FILE, "\0".join(argv))
+    with open_append(here / "launcher.log") as log:
         process = subprocess.Popen(die_with_parent(argv), stdout=log, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL, start_new_session=True,
                                    env={**os.environ, **env})
-        (here / PID_FILE).write_text(f"{process.pid}\n", encoding="utf-8")
+        write_text(here / PID_FILE, f"{process.pid}\n")
         try:
             while process.poll() is None:
                 if time.monotonic() > deadline:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.errors import ConfigError
+from analysis.safeio import write_text
 from analysis.yamlio import dump_yaml
 from projects.config import Config
 from projects.contract import CellContext, Project
@@ -30,7 +31,7 @@ def write_manifests(directory: Path, manifests: Sequence[dict[str, Any]]) -> int
     directory.mkdir(parents=True, exist_ok=True)
     for index, manifest in enumerate(manifests):
         name = f"{index:02d}-{manifest['kind'].lower()}-{manifest['metadata']['name']}"
-        (directory / f"{name}.yaml").write_text(dump_yaml(manifest), encoding="utf-8")
+        write_text(directory / f"{name}.yaml", dump_yaml(manifest))
     return len(manifests)
 
 

@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 
 from analysis.errors import StepError
+from analysis.safeio import write_text
 from projects.contract import LocalService
 from tasks.process import ManagedProcess, free_port
 
@@ -55,7 +56,7 @@ class RunningService:
 
 
 def _write(home: Path, record: dict[str, Any]) -> None:
-    (home / SERVICE_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    write_text(home / SERVICE_FILE, json.dumps(record, indent=2) + "\n")
 
 
 def service_home(root: Path, key: str) -> Path:
@@ -155,8 +156,10 @@ def take_ahead(spec: LocalService, home: Path) -> _Launched | None:
         if same and launched.process.running:
             home.parent.mkdir(parents=True, exist_ok=True)
             if home.exists():  # a resumed run's earlier server: keep its files aside
+                # safeio-exempt: renames a directory of this run (the server's home)
                 os.replace(home, home.with_name(f"{home.name}.before-{int(time.time())}"))
-            os.replace(launched.process.home, home)  # same file system: the log stays open
+            # safeio-exempt: same file system, the server's log stays open
+            os.replace(launched.process.home, home)
             launched.process.home = home
             return launched
         _discard(launched)

@@ -27,6 +27,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from analysis.errors import PermanentServiceError, ResultsError, TransientServiceError
+from analysis.safeio import write_text
 from blocks.s3 import S3Target
 
 __all__ = [
@@ -177,7 +178,7 @@ def upload_tree(root: str | Path, target: S3Target, url: str, *, valid: bool = T
         return data
 
     def put_manifest(client: Any, data: dict[str, Any]) -> None:
-        (base / MANIFEST).write_text(json.dumps(data, indent=1), encoding="utf-8")
+        write_text(base / MANIFEST, json.dumps(data, indent=1))
         try:
             client.upload_file(str(base / MANIFEST), bucket, f"{key_root}/{MANIFEST}")
         except Exception as exc:
@@ -202,7 +203,7 @@ def upload_tree(root: str | Path, target: S3Target, url: str, *, valid: bool = T
         final = manifest(True)
         put_manifest(client, final)
     url = f"s3://{bucket}/{key_root}/"
-    (base / EXPORT_URL).write_text(url + "\n", encoding="utf-8")
+    write_text(base / EXPORT_URL, url + "\n")
     result = ExportResult(url=url, files=len(entries), bytes=final["bytes"],
                           seconds=time.monotonic() - started, valid=valid,
                           manifest_key=f"{key_root}/{MANIFEST}")

@@ -54,8 +54,8 @@ def test_plan_does_not_import_prefect(tmp_path: Path, preset: str) -> None:
     (["--var", "tests.fine_tuning.test_settings.hyper_parameters.r=sixteen"], "valid integer"),
     (["--var", "tests.fine_tuning.test_settings.hyper_parameters.learning_rate=fast"],
      "valid number"),
-    (["--var", "tests.fine_tuning.test_settings.dataset_replication=-3"], "greater than 0"),
-    (["--var", "tests.fine_tuning.test_settings.max_steps=-5"], "greater than 0"),
+    (["--var", "tests.fine_tuning.test_settings.dataset_replication=-3"], "greater than"),
+    (["--var", "tests.fine_tuning.test_settings.max_steps=-5"], "greater than"),
     (["--var", "tests.fine_tuning.test_settings.hyper_parameters.lora_dropout=2"],
      "less than or equal to 1"),
     (["--var", "tests.fine_tuning.multi_user.user_count=100001"], "less than or equal to"),
@@ -176,8 +176,8 @@ def test_a_pr_comment_may_only_set_allowlisted_keys(tmp_path: Path, line: str) -
     comment.write_text(f"/test fine_tuning\nLooks good!\n{line}\n")
     proc = cli("--pr-args", str(comment), "--plan", "--artifact-dir", str(tmp_path / "p"))
     assert proc.returncode == 2, proc.stdout
-    assert "a PR comment may not set" in proc.stderr and ":3:" in proc.stderr
-    assert "pr_comment_keys" in proc.stderr
+    assert "may not set" in proc.stderr and ":3:" in proc.stderr
+    assert "pr_comment.keys" in proc.stderr
 
 
 def test_an_unusable_artifact_dir_is_one_line_exit_2(tmp_path: Path) -> None:

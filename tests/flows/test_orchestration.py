@@ -28,7 +28,7 @@ class FakePlatform:
 
     def __init__(self, script: dict[str, Any] | None = None,
                  users: Sequence[int] = (), prepare_error: Exception | None = None,
-                 write_log: bool = False) -> None:
+                 write_log: bool = True) -> None:
         self.write_log = write_log
         self.script = script or {}
         self.users = list(users)

@@ -12,9 +12,9 @@ from projects.config import (
     json_schema,
     load_vars_file,
     parse_override,
-    parse_pr_args,
     resolve,
 )
+from projects.untrusted import parse_pr_args
 
 BASE = """\
 ci_presets:
@@ -135,7 +135,7 @@ def test_untrusted_yaml_refuses_aliases(text: str, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="anchors and aliases"):
         parse_override("x", text)
     with pytest.raises(ConfigError, match="anchors and aliases"):
-        parse_pr_args(f"/var x: {text}\n")
+        parse_pr_args(f"/var x: {text}\n", None)
     vars_file = tmp_path / "vars.yaml"
     vars_file.write_text("x: &a [1, 2]\ny: *a\n")
     with pytest.raises(ConfigError, match="anchors and aliases"):
@@ -185,9 +185,9 @@ def test_malformed_override_value() -> None:
 
 def test_parse_pr_args() -> None:
     text = "/test fine_tuning light\n/var x: [1, 2]\nsome prose\n/var nested.inner: 7\n"
-    assert parse_pr_args(text) == {"x": [1, 2], "nested.inner": 7}
+    assert parse_pr_args(text, None) == {"x": [1, 2], "nested.inner": 7}
     with pytest.raises(ConfigError) as info:
-        parse_pr_args("ok\n/var novalue\n")
+        parse_pr_args("ok\n/var novalue\n", None)
     assert info.value.line == 2
 
 

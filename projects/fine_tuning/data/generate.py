@@ -12,6 +12,8 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
+from analysis.safeio import write_text
+
 WORDS = [
     "river", "stone", "lantern", "orbit", "meadow", "signal", "harbor", "cedar", "prism",
     "velvet", "canyon", "ember", "glacier", "compass", "thistle", "beacon", "falcon", "quartz",
@@ -88,7 +90,5 @@ def generate(count: int = 720, seed: int = 20261121) -> list[dict[str, str]]:
 
 if __name__ == "__main__":
     target = Path(__file__).with_name("alpaca_mini.jsonl")
-    with target.open("w", encoding="utf-8") as stream:
-        for sample in generate():
-            stream.write(json.dumps(sample) + "\n")
+    write_text(target, "".join(json.dumps(sample) + "\n" for sample in generate()))
     print(f"wrote {target}")

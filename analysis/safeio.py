@@ -1,0 +1,317 @@
+"""The one way Telltale writes a file, and the one way it reads an untrusted one.
+
+Writes (every output: Parquet, JSON, YAML, HTML, copied assets, history parts, caches, lease
+and outcome files) go through `atomic_open` and its shorthands:
+
+- the data goes to a temporary file created in the target's own directory with
+  ``O_CREAT | O_EXCL | O_NOFOLLOW`` (no existing file, and no link, is ever opened);
+- it is flushed and ``fsync``-ed, then renamed over the target (``os.replace``: atomic on one
+  file system), so a reader sees the old file or the whole new one, never a part;
+- a target that is a symbolic link is refused and named (`UnsafeOutputError`): a results or
+  output tree planted with ``report/index.html -> ~/.bashrc`` cannot make Telltale overwrite
+  what the link points at (the rename would replace the link itself, but refusing says so
+  instead of silently dropping what the user linked);
+- any failure (a full disk, a read-only dir) removes the temporary file and raises
+  `OutputError` naming the target path: nothing partial is ever left under a final name.
+
+Streams that grow while a step runs (a workload's log, a step log) are not atomic by nature;
+`open_append` opens them without following a link.
+
+Reads of files that come from outside (command-line files, result trees, history parts) go
+through `read_bounded`: regular files only (a FIFO or a device is refused, never opened for a
+blocking read), no link followed, and a size cap checked before and while reading.
+
+``tests/test_safeio.py`` fails when code under the packages writes a file any other way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import stat
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any, Literal, overload
+
+from analysis.errors import TelltaleError, UserError
+from analysis.redact import redact, redact_bytes
+
+__all__ = [
+    "OutputError",
+    "UnreadableInputError",
+    "UnsafeOutputError",
+    "atomic_open",
+    "copy_file",
+    "open_append",
+    "read_bounded",
+    "read_text_bounded",
+    "write_bytes",
+    "write_json",
+    "write_text",
+]
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+
+
+class OutputError(TelltaleError, OSError):
+    """A file could not be written; ``path`` names it (never the directory around it).
+
+    An `OSError` too, so callers that treat a full disk as an `OSError` keep doing so.
+    """
+
+    def __init__(self, message: str, *, path: str | Path,
+                 code: int | None = None) -> None:
+        self.path = str(path)
+        OSError.__init__(self, code or 0, message)
+        self.filename = self.path
+        self.strerror = message
+
+    def __str__(self) -> str:
+        return f"cannot write {self.path}: {self.strerror}"
+
+
+class UnsafeOutputError(OutputError, UserError):
+    """The target is a symbolic link (or not a regular file): refused, nothing written."""
+
+
+class UnreadableInputError(UserError):
+    """An input file is not a regular file, is too large, or cannot be read.
+
+    Attributes:
+        path: The file.
+        reason: What is wrong with it, in a few words.
+    """
+
+    def __init__(self, path: str | Path, reason: str, *, what: str = "file") -> None:
+        self.path = str(path)
+        self.reason = reason
+        super().__init__(f"{what} {self.path}: {reason}")
+
+
+def _check_target(path: Path) -> None:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise OutputError(exc.strerror or type(exc).__name__, path=path,
+                          code=exc.errno) from None
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafeOutputError("it is a symbolic link; Telltale never writes through a link "
+                                "(remove it, or choose another output dir)", path=path)
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafeOutputError("it exists and is not a regular file", path=path)
+
+
+def _reason(exc: OSError) -> str:
+    if exc.errno == errno.ENOSPC:
+        return "no space left on device"
+    return exc.strerror or str(exc) or type(exc).__name__
+
+
+@overload
+def atomic_open(path: str | Path, mode: Literal["wb"] = "wb") -> contextlib.AbstractContextManager[IO[bytes]]: ...  # noqa: E501
+
+
+@overload
+def atomic_open(path: str | Path, mode: Literal["w"]) -> contextlib.AbstractContextManager[IO[str]]: ...  # noqa: E501
+
+
+@contextlib.contextmanager  # type: ignore[misc]
+def atomic_open(path: str | Path, mode: str = "wb", *,
+                private: bool = False) -> Iterator[IO[Any]]:
+    """Open ``path`` for writing so that it appears whole or not at all.
+
+    Args:
+        path: The final file name; its directory must exist.
+        mode: ``"wb"`` (bytes) or ``"w"`` (UTF-8 text).
+        private: A file only its owner may read (mode 0600): a kubeconfig, an install
+            config, the few files that must hold a credential.
+
+    Yields:
+        A file object on a temporary file in the same directory; it is renamed over
+        ``path`` when the block ends without an exception, and removed otherwise.
+
+    Raises:
+        UnsafeOutputError: ``path`` is a symbolic link or not a regular file.
+        OutputError: The write, the fsync or the rename failed (a full disk...), naming
+            ``path``; no temporary file is left.
+
+    Example:
+        >>> import tempfile
+        >>> target = Path(tempfile.mkdtemp()) / "a.txt"
+        >>> with atomic_open(target, "w") as stream:
+        ...     _ = stream.write("hello")
+        >>> target.read_text()
+        'hello'
+    """
+    if mode not in ("wb", "w"):
+        raise ValueError(f"atomic_open mode must be 'wb' or 'w', not {mode!r}")
+    target = Path(path)
+    _check_target(target)
+    tmp = target.with_name(f".{target.name[:200]}.tmp-{uuid.uuid4().hex[:12]}")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC,
+                     0o600 if private else 0o644)
+    except OSError as exc:
+        raise OutputError(_reason(exc), path=target, code=exc.errno) from None
+    stream: IO[Any] = (os.fdopen(fd, "wb") if mode == "wb"
+                       else os.fdopen(fd, "w", encoding="utf-8", newline=""))
+    done = False
+    try:
+        try:
+            yield stream
+            stream.flush()
+            os.fsync(stream.fileno())
+        finally:
+            stream.close()
+        _check_target(target)  # a link planted while we wrote is refused too
+        os.replace(tmp, target)
+        done = True
+    except OSError as exc:
+        if isinstance(exc, OutputError):
+            raise
+        raise OutputError(_reason(exc), path=target, code=exc.errno) from exc
+    finally:
+        if not done:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+def write_bytes(path: str | Path, data: bytes, *, private: bool = False) -> Path:
+    """Write ``data`` to ``path`` atomically (see `atomic_open`); returns the path.
+
+    Every registered secret value (`analysis.redact.register_secret`) is masked in what is
+    written, unless ``private``: a 0600 file that must hold a credential (a kubeconfig, an
+    install config).
+    """
+    with atomic_open(path, "wb", private=private) as stream:
+        stream.write(data if private else redact_bytes(data))
+    return Path(path)
+
+
+def write_text(path: str | Path, text: str, *, private: bool = False) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically; see `write_bytes`."""
+    return write_bytes(path, text.encode("utf-8"), private=private)
+
+
+def write_json(path: str | Path, data: Any, *, indent: int | None = 2) -> Path:
+    """Write ``data`` as JSON atomically, secrets redacted by key and by value.
+
+    Non-JSON values are written as their ``str``; see `analysis.redact.redact`.
+    """
+    return write_text(path, json.dumps(redact(data), indent=indent, default=str) + "\n")
+
+
+def copy_file(source: str | Path, target: str | Path, *, chunk: int = 1 << 20) -> Path:
+    """Copy a regular file's bytes to ``target`` atomically; returns the target.
+
+    Raises:
+        UnreadableInputError: ``source`` is not a regular file (a link is not followed).
+        OutputError: The target could not be written.
+    """
+    try:
+        fd = os.open(source, os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _CLOEXEC)
+    except OSError as exc:
+        raise UnreadableInputError(source, _open_reason(exc)) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UnreadableInputError(source, "not a regular file")
+    with os.fdopen(fd, "rb") as reader:
+        with atomic_open(target, "wb") as writer:
+            while block := reader.read(chunk):
+                writer.write(block)
+    return Path(target)
+
+
+def open_append(path: str | Path) -> IO[bytes]:
+    """Open a growing log for appending, creating it, never through a link.
+
+    Raises:
+        UnsafeOutputError: ``path`` is a symbolic link (or a FIFO, a device...).
+        OutputError: It cannot be opened.
+    """
+    target = Path(path)
+    try:
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND | _NOFOLLOW | _NONBLOCK
+                     | _CLOEXEC, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafeOutputError("it is a symbolic link; Telltale never writes through a "
+                                    "link", path=target) from None
+        raise OutputError(_reason(exc), path=target, code=exc.errno) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UnsafeOutputError("it exists and is not a regular file", path=target)
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "ab")
+
+
+def _open_reason(exc: OSError) -> str:
+    if exc.errno == errno.ELOOP:
+        return "a symbolic link: not followed"
+    if exc.errno == errno.ENOENT:
+        return "file not found"
+    return f"cannot read: {exc.strerror or exc}"
+
+
+def read_bounded(path: str | Path, max_bytes: int, *, what: str = "file",
+                 follow_links: bool = False) -> bytes:
+    """Read a whole regular file of at most ``max_bytes`` bytes.
+
+    The file is opened without following a link and without blocking (a FIFO would wait
+    for a writer forever), checked to be a regular file, and read up to one byte past the
+    cap, so a file that grows while read (``/dev/zero`` is refused earlier, a growing log is
+    not) cannot exhaust memory.
+
+    Args:
+        path: The file.
+        max_bytes: The largest size accepted.
+        what: What the file is, for the message (``"PR comment"``, ``"vars file"``).
+        follow_links: Follow a symbolic link (a file the user named on the command line,
+            a mounted secret); result trees and history parts never do.
+
+    Returns:
+        The bytes.
+
+    Raises:
+        UnreadableInputError: Not found, a link, not a regular file, too large, unreadable;
+            one line naming the file and the cap.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | (0 if follow_links else _NOFOLLOW) | _NONBLOCK
+                     | _CLOEXEC)
+    except OSError as exc:
+        raise UnreadableInputError(path, _open_reason(exc), what=what) from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise UnreadableInputError(path, "not a regular file (a FIFO, device or directory is "
+                                         "never read)", what=what)
+    with os.fdopen(fd, "rb") as stream:
+        if st.st_size > max_bytes:
+            raise UnreadableInputError(path, f"{st.st_size} bytes, over the {max_bytes} "
+                                             "accepted", what=what)
+        try:
+            data = stream.read(max_bytes + 1)
+        except OSError as exc:
+            raise UnreadableInputError(path, f"cannot read: {exc.strerror}", what=what) from None
+    if len(data) > max_bytes:
+        raise UnreadableInputError(path, f"over the {max_bytes} bytes accepted", what=what)
+    return data
+
+
+def read_text_bounded(path: str | Path, max_bytes: int, *, what: str = "file",
+                      follow_links: bool = False) -> str:
+    """`read_bounded`, decoded as UTF-8 (a decoding error is an `UnreadableInputError`)."""
+    data = read_bounded(path, max_bytes, what=what, follow_links=follow_links)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UnreadableInputError(path, f"not UTF-8 text (byte {exc.start})",
+                                   what=what) from None
