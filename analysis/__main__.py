@@ -20,6 +20,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from analysis.environment import env_settings
 from analysis.errors import TelltaleError, UserError
 from analysis.history import ALL_KPIS, HistoryStore
 from analysis.paths import writable_dir
@@ -111,6 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.quiet:
         _show_progress()
     try:
+        env_settings()  # a bad TELLTALE_* variable: one line, exit 2, before any work
         # the run's (or the project's) analysis block: the same history selection and
         # ignored labels as the run itself; the command line's flags go on top
         base = settings_for(load_project(args.project), args.results_dir)

@@ -137,9 +137,12 @@ def read_exit_code(path: str | Path) -> int | str:
     except (OSError, UnicodeDecodeError) as exc:
         return f"unreadable exit_code: {exc}"
     try:
-        return int(text)
+        code = int(text)
     except ValueError:
         return f"exit_code is not an integer: {text[:40]!r}"
+    if not -(2**31) <= code < 2**31:  # a process's status fits 32 bits; tables store int64
+        return f"exit_code out of range: {text[:40]!r}"
+    return code
 
 
 def _merge(parent: Mapping[str, Any], child: Mapping[str, Any]) -> dict[str, Any]:
@@ -164,8 +167,12 @@ def discover(root: str | Path) -> Discovery:
     Raises:
         ResultsError: ``root`` does not exist or is not a directory.
     """
-    base = Path(root).resolve()
-    if not base.is_dir():
+    try:
+        base = Path(root).resolve()
+        usable = base.is_dir()
+    except (OSError, RuntimeError) as exc:  # a symlink loop: RuntimeError before 3.13
+        raise ResultsError(f"results dir {root} cannot be used: {exc}") from None
+    if not usable:
         raise ResultsError(f"results dir not found: {root}")
     found = Discovery(root=str(base))
     index = _SettingsIndex(base)

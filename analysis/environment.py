@@ -17,8 +17,10 @@ import functools
 import os
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from analysis.errors import ConfigError
 
 __all__ = ["ServingEnv", "TelltaleEnv", "env_settings"]
 
@@ -69,4 +71,9 @@ def env_settings() -> TelltaleEnv:
 @functools.lru_cache(maxsize=8)
 def _settings_for(variables: tuple[tuple[str, str], ...]) -> TelltaleEnv:
     # the key is what the model reads; the model still reads os.environ itself
-    return TelltaleEnv()
+    try:
+        return TelltaleEnv()
+    except ValidationError as exc:  # one line naming the variable, never a traceback
+        error = exc.errors()[0]
+        name = "TELLTALE_" + str(error["loc"][0]).upper() if error["loc"] else "TELLTALE_*"
+        raise ConfigError(f"environment variable {name}: {error['msg']}") from None

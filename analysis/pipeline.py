@@ -121,6 +121,27 @@ def _status(result: ParsedResult) -> Literal["success", "failed", "partial"]:
     return "partial" if result.problems else "success"
 
 
+_EARLIEST = pd.Timestamp("1970-01-01", tz="UTC")
+_LATEST = pd.Timestamp("2200-01-01", tz="UTC")
+
+
+def _usable_time(text: str | None) -> str | None:
+    """A run's start or end as read from its tree, or None when it is not a usable time.
+
+    Result trees are untrusted: a start in year 9999 overflowed every nanosecond timestamp
+    the history and verdicts use. Times outside 1970-2200 are treated as unknown.
+    """
+    if text is None:
+        return None
+    try:
+        stamp = pd.Timestamp(text)
+    except (ValueError, TypeError, OverflowError):
+        return None
+    if stamp.tzinfo is None:
+        stamp = stamp.tz_localize("UTC")
+    return text if _EARLIEST <= stamp < _LATEST else None
+
+
 def _timestamp(start: str | None, result: ParsedResult) -> str:
     if start:
         return start
@@ -137,7 +158,7 @@ def analyse_run(project: AnalysisProject, result: ParsedResult,
     """Compute labels, KPIs and the LTS payload of one parsed result."""
     labels = label_strings(project.labels(result))
     kpis = compute_kpis(project.kpis, result, labels)  # its KPIs share this dict
-    start, end = project.timestamps(result)
+    start, end = (_usable_time(t) for t in project.timestamps(result))
     run_uuid = project.run_uuid(result)
     if not isinstance(run_uuid, str):
         raise TypeError(f"the project's run uuid is {type(run_uuid).__name__}, not a string")

@@ -150,8 +150,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{len(outcome.leaks)} QUADS lease(s) of dead runs; {verb} "
               f"{len(outcome.leaks) if outcome.dry_run else outcome.deleted}")
         return EXIT_OK
+    # a missing kubeconfig is a usage error before Prefect starts (one line, exit 2)
+    kubeconfig = args.kubeconfig or find_kubeconfig()
+    if kubeconfig is None:
+        raise ConfigError("no kubeconfig: pass --kubeconfig or set KUBECONFIG")
     outcome = janitor(older_than=args.older_than, dry_run=args.dry_run,
-                      kubeconfig=args.kubeconfig)
+                      kubeconfig=kubeconfig)
     verb = "would delete" if outcome.dry_run else "deleted"
     print(f"{len(outcome.leaks)} leak(s); {verb} "
           f"{len(outcome.leaks) if outcome.dry_run else outcome.deleted}")

@@ -200,6 +200,7 @@ def main_guard(main: Main) -> Main:
         if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
             signal.signal(signal.SIGTERM, _on_sigterm)
         try:
+            env_settings()  # a bad TELLTALE_* variable is a usage error before any work
             return main(argv)
         except TelltaleError as exc:
             say(f"error: {exc}", error=True)

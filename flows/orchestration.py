@@ -89,7 +89,7 @@ class CellOutcome(BaseModel):
     """What happened to one matrix cell."""
 
     name: str
-    status: Literal["passed", "failed", "skipped", "resumed", "not_run"]
+    status: Literal["passed", "failed", "skipped", "resumed", "not_run", "interrupted"]
     exit_code: int | None = None
     dir: str | None = None
     reason: str | None = None
@@ -113,6 +113,9 @@ class RunOutcome(BaseModel):
                                  "(a deployment's run: its pull step's clone).")
     code_commit: str | None = Field(default=None, description="Its git commit, when a git "
                                     "checkout.")
+    leftovers: list[str] = Field(default_factory=list, description="What the cleanup could "
+                                 "not remove and may still be active (a QUADS lease, a "
+                                 "cluster), each with the command that removes it.")
 
 
 def code_version() -> tuple[str, str | None]:
@@ -266,7 +269,8 @@ def _users_result(results: Sequence[CellResult], need_all: bool) -> CellResult:
 
 
 def _run_cell(cell: Cell, run: RunContext, platform: Platform,
-              repeat_of: str | None = None) -> CellOutcome:
+              repeat_of: str | None = None,
+              results: list[CellOutcome] | None = None) -> CellOutcome:
     with next_artifact_dir("cell") as cell_dir:
         settings = {**cell.settings, "ci_engine": env_settings().ci_engine,
                     "run_id": run.run_id}
@@ -287,6 +291,13 @@ def _run_cell(cell: Cell, run: RunContext, platform: Platform,
                 result = platform.run_cell(run, cell)
         except Exception as exc:  # the cell failed; the matrix and post-processing go on
             result = CellResult(exit_code=1, reason=f"{type(exc).__name__}: {exc}")
+        except BaseException as exc:  # Ctrl-C / SIGTERM: the cell is in the outcome anyway
+            if results is not None:
+                results.append(CellOutcome(
+                    name=cell.name, status="interrupted", dir=str(cell_dir),
+                    reason=f"{'terminated' if is_terminated(exc) else 'interrupted'} while "
+                           "running; its files are kept in its dir"))
+            raise
         write_text(cell_dir / "test_start_end.json", json.dumps({
             "start": start, "end": datetime.now(UTC).isoformat()}) + "\n")
         write_text(cell_dir / "exit_code", f"{result.exit_code}\n")
@@ -322,7 +333,7 @@ def test_phase(cells: Sequence[Cell], run: RunContext, platform: Platform,
             results.append(CellOutcome(name=cell.name, status="resumed", exit_code=0,
                                        dir=str(previous)))
         else:
-            result = _run_cell(cell, run, platform)
+            result = _run_cell(cell, run, platform, results=results)
             results.append(result)
             stop = result.status == "failed" and run.test.stop_on_error
         progress.update(100.0 * done / len(cells), f"{done}/{len(cells)} cell(s) done")
@@ -522,17 +533,22 @@ def orchestrate(project_name: str, presets: Sequence[str], overrides: dict[str, 
                 if clusters.cleanup_on_exit:
                     error = run_and_catch(error, target.cleanup, run)
                 if clusters.sutest.lab.enabled or creates:  # destroy, then release
-                    error = run_and_catch(error, provision.teardown, str(root), clusters.keep,
-                                          model.secrets, kubeconfig)
+                    teardown_error = run_and_catch(None, provision.teardown, str(root),
+                                                   clusters.keep, model.secrets, kubeconfig)
+                    if teardown_error is not None:  # a lease or a cluster may be left
+                        outcome.leftovers.append(_leftover(teardown_error, root))
+                    error = error or teardown_error
                 if error is not None and not sys.exc_info()[0]:
                     raise error
         except BaseException as exc:  # interrupted or failed: say so in outcome.json too
             outcome.exit_code = exit_code_for(exc)
             outcome.failures.append(
-                f"{'terminated' if is_terminated(exc) else 'interrupted'}: cleanup ran, "
-                "partial results kept" if isinstance(exc, KeyboardInterrupt)
+                f"{'terminated' if is_terminated(exc) else 'interrupted'}: cleanup ran"
+                + (" but left something active (see leftovers)" if outcome.leftovers else "")
+                + ", partial results kept" if isinstance(exc, KeyboardInterrupt)
                 or is_terminated(exc) else f"{type(exc).__name__}: {exc}")
             _write_outcome(root, outcome)
+            exc.telltale_outcome = outcome  # type: ignore[attr-defined]
             raise
         failed = [c for c in outcome.cells if c.status == "failed"]
         outcome.failures = [f"cell {c.name} failed: {c.reason}" for c in failed] + \
@@ -542,6 +558,15 @@ def orchestrate(project_name: str, presets: Sequence[str], overrides: dict[str, 
         _write_outcome(root, outcome)
         emit_run_events(project.name, outcome, model.notify, run_id)
     return outcome
+
+
+def _leftover(error: BaseException, root: Path) -> str:
+    """One line: what may still be active after a failed teardown, and how to remove it."""
+    text = str(error)
+    if "python -m flows.cleanup" in text:
+        return text
+    return (f"{text}; it may still be active: remove it with "
+            f"`python -m flows.cleanup --quads --artifact-dir {root}`")
 
 
 def _write_outcome(root: Path, outcome: RunOutcome) -> None:
@@ -603,11 +628,17 @@ def run_from_cli(flow_fn: Callable[..., RunOutcome], presets: list[str],
                 artifact_dir=str(artifact_dir) if artifact_dir else None, return_state=True))
     except TelltaleError as exc:
         say(f"error: {exc}", error=True)
+        left = getattr(exc, "telltale_outcome", None)
+        for line in (left.leftovers if left is not None else []):
+            say(f"LEFT ACTIVE: {line}", error=True)
         return exit_code_for(exc)
     except KeyboardInterrupt as exc:
+        left = getattr(exc, "telltale_outcome", None)
         say(f"{'terminated' if is_terminated(exc) else 'interrupted'}: the run's "
             f"cleanup ran; partial results are kept ({artifact_dir or 'see runs/'})",
             error=True)
+        for line in (left.leftovers if left is not None else []):
+            say(f"LEFT ACTIVE: {line}", error=True)  # the last lines a scheduler shows
         return exit_code_for(exc)
     except OSError as exc:  # e.g. a full artifact disk: outcome.json was attempted already
         say(f"error: {exc.strerror or exc} ({exc.filename or artifact_dir or 'runs/'})",
@@ -631,4 +662,6 @@ def run_from_cli(flow_fn: Callable[..., RunOutcome], presets: list[str],
         if cell.log_tail:
             say(f"--- last lines of {cell.name}'s workload log ---\n{cell.log_tail}",
                 keep_newlines=True)
+    for line in outcome.leftovers:
+        say(f"LEFT ACTIVE: {line}", error=True)
     return outcome.exit_code

@@ -4,7 +4,7 @@ A PR comment is written by anyone who can comment on a pull request, and a deplo
 by anyone who can start a run in the Prefect UI. What they set is checked here, before the
 project's own model sees it, against rules that hold for every value of every project:
 
-- **allow-listed keys**: only the key patterns in the project's *base* ``pr_comment.keys``
+- **allow-listed keys**: only the key patterns in the project's *base* ``pr_comment.allowed_keys``
   (fnmatch; presets and overrides cannot widen them);
 - **declared settings only**: each key and every key inside a mapping value must be a field
   the project's config model declares; a free mapping (``dict[str, ...]``: host filters,
@@ -84,7 +84,7 @@ def policy_for(project: str) -> UntrustedPolicy:
     """
     config = resolve(project, env={})
     block = config.model.pr_comment
-    return UntrustedPolicy(keys=tuple(block.keys),
+    return UntrustedPolicy(keys=tuple(block.allowed_keys),
                            image_registries=tuple(block.image_registries),
                            model=type(config.model))
 
@@ -237,7 +237,7 @@ def check_untrusted(key: str, value: Any, policy: UntrustedPolicy, *, source: st
     checker = _Checker(policy, source, line)
     if not any(fnmatch.fnmatchcase(key, p) for p in policy.keys):
         raise ConfigError(f"a PR comment or deployment form may not set {key!r}; allowed "
-                          f"(pr_comment.keys): {', '.join(policy.keys) or '(nothing)'}",
+                          f"(pr_comment.allowed_keys): {', '.join(policy.keys) or '(nothing)'}",
                           file=source, line=line)
     if policy.model is None:
         return

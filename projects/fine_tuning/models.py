@@ -31,6 +31,7 @@ Rank = Annotated[int, Field(ge=1, le=4096)]
 Gpus = Annotated[int, Field(ge=0, le=64)]
 Replicas = Annotated[int, Field(ge=1, le=1024)]
 Replication = Annotated[int, Field(ge=1, le=10_000)]
+PeftMethod = Literal["lora", "pt", "none"]
 
 
 class HyperParameters(StrictSettings):
@@ -54,8 +55,9 @@ class HyperParameters(StrictSettings):
         default=None, description="Peak learning rate.")
     max_seq_length: SeqLength | list[SeqLength] | None = Field(
         default=None, description="Tokens per sample (longer ones are cut).")
-    peft_method: Literal["lora", "none"] | list[Literal["lora", "none"]] | None = Field(
-        default=None, description="lora, or none for full tuning.")
+    peft_method: PeftMethod | list[PeftMethod] | None = Field(
+        default=None, description="lora, pt (prompt tuning, cluster image only), or none "
+        "for full tuning.")
     r: Rank | list[Rank] | None = Field(default=None, description="LoRA rank.")
     lora_alpha: Rank | list[Rank] | None = Field(default=None, description="LoRA alpha.")
     lora_dropout: Ratio | list[Ratio] | None = Field(default=None, description="LoRA dropout.")

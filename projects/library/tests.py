@@ -74,7 +74,7 @@ class PrCommentBlock(StrictSettings):
     the listed registries, bounded values.
     """
 
-    keys: list[str] = Field(default_factory=list, max_length=256, description="Keys a PR "
+    allowed_keys: list[str] = Field(default_factory=list, max_length=256, description="Keys a PR "
                             "comment's '/var key: value' lines (and a deployment form's "
                             "overrides) may set (fnmatch patterns); every other is refused.")
     image_registries: list[str] = Field(

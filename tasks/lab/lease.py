@@ -31,10 +31,11 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from analysis.errors import StepError, TransientServiceError
-from analysis.safeio import write_text
+from analysis.safeio import read_bounded, write_text
 from tasks.lab.quads import Assignment, QuadsClient, QuadsError, server_time
 
-__all__ = ["LEASE_FILE", "MARKER_PREFIX", "Lease", "LeaseRequest", "Orphan", "acquire_lease",
+__all__ = ["LEASE_FILE", "MARKER_PREFIX", "Lease", "LeaseRequest", "NotOurLeaseError", "Orphan",
+           "acquire_lease",
            "describe", "find_orphans", "leased", "marker_of", "release_from_file",
            "release_orphan"]
 
@@ -101,16 +102,17 @@ def _save(root: Path | None, lease: Lease) -> None:
     if root is None:
         return
     lease.updated_at = datetime.now(UTC).isoformat()
-    tmp = root / f".{LEASE_FILE}.tmp"
-    write_text(tmp, lease.model_dump_json(indent=2) + "\n")
-    tmp.replace(root / LEASE_FILE)  # never half a file for a hook to misread
+    write_text(root / LEASE_FILE, lease.model_dump_json(indent=2) + "\n")  # never half a file
 
 
 def _load(root: Path | None) -> Lease | None:
     path = root / LEASE_FILE if root is not None else None
     if path is None or not path.is_file():
         return None
-    return Lease.model_validate(json.loads(path.read_text(encoding="utf-8")))
+    try:
+        return Lease.model_validate_json(read_bounded(path, 1024 * 1024, what="lease file"))
+    except ValueError as exc:  # pydantic's error, a bad file: name it, never a traceback
+        raise StepError(f"{path}: not a lease record ({str(exc).splitlines()[0]})") from None
 
 
 def _find_hosts(client: QuadsClient, request: LeaseRequest, sleep: Callable[[float], None],
@@ -270,12 +272,51 @@ def acquire_lease(client: QuadsClient, request: LeaseRequest, *, root: Path | No
     return lease
 
 
+class NotOurLeaseError(StepError):
+    """A ``lease.json`` (or an assignment) that is not this owner's: never terminated."""
+
+
+def _check_ours(client: QuadsClient, lease: Lease) -> None:
+    """Refuse to release what this owner did not lease.
+
+    A ``lease.json`` is a file in a results tree: one copied from another run (another
+    owner, another server, another assignment under a reused id) must never terminate
+    someone else's hosts. The file must name this owner and server, and the server's
+    assignment must be this owner's and carry the file's run marker.
+
+    Raises:
+        NotOurLeaseError: Saying which of the three does not match.
+    """
+    if lease.owner != client.owner:
+        raise NotOurLeaseError(f"lease.json names owner {lease.owner!r}, not {client.owner!r} "
+                               "(these credentials): not released")
+    if lease.url.rstrip("/") != client.base_url.rstrip("/"):
+        raise NotOurLeaseError(f"lease.json is for QUADS at {lease.url}, not {client.base_url}: "
+                               "not released")
+    if lease.assignment_id is None:
+        return
+    current = client.assignment(lease.assignment_id, patient=True)
+    marker = marker_of(lease.description)
+    if current.owner is not None and current.owner != client.owner:
+        raise NotOurLeaseError(f"assignment {lease.assignment_id} belongs to "
+                               f"{current.owner!r}, not {client.owner!r}: not released")
+    if marker is not None and marker_of(current.description) not in (None, marker):
+        raise NotOurLeaseError(f"assignment {lease.assignment_id} is another run's (its "
+                               f"description is not marked {marker!r}): not released")
+
+
 def _release(client: QuadsClient, lease: Lease, root: Path | None) -> bool:
-    """Terminate (patiently); on failure say plainly that the assignment may be left.
+    """Terminate (patiently) after `_check_ours`; on failure say the assignment may be left.
 
     Returns True when an assignment was terminated.
+
+    Raises:
+        NotOurLeaseError: The lease is not this owner's (nothing is terminated).
+        StepError: The release failed; the message says the assignment may still be active
+            and gives the command that releases it.
     """
     try:
+        _check_ours(client, lease)
         if lease.assignment_id is None:
             found = _reconcile(client, lease)
             if found is None:
@@ -284,6 +325,8 @@ def _release(client: QuadsClient, lease: Lease, root: Path | None) -> bool:
                 return False
             lease.assignment_id, lease.cloud = found.id, found.cloud.name
         client.terminate(lease.assignment_id)
+    except NotOurLeaseError:
+        raise
     except Exception as exc:
         where = f" --artifact-dir {root}" if root is not None else ""
         raise StepError(f"could not release QUADS assignment {lease.assignment_id} "

@@ -13,7 +13,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from analysis.discovery import discover
+from analysis.errors import UserError
 from analysis.parsing import MAX_LINE_CHARS, FileReader
 from analysis.pipeline import postprocess
 from tests.factories import make_result_dir
@@ -171,3 +176,61 @@ def test_badly_typed_fields_are_problems_not_tracebacks(tmp_path: Path) -> None:
     payloads = json.loads((tmp_path / "out" / "lts_payload.json").read_text())
     assert any("start is not an ISO 8601 time" in p for p in payloads[0]["problems"])
     assert payloads[0]["metadata"]["end"] is None
+
+
+# -- generated trees: any bytes in any result file end as a problem, a skip or a user error ----
+
+
+_FILES = ["exit_code", ".uuid", "settings.yaml", "test_start_end.json", "config.yaml",
+          "001__fine_tuning__run_fine_tuning_job/artifacts/pod.log",
+          "001__fine_tuning__run_fine_tuning_job/artifacts/pod.json",
+          "001__fine_tuning__run_fine_tuning_job/src/config_final.json"]
+_contents = st.one_of(
+    st.binary(max_size=200),
+    st.sampled_from([b"99999999999999999999", b"-1", b"1e400", b"nan", b"\xff\xfe",
+                     b'{"start": "9999-12-31T00:00:00Z", "end": "0001-01-01"}',
+                     b'{"start": 5, "end": [1]}', b"[" * 500 + b"]" * 500,
+                     b"a: &a [1]\nb: *a\n", b"k:\n" + b"  k:\n" * 100, b"{'loss': 'nan'}",
+                     b"{'train_runtime': '1e400', 'train_samples_per_second': 'inf'}",
+                     b"dataset stats: {\"total_tokens\": 99999999999999999999999}"]))
+_kinds = st.sampled_from(["file", "fifo", "link-out", "link-loop", "dir", "missing"])
+
+
+@settings(max_examples=60)
+@given(changes=st.lists(st.tuples(st.sampled_from(_FILES), _kinds, _contents), max_size=6),
+       runs=st.integers(min_value=1, max_value=3))
+def test_generated_trees_never_escape_as_another_error(
+        tmp_path_factory: pytest.TempPathFactory, changes: list, runs: int) -> None:
+    base = tmp_path_factory.mktemp("tree")
+    results = base / "results"
+    outside = base / "outside.txt"
+    outside.write_text(SECRET)
+    dirs = [make_result_dir(results, f"00{i}__cell", seed=i) for i in range(runs)]
+    for index, (name, kind, content) in enumerate(changes):
+        target = dirs[index % runs] / name
+        if not target.parent.is_dir() or target.parent.is_symlink():
+            continue
+        if target.is_dir() and not target.is_symlink():
+            continue
+        if os.path.lexists(target):
+            target.unlink()  # a file, a FIFO or a link
+
+        if kind == "file":
+            target.write_bytes(content)
+        elif kind == "fifo":
+            os.mkfifo(target)
+        elif kind == "link-out":
+            target.symlink_to(outside)
+        elif kind == "link-loop":
+            target.symlink_to(target)
+        elif kind == "dir":
+            target.mkdir()
+    out = base / "out"
+    try:
+        postprocess(results, "fine_tuning", out, history_uri=str(base / "history"))
+    except UserError as exc:
+        assert "\n" not in str(exc)
+        return
+    for written in out.rglob("*"):
+        if written.is_file():
+            assert SECRET.encode() not in written.read_bytes()

@@ -162,7 +162,7 @@ def test_failing_cell_does_not_stop_the_matrix_and_cleanup_runs(tmp_path: Path,
 
     overrides = {**FAST, "analysis.history_uri": str(tmp_path / "history"),
                  "tests.fine_tuning.test_extra_settings": [
-                     {"hyper_parameters.peft_method": "prefix"},  # unsupported: exits 1
+                     {"hyper_parameters.peft_method": "pt"},  # not supported locally: exits 1
                      {"hyper_parameters.peft_method": "lora"}]}
     outcome = outcome_of(fine_tuning(presets=["light"], overrides=overrides,
                           artifact_dir=str(tmp_path / "run"), return_state=True))

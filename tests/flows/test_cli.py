@@ -177,7 +177,7 @@ def test_a_pr_comment_may_only_set_allowlisted_keys(tmp_path: Path, line: str) -
     proc = cli("--pr-args", str(comment), "--plan", "--artifact-dir", str(tmp_path / "p"))
     assert proc.returncode == 2, proc.stdout
     assert "may not set" in proc.stderr and ":3:" in proc.stderr
-    assert "pr_comment.keys" in proc.stderr
+    assert "pr_comment.allowed_keys" in proc.stderr
 
 
 def test_an_unusable_artifact_dir_is_one_line_exit_2(tmp_path: Path) -> None:

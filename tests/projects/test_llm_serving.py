@@ -57,7 +57,7 @@ def test_nonsense_settings_are_refused_at_input(key: str, value: object, words: 
 
 
 def test_a_pr_comment_may_not_set_the_images_or_the_venv() -> None:
-    keys = resolve("llm_serving", env={}).model.pr_comment.keys
+    keys = resolve("llm_serving", env={}).model.pr_comment.allowed_keys
     assert f"{KEY}.concurrency" in keys
     assert not any(k.endswith(("image", "venv")) or k.startswith("tests.llm_serving.local")
                    for k in keys)

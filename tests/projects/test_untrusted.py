@@ -101,7 +101,7 @@ def test_values_the_policy_passes_are_typed_by_the_strict_model(project: str, ke
 def test_keys_outside_the_allow_list_are_refused_even_when_declared() -> None:
     policy = policy_for("fine_tuning")
     for key in ("export_artifacts.s3.endpoint_url", "analysis.history_uri",
-                "tests.fine_tuning.multi_user.user_count", "pr_comment.keys",
+                "tests.fine_tuning.multi_user.user_count", "pr_comment.allowed_keys",
                 "pr_comment.image_registries", "matrix.max_cells"):
         with pytest.raises(ConfigError, match="may not set"):
             check_untrusted(key, "x", policy, source="PR comment")
@@ -267,3 +267,12 @@ def test_every_number_a_config_takes_is_bounded_and_every_image_is_an_image_ref(
                     if "image" not in kinds_of(info.metadata) and "<image>" not in text:
                         missing.append(f"{model.__name__}.{name} is not an ImageRef")
     assert missing == []
+
+
+def test_no_config_field_shadows_a_mapping_method() -> None:
+    # Prefect walks task parameters with dict(model): a field named "keys" made it call a
+    # list, and every run's first task failed with "'list' object is not callable"
+    shadowing = {"keys", "items", "values", "get", "copy", "update", "pop"}
+    for project in PROJECTS:
+        for model in _all_models(registry.config_model(project)):
+            assert not shadowing & set(model.model_fields), model
