@@ -93,12 +93,22 @@ class ServiceError(TelltaleError):
     Attributes:
         service: Short service name, e.g. ``"s3"``.
         status: HTTP status code when there was a response, else ``None``.
+        detail: The message without the service prefix.
     """
 
     def __init__(self, message: str, *, service: str, status: int | None = None) -> None:
         self.service = service
         self.status = status
         code = f" (HTTP {status})" if status is not None else ""
+        # a message that already carries a service prefix (an error wrapped in another)
+        # is not prefixed twice: "quads (HTTP 400): quads (HTTP 400): ..." said nothing more
+        while True:
+            head, sep, rest = message.partition(": ")
+            if sep and head.split(" (HTTP ", 1)[0] == service:
+                message = rest
+            else:
+                break
+        self.detail = message
         super().__init__(f"{service}{code}: {message}")
 
 

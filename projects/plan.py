@@ -97,6 +97,15 @@ def build_plan(config: Config, platform: str, *, test: str) -> Plan:
         }
     create = config.get("clusters.create.type", None)
     if create:
+        # said at plan time, not after hours of waiting for leased hosts to be delivered
+        if create in ("single", "ocp", "metal") and not config.get(
+                "clusters.create.base_domain", None):
+            raise ConfigError(f"clusters.create.type {create} needs a base domain (the "
+                              "cluster's DNS domain)", file=config.file,
+                              key="clusters.create.base_domain")
+        if create == "pool" and not config.get("clusters.create.pool", None):
+            raise ConfigError("clusters.create.type pool needs a ClusterPool name",
+                              file=config.file, key="clusters.create.pool")
         extra["cluster"] = {"create": create}
     return Plan(project=config.project, presets_applied=list(config.presets_applied),
                 platform=platform, cells=cells_of(config, test), extra=extra)

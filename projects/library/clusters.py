@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import BeforeValidator, Field, StringConstraints, model_validator
 
 from analysis.strict import StrictSettings
 
@@ -26,6 +26,9 @@ class QuadsLabBlock(StrictSettings):
     )
     description: str = Field(default="telltale CPT run", description="Assignment description.")
     wipe: bool = Field(default=True, description="Wipe the hosts before delivery.")
+    cc_users: list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._-]{1,64}$")]] = Field(
+        default_factory=list, max_length=20, description="Other users (e-mail local parts) "
+        "QUADS copies on the assignment's notifications.")
     ticket: Annotated[str | None, BeforeValidator(_number_as_text)] = Field(
         default=None, description="JIRA ticket of the assignment: the number (8001) or the "
         "key; QUADS stores the number.")

@@ -199,12 +199,14 @@ def in_cluster_s3_manifests(namespace: str, bucket: str, *,
          "metadata": {"name": f"{S3_SERVICE}-bucket", "namespace": namespace},
          "spec": {"backoffLimit": 6, "template": {"spec": {
              "restartPolicy": "OnFailure",
+             # values reach the script as environment variables, never as shell text
              "containers": [{"name": "mc", "image": client_image, "envFrom": env_from,
+                             "env": [{"name": "BUCKET", "value": bucket}],
                              "command": ["sh", "-c",
                                          f"mc alias set s3 http://{S3_SERVICE}:9000 "
-                                         "$MINIO_ROOT_USER $MINIO_ROOT_PASSWORD && "
-                                         f"mc mb --ignore-existing s3/{bucket} && "
-                                         f"mc anonymous set public s3/{bucket}"]}]}}}},
+                                         '"$MINIO_ROOT_USER" "$MINIO_ROOT_PASSWORD" && '
+                                         'mc mb --ignore-existing "s3/$BUCKET" && '
+                                         'mc anonymous set public "s3/$BUCKET"']}]}}}},
     ]
 
 

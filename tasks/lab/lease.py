@@ -56,6 +56,8 @@ class LeaseRequest(BaseModel):
     description: str = Field(default="telltale CPT run", description="Assignment description.")
     wipe: bool = Field(default=True, description="Wipe the hosts before delivery.")
     ticket: str | None = Field(default=None, description="Ticket to attach.")
+    cc_users: list[str] = Field(default_factory=list, description="Users copied on the "
+                                "assignment's notifications.")
     wait_hosts_minutes: float = Field(default=60, ge=0, description="Wait for free hosts.")
     wait_delivery_minutes: float = Field(default=240, gt=0, description="Delivery deadline.")
     marker: str = Field(default="run", pattern=r"^[A-Za-z0-9._-]{1,64}$",
@@ -146,7 +148,7 @@ def _assign(client: QuadsClient, request: LeaseRequest, lease: Lease,
     _save(root, lease)
     try:
         return client.request_assignment(description=lease.description, ticket=request.ticket,
-                                         wipe=request.wipe)
+                                         wipe=request.wipe, cc_users=request.cc_users)
     except TransientServiceError as exc:  # the server may have committed it: look
         logger.warning("no answer to the assignment request (%s): looking for it", exc)
         found = _reconcile(client, lease)

@@ -26,7 +26,8 @@ from tasks.lab.clusters import (
     destroy,
 )
 from tasks.lab.lease import Lease, LeaseRequest, acquire_lease, release_from_file
-from tasks.lab.quads import QuadsClient
+from tasks.lab.quads import PATIENT, QuadsClient
+from tasks.retry import RetryPolicy
 from tasks.secrets import read_yaml_secret, secret_file
 
 __all__ = ["create_cluster", "lease_hosts", "quads_client", "teardown"]
@@ -45,8 +46,21 @@ def quads_client(secrets: SecretsBlock) -> QuadsClient:
     missing = [k for k in ("url", "email", "password") if not data.get(k)]
     if missing:
         raise ConfigError(f"QUADS credentials lack {', '.join(missing)}", file=str(path))
+    patience = PATIENT
+    if "patience_attempts" in data or "patience_backoff_max_s" in data:
+        # how long this lab's outages last: the delivery wait and the release ride them out
+        try:
+            patience = RetryPolicy(
+                attempts=int(data.get("patience_attempts", PATIENT.attempts)),
+                backoff_base_s=min(PATIENT.backoff_base_s,
+                                   float(data.get("patience_backoff_max_s", 60))),
+                backoff_max_s=float(data.get("patience_backoff_max_s",
+                                             PATIENT.backoff_max_s)))
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"patience_attempts / patience_backoff_max_s: {exc}",
+                              file=str(path)) from None
     return QuadsClient(data["url"], data["email"], SecretStr(str(data["password"])),
-                       verify=data.get("verify_tls", True))
+                       verify=data.get("verify_tls", True), patient=patience)
 
 
 @step("lab", timeout_seconds=None)
@@ -57,7 +71,8 @@ def lease_hosts(root: str, secrets: SecretsBlock, lab: QuadsLabBlock, marker: st
     attempt in the same dir is adopted or closed.
     """
     request = LeaseRequest(count=lab.count, filters=lab.filters, description=lab.description,
-                           wipe=lab.wipe, ticket=lab.ticket, marker=_marker(marker),
+                           wipe=lab.wipe, ticket=lab.ticket, cc_users=lab.cc_users,
+                           marker=_marker(marker),
                            wait_hosts_minutes=lab.wait_hosts_minutes,
                            wait_delivery_minutes=lab.wait_delivery_minutes)
     with quads_client(secrets) as client:

@@ -273,8 +273,14 @@ class QuadsClient:
             return None
         return (server_local - self.clock_offset).replace(tzinfo=UTC)
 
-    def _learn_clock(self, fresh: Any) -> None:
-        """Learn the server's offset from a timestamp it just wrote (vs the HTTP ``Date``)."""
+    def _learn_clock(self, fresh: Any, *, replace: bool = False) -> None:
+        """Learn the server's offset from a timestamp it just wrote (vs the HTTP ``Date``).
+
+        ``replace``: a schedule's own start (the zone its end is in) wins over a first guess
+        from an assignment's ``created_at``.
+        """
+        if self.clock_offset is not None and not replace:
+            return
         stamp, date = server_time(fresh), self._last_date
         if stamp is None or not date:
             return
@@ -328,15 +334,22 @@ class QuadsClient:
                 lab's weekly deadline: try after it), the host is taken, or the cloud is full.
         """
         try:
-            return dict(self._send("POST", "/schedules", auth=True,
-                                   json={"cloud": cloud, "hostname": hostname}))
+            answer = dict(self._send("POST", "/schedules", auth=True,
+                                     json={"cloud": cloud, "hostname": hostname}))
         except QuadsError as exc:
-            if "date range" in str(exc).lower():
-                raise QuadsError(f"{exc} — QUADS sets the end of a self-scheduled host itself "
-                                 "(its default lifetime, at most the lab's weekly deadline); "
-                                 "close to that deadline it refuses new schedules: try again "
-                                 "after it", service="quads", status=exc.status) from None
+            # only the deadline refusal ("Invalid date range"): a taken host's message
+            # ("Host is not available for the specified date range") says "date range" too
+            if "invalid date range" in exc.detail.lower():
+                raise QuadsError(f"{exc.detail} — QUADS sets the end of a self-scheduled host "
+                                 "itself (its default lifetime, at most the lab's weekly "
+                                 "deadline); close to that deadline it refuses new schedules: "
+                                 "try again after it", service="quads",
+                                 status=exc.status) from None
             raise
+        # The schedule's times are in the app's zone, the one its end is stated in (an
+        # assignment's created_at is the database's, which may differ): learn it here.
+        self._learn_clock(answer.get("start"), replace=True)
+        return answer
 
     def assignment(self, assignment_id: int, *, patient: bool = False) -> Assignment:
         """Read an assignment (``patient``: ride out an outage of minutes, `PATIENT`)."""

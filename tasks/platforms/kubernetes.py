@@ -214,6 +214,11 @@ class KubernetesPlatform:
         stays in the Prometheus pod's volume: its name is recorded in
         ``<run>/prometheus/cluster_snapshot.json``.
         """
+        if run_ctx.kubeconfig is None or (run_ctx.kubeconfig != "in-cluster"
+                                          and not Path(run_ctx.kubeconfig).is_file()):
+            # the run stopped before its cluster existed (creation failed, or a Ctrl-C)
+            logger.info("no cluster to clean up: the run has no kubeconfig yet")
+            return
         self._snapshot(run_ctx)
         keep = run_ctx.model.clusters.keep
         cleanup_k8s(run_ctx.kubeconfig, run_ctx.run_id, keep)

@@ -104,14 +104,23 @@ def test_replot_cli_refuses_missing_source(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "no such directory" in proc.stderr
 
 
-def test_metal_quads_plan_shows_the_lease_request(tmp_path: Path) -> None:
+DOMAIN = ("--var", "clusters.create.base_domain=lab.example.com")
+
+
+def test_metal_without_a_base_domain_is_refused_at_plan_time(tmp_path: Path) -> None:
     proc = cli("--preset", "metal_quads", "--plan", "--artifact-dir", str(tmp_path))
+    assert proc.returncode == 2 and "clusters.create.base_domain" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_metal_quads_plan_shows_the_lease_request(tmp_path: Path) -> None:
+    proc = cli("--preset", "metal_quads", *DOMAIN, "--plan", "--artifact-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert "lease     QUADS: 3 host(s) [model=R650, disks.disk_type=nvme]" in proc.stdout
     lease = yaml.safe_load((tmp_path / "plan.yaml").read_text())["extra"]["lease"]
     assert lease["count"] == 3 and lease["release"].startswith("released at the end")
-    kept = cli("--preset", "metal_quads", "--preset", "keep", "--plan", "--artifact-dir",
-               str(tmp_path / "k"))
+    kept = cli("--preset", "metal_quads", "--preset", "keep", *DOMAIN, "--plan",
+               "--artifact-dir", str(tmp_path / "k"))
     assert "kept (clusters.keep)" in kept.stdout
 
 

@@ -263,3 +263,84 @@ def test_telltale_log_lines_reach_the_prefect_run_logs(run_fake, tmp_path: Path)
 
     found = asyncio.run(messages())
     assert any("base started (fake platform)" in m for m in found), found[-10:]
+
+
+def test_a_lease_left_by_an_interrupted_run_is_named_with_its_command(
+        run_fake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGTERM while QUADS is down at release: outcome.json and the exception say what may
+    still be active, with the command that releases it; the cell is in the outcome."""
+    import httpx
+    import yaml
+
+    from flows.cli import Terminated
+    from tests.servers.quads import quads_server
+
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    monkeypatch.setenv("TELLTALE_SECRET_DIR", str(secrets))
+    with quads_server() as (url, quads):
+        httpx.post(f"{url}/register", json={"email": "perf@example.com", "password": "pw"})
+        (secrets / "quads.yaml").write_text(yaml.safe_dump({
+            "url": url, "email": "perf@example.com", "password": "pw",
+            "patience_attempts": 2, "patience_backoff_max_s": 0}))
+        quads.auto_deliver_after = 1
+
+        class Interrupting(FakePlatform):
+            def run_cell(self, run, cell):
+                quads.down = True  # QUADS goes away, then the scheduler sends SIGTERM
+                raise Terminated("terminated (SIGTERM)")
+
+        with pytest.raises(KeyboardInterrupt) as info:
+            run_fake(Interrupting(), ["light"], {
+                "clusters.sutest.lab.enabled": True, "clusters.sutest.lab.poll_seconds": 0.05})
+    outcome = json.loads((tmp_path / "run" / "outcome.json").read_text())
+    assert outcome["exit_code"] == 143
+    assert [c["status"] for c in outcome["cells"]] == ["interrupted"]
+    assert outcome["leftovers"] and "python -m flows.cleanup --quads" in outcome["leftovers"][0]
+    assert "left something active" in outcome["failures"][-1]
+    assert info.value.telltale_outcome.leftovers == outcome["leftovers"]
+    assert any(a["active"] for a in quads.assignments.values())  # really left: said so
+
+
+def test_the_crash_hook_releases_a_lease_with_the_saved_configs_secret_references(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The saved config.yaml masks secret values but keeps secret references (file names):
+    a crash or cancellation hook in another process can still log in and release."""
+    import types
+
+    import httpx
+    import yaml
+
+    from flows.orchestration import cleanup_hook
+    from projects.config import resolve
+    from tasks.lab.lease import LeaseRequest, acquire_lease
+    from tasks.lab.quads import QuadsClient
+    from tests.servers.quads import quads_server
+
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    monkeypatch.setenv("TELLTALE_SECRET_DIR", str(secrets))
+    root = tmp_path / "run"
+    root.mkdir()
+    config = resolve("fine_tuning", presets=["light"], overrides={
+        "clusters.sutest.lab.enabled": True,
+        "export_artifacts.s3.endpoint_url": "https://user:s3cr3t-pw@s3.example.com"}, env={})
+    config.save(root)
+    saved = (root / "config.yaml").read_text()
+    assert "s3cr3t-pw" not in saved and "quads_credentials: quads.yaml" in saved
+    with quads_server() as (url, quads):
+        httpx.post(f"{url}/register", json={"email": "perf@example.com", "password": "pw"})
+        (secrets / "quads.yaml").write_text(yaml.safe_dump({
+            "url": url, "email": "perf@example.com", "password": "pw"}))
+        quads.auto_deliver_after = 1
+        from pydantic import SecretStr
+
+        with QuadsClient(url, "perf@example.com", SecretStr("pw")) as client:
+            lease = acquire_lease(client, LeaseRequest(count=1), root=root,
+                                  sleep=lambda s: None, poll_s=0)
+        assert quads.assignments[lease.assignment_id]["active"]
+        hook = cleanup_hook("fine_tuning")
+        run = types.SimpleNamespace(parameters={"artifact_dir": str(root)}, id="x",
+                                    deployment_id=None)
+        hook(None, run, None)
+        assert not quads.assignments[lease.assignment_id]["active"]

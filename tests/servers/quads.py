@@ -4,7 +4,8 @@ Answers like the real 2.2.6 where Telltale depends on it (DESIGN §9, and what a
 answered when Telltale was tried against one):
 
 - time: the server compares *naive server-local* times and labels them "GMT" (RFC 1123);
-  ``tz_offset_hours`` puts the server in another time zone than the client;
+  ``tz_offset_hours`` puts the server in another time zone than the client
+  (``db_tz_offset_hours``: its database in yet another, as ``created_at`` shows);
 - ``/register`` → 200 with a token, 401 "User already exists. Please Log in."; ``/login``
   (HTTP Basic) → HTTP 200 with ``status_code: 201`` in the body; bad or missing credentials
   and bad tokens → 401 ``text/html`` "Unauthorized Access";
@@ -95,7 +96,7 @@ class QuadsState:
 
     def __init__(self, hosts: dict[str, dict[str, Any]], *, token_lifetime_s: float = 15600,
                  per_user_limit: int = 3, tz_offset_hours: float = 0.0,
-                 ssm_host_limit: int = 10, ssm_default_lifetime_days: float = 2.8) -> None:
+                 db_tz_offset_hours: float | None = None, ssm_host_limit: int = 10, ssm_default_lifetime_days: float = 2.8) -> None:
         self.lock = threading.RLock()
         self.hosts = hosts
         self.schedules: list[dict[str, Any]] = []
@@ -104,6 +105,9 @@ class QuadsState:
         self.token_lifetime_s = token_lifetime_s
         self.per_user_limit = per_user_limit
         self.tz_offset = timedelta(hours=tz_offset_hours)
+        # the database's zone (its created_at) may differ from the app's (schedule times)
+        self.db_tz_offset = timedelta(hours=tz_offset_hours if db_tz_offset_hours is None
+                                      else db_tz_offset_hours)
         self.skew = timedelta(0)
         self.ssm_host_limit = ssm_host_limit
         self.ssm_default_lifetime = timedelta(days=ssm_default_lifetime_days)
@@ -127,6 +131,10 @@ class QuadsState:
     def now(self) -> datetime:
         """The server's naive local time (what 2.2.x compares and labels "GMT")."""
         return datetime.now(UTC).replace(tzinfo=None) + self.tz_offset + self.skew
+
+    def db_now(self) -> datetime:
+        """The database's naive local time (an assignment's ``created_at``)."""
+        return datetime.now(UTC).replace(tzinfo=None) + self.db_tz_offset + self.skew
 
     def advance(self, minutes: float) -> None:
         """Move the server's clock forward."""
@@ -452,7 +460,7 @@ class _Handler(BaseHTTPRequestHandler):
                          None)
             if cloud is None:
                 return self._bad(400, "No free clouds available")
-            now = _rfc1123(state.now())
+            now = _rfc1123(state.db_now())
             assignment = {
                 "id": state.next_id, "active": True, "provisioned": False, "validated": False,
                 "description": f"[SSM] {body['description']}", "owner": body["owner"],

@@ -199,3 +199,90 @@ def test_bad_credentials_and_secret_hygiene() -> None:
         assert info.value.status == 401
         assert "hunter2" not in repr(client) and "hunter2" not in str(info.value)
         assert "hunter2" not in repr(QuadsCredentials(url=url, email="a@b", password="hunter2"))
+
+
+# -- trust: whose lease, what it says, when it ends -----------------------------------------
+
+def _parse_utc(text: str):
+    from datetime import datetime
+
+    return datetime.fromisoformat(text)
+
+
+@pytest.mark.parametrize("lost", [False, True])
+def test_the_end_in_utc_comes_from_the_schedules_own_zone(tmp_path: Path, lost: bool) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from tasks.lab.lease import acquire_lease
+
+    # the app runs 5.5 h ahead of UTC, its database in UTC: created_at misleads
+    with quads_server(tz_offset_hours=5.5, db_tz_offset_hours=0) as (url, state):
+        httpx.post(f"{url}/register", json={"email": "perf@example.com", "password": "pw"})
+        creds = QuadsCredentials(url=url, email="perf@example.com", password="pw")
+        state.auto_deliver_after = 1
+        if lost:  # the assignment is made, its answer lost: reconciled by its marker
+            state.lose_next("/assignments/self")
+        with QuadsClient.from_credentials(creds, policy=FAST) as client:
+            lease = acquire_lease(client, LeaseRequest(count=1), root=tmp_path, **NO_SLEEP)
+        expected = datetime.now(UTC) + state.ssm_default_lifetime
+        assert lease.ends_at_utc is not None
+        assert abs(_parse_utc(lease.ends_at_utc) - expected) < timedelta(minutes=20)
+
+
+def test_a_taken_host_is_not_given_the_deadline_hint(quads) -> None:
+    client, state = quads
+    assignment = client.request_assignment(description="telltale:a x")
+    client.schedule(assignment.cloud.name, "host01.example.com")
+    other = client.request_assignment(description="telltale:b y")
+    with pytest.raises(QuadsError) as taken:
+        client.schedule(other.cloud.name, "host01.example.com")
+    assert "not available" in str(taken.value) and "weekly deadline" not in str(taken.value)
+    state.near_weekly_deadline = True
+    with pytest.raises(QuadsError) as deadline:
+        client.schedule(other.cloud.name, "host02.example.com")
+    assert "weekly deadline" in str(deadline.value)
+    for error in (taken.value, deadline.value):  # one service prefix, never two
+        assert str(error).count("quads (HTTP 400)") == 1
+
+
+@pytest.mark.parametrize("tamper", ["owner", "url", "assignment"])
+def test_a_lease_file_of_someone_else_is_never_released(quads, tmp_path: Path,
+                                                        tamper: str) -> None:
+    from tasks.lab.lease import NotOurLeaseError, acquire_lease
+
+    client, state = quads
+    state.auto_deliver_after = 1
+    # another owner's assignment on the same server
+    (tmp_path / "theirs").mkdir()
+    httpx.post(f"{client.base_url}/register", json={"email": "other@example.com",
+                                                    "password": "pw2"})
+    with QuadsClient.from_credentials(QuadsCredentials(
+            url=client.base_url, email="other@example.com", password="pw2"),
+            policy=FAST) as other:
+        theirs = acquire_lease(other, LeaseRequest(count=1, marker="theirs"),
+                               root=tmp_path / "theirs", **NO_SLEEP)
+    # a lease.json replayed into our run dir, pointing at their assignment
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    record = json.loads((tmp_path / "theirs" / "lease.json").read_text())
+    if tamper == "owner":
+        pass  # as it was: their owner name
+    elif tamper == "url":
+        record["owner"] = client.owner
+        record["url"] = "http://127.0.0.1:1/api/v3"
+    else:  # our owner and server written in, their assignment id kept
+        record["owner"] = client.owner
+    (ours / "lease.json").write_text(json.dumps(record))
+    with pytest.raises(NotOurLeaseError, match="not released"):
+        release_from_file(client, ours)
+    assert state.assignments[theirs.assignment_id]["active"]
+
+
+def test_cc_users_come_from_the_config(quads, tmp_path: Path) -> None:
+    from tasks.lab.lease import acquire_lease
+
+    client, state = quads
+    state.auto_deliver_after = 1
+    lease = acquire_lease(client, LeaseRequest(count=1, cc_users=["alice", "bob"]),
+                          root=tmp_path, **NO_SLEEP)
+    assert state.assignments[lease.assignment_id]["ccuser"] == ["alice", "bob"]

@@ -96,3 +96,21 @@ def test_in_cluster_s3_deploys_idempotently_with_a_secret(cluster) -> None:
                                        config={}, batch_size=1, sleep_factor=0, deadline_s=60,
                                        s3_endpoint="http://s3:9000", bucket="b", prefix="p"):
         kubernetes_validate.validate(manifest, "1.30", strict=True)
+
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@given(bucket=st.text(min_size=1, max_size=40))
+def test_no_value_reaches_the_in_cluster_s3_jobs_shell_text(bucket: str) -> None:
+    from tasks.kube.users import in_cluster_s3_manifests
+
+    def job_container(name: str) -> dict:
+        job = next(m for m in in_cluster_s3_manifests("ns", name) if m["kind"] == "Job")
+        return job["spec"]["template"]["spec"]["containers"][0]
+
+    container = job_container(bucket)
+    # the script is the same text whatever the bucket: the value travels as BUCKET
+    assert container["command"] == job_container("plain-bucket")["command"]
+    assert {"name": "BUCKET", "value": bucket} in container["env"]
