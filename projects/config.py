@@ -24,6 +24,7 @@ import contextvars
 import copy
 import difflib
 import os
+import re
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -33,7 +34,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from analysis.errors import ConfigError
-from analysis.redact import REDACTED, is_secret_key, redact, register_secrets_in
+from analysis.redact import REDACTED, REFERENCE_BLOCKS, is_secret_key, redact, register_secret
 from analysis.safeio import write_text
 from analysis.yamlio import LineMap, dump_yaml, load_yaml, load_yaml_text
 from projects import registry
@@ -435,12 +436,47 @@ def resolve(
     for key, value in _env_overrides(environ).items():
         resolver.assign(key, value, f"environment {ENV_PREFIX}{key.replace('.', '__')}")
         applied_overrides[key] = value
-    register_secrets_in(applied_overrides)  # a value under a secret-named key: masked everywhere
+    for key, value in applied_overrides.items():
+        _refuse_secret_values(key, value, resolver.sources.get(key, f"override {key}"))
     if model is None and project is not None:
         model = registry.config_model(project)
     return Config(resolver.data, project=project, file=str(path),
                   presets_applied=resolver.presets_applied, overrides=applied_overrides,
                   sources=resolver.sources, model=model, lines=lines)
+
+
+def _refuse_secret_values(key: str, value: Any, source: str) -> None:
+    """Refuse a credential given as an override.
+
+    It would reach the run's parameters (the Prefect database), the saved overrides and
+    every document built from them.
+
+    Keys of the top-level ``secrets`` block hold references (file and block names) and may
+    be set. A password inside a URL is accepted and registered, so that every sink masks it.
+
+    Raises:
+        ConfigError: A secret-named key (``hf_token``, ``api_key``, ``password``...) at any
+            depth of the override.
+    """
+    if key.split(".", 1)[0] in REFERENCE_BLOCKS:
+        return
+    stack: list[tuple[str, Any]] = [(key, value)]
+    while stack:
+        path, item = stack.pop()
+        if is_secret_key(path):
+            raise ConfigError(f"{path.rsplit('.', 1)[-1]!r} names a secret ({source}): "
+                              "put the value in a file of the secret dir or a Prefect Secret "
+                              "block, and its name in the secrets block", key=path)
+        if isinstance(item, Mapping):
+            stack += [(f"{path}.{k}", v) for k, v in item.items()]
+        elif isinstance(item, list):
+            stack += [(path, v) for v in item]
+        elif isinstance(item, str):
+            for password in _URL_PASSWORDS.findall(item):
+                register_secret(password)
+
+
+_URL_PASSWORDS = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:([^/\s@]+)@")
 
 
 def json_schema(project: str) -> dict[str, Any]:

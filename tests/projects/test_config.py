@@ -234,7 +234,7 @@ def test_set_main_thread_only_and_not_after_freeze(base: Path) -> None:
 
 
 def test_save_writes_three_files_with_secrets_redacted(base: Path, tmp_path: Path) -> None:
-    cfg = resolve(base, ["a"], overrides={"y": "over", "password": "s3cr3t"}, env={})
+    cfg = resolve(base, ["a"], overrides={"y": "over"}, env={})
     out = tmp_path / "out"
     cfg.save(out)
     saved = yaml.safe_load((out / "config.yaml").read_text())
@@ -242,8 +242,10 @@ def test_save_writes_three_files_with_secrets_redacted(base: Path, tmp_path: Pat
     assert "hunter2" not in (out / "config.yaml").read_text()
     assert (out / "presets_applied").read_text() == "a\nb\n"
     overrides = yaml.safe_load((out / "variable_overrides.yaml").read_text())
-    assert overrides == {"y": "over", "password": "***"}
-    assert "s3cr3t" not in (out / "variable_overrides.yaml").read_text()
+    assert overrides == {"y": "over"}
+    # a credential never comes as an override (it would reach the Prefect database)
+    with pytest.raises(ConfigError, match="names a secret"):
+        resolve(base, ["a"], overrides={"password": "s3cr3t"}, env={})
 
 
 def test_project_config_validates_blocks() -> None:

@@ -276,3 +276,28 @@ def test_no_config_field_shadows_a_mapping_method() -> None:
     for project in PROJECTS:
         for model in _all_models(registry.config_model(project)):
             assert not shadowing & set(model.model_fields), model
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("clusters.sutest.lab.filters", {"hf_token": "abcd-secret"}),
+    ("clusters.sutest.lab.filters", {"nested": {"api_key": "abcd-secret"}}),
+    ("prepare.gpu_operator.tolerations", [{"password": "abcd-secret"}]),
+])
+def test_a_secret_never_comes_as_an_override(key: str, value: Any) -> None:
+    with pytest.raises(ConfigError, match="names a secret") as info:
+        resolve("fine_tuning", presets=["light"], overrides={key: value}, env={})
+    assert "abcd-secret" not in str(info.value)
+
+
+def test_secret_references_may_be_overridden_and_url_passwords_are_masked_everywhere(
+        tmp_path: Any) -> None:
+    from analysis.redact import known_secrets
+    from analysis.safeio import write_text
+
+    config = resolve("fine_tuning", presets=["light"], overrides={
+        "secrets.s3_credentials": "other.env",
+        "export_artifacts.s3.endpoint_url": "https://u:Url-pw-123@s3.example.com"}, env={})
+    assert config.get("secrets.s3_credentials") == "other.env"
+    assert "Url-pw-123" in known_secrets()
+    write_text(tmp_path / "log.txt", "connecting with Url-pw-123 now")
+    assert (tmp_path / "log.txt").read_text() == "connecting with *** now"
