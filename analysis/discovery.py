@@ -118,7 +118,8 @@ class _SettingsIndex:
         if self.new == self.old:
             return
         try:
-            write_text(self.path, json.dumps({"version": _INDEX_VERSION, "settings": self.new}))
+            write_text(self.path, json.dumps({"version": _INDEX_VERSION, "settings": self.new}),
+                       durable=False)  # a cache: made again when lost
         except OSError:  # a read-only (or link-planted) tree keeps no index
             pass
 

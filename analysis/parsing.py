@@ -624,7 +624,8 @@ def _store_cache(result: ResultDir, parser: ResultParser, parsed: ParsedResult,
     rest = parsed.model_dump_json(include=fields).encode() if fields else b"{}"
     try:
         write_bytes(root / CACHE_FILE,
-                    json.dumps(header).encode() + b"\n" + body + b"\n" + rest + b"\n")
+                    json.dumps(header).encode() + b"\n" + body + b"\n" + rest + b"\n",
+                    durable=False)  # a cache: made again when lost
     except OSError:  # a read-only (or link-planted) results tree parses without a cache
         pass
     return body, rest

@@ -53,8 +53,11 @@ _URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)[^/\s@]+@")
 REFERENCE_BLOCKS = frozenset({"secrets"})
 """Top-level config blocks whose values are references to secrets (file or block names)."""
 
-MIN_SECRET_LENGTH = 4
-"""Shorter values are not registered: masking every "1" or "on" would garble the text."""
+MIN_SECRET_LENGTH = 8
+"""Shorter values are not registered: masking every "testing" or "admin" inside longer words
+would garble what is written (a namespace ``fine-tuning-testing`` saved as
+``fine-tuning-***`` no longer validated). A registered value is masked as a whole token
+only: not where letters or digits continue it on either side."""
 
 _LOCK = threading.Lock()
 _KNOWN: set[str] = set()
@@ -79,8 +82,11 @@ def register_secret(value: object) -> None:
             return
         _KNOWN.add(value)
         ordered = sorted(_KNOWN, key=len, reverse=True)  # the longest first
-        _PATTERN = re.compile("|".join(re.escape(v) for v in ordered))
-        _BYTES_PATTERN = re.compile(b"|".join(re.escape(v.encode()) for v in ordered))
+        alternatives = "|".join(re.escape(v) for v in ordered)
+        _PATTERN = re.compile(f"(?<![A-Za-z0-9])(?:{alternatives})(?![A-Za-z0-9])")
+        _BYTES_PATTERN = re.compile(b"(?<![A-Za-z0-9])(?:"
+                                    + b"|".join(re.escape(v.encode()) for v in ordered)
+                                    + b")(?![A-Za-z0-9])")
 
 
 def known_secrets() -> frozenset[str]:

@@ -123,8 +123,8 @@ def atomic_open(path: str | Path, mode: Literal["w"]) -> contextlib.AbstractCont
 
 
 @contextlib.contextmanager  # type: ignore[misc]
-def atomic_open(path: str | Path, mode: str = "wb", *,
-                private: bool = False) -> Iterator[IO[Any]]:
+def atomic_open(path: str | Path, mode: str = "wb", *, private: bool = False,
+                durable: bool = True) -> Iterator[IO[Any]]:
     """Open ``path`` for writing so that it appears whole or not at all.
 
     Args:
@@ -132,6 +132,9 @@ def atomic_open(path: str | Path, mode: str = "wb", *,
         mode: ``"wb"`` (bytes) or ``"w"`` (UTF-8 text).
         private: A file only its owner may read (mode 0600): a kubeconfig, an install
             config, the few files that must hold a credential.
+        durable: fsync before the rename (a crash keeps the old file or the whole new
+            one). A cache, which is made again when lost, passes False: still atomic for
+            readers, without a disk flush per result dir.
 
     Yields:
         A file object on a temporary file in the same directory; it is renamed over
@@ -167,7 +170,8 @@ def atomic_open(path: str | Path, mode: str = "wb", *,
         try:
             yield stream
             stream.flush()
-            os.fsync(stream.fileno())
+            if durable:
+                os.fsync(stream.fileno())
         finally:
             stream.close()
         _check_target(target)  # a link planted while we wrote is refused too
@@ -183,21 +187,23 @@ def atomic_open(path: str | Path, mode: str = "wb", *,
                 os.unlink(tmp)
 
 
-def write_bytes(path: str | Path, data: bytes, *, private: bool = False) -> Path:
+def write_bytes(path: str | Path, data: bytes, *, private: bool = False,
+                durable: bool = True) -> Path:
     """Write ``data`` to ``path`` atomically (see `atomic_open`); returns the path.
 
     Every registered secret value (`analysis.redact.register_secret`) is masked in what is
     written, unless ``private``: a 0600 file that must hold a credential (a kubeconfig, an
     install config).
     """
-    with atomic_open(path, "wb", private=private) as stream:
+    with atomic_open(path, "wb", private=private, durable=durable) as stream:
         stream.write(data if private else redact_bytes(data))
     return Path(path)
 
 
-def write_text(path: str | Path, text: str, *, private: bool = False) -> Path:
+def write_text(path: str | Path, text: str, *, private: bool = False,
+               durable: bool = True) -> Path:
     """Write ``text`` (UTF-8) to ``path`` atomically; see `write_bytes`."""
-    return write_bytes(path, text.encode("utf-8"), private=private)
+    return write_bytes(path, text.encode("utf-8"), private=private, durable=durable)
 
 
 def write_json(path: str | Path, data: Any, *, indent: int | None = 2) -> Path:

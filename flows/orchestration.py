@@ -54,6 +54,7 @@ from flows.cli import (
 from flows.events import emit_run_events
 from projects import registry
 from projects.config import resolve, use_config
+from projects.library import ClustersBlock, SecretsBlock
 from projects.library.runs import REPEAT_FILE
 from projects.matrix import Cell
 from projects.untrusted import check_untrusted, policy_for
@@ -596,11 +597,14 @@ def cleanup_hook(project_name: str) -> Callable[[Any, Any, Any], None]:
             cleanup_local(root)
             if (root / "cluster.json").is_file() or (root / "lease.json").is_file():
                 try:
+                    # only the blocks the teardown needs: the rest of a saved config (its
+                    # values masked at save) must not keep a lease from being released
                     saved, _ = load_yaml(root / "config.yaml")
-                    model = registry.load(project_name).config_model.model_validate(saved)
+                    clusters = ClustersBlock.model_validate(saved.get("clusters") or {})
+                    secrets = SecretsBlock.model_validate(saved.get("secrets") or {})
                     with use_artifact_dir(root):
-                        provision.teardown.fn(str(root), model.clusters.keep, model.secrets,
-                                              model.clusters.kubeconfig)
+                        provision.teardown.fn(str(root), clusters.keep, secrets,
+                                              clusters.kubeconfig)
                 except Exception as exc:  # a hook must not raise; say what is left
                     logger.error("crash cleanup of %s incomplete: %s", root, exc)
 

@@ -23,3 +23,14 @@ def test_safe_text_is_unchanged(text: str) -> None:
 def test_escapes_are_visible() -> None:
     assert printable("a\x1b[2Jb\u202ec\x9b") == "a\\x1b[2Jb\\u202ec\\x9b"
     assert printable("one\ntwo\tx\x07", keep_newlines=True) == "one\ntwo\tx\\x07"
+
+
+def test_registered_secrets_are_masked_as_whole_tokens_only() -> None:
+    from analysis.redact import redact_bytes, redact_text, register_secret
+
+    register_secret("s3cr3t-Token-42")
+    register_secret("short")  # under the minimum length: never garbles other words
+    assert redact_text("key=s3cr3t-Token-42;") == "key=***;"
+    assert redact_text("xs3cr3t-Token-42") == "xs3cr3t-Token-42"  # part of another token
+    assert redact_text("a short word") == "a short word"
+    assert redact_bytes(b'"s3cr3t-Token-42"') == b'"***"'

@@ -224,3 +224,41 @@ def test_bare_metal_with_one_host_is_refused_at_plan_time(tmp_path: Path) -> Non
     proc = cli("--preset", "metal_quads", "--var", "clusters.sutest.lab.count=1", "--plan",
                "--artifact-dir", str(tmp_path))
     assert proc.returncode == 2 and "at least 2 hosts" in proc.stderr
+
+
+@pytest.mark.parametrize("target", ["kpis.prom", "lts_payload.json", "kpis.parquet",
+                                    "report/index.html", "report/plotly.min.js"])
+def test_outputs_never_write_through_a_planted_link(tmp_path: Path, target: str) -> None:
+    from tests.factories import make_result_dir
+
+    results = tmp_path / "results"
+    make_result_dir(results, "000__cell")
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    out = tmp_path / "out"
+    (out / target).parent.mkdir(parents=True)
+    (out / target).symlink_to(victim)
+    proc = subprocess.run([sys.executable, "-m", "analysis", str(results), "--project",
+                           "fine_tuning", "--out", str(out), "--quiet"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert "symbolic link" in proc.stderr and str(out / target) in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert victim.read_text() == "precious\n"
+
+
+def test_a_huge_matrix_from_three_lines_is_refused_at_once(tmp_path: Path) -> None:
+    values = "[" + ", ".join(str(1e-4 * (i + 1)) for i in range(20)) + "]"
+    comment = tmp_path / "comment.txt"
+    comment.write_text(
+        f"/var tests.fine_tuning.test_settings.hyper_parameters.learning_rate: {values}\n"
+        "/var tests.fine_tuning.test_settings.hyper_parameters.r: "
+        f"[{', '.join(str(i) for i in range(1, 21))}]\n"
+        "/var tests.fine_tuning.test_settings.hyper_parameters.lora_alpha: "
+        f"[{', '.join(str(i) for i in range(1, 21))}]\n")
+    proc = cli("--preset", "light", "--pr-args", str(comment), "--plan", "--artifact-dir",
+               str(tmp_path / "p"))
+    assert proc.returncode == 2
+    assert "8000 cells, over matrix.max_cells (256)" in proc.stderr
+    assert "learning_rate (20) x hyper_parameters.r (20) x hyper_parameters.lora_alpha (20)" \
+        in proc.stderr
