@@ -21,7 +21,6 @@ in parallel worker processes.
 
 from __future__ import annotations
 
-import errno
 import fnmatch
 import json
 import os
@@ -38,7 +37,7 @@ from pydantic import BaseModel, Field, ValidationError
 from analysis.discovery import ResultDir
 from analysis.environment import env_settings
 from analysis.errors import ConfigError
-from analysis.safeio import write_bytes
+from analysis.safeio import RefusedInput, open_regular, write_bytes
 from analysis.yamlio import load_yaml_text
 
 __all__ = [
@@ -232,30 +231,17 @@ class FileReader:
             self._fingerprint(rel, None)
             raise
         self._fingerprint(rel, st)  # a link's own: its change re-parses
-        if stat.S_ISLNK(st.st_mode):
-            self.problem(rel, _SYMLINK_PROBLEM)
-            return None
-        if not stat.S_ISREG(st.st_mode):
-            self.problem(rel, "not a regular file: not read")
-            return None
-        if limit is not None and st.st_size > limit:
-            self.problem(rel, f"{st.st_size} bytes, over the {limit} read whole: not read")
-            return None
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError as exc:
-            if exc.errno != errno.ELOOP:
-                raise
-            self.problem(rel, _SYMLINK_PROBLEM)  # swapped for a link since the lstat
+            # the one way an untrusted file is opened (analysis.safeio), given this lstat
+            return open_regular(path, max_bytes=limit, known=st)
+        except RefusedInput as exc:
+            self.problem(rel, {
+                "link": _SYMLINK_PROBLEM,
+                "special": "not a regular file: not read",
+                "size": f"{st.st_size} bytes, over the {limit} read whole: not read",
+                "replaced": "replaced while being read: not read",
+            }.get(exc.kind, f"unreadable: {exc.reason}"))
             return None
-        now = os.fstat(fd)
-        if not stat.S_ISREG(now.st_mode) or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
-            os.close(fd)
-            self.problem(rel, "replaced while being read: not read")
-            return None
-        # O_NONBLOCK stays: it changes nothing for a regular file, and clearing it costs two
-        # more system calls a file
-        return fd
 
     def _open(self, rel: str, *, limit: int | None, required: bool,
               binary: bool = False, raw: bool = False) -> IO[Any] | None:

@@ -41,11 +41,13 @@ from analysis.redact import redact, redact_bytes
 
 __all__ = [
     "OutputError",
+    "RefusedInput",
     "UnreadableInputError",
     "UnsafeOutputError",
     "atomic_open",
     "copy_file",
     "open_append",
+    "open_regular",
     "read_bounded",
     "read_text_bounded",
     "write_bytes",
@@ -222,12 +224,9 @@ def copy_file(source: str | Path, target: str | Path, *, chunk: int = 1 << 20) -
         OutputError: The target could not be written.
     """
     try:
-        fd = os.open(source, os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _CLOEXEC)
-    except OSError as exc:
-        raise UnreadableInputError(source, _open_reason(exc)) from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise UnreadableInputError(source, "not a regular file")
+        fd = open_regular(source)
+    except RefusedInput as exc:
+        raise UnreadableInputError(source, exc.reason) from None
     with os.fdopen(fd, "rb") as reader:
         with atomic_open(target, "wb") as writer:
             while block := reader.read(chunk):
@@ -266,6 +265,68 @@ def _open_reason(exc: OSError) -> str:
     return f"cannot read: {exc.strerror or exc}"
 
 
+class RefusedInput(Exception):
+    """Why `open_regular` refused a file: ``reason`` (a few words) and ``kind``.
+
+    Not a `TelltaleError`: each reader turns it into its own outcome (an
+    `UnreadableInputError`, or a problem recorded on a parsed run).
+    """
+
+    def __init__(self, reason: str, kind: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.kind = kind  # "link", "special", "size", "replaced", "missing", "error"
+
+
+def open_regular(path: str | Path, *, max_bytes: int | None = None,
+                 follow_links: bool = False, known: os.stat_result | None = None) -> int:
+    """Open a regular file for reading, the one way every untrusted input is opened.
+
+    ``lstat`` first (a device or a FIFO is never even opened: opening some devices acts),
+    then ``open`` without following a link and without blocking, then ``fstat``: it must be
+    the same regular file, so a swap between the check and the open can neither follow a
+    link nor hang on a FIFO.
+
+    Args:
+        path: The file.
+        max_bytes: Refuse a larger file (None: any size; a streaming reader caps its reads).
+        follow_links: Follow a link the user named (a CLI file, a mounted secret).
+        known: The caller's own ``lstat`` of ``path`` (a result-tree reader fingerprints it).
+
+    Returns:
+        A read-only file descriptor (non-blocking, which changes nothing for a regular
+        file); the caller closes it.
+
+    Raises:
+        RefusedInput: With ``reason`` and ``kind``; `read_bounded` and the result-tree
+            reader turn it into their own error or recorded problem.
+    """
+    try:
+        st = known if known is not None else (os.stat(path) if follow_links else os.lstat(path))
+    except FileNotFoundError:
+        raise RefusedInput("file not found", "missing") from None
+    except OSError as exc:
+        raise RefusedInput(_open_reason(exc), "error") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise RefusedInput("a symbolic link: not followed", "link")
+    if not stat.S_ISREG(st.st_mode):
+        raise RefusedInput("not a regular file (a FIFO, device or directory is never read)",
+                       "special")
+    if max_bytes is not None and st.st_size > max_bytes:
+        raise RefusedInput(f"{st.st_size} bytes, over the {max_bytes} accepted", "size")
+    try:
+        fd = os.open(path, os.O_RDONLY | (0 if follow_links else _NOFOLLOW) | _NONBLOCK
+                     | _CLOEXEC)
+    except OSError as exc:
+        kind = "link" if exc.errno == errno.ELOOP else "error"
+        raise RefusedInput(_open_reason(exc), kind) from None
+    now = os.fstat(fd)
+    if not stat.S_ISREG(now.st_mode) or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+        os.close(fd)
+        raise RefusedInput("replaced while being read", "replaced")
+    return fd
+
+
 def read_bounded(path: str | Path, max_bytes: int, *, what: str = "file",
                  follow_links: bool = False) -> bytes:
     """Read a whole regular file of at most ``max_bytes`` bytes.
@@ -290,19 +351,10 @@ def read_bounded(path: str | Path, max_bytes: int, *, what: str = "file",
             one line naming the file and the cap.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | (0 if follow_links else _NOFOLLOW) | _NONBLOCK
-                     | _CLOEXEC)
-    except OSError as exc:
-        raise UnreadableInputError(path, _open_reason(exc), what=what) from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise UnreadableInputError(path, "not a regular file (a FIFO, device or directory is "
-                                         "never read)", what=what)
+        fd = open_regular(path, max_bytes=max_bytes, follow_links=follow_links)
+    except RefusedInput as exc:
+        raise UnreadableInputError(path, exc.reason, what=what) from None
     with os.fdopen(fd, "rb") as stream:
-        if st.st_size > max_bytes:
-            raise UnreadableInputError(path, f"{st.st_size} bytes, over the {max_bytes} "
-                                             "accepted", what=what)
         try:
             data = stream.read(max_bytes + 1)
         except OSError as exc:

@@ -36,7 +36,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from analysis.environment import env_settings
-from analysis.errors import TelltaleError
+from analysis.errors import ConfigError, TelltaleError
 from analysis.history import default_history_uri
 from analysis.pipeline import PostprocessOutcome
 from analysis.redact import RedactingFilter
@@ -225,9 +225,13 @@ def _flow_run_id() -> str | None:
 
 
 def _deployment_id() -> str | None:
+    """The deployment of this run, None for a CLI run.
+
+    Prefect's documented runtime field (``PREFECT__RUNTIME__DEPLOYMENT__ID`` sets it in tests).
+    """
     from prefect.runtime import deployment
 
-    return deployment.get_id()
+    return deployment.id or None
 
 
 def settings_hash(settings: dict[str, Any]) -> str:
@@ -494,10 +498,13 @@ def orchestrate(project_name: str, presets: Sequence[str], overrides: dict[str, 
     project = registry.load(project_name)
     if _deployment_id() is not None:
         # A deployment's form is filled in by anyone who can start a run in the UI: its
-        # overrides are held to the PR-comment policy (allow-listed, declared, bounded).
+        # overrides are held to the PR-comment policy (allow-listed, declared, bounded),
+        # and its artifact dir must be a dir of the deployed runs root.
         policy = policy_for(project_name)
         for key, value in (overrides or {}).items():
             check_untrusted(key, value, policy, source="deployment form")
+        if artifact_dir:
+            _inside_runs_root(artifact_dir, runs_root(deployed=True))
     config = resolve(project_name, presets=presets, overrides=overrides or {})
     model = config.model
     clusters = model.clusters
@@ -559,6 +566,19 @@ def orchestrate(project_name: str, presets: Sequence[str], overrides: dict[str, 
         _write_outcome(root, outcome)
         emit_run_events(project.name, outcome, model.notify, run_id)
     return outcome
+
+
+def _inside_runs_root(artifact_dir: str, root: Path) -> None:
+    """Refuse a deployment form's artifact dir outside the deployed runs root.
+
+    Raises:
+        ConfigError: The dir resolves elsewhere (``/etc``, ``../..``, a link out).
+    """
+    base = root.resolve()
+    wanted = (base / artifact_dir).resolve()
+    if wanted == base or not wanted.is_relative_to(base):
+        raise ConfigError(f"artifact_dir {artifact_dir!r} from a deployment form must be a "
+                          f"dir inside {base} (TELLTALE_RUNS_DIR)", key="artifact_dir")
 
 
 def _leftover(error: BaseException, root: Path) -> str:

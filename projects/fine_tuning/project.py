@@ -31,6 +31,7 @@ from projects.fine_tuning.manifests import DATA_SOURCE_LABEL, cell_manifests
 from projects.fine_tuning.models import ConfigModel, FineTuningTest, TestSettings
 from projects.fine_tuning.parser import FineTuningParser, FineTuningResult
 from projects.fine_tuning.trainer import trainer_config
+from projects.library.data import data_file
 from projects.library.runs import run_timestamps, run_uuid
 
 __all__ = ["PROJECT", "WORKLOAD_MODULE"]
@@ -38,6 +39,7 @@ __all__ = ["PROJECT", "WORKLOAD_MODULE"]
 WORKLOAD_MODULE = "projects.fine_tuning.workload.train_local"
 _LOCAL_EXTRA = ("torch", "transformers", "peft", "accelerate", "tokenizers")
 _FOLDER = Path(__file__).resolve().parent
+DATASET_KEY = "tests.fine_tuning.test_settings.dataset_name"
 
 
 def _as_ft(result: ParsedResult) -> FineTuningResult:
@@ -71,7 +73,9 @@ def local_workload(ctx: CellContext) -> LocalWorkload:
     """The trainer stack in miniature: its config file and ``python -m`` command."""
     settings, test = _settings(ctx), _test(ctx)
     spec = test.local_models[settings["model_name"]]
-    config = trainer_config(settings, str(ctx.data_dir / settings["dataset_name"]),
+    dataset = data_file(ctx.data_dir, settings["dataset_name"], key=DATASET_KEY,
+                        what="dataset")
+    config = trainer_config(settings, str(dataset),
                             str(ctx.workdir / SCRATCH_DIR / "output"),
                             local_model=spec.model_dump(), logging_steps=10)
     config_file = ctx.workdir / "src" / "config_final.json"
@@ -90,11 +94,7 @@ def check_local(cells: Sequence[CellContext]) -> dict[str, Any]:
     datasets = sorted({str(s["dataset_name"]) for s in settings})
     data_dir = _FOLDER / "data"
     for name in datasets:
-        if not (data_dir / name).is_file():
-            available = sorted(p.name for p in data_dir.glob("*.json*"))
-            raise ConfigError(f"dataset {name!r} not found in {data_dir}; available: "
-                              f"{', '.join(available) or '(none)'}",
-                              key="tests.fine_tuning.test_settings.dataset_name")
+        data_file(data_dir, name, key=DATASET_KEY, what="dataset")
     models = sorted({str(s["model_name"]) for s in settings})
     local_models = _test(cells[0]).local_models if cells else {}
     for name in models:

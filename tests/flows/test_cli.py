@@ -262,3 +262,114 @@ def test_a_huge_matrix_from_three_lines_is_refused_at_once(tmp_path: Path) -> No
     assert "8000 cells, over matrix.max_cells (256)" in proc.stderr
     assert "learning_rate (20) x hyper_parameters.r (20) x hyper_parameters.lora_alpha (20)" \
         in proc.stderr
+
+
+def _deep(levels: int) -> str:
+    return "".join(f"{'  ' * i}k{i}:\n" for i in range(levels)) + "  " * levels + "leaf: 1\n"
+
+
+@pytest.mark.parametrize("how", ["var", "vars-file", "env", "pr-args"])
+def test_deep_yaml_is_one_line_exit_2_on_every_path(tmp_path: Path, how: str) -> None:
+    flow = "[" * 300 + "]" * 300
+    key = "tests.fine_tuning.test_settings.hyper_parameters.r"
+    args: list[str] = ["--preset", "light", "--plan", "--artifact-dir", str(tmp_path / "p")]
+    env = None
+    if how == "var":
+        args += ["--var", f"{key}={flow}"]
+    elif how == "vars-file":
+        (tmp_path / "v.yaml").write_text(_deep(300))
+        args += ["--vars-file", str(tmp_path / "v.yaml")]
+    elif how == "env":
+        env = {"TELLTALE__tests__fine_tuning__test_settings__hyper_parameters__r": flow}
+    else:
+        (tmp_path / "c.txt").write_text(f"/var {key}: {flow}\n")
+        args += ["--pr-args", str(tmp_path / "c.txt")]
+    proc = cli(*args, env=env)
+    assert proc.returncode == 2 and "deeper than 64 levels" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("source", ["/dev/zero", "fifo", "big"])
+def test_pr_args_are_read_bounded(tmp_path: Path, source: str) -> None:
+    path = tmp_path / source
+    if source == "fifo":
+        os.mkfifo(path)  # nobody writes: a blocking read would hang
+    elif source == "big":
+        path.write_text("/var x: 1\n" * 10_000)  # 100 KB
+    else:
+        path = Path(source)
+    proc = cli("--preset", "light", "--pr-args", str(path), "--plan", "--artifact-dir",
+               str(tmp_path / "p"))
+    assert proc.returncode == 2, proc.stderr
+    assert ("not a regular file" in proc.stderr) or ("over the 65536" in proc.stderr)
+
+
+@pytest.mark.parametrize(("args", "env", "words"), [
+    (["--plan"], {"TELLTALE_FORCE_REPARSE": "maybe"}, "TELLTALE_FORCE_REPARSE"),
+    (["--var", "tests.fine_tuning.namespace=Has\"Quotes"], None, "tests.fine_tuning.namespace"),
+    (["--var", "tests.fine_tuning.namespace=" + "n" * 64], None, "tests.fine_tuning.namespace"),
+])
+def test_late_user_errors_come_first_in_one_line(tmp_path: Path, args: list[str],
+                                                  env: dict | None, words: str) -> None:
+    proc = cli("--preset", "light", *args, "--artifact-dir", str(tmp_path / "r"), env=env)
+    assert proc.returncode == 2 and words in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists() or not any((tmp_path / "r").glob("*__*"))
+
+
+def test_an_llm_serving_group_with_a_bad_name_is_refused_at_plan_time(tmp_path: Path) -> None:
+    for preset in ("light", "gpu"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "flows.llm_serving", "--preset", preset, "--plan",
+             "--var", "tests.llm_serving.test_extra_settings=[{name: 'a b c'}]",
+             "--artifact-dir", str(tmp_path / preset)],
+            capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2 and "test_settings.name" in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_results_dir_loop_and_janitor_without_kubeconfig_are_one_line(tmp_path: Path) -> None:
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    proc = subprocess.run([sys.executable, "-m", "analysis", str(loop), "--project",
+                           "fine_tuning", "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    proc = subprocess.run([sys.executable, "-m", "flows.cleanup", "--older-than", "1.5h"],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "KUBECONFIG": str(tmp_path / "none"),
+                               "HOME": str(tmp_path)})
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        "error: no kubeconfig: pass --kubeconfig or set KUBECONFIG")
+
+
+def test_terminal_escapes_from_input_are_shown_not_obeyed(tmp_path: Path) -> None:
+    comment = tmp_path / "c.txt"
+    comment.write_text('/var tests.fine_tuning.test_settings.name: "x\\e[2Jy\\u202e"\n')
+    for args in (["--var", 'tests.fine_tuning.test_settings.name="x\\e]8;;http://a\\e\\\\y"'],
+                 ["--pr-args", str(comment)]):
+        proc = cli("--preset", "light", *args, "--plan", "--artifact-dir", str(tmp_path / "p"))
+        assert proc.returncode == 2, proc.stderr
+        assert "\x1b" not in proc.stderr + proc.stdout
+        assert "\u202e" not in proc.stderr + proc.stdout
+
+
+def test_out_of_range_values_in_a_results_tree_are_problems(tmp_path: Path) -> None:
+    from datetime import UTC, datetime
+
+    from tests.factories import make_result_dir
+
+    results = tmp_path / "results"
+    for i in range(4):
+        make_result_dir(results, f"00{i}__cell", start=datetime(2026, 1, 1 + i, tzinfo=UTC))
+    huge = make_result_dir(results, "004__cell", seed=4)
+    (huge / "exit_code").write_text("99999999999999999999\n")
+    late = make_result_dir(results, "005__cell", seed=5)
+    (late / "test_start_end.json").write_text(json.dumps(
+        {"start": "9999-12-31T00:00:00+00:00", "end": "9999-12-31T01:00:00+00:00"}))
+    proc = subprocess.run([sys.executable, "-m", "analysis", str(results), "--project",
+                           "fine_tuning", "--out", str(tmp_path / "o"), "--history",
+                           str(tmp_path / "h"), "--quiet"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "1 dir(s) skipped" in proc.stdout and "Traceback" not in proc.stderr

@@ -344,3 +344,26 @@ def test_the_crash_hook_releases_a_lease_with_the_saved_configs_secret_reference
                                     deployment_id=None)
         hook(None, run, None)
         assert not quads.assignments[lease.assignment_id]["active"]
+
+
+@pytest.mark.parametrize(("overrides", "artifact", "words"), [
+    ({"export_artifacts.s3.endpoint_url": "http://attacker.example"}, None, "may not set"),
+    ({"tests.fine_tuning.test_settings.container_image": "evil.example/x"}, None,
+     "image registry"),
+    ({}, "/etc", "must be a dir inside"),
+    ({}, "../../elsewhere", "must be a dir inside"),
+])
+def test_a_deployment_forms_values_are_untrusted(run_fake, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch,
+                                                 overrides: dict, artifact: str | None,
+                                                 words: str) -> None:
+    from analysis.errors import ConfigError
+    from flows.orchestration import orchestrate
+
+    # what Prefect's runtime reports inside a deployment's run
+    monkeypatch.setenv("PREFECT__RUNTIME__DEPLOYMENT__ID", "5f1d6a4e-0000-4000-8000-000000000001")
+    monkeypatch.setenv("TELLTALE_RUNS_DIR", str(tmp_path / "runs"))
+    with pytest.raises(ConfigError, match=words):
+        orchestrate("fine_tuning", ["light"], overrides, "local", artifact,
+                    platform_factory=lambda name: FakePlatform())
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())

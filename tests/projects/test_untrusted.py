@@ -301,3 +301,17 @@ def test_secret_references_may_be_overridden_and_url_passwords_are_masked_everyw
     assert "Url-pw-123" in known_secrets()
     write_text(tmp_path / "log.txt", "connecting with Url-pw-123 now")
     assert (tmp_path / "log.txt").read_text() == "connecting with *** now"
+
+
+def test_a_data_name_never_resolves_outside_the_data_dir(tmp_path: Any) -> None:
+    from projects.library.data import data_file
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "ok.jsonl").write_text("{}\n")
+    (tmp_path / "secret.txt").write_text("x")
+    (data / "link.jsonl").symlink_to(tmp_path / "secret.txt")
+    assert data_file(data, "ok.jsonl", key="k") == (data / "ok.jsonl").resolve()
+    for name in ("link.jsonl", "../secret.txt", "missing.jsonl", str(tmp_path / "secret.txt")):
+        with pytest.raises(ConfigError):
+            data_file(data, name, key="k")
