@@ -452,11 +452,11 @@ def _refuse_secret_values(key: str, value: Any, source: str) -> None:
     every document built from them.
 
     Keys of the top-level ``secrets`` block hold references (file and block names) and may
-    be set. A password inside a URL is accepted and registered, so that every sink masks it.
+    be set.
 
     Raises:
         ConfigError: A secret-named key (``hf_token``, ``api_key``, ``password``...) at any
-            depth of the override.
+            depth of the override, or a URL with a password in it; the value is not shown.
     """
     if key.split(".", 1)[0] in REFERENCE_BLOCKS:
         return
@@ -471,9 +471,11 @@ def _refuse_secret_values(key: str, value: Any, source: str) -> None:
             stack += [(f"{path}.{k}", v) for k, v in item.items()]
         elif isinstance(item, list):
             stack += [(path, v) for v in item]
-        elif isinstance(item, str):
-            for password in _URL_PASSWORDS.findall(item):
-                register_secret(password)
+        elif isinstance(item, str) and _URL_PASSWORDS.search(item):
+            register_secret(_URL_PASSWORDS.search(item).group(1))  # masked if it got out
+            raise ConfigError(f"a URL with a password ({source}): a credential never comes "
+                              "as an override; give the password in the secret dir (S3: "
+                              "secrets.s3_credentials) and the URL without it", key=path)
 
 
 _URL_PASSWORDS = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:([^/\s@]+)@")

@@ -289,16 +289,19 @@ def test_a_secret_never_comes_as_an_override(key: str, value: Any) -> None:
     assert "abcd-secret" not in str(info.value)
 
 
-def test_secret_references_may_be_overridden_and_url_passwords_are_masked_everywhere(
+def test_secret_references_may_be_overridden_and_url_passwords_may_not(
         tmp_path: Any) -> None:
     from analysis.redact import known_secrets
     from analysis.safeio import write_text
 
     config = resolve("fine_tuning", presets=["light"], overrides={
-        "secrets.s3_credentials": "other.env",
-        "export_artifacts.s3.endpoint_url": "https://u:Url-pw-123@s3.example.com"}, env={})
+        "secrets.s3_credentials": "other.env"}, env={})
     assert config.get("secrets.s3_credentials") == "other.env"
-    assert "Url-pw-123" in known_secrets()
+    with pytest.raises(ConfigError, match="URL with a password") as info:
+        resolve("fine_tuning", presets=["light"], overrides={
+            "export_artifacts.s3.endpoint_url": "https://u:Url-pw-123@s3.example.com"}, env={})
+    assert "Url-pw-123" not in str(info.value)
+    assert "Url-pw-123" in known_secrets()  # and masked wherever it would be written
     write_text(tmp_path / "log.txt", "connecting with Url-pw-123 now")
     assert (tmp_path / "log.txt").read_text() == "connecting with *** now"
 
