@@ -36,6 +36,7 @@ from analysis.lts import LtsKpi, LtsMetadata, LtsPayload, require_complete
 from analysis.parsing import ParsedResult, parse_dirs
 from analysis.progress import StageProgress
 from analysis.project import AnalysisProject, load_project
+from analysis.redact import redact, redact_bytes
 from analysis.regression import verdict
 from analysis.safeio import atomic_open, write_text
 from analysis.settings import AnalysisSettings
@@ -167,7 +168,7 @@ def analyse_run(project: AnalysisProject, result: ParsedResult,
         project=project.name, run_uuid=run_uuid, start=start, end=end,
         presets=list(presets) if presets is not None else parsed_presets,
         config=config_text if config_text is not None else getattr(result, "config_text", None),
-        settings=result.settings, exit_code=result.exit_code, status=_status(result),
+        settings=redact(result.settings), exit_code=result.exit_code, status=_status(result),
         test_path=result.rel_path,
     )
     payload = LtsPayload(
@@ -472,7 +473,7 @@ def _write_json_array(path: str, items: Iterable[bytes]) -> None:
         for index, item in enumerate(items):
             if index:
                 stream.write(b",")
-            stream.write(item)
+            stream.write(redact_bytes(item))  # a sink: registered secrets masked
         stream.write(b"]")
 
 

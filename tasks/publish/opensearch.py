@@ -26,6 +26,7 @@ import pandas as pd
 from analysis.errors import PermanentServiceError, TransientServiceError
 from analysis.kpi import BASE_COLUMNS
 from analysis.lts import LtsPayload
+from analysis.redact import redact
 from blocks.opensearch import OpenSearchInstance
 from tasks.retry import RetryPolicy, call_with_retries
 
@@ -137,7 +138,8 @@ def bulk_index(client: Any, index: str, documents: Iterable[tuple[str, dict[str,
     from opensearchpy import helpers
 
     actions = [{"_op_type": "index", "_index": index, "_id": doc_id,
-                "_source": json.loads(json.dumps(body, default=str))}
+                # a sink: secrets masked by key and by value (analysis.redact)
+                "_source": redact(json.loads(json.dumps(body, default=str)))}
                for doc_id, body in documents]
     if not actions:
         return 0

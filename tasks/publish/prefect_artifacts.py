@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.pipeline import PostprocessOutcome
+from analysis.redact import redact, redact_text
 
 __all__ = ["artifact_key", "publish_results"]
 
@@ -45,6 +46,7 @@ def publish_results(flow: str, outcome: PostprocessOutcome, cells: Sequence[dict
              "baseline": _fmt(v.baseline), "change %": _fmt(v.change_pct, 3),
              "verdict": v.verdict, "confidence": _fmt(v.confidence, 2)}
             for v in outcome.verdicts]
+    rows = redact(rows)  # a sink: secrets masked by key and by value
     create_table_artifact(table=rows, key=artifact_key(flow, "kpis"),
                           description=f"KPIs and regression verdicts ({len(rows)} rows)")
     counts = ", ".join(f"{k}: {n}" for k, n in sorted(outcome.verdict_counts.items())) or "none"
@@ -60,7 +62,8 @@ def publish_results(flow: str, outcome: PostprocessOutcome, cells: Sequence[dict
     lines += [f"| {c['name']} | {c['status']} | {c.get('exit_code', '')} |" for c in cells]
     if outcome.gate_failures:
         lines += ["", "## Gate failures", *[f"- {f}" for f in outcome.gate_failures]]
-    create_markdown_artifact(markdown="\n".join(lines), key=artifact_key(flow, "summary"),
+    create_markdown_artifact(markdown=redact_text("\n".join(lines)),
+                             key=artifact_key(flow, "summary"),
                              description="Run summary")
     if outcome.report:
         create_link_artifact(link=Path(outcome.report).resolve().as_uri(),

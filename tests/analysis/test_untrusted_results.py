@@ -234,3 +234,19 @@ def test_generated_trees_never_escape_as_another_error(
     for written in out.rglob("*"):
         if written.is_file():
             assert SECRET.encode() not in written.read_bytes()
+
+
+def test_a_secret_in_an_imported_trees_settings_reaches_no_output(tmp_path: Path) -> None:
+    from analysis.redact import register_secret
+
+    results = tmp_path / "results"
+    make_result_dir(results, "000__cell", settings={"hf_token": "Hf-Tok3n-not-shown",
+                                                    "note": "key Env-s3cret-xyz"})
+    register_secret("Env-s3cret-xyz")  # as if read from a secret file of this run
+    out = tmp_path / "out"
+    postprocess(results, "fine_tuning", out, history_uri=str(tmp_path / "history"))
+    for path in [*out.rglob("*"), *(tmp_path / "history").rglob("*")]:
+        if path.is_file() and path.suffix != ".parquet":
+            data = path.read_bytes()
+            assert b"Hf-Tok3n-not-shown" not in data, path
+            assert b"Env-s3cret-xyz" not in data, path
