@@ -57,6 +57,8 @@ MAX_TEXT = 256
 """Longest string an untrusted source may set."""
 MAX_LIST = 64
 """Most values in one list an untrusted source may set."""
+MAX_DEPTH = 32
+"""Deepest nesting of an untrusted value (a deployment form's JSON has no YAML loader)."""
 
 _GROUP_FIELDS = ("test_extra_settings", "skip_if")
 """TestBlock fields holding lists of mappings keyed by dotted paths into test_settings."""
@@ -151,6 +153,8 @@ class _Checker:
 
     def value(self, key: str, value: Any, annotation: Any, metadata: Sequence[Any] = (),
               settings: type[BaseModel] | None = None, group: bool = False) -> None:
+        if key.count(".") + key.count("[") > MAX_DEPTH:  # a form's JSON is not depth-bounded
+            raise self.fail(key.split(".", 1)[0], f"nested deeper than {MAX_DEPTH} levels")
         if group:
             return self.groups(key, value, settings)
         if isinstance(value, Mapping):

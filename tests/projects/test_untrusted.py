@@ -318,3 +318,18 @@ def test_a_data_name_never_resolves_outside_the_data_dir(tmp_path: Any) -> None:
     for name in ("link.jsonl", "../secret.txt", "missing.jsonl", str(tmp_path / "secret.txt")):
         with pytest.raises(ConfigError):
             data_file(data, name, key="k")
+
+
+def test_a_deep_form_value_is_refused_not_a_recursion_error() -> None:
+    value: Any = 1
+    for _ in range(5000):
+        value = [value]
+    with pytest.raises(ConfigError, match="deeper than"):
+        check_untrusted("tests.fine_tuning.test_settings.hyper_parameters.r", value,
+                        policy_for("fine_tuning"), source="deployment form")
+    nested: Any = {"r": 1}
+    for _ in range(5000):
+        nested = {"hyper_parameters": nested}
+    with pytest.raises(ConfigError):
+        check_untrusted("tests.fine_tuning.test_settings", nested,
+                        policy_for("fine_tuning"), source="deployment form")
