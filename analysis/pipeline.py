@@ -38,7 +38,7 @@ from analysis.progress import StageProgress
 from analysis.project import AnalysisProject, load_project
 from analysis.redact import redact, redact_bytes
 from analysis.regression import verdict
-from analysis.safeio import atomic_open, write_text
+from analysis.safeio import atomic_open, output_root, write_text
 from analysis.settings import AnalysisSettings
 from analysis.yamlio import dump_yaml, load_yaml
 
@@ -524,36 +524,37 @@ def postprocess(
     hooks = load_project(project) if isinstance(project, str) else project
     settings = settings or settings_for(hooks, results_dir)
     out_dir = Path(out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    # Each run's LTS payload goes to a spool file as it is analysed and only its metadata
-    # stays in memory (6 KB a run: 60 MB at 10 000 runs); lts_payload.json is written from
-    # the spool once the verdicts are known.
-    places: dict[int, tuple[int, int]] = {}  # id(run) -> (offset, length) in the spool
-    # An anonymous file (no name a results tree could have planted a link under)
-    with tempfile.TemporaryFile(dir=out_dir, prefix=".lts_payload.spool") as spool:
-        def keep(run: RunAnalysis) -> None:
-            require_complete(run.payload, settings.mode)
-            data = run.payload.model_dump_json(exclude={"regression"}).encode()
-            places[id(run)] = (spool.tell(), len(data))
-            spool.write(data)
-            # Every field given (model_construct computes a missing default through
-            # inspect.signature: 0.75 ms a run) and one shared fields set: a copy's own
-            # sets were ~1 KB a run.
-            metadata = run.payload.metadata
-            run.payload = LtsPayload.model_construct(
-                _fields_set=_PAYLOAD_FIELDS, **{
-                    **run.payload.__dict__, "results": {}, "kpis": {}, "problems": [],
-                    "metadata": LtsMetadata.model_construct(
-                        _fields_set=_METADATA_FIELDS,
-                        **{**metadata.__dict__, "settings": None, "config": None})})
+    with output_root(out_dir):
+        out_dir.mkdir(parents=True, exist_ok=True)
+        # Each run's LTS payload goes to a spool file as it is analysed and only its metadata
+        # stays in memory (6 KB a run: 60 MB at 10 000 runs); lts_payload.json is written from
+        # the spool once the verdicts are known.
+        places: dict[int, tuple[int, int]] = {}  # id(run) -> (offset, length) in the spool
+        # An anonymous file (no name a results tree could have planted a link under)
+        with tempfile.TemporaryFile(dir=out_dir, prefix=".lts_payload.spool") as spool:
+            def keep(run: RunAnalysis) -> None:
+                require_complete(run.payload, settings.mode)
+                data = run.payload.model_dump_json(exclude={"regression"}).encode()
+                places[id(run)] = (spool.tell(), len(data))
+                spool.write(data)
+                # Every field given (model_construct computes a missing default through
+                # inspect.signature: 0.75 ms a run) and one shared fields set: a copy's own
+                # sets were ~1 KB a run.
+                metadata = run.payload.metadata
+                run.payload = LtsPayload.model_construct(
+                    _fields_set=_PAYLOAD_FIELDS, **{
+                        **run.payload.__dict__, "results": {}, "kpis": {}, "problems": [],
+                        "metadata": LtsMetadata.model_construct(
+                            _fields_set=_METADATA_FIELDS,
+                            **{**metadata.__dict__, "settings": None, "config": None})})
 
-        found, runs, skipped, (failed, problems) = _analyse_tree(
-            results_dir, hooks, presets, config_text, force=force,
-            trust_cache=trust_cache, keep=keep)
-        outcome = _write_outputs(
-            out_dir, hooks, settings, found, runs, skipped, failed, problems,
-            spool, places, history_uri=history_uri, history=history,
-            append_history=append_history, report=report)
+            found, runs, skipped, (failed, problems) = _analyse_tree(
+                results_dir, hooks, presets, config_text, force=force,
+                trust_cache=trust_cache, keep=keep)
+            outcome = _write_outputs(
+                out_dir, hooks, settings, found, runs, skipped, failed, problems,
+                spool, places, history_uri=history_uri, history=history,
+                append_history=append_history, report=report)
     return outcome
 
 

@@ -27,6 +27,7 @@ blocking read), no link followed, and a size cap checked before and while readin
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import errno
 import json
 import os
@@ -48,6 +49,7 @@ __all__ = [
     "copy_file",
     "open_append",
     "open_regular",
+    "output_root",
     "read_bounded",
     "read_text_bounded",
     "write_bytes",
@@ -95,7 +97,42 @@ class UnreadableInputError(UserError):
         super().__init__(f"{what} {self.path}: {reason}")
 
 
+_ROOTS: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
+    "telltale_output_roots", default=())
+
+
+@contextlib.contextmanager
+def output_root(path: str | Path) -> Iterator[Path]:
+    """Make writes under ``path`` refuse a link anywhere below it, not only at the target.
+
+    A planted ``report -> /elsewhere`` dir would otherwise take every page. The root itself
+    may be a link (the user named it); each dir between it and a target is checked with
+    ``lstat`` before the write.
+    """
+    token = _ROOTS.set((*_ROOTS.get(), os.path.abspath(path)))
+    try:
+        yield Path(path)
+    finally:
+        _ROOTS.reset(token)
+
+
+def _check_parents(target: Path) -> None:
+    parent = os.path.abspath(os.path.dirname(target))
+    for root in _ROOTS.get():
+        if parent != root and not parent.startswith(root + os.sep):
+            continue
+        current = root
+        for part in parent[len(root):].split(os.sep):
+            if not part:
+                continue
+            current = os.path.join(current, part)
+            if os.path.islink(current):
+                raise UnsafeOutputError(f"{current} on its way is a symbolic link; Telltale "
+                                        "never writes through a link", path=target)
+
+
 def _check_target(path: Path) -> None:
+    _check_parents(path)
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -242,6 +279,7 @@ def open_append(path: str | Path) -> IO[bytes]:
         OutputError: It cannot be opened.
     """
     target = Path(path)
+    _check_parents(target)
     try:
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND | _NOFOLLOW | _NONBLOCK
                      | _CLOEXEC, 0o644)

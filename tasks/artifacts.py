@@ -35,7 +35,7 @@ from pydantic import BaseModel
 
 from analysis.errors import StepError, is_transient
 from analysis.redact import RedactingFilter, redact
-from analysis.safeio import open_append, write_text
+from analysis.safeio import open_append, output_root, write_text
 from analysis.yamlio import dump_yaml
 
 __all__ = [
@@ -81,7 +81,8 @@ def use_artifact_dir(path: str | Path) -> Iterator[Path]:
     resolved.mkdir(parents=True, exist_ok=True)
     token = ARTIFACT_DIR.set(resolved)
     try:
-        yield resolved
+        with output_root(resolved):  # no write goes through a link planted below it
+            yield resolved
     finally:
         ARTIFACT_DIR.reset(token)
 

@@ -242,3 +242,39 @@ def test_bounded_read_takes_exactly_what_fits(tmp_path_factory: pytest.TempPathF
     else:
         with pytest.raises(UnreadableInputError):
             read_bounded(path, cap)
+
+
+@given(depth=st.integers(min_value=0, max_value=3), where=st.integers(min_value=0, max_value=3))
+def test_a_link_anywhere_below_an_output_root_is_refused(
+        tmp_path_factory: pytest.TempPathFactory, depth: int, where: int) -> None:
+    from analysis.safeio import output_root
+
+    root = tmp_path_factory.mktemp("out")
+    outside = tmp_path_factory.mktemp("outside")
+    parts = [f"d{i}" for i in range(depth + 1)]
+    where = min(where, depth)
+    current = root
+    for index, part in enumerate(parts):
+        current = current / part
+        if index == where:
+            current.symlink_to(outside, target_is_directory=True)
+            break
+        current.mkdir()
+    target = root.joinpath(*parts, "index.html")
+    with output_root(root), pytest.raises(UnsafeOutputError, match="on its way"):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_text(target, "page")
+    assert not any(outside.rglob("index.html"))
+    write_text(target, "outside any root: the caller's own choice")  # no root: allowed
+
+
+def test_the_root_itself_may_be_a_link(tmp_path: Path) -> None:
+    from analysis.safeio import output_root
+
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "named").symlink_to(real, target_is_directory=True)
+    with output_root(tmp_path / "named"):
+        (tmp_path / "named" / "sub").mkdir()
+        write_text(tmp_path / "named" / "sub" / "f.txt", "ok")
+    assert (real / "sub" / "f.txt").read_text() == "ok"
