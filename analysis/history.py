@@ -32,6 +32,7 @@ credentials from the usual AWS environment variables.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import time
@@ -108,8 +109,6 @@ class HistoryConflictError(TelltaleError):
 
 def run_identity(settings: Any, start: str | None) -> str:
     """A run's identity: the hash of its settings and start time (16 hex characters)."""
-    import json
-
     text = json.dumps([settings, start], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

@@ -25,7 +25,7 @@ from pydantic import SecretBytes, SecretStr
 
 __all__ = ["REDACTED", "REFERENCE_BLOCKS", "RedactingFilter", "is_secret_key",
            "known_secrets", "redact", "redact_bytes", "redact_text", "register_secret",
-           "register_secrets_in"]
+           "register_secrets_in", "url_password"]
 
 REDACTED = "***"
 
@@ -48,7 +48,7 @@ def is_secret_key(key: str) -> bool:
     return bool(_SECRET_KEY.search(str(key).rsplit(".", 1)[-1]))
 
 
-_URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)[^/\s@]+@")
+_URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)([^/\s@]+)@")
 
 REFERENCE_BLOCKS = frozenset({"secrets"})
 """Top-level config blocks whose values are references to secrets (file or block names)."""
@@ -101,6 +101,12 @@ def redact_text(text: str) -> str:
     if pattern is not None:
         text = pattern.sub(REDACTED, text)
     return _URL_PASSWORD.sub(rf"\1{REDACTED}@", text)
+
+
+def url_password(text: str) -> str | None:
+    """The password of the first URL in ``text`` that carries one (``https://u:pw@host``)."""
+    found = _URL_PASSWORD.search(text)
+    return found.group(2) if found else None
 
 
 def redact_bytes(data: bytes) -> bytes:

@@ -131,8 +131,9 @@ def _check_parents(target: Path) -> None:
                                         "never writes through a link", path=target)
 
 
-def _check_target(path: Path) -> None:
-    _check_parents(path)
+def _check_target(path: Path, *, parents: bool = True) -> None:
+    if parents:
+        _check_parents(path)
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -213,7 +214,7 @@ def atomic_open(path: str | Path, mode: str = "wb", *, private: bool = False,
                 os.fsync(stream.fileno())
         finally:
             stream.close()
-        _check_target(target)  # a link planted while we wrote is refused too
+        _check_target(target, parents=False)  # a link planted while we wrote is refused too
         os.replace(tmp, target)
         done = True
     except OSError as exc:

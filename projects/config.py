@@ -24,7 +24,6 @@ import contextvars
 import copy
 import difflib
 import os
-import re
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -34,7 +33,14 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from analysis.errors import ConfigError
-from analysis.redact import REDACTED, REFERENCE_BLOCKS, is_secret_key, redact, register_secret
+from analysis.redact import (
+    REDACTED,
+    REFERENCE_BLOCKS,
+    is_secret_key,
+    redact,
+    register_secret,
+    url_password,
+)
 from analysis.safeio import write_text
 from analysis.yamlio import LineMap, dump_yaml, load_yaml, load_yaml_text
 from projects import registry
@@ -471,14 +477,11 @@ def _refuse_secret_values(key: str, value: Any, source: str) -> None:
             stack += [(f"{path}.{k}", v) for k, v in item.items()]
         elif isinstance(item, list):
             stack += [(path, v) for v in item]
-        elif isinstance(item, str) and _URL_PASSWORDS.search(item):
-            register_secret(_URL_PASSWORDS.search(item).group(1))  # masked if it got out
+        elif isinstance(item, str) and (password := url_password(item)) is not None:
+            register_secret(password)  # masked if it got out
             raise ConfigError(f"a URL with a password ({source}): a credential never comes "
                               "as an override; give the password in the secret dir (S3: "
                               "secrets.s3_credentials) and the URL without it", key=path)
-
-
-_URL_PASSWORDS = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:([^/\s@]+)@")
 
 
 def json_schema(project: str) -> dict[str, Any]:

@@ -19,7 +19,6 @@ import contextvars
 import fcntl
 import functools
 import inspect
-import json
 import logging
 import os
 import re
@@ -35,7 +34,7 @@ from pydantic import BaseModel
 
 from analysis.errors import StepError, is_transient
 from analysis.redact import RedactingFilter, redact
-from analysis.safeio import open_append, output_root, write_text
+from analysis.safeio import open_append, output_root, write_json, write_text
 from analysis.yamlio import dump_yaml
 
 __all__ = [
@@ -46,7 +45,6 @@ __all__ = [
     "retry_on_transient",
     "step",
     "use_artifact_dir",
-    "write_json",
 ]
 
 P = ParamSpec("P")
@@ -177,11 +175,6 @@ def _plain(value: Any) -> Any:
         return value
     # Secret-bearing objects (clients, credentials) must write their own safe repr.
     return repr(value)
-
-
-def write_json(path: Path, data: Any) -> None:
-    """Write ``data`` as indented JSON (non-JSON values as their ``str``)."""
-    write_text(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
 def retry_on_transient(task: Any, task_run: Any, state: Any) -> bool:

@@ -25,10 +25,10 @@ from typing import Any
 
 from analysis.environment import env_settings
 from analysis.errors import PermanentServiceError, StepError
-from analysis.safeio import write_text
+from analysis.safeio import write_json, write_text
 from analysis.yamlio import dump_yaml
 from projects.contract import KubeGate, KubeWorkload, Staging
-from tasks.artifacts import artifact_dir, step, write_json
+from tasks.artifacts import artifact_dir, step
 from tasks.kube.api import MANAGED_BY, RUN_ID_LABEL, Kube, api_client
 
 __all__ = [

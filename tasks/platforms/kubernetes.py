@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from analysis.errors import ConfigError
-from analysis.safeio import write_text
+from analysis.safeio import write_json, write_text
 from blocks.s3 import S3Target
 from projects.matrix import Cell
-from tasks.artifacts import artifact_dir, step, write_json
+from tasks.artifacts import artifact_dir, step
 from tasks.kube import prepare as kube_prepare
 from tasks.kube.api import Kube, api_client
 from tasks.kube.lock import cluster_lock
