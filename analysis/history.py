@@ -56,8 +56,11 @@ from analysis.safeio import atomic_open
 
 __all__ = [
     "AUTO_COMPACT_PARTS",
+    "FINGERPRINT",
     "IDENTITY",
+    "RUN_COLUMNS",
     "SCHEMA_VERSION",
+    "VALIDITY",
     "HistoryConflictError",
     "HistorySource",
     "HistoryStore",
@@ -66,6 +69,7 @@ __all__ = [
     "matched_labels",
     "open_filesystem",
     "run_identity",
+    "usable_rows",
 ]
 
 AUTO_COMPACT_PARTS = 64
@@ -80,8 +84,16 @@ QUARANTINE = "quarantine"
 """Sub-directory where unreadable history files are moved (kept for inspection)."""
 IDENTITY = "run_identity"
 """Column holding a run's identity: a hash of its settings and start (`run_identity`)."""
-SCHEMA_VERSION = 2
-"""Version of the parts this code writes (1: before `IDENTITY`)."""
+VALIDITY = "validity"
+"""Column holding a run's validity: valid, invalid or failed (null in older parts: valid).
+Only valid rows are a baseline (`usable_rows`)."""
+FINGERPRINT = "fingerprint"
+"""Column holding a run's environment fingerprint (JSON, `analysis.fingerprint`)."""
+RUN_COLUMNS = (IDENTITY, VALIDITY, FINGERPRINT)
+"""Per-run columns that are not labels: never matched when selecting a history."""
+SCHEMA_VERSION = 3
+"""Version of the parts this code writes (1: before `IDENTITY`; 2: before `VALIDITY` and
+`FINGERPRINT`)."""
 _VERSION_KEY = b"telltale.history.schema"
 
 
@@ -535,8 +547,16 @@ def _part_problem(schema: pa.Schema) -> str | None:
 def matched_labels(labels: Mapping[str, str | None], compared_label: str | None,
                    ignored_labels: Iterable[str]) -> dict[str, str | None]:
     """The labels a history row must match: all but the compared and ignored ones."""
-    skip = set(ignored_labels) | {compared_label} | set(BASE_COLUMNS) | {IDENTITY}
+    skip = set(ignored_labels) | {compared_label} | set(BASE_COLUMNS) | set(RUN_COLUMNS)
     return {name: value for name, value in labels.items() if name not in skip}
+
+
+def usable_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows a baseline may use: valid runs (older parts, without the column, are)."""
+    if VALIDITY not in frame.columns or frame.empty:
+        return frame
+    status = frame[VALIDITY]
+    return frame[status.isna() | (status == "valid")]
 
 
 def _safe_name(run_uuid: str) -> str:

@@ -49,6 +49,13 @@ class LtsMetadata(BaseModel):
     exit_code: int | None = Field(default=None, description="The run's exit code.")
     status: RunStatus | None = Field(default=None, description="success, failed or partial.")
     test_path: str | None = Field(default=None, description="Result dir, relative.")
+    validity: Literal["valid", "invalid", "failed"] | None = Field(
+        default=None, description="valid, invalid (a busy machine, a bottlenecked load "
+        "generator...: see validity_reasons) or failed.")
+    validity_reasons: list[str] = Field(default_factory=list, description="Why the run is "
+                                        "not a valid measurement.")
+    fingerprint: dict[str, str] = Field(default_factory=dict, description="The environment: "
+                                        "package versions, data hashes, machine or cluster.")
 
 
 class LtsKpi(BaseModel):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -23,13 +24,17 @@ from pydantic import BaseModel, Field, ValidationError
 from analysis.construct import constructor
 from analysis.discovery import Discovery, SkippedDir, discover
 from analysis.errors import ConfigError, ResultsError
+from analysis.fingerprint import Fingerprint, decode, encode, fingerprint_of, what_changed
 from analysis.history import (
     ALL_KPIS,
+    FINGERPRINT,
     IDENTITY,
+    VALIDITY,
     HistorySource,
     HistoryStore,
     matched_labels,
     run_identity,
+    usable_rows,
 )
 from analysis.kpi import Kpi, compute_kpis, kpi_table, label_strings, openmetrics_lines
 from analysis.lts import LtsKpi, LtsMetadata, LtsPayload, require_complete
@@ -37,9 +42,10 @@ from analysis.parsing import ParsedResult, parse_dirs
 from analysis.progress import StageProgress
 from analysis.project import AnalysisProject, load_project
 from analysis.redact import redact, redact_bytes
-from analysis.regression import verdict
+from analysis.regression import DetectorSettings, minimum_detectable_effect, shift_at, verdict
 from analysis.safeio import atomic_open, output_root, write_text
-from analysis.settings import AnalysisSettings
+from analysis.settings import AnalysisSettings, ValidityPolicy
+from analysis.validity import Validity, judge_validity
 from analysis.yamlio import dump_yaml, load_yaml
 
 __all__ = [
@@ -51,6 +57,7 @@ __all__ = [
     "runs_table",
     "settings_for",
     "suspects",
+    "validity_of_tree",
 ]
 
 logger = logging.getLogger("telltale.analysis")
@@ -74,10 +81,25 @@ class VerdictRow(BaseModel):
                           "regression: a re-run would confirm or withdraw it.")
     history_used: int
     explanation: str
+    validity: str = Field(default="valid", description="valid, invalid or failed: only a "
+                          "valid run is judged.")
+    since_runs: int | None = Field(default=None, description="A regression or improvement: "
+                                   "its level began this many runs back (1: this run).")
+    what_changed: list[str] = Field(default_factory=list, description="Environment "
+                                    "fingerprint differences at and since the change.")
+    suspects: list[str] = Field(default_factory=list, description="Other KPIs of this "
+                                "configuration that moved within one run of the change.")
+    mde_pct: float | None = Field(default=None, description="Minimum detectable effect, %: "
+                                  "the smallest shift this KPI's noise lets the verdict see "
+                                  "(80 % power) with the repeats judged.")
 
 
+NOT_JUDGED = "not_judged"
+"""The verdict of an invalid or failed run: kept and shown, never judged."""
+VERDICT_KINDS = ("regression", "improvement", "no_change", "insufficient_history", NOT_JUDGED)
 _LTS_VERDICT = {"verdict", "baseline", "change_pct", "confidence", "history_used",
-                "explanation"}  # what an LTS payload's regression block keeps of a verdict
+                "explanation", "validity", "what_changed", "suspects",
+                "mde_pct"}  # what an LTS payload's regression block keeps of a verdict
 _new_verdict_row = constructor(VerdictRow)
 # Fields sets shared by every model_construct-ed instance (all fields set): the
 # metadata-only copies of the spooled payloads
@@ -96,6 +118,8 @@ class RunAnalysis(BaseModel):
     payload: LtsPayload
     identity: str = Field(description="Hash of the settings and start (the history refuses "
                           "another run under this uuid).")
+    validity: Validity = Field(default_factory=Validity)
+    fingerprint: Fingerprint = Field(default_factory=dict)
 
 
 class PostprocessOutcome(BaseModel):
@@ -114,6 +138,8 @@ class PostprocessOutcome(BaseModel):
     files: dict[str, str] = Field(default_factory=dict)
     gate_failures: list[str] = Field(default_factory=list,
                                      description="Why the run fails the regression gate.")
+    validity: dict[str, Validity] = Field(default_factory=dict, description="Each run's "
+                                          "validity by its result dir (test path).")
 
 
 def _status(result: ParsedResult) -> Literal["success", "failed", "partial"]:
@@ -153,10 +179,25 @@ def _timestamp(start: str | None, result: ParsedResult) -> str:
     return datetime.fromtimestamp(mtime, UTC).isoformat()
 
 
+def result_validity(project: AnalysisProject, result: ParsedResult,
+                    policy: ValidityPolicy) -> Validity:
+    """One result's validity: the engine's checks on its dir and the project's own."""
+    window = None
+    if project.measured_window is not None and result.exit_code == 0:
+        try:
+            window = project.measured_window(result)
+        except (TypeError, ValueError, AttributeError, KeyError):
+            window = None
+    checks = project.validity
+    return judge_validity(result.path, result.exit_code, policy,
+                          project_reasons=(lambda: checks(result)) if checks else None,
+                          measured_window_s=window, min_window_s=project.min_window_s)
+
+
 def analyse_run(project: AnalysisProject, result: ParsedResult,
                 presets: Sequence[str] | None = None, config_text: str | None = None,
-                ) -> RunAnalysis:
-    """Compute labels, KPIs and the LTS payload of one parsed result."""
+                policy: ValidityPolicy | None = None) -> RunAnalysis:
+    """Compute labels, KPIs, validity, fingerprint and the LTS payload of one result."""
     labels = label_strings(project.labels(result))
     kpis = compute_kpis(project.kpis, result, labels)  # its KPIs share this dict
     start, end = (_usable_time(t) for t in project.timestamps(result))
@@ -164,12 +205,15 @@ def analyse_run(project: AnalysisProject, result: ParsedResult,
     if not isinstance(run_uuid, str):
         raise TypeError(f"the project's run uuid is {type(run_uuid).__name__}, not a string")
     parsed_presets = getattr(result, "presets", None)
+    validity = result_validity(project, result, policy or ValidityPolicy())
+    fingerprint = fingerprint_of(result.path)
     metadata = LtsMetadata(
         project=project.name, run_uuid=run_uuid, start=start, end=end,
         presets=list(presets) if presets is not None else parsed_presets,
         config=config_text if config_text is not None else getattr(result, "config_text", None),
         settings=redact(result.settings), exit_code=result.exit_code, status=_status(result),
-        test_path=result.rel_path,
+        test_path=result.rel_path, validity=validity.status,
+        validity_reasons=validity.reasons, fingerprint=fingerprint,
     )
     payload = LtsPayload(
         metadata=metadata, results=project.results_summary(result),
@@ -180,7 +224,8 @@ def analyse_run(project: AnalysisProject, result: ParsedResult,
     # model_construct: validation would copy the labels its KPIs share; every value is typed
     return RunAnalysis.model_construct(
         result=result, run_uuid=run_uuid, timestamp=_timestamp(start, result), labels=labels,
-        kpis=kpis, payload=payload, identity=run_identity(result.settings, start))
+        kpis=kpis, payload=payload, identity=run_identity(result.settings, start),
+        validity=validity, fingerprint=fingerprint)
 
 
 def settings_for(project: AnalysisProject, results_dir: str | Path) -> AnalysisSettings:
@@ -206,10 +251,14 @@ def settings_for(project: AnalysisProject, results_dir: str | Path) -> AnalysisS
 
 def judge_runs(runs: Sequence[RunAnalysis], store: HistorySource | None,
                settings: AnalysisSettings) -> list[VerdictRow]:
-    """Judge each run's KPIs against the history of runs with matching labels.
+    """Judge each valid run's KPIs against the valid history of runs with matching labels.
 
-    A run a person accepted as a KPI's new baseline (`HistoryStore.accept`) starts that
-    KPI's history: earlier levels no longer count, and its shift is not news.
+    An invalid or failed run is not judged (its rows say why: `NOT_JUDGED`), and only valid
+    history rows make a baseline. A run a person accepted as a KPI's new baseline
+    (`HistoryStore.accept`) starts that KPI's history: earlier levels no longer count, and
+    its shift is not news. A regression or improvement names what changed in the
+    environment at its change point and the KPIs of the configuration that moved with it;
+    every verdict carries the KPI's minimum detectable effect.
     """
     rows: list[VerdictRow] = []
     accepts = getattr(store, "accepted", None)
@@ -220,8 +269,12 @@ def judge_runs(runs: Sequence[RunAnalysis], store: HistorySource | None,
     by_configuration: dict[tuple[tuple[str, str | None], ...], _TimedSeries] = {}
     texts: dict[str, str] = {}  # one copy of each explanation ("3 historical point(s)...")
     progress = StageProgress("judge", len(runs))
-    for group in _repeat_groups(runs):
-        progress.advance(len(group))
+    for whole in _repeat_groups(runs):
+        progress.advance(len(whole))
+        rows.extend(_not_judged(run) for run in whole if not run.validity.valid)
+        group = [run for run in whole if run.validity.valid]
+        if not group:
+            continue
         first = group[0]
         by_kpi: _KpiSeries = {}
         if store is not None:
@@ -237,29 +290,98 @@ def judge_runs(runs: Sequence[RunAnalysis], store: HistorySource | None,
             stamp = min(s if s.tzinfo else s.tz_localize("UTC") for s in stamps) \
                 if stamps else None
             by_kpi = _before(series, stamp, {r.run_uuid for r in group})
-        for kpi in first.kpis:
+        judged_kpis = _judge_group(group, by_kpi, accepted, tuning)
+        for kpi_name, (kpi, repeats, judged, extra) in judged_kpis.items():
             if kpi.ignored_for_regression:
                 continue
-            repeats = [k.value for r in group for k in r.kpis if k.name == kpi.name]
-            values, uuids = by_kpi.get(kpi.name, ([], []))
-            direction = "lower_better" if kpi.lower_better else "higher_better"
-            judged = verdict(values, repeats, direction, settings=tuning,
-                             accepted=_accepted_index(uuids, accepted, kpi.name))
             for run in group:
                 # constructed, one fields set shared: every value is typed by `verdict` or
                 # the run; a validated row held its own set (80 000 rows at 10 000 runs:
                 # 115 MB, 51 MB this way)
                 rows.append(_new_verdict_row(
                     run_uuid=run.run_uuid,
-                    test_path=run.result.rel_path, kpi=kpi.name, unit=kpi.unit,
+                    test_path=run.result.rel_path, kpi=kpi_name, unit=kpi.unit,
                     latest=judged.latest, repeats=repeats, baseline=judged.baseline,
                     change_pct=round(judged.magnitude * 100, 3) if judged.baseline is not None
                     else None,
                     verdict=judged.kind, confidence=judged.confidence, suspect=judged.suspect,
                     history_used=judged.history_used,
-                    explanation=texts.setdefault(judged.explanation, judged.explanation)))
+                    explanation=texts.setdefault(judged.explanation, judged.explanation),
+                    validity="valid", since_runs=judged.start_runs, **extra))
     progress.finish()
     return rows
+
+
+def _not_judged(run: RunAnalysis) -> VerdictRow:
+    """The row of an invalid or failed run: shown with its reasons, never judged."""
+    return _new_verdict_row(
+        run_uuid=run.run_uuid, test_path=run.result.rel_path, kpi="*", unit="",
+        latest=None, repeats=[], baseline=None, change_pct=None, verdict=NOT_JUDGED,
+        confidence=0.0, suspect=False, history_used=0,
+        explanation=f"not judged: {run.validity.summary()}", validity=run.validity.status,
+        since_runs=None, what_changed=[], suspects=[], mde_pct=None)
+
+
+_Judged = tuple[Kpi, list[float], Any, dict[str, Any]]
+
+
+def _judge_group(group: Sequence[RunAnalysis], by_kpi: _KpiSeries,
+                 accepted: dict[str, set[str]], tuning: DetectorSettings
+                 ) -> dict[str, _Judged]:
+    """Every KPI of a group of repeats: (kpi, repeats, verdict, explanation fields)."""
+    first = group[0]
+    out: dict[str, _Judged] = {}
+    data: dict[str, tuple[list[float], list[float]]] = {}
+    for kpi in first.kpis:
+        repeats = [k.value for r in group for k in r.kpis if k.name == kpi.name]
+        values, uuids, _ = by_kpi.get(kpi.name, ([], [], []))
+        start = _accepted_index(uuids, accepted, kpi.name)
+        data[kpi.name] = (values[start or 0:], repeats)
+        if kpi.ignored_for_regression:
+            out[kpi.name] = (kpi, repeats, None, {})
+            continue
+        direction = "lower_better" if kpi.lower_better else "higher_better"
+        judged = verdict(values, repeats, direction, settings=tuning, accepted=start)
+        mde = minimum_detectable_effect(values[start or 0:], len(repeats), settings=tuning)
+        out[kpi.name] = (kpi, repeats, judged, {
+            "mde_pct": round(mde * 100, 3) if mde is not None else None,
+            "what_changed": [], "suspects": []})
+    for name, (_, _, judged, extra) in out.items():
+        if judged is None or judged.kind not in ("regression", "improvement") \
+                or not judged.start_runs:
+            continue
+        values, _, fingerprints = by_kpi.get(name, ([], [], []))
+        finite = [fp for v, fp in zip(values, fingerprints, strict=True) if math.isfinite(v)]
+        extra["what_changed"] = what_changed(
+            [*(_decoded(fp) for fp in finite), first.fingerprint or None],
+            len(finite) - (judged.start_runs - 1))
+        extra["suspects"] = _moved_with(name, judged.start_runs, data, tuning)
+    return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _decoded(text: str | None) -> Fingerprint | None:
+    return decode(text)
+
+
+MAX_SUSPECTS = 8
+
+
+def _moved_with(name: str, start_runs: int, data: dict[str, tuple[list[float], list[float]]],
+                tuning: DetectorSettings) -> list[str]:
+    """The other KPIs whose own level changed within one run of ``name``'s, strongest first."""
+    found: list[tuple[float, str]] = []
+    for other, (values, repeats) in data.items():
+        if other == name or not repeats:
+            continue
+        shift = shift_at(values, repeats, start_runs, settings=tuning)
+        if shift is None:
+            continue
+        change, z, runs = shift
+        if abs(z) >= tuning.verdict_z:
+            found.append((abs(z), f"{other} {change * 100:+.1f}% ({abs(z):.1f} SE, began "
+                                  f"{runs} run(s) back)"))
+    return [text for _, text in sorted(found, reverse=True)[:MAX_SUSPECTS]]
 
 
 def _repeat_groups(runs: Sequence[RunAnalysis]) -> list[list[RunAnalysis]]:
@@ -276,23 +398,31 @@ def _repeat_groups(runs: Sequence[RunAnalysis]) -> list[list[RunAnalysis]]:
     return list(groups.values())
 
 
-_KpiSeries = dict[str, tuple[list[float], list[str]]]
-_TimedSeries = dict[str, tuple[Any, list[float], list[str]]]
+_KpiSeries = dict[str, tuple[list[float], list[str], list[str | None]]]
+_TimedSeries = dict[str, tuple[Any, list[float], list[str], list[str | None]]]
 HISTORY_LIMIT = 500
 """Newest history points a verdict reads per KPI: its baseline and the newest levels are
 well inside, and the judging time per run stays bounded however long the history grows."""
 
 
 def _kpi_series(history: pd.DataFrame) -> _TimedSeries:
-    """History rows per KPI: (timestamps as int64 ns, values, run uuids), oldest first."""
+    """Valid history rows per KPI, oldest first.
+
+    Each: (timestamps as int64 ns, values, run uuids, fingerprints as stored).
+    """
     out: _TimedSeries = {}
+    history = usable_rows(history)
     if history.empty:
         return out
+    fingerprints = history[FINGERPRINT].to_numpy() if FINGERPRINT in history.columns \
+        else np.full(len(history), None, dtype=object)
     stamps = (pd.to_datetime(history["timestamp"], utc=True).dt.tz_convert(None).to_numpy()
               .astype("datetime64[ns]").astype("int64"))
     for name, rows in history.groupby("kpi", sort=False).indices.items():
         out[str(name)] = (stamps[rows], history["value"].to_numpy()[rows].tolist(),
-                          history["run_uuid"].to_numpy()[rows].tolist())
+                          history["run_uuid"].to_numpy()[rows].tolist(),
+                          [fp if isinstance(fp, str) else None
+                           for fp in fingerprints[rows].tolist()])
     return out
 
 
@@ -303,12 +433,12 @@ def _before(series: _TimedSeries, stamp: pd.Timestamp | None,
     At most `HISTORY_LIMIT` points per KPI.
     """
     out: _KpiSeries = {}
-    for name, (stamps, values, uuids) in series.items():
+    for name, (stamps, values, uuids, fps) in series.items():
         end = len(values) if stamp is None else int(np.searchsorted(stamps, stamp.value))
         begin = max(0, end - HISTORY_LIMIT)
-        kept = [(v, u) for v, u in zip(values[begin:end], uuids[begin:end], strict=True)
-                if u not in exclude]
-        out[name] = ([v for v, _ in kept], [u for _, u in kept])
+        kept = [(v, u, f) for v, u, f in zip(values[begin:end], uuids[begin:end],
+                                             fps[begin:end], strict=True) if u not in exclude]
+        out[name] = ([v for v, _, _ in kept], [u for _, u, _ in kept], [f for _, _, f in kept])
     return out
 
 
@@ -345,6 +475,7 @@ def _gate(rows: Sequence[VerdictRow], settings: AnalysisSettings) -> list[str]:
 def _analyse_tree(results_dir: str | Path, hooks: AnalysisProject,
                   presets: Sequence[str] | None, config_text: str | None, *, force: bool,
                   trust_cache: bool, keep: Callable[[RunAnalysis], None] | None = None,
+                  policy: ValidityPolicy | None = None,
                   ) -> tuple[Discovery, list[RunAnalysis], list[SkippedDir], tuple[int, int]]:
     """Discover, parse and analyse every result dir of a tree (nothing written but caches).
 
@@ -372,7 +503,7 @@ def _analyse_tree(results_dir: str | Path, hooks: AnalysisProject,
         counts[0] += result.exit_code != 0
         counts[1] += len(result.problems)
         try:
-            run = analyse_run(hooks, result, presets, config_text)
+            run = analyse_run(hooks, result, presets, config_text, policy)
         except (TypeError, ValueError, AttributeError, KeyError) as exc:
             # Result trees are untrusted: a badly typed field (numbers for strings, a
             # scalar for a mapping) is this run's problem, never the whole analysis's.
@@ -462,8 +593,21 @@ def suspects(results_dir: str | Path, project: str | AnalysisProject, history_ur
     """
     hooks = load_project(project) if isinstance(project, str) else project
     _, runs, _, _ = _analyse_tree(results_dir, hooks, None, None, force=False,
-                                  trust_cache=False)
+                                  trust_cache=False, policy=settings.validity)
     return [row for row in judge_runs(runs, HistoryStore(history_uri), settings) if row.suspect]
+
+
+def validity_of_tree(results_dir: str | Path, project: str | AnalysisProject,
+                     settings: AnalysisSettings) -> dict[str, Validity]:
+    """Each result dir's validity (by its path relative to ``results_dir``).
+
+    What the flow reads after its cells to re-run the invalid ones
+    (``analysis.invalid_reruns``); nothing is written but parse caches.
+    """
+    hooks = load_project(project) if isinstance(project, str) else project
+    _, runs, _, _ = _analyse_tree(results_dir, hooks, None, None, force=False,
+                                  trust_cache=False, policy=settings.validity)
+    return {run.result.rel_path or run.run_uuid: run.validity for run in runs}
 
 
 def _write_json_array(path: str, items: Iterable[bytes]) -> None:
@@ -550,7 +694,7 @@ def postprocess(
 
             found, runs, skipped, (failed, problems) = _analyse_tree(
                 results_dir, hooks, presets, config_text, force=force,
-                trust_cache=trust_cache, keep=keep)
+                trust_cache=trust_cache, keep=keep, policy=settings.validity)
             outcome = _write_outputs(
                 out_dir, hooks, settings, found, runs, skipped, failed, problems,
                 spool, places, history_uri=history_uri, history=history,
@@ -566,8 +710,10 @@ def _write_outputs(out_dir: Path, hooks: AnalysisProject, settings: AnalysisSett
                    ) -> PostprocessOutcome:
     """Judge the analysed runs and write every output of `postprocess`."""
     frame = kpi_table((r.run_uuid, r.timestamp, r.kpis) for r in runs)
-    identities = {r.run_uuid: r.identity for r in runs}
-    frame[IDENTITY] = pd.array(frame["run_uuid"].map(identities), dtype="string")
+    for column, per_run in ((IDENTITY, {r.run_uuid: r.identity for r in runs}),
+                            (VALIDITY, {r.run_uuid: r.validity.status for r in runs}),
+                            (FINGERPRINT, {r.run_uuid: encode(r.fingerprint) for r in runs})):
+        frame[column] = pd.array(frame["run_uuid"].map(per_run), dtype="string")
     # A workload that exited 0 and yielded no KPI measured nothing: never a green run.
     empty = [r for r in runs if r.result.exit_code == 0 and not r.kpis
              and not hooks.kpi_less]
@@ -617,9 +763,9 @@ def _write_outputs(out_dir: Path, hooks: AnalysisProject, settings: AnalysisSett
                       (VerdictRow.__pydantic_serializer__.to_json(v) for v in verdicts))
     files["regression_summary"] = str(out_dir / "regression_summary.yaml")
     write_text(files["regression_summary"], dump_yaml({
-        "counts": {k: counts.get(k, 0) for k in
-                   ("regression", "improvement", "no_change", "insufficient_history")},
+        "counts": {k: counts.get(k, 0) for k in VERDICT_KINDS},
         "runs": len(runs),
+        "invalid_runs": sum(r.validity.status == "invalid" for r in runs),
     }))
 
     history_frame = None
@@ -633,6 +779,7 @@ def _write_outputs(out_dir: Path, hooks: AnalysisProject, settings: AnalysisSett
         skipped=[s.model_dump() for s in skipped],
         problems=problems, kpi_rows=len(frame),
         verdicts=verdicts, verdict_counts=counts, history_uri=history_uri, files=files,
+        validity={r.result.rel_path or r.run_uuid: r.validity for r in runs},
         gate_failures=_gate(verdicts, settings) + [
             f"run {r.result.rel_path or r.run_uuid} exited 0 but yielded no KPI: its "
             "result files are missing or empty" for r in empty[:10]] + (
@@ -646,6 +793,7 @@ def _write_outputs(out_dir: Path, hooks: AnalysisProject, settings: AnalysisSett
             out_dir / "report", hooks, runs, frame, history_frame, verdicts, found,
             ignored_labels=settings.comparison.ignored_labels,
             compared_label=settings.comparison.compared_label,
-            detector=settings.regression.detector()))
+            detector=settings.regression.detector(), history_uri=history_uri,
+            target_mde_pct=settings.target_mde_pct))
         outcome.files["report"] = outcome.report
     return outcome

@@ -53,6 +53,10 @@ class AnalysisProject:
             older runs once analysed, like ``bulky``, but still read from every run's cache.
         kpi_less: The project measures nothing as KPIs (a functional check): a run that
             exits 0 with no KPI is then not a failure.
+        validity: Result → reasons its numbers are not a valid measurement (empty: valid):
+            the project's own checks, added to the engine's (`analysis.validity`).
+        measured_window: Result → seconds of the workload's measured window, when known.
+        min_window_s: The shortest measured window the project calls a measurement.
     """
 
     name: str
@@ -71,6 +75,9 @@ class AnalysisProject:
     bulky: tuple[str, ...] = ()
     analysis_only: tuple[str, ...] = ()
     kpi_less: bool = False
+    validity: Callable[[ParsedResult], list[str]] | None = None
+    measured_window: Callable[[ParsedResult], float | None] | None = None
+    min_window_s: float = 0.0
 
     def analysis_defaults(self) -> dict[str, Any]:
         """The project's default ``analysis`` block (ignored labels, compared label...).

@@ -111,7 +111,10 @@ __all__ = [
     "Verdict",
     "VerdictKind",
     "change_points",
+    "minimum_detectable_effect",
     "noise_scale",
+    "repeats_for",
+    "shift_at",
     "verdict",
 ]
 
@@ -206,6 +209,8 @@ class Verdict(BaseModel):
     history_used: int = Field(default=0, description="Historical points in the baseline.")
     suspect: bool = Field(default=False, description="The newest run alone (no repeats) "
                           "deviates like a regression: a re-run would confirm or withdraw it.")
+    start_runs: int | None = Field(default=None, description="A regression or improvement: "
+                                   "its new level began this many runs back (1: the newest).")
     explanation: str = Field(description="One sentence a human can check.")
 
 
@@ -763,6 +768,16 @@ def _tail_efficiency(n: int) -> float:
     return {1: 1.0, 2: 1.0, 3: 1.35, 4: 1.2}.get(n, 1.1)
 
 
+def _below(z: float) -> str:
+    """``z`` for a text saying it is under a threshold: rounded down, never up to it."""
+    return f"{math.floor(z * 100) / 100:.2f}"
+
+
+def _above(z: float) -> str:
+    """``z`` for a text saying it passed a threshold: rounded down to one decimal is safe."""
+    return f"{math.floor(z * 10) / 10:.1f}"
+
+
 def _relative(delta: float, baseline: float) -> float:
     if baseline != 0:
         return delta / abs(baseline)
@@ -876,13 +891,12 @@ def _judge(shifts: list[_Shift], repeats: np.ndarray, value: float, direction: D
             span = (f"over the last {shift.runs} runs (began {shift.runs - 1} run(s) before the "
                     f"newest)")
         explanation = (f"{magnitude * 100:+.1f}%: level {shown(shift.level):.4g} {span} vs "
-                       f"baseline {shown(shift.baseline):.4g} ({z:.1f} noise SE, "
-                       f"{shift.history_used} runs "
-                       f"before)")
+                       f"baseline {shown(shift.baseline):.4g} ({_above(z)} noise SE; "
+                       f"{threshold:g} needed; {shift.history_used} runs before)")
         return Verdict(kind=kind, magnitude=float(magnitude), confidence=round(confidence, 4),
                        baseline=shown(shift.baseline), latest=value,
                        history_used=shift.history_used, explanation=explanation,
-                       suspect=suspect and kind == "regression")
+                       suspect=suspect and kind == "regression", start_runs=shift.runs)
     confidence = 1.0 - min(1.0, _normal_confidence(z - s.verdict_z + 2.0)) * 0.5
     suspect = False
     # The explanation shows the newest run's own numbers, so its reason is about them too
@@ -903,9 +917,10 @@ def _judge(shifts: list[_Shift], repeats: np.ndarray, value: float, direction: D
     elif len(repeats) > 1:
         listed = ", ".join(f"{shown(x):.4g}" for x in repeats[:5])
         reason = (f"the {len(repeats)} repeats ({listed}) do not agree on a shift "
-                  f"({abs(newest.z):.1f} SE for the cautious level; {s.verdict_z:g} needed)")
+                  f"({_below(abs(newest.z))} SE for the cautious level; {s.verdict_z:g} "
+                  "needed)")
     else:
-        reason = f"within the noise ({abs(newest.z):.1f} SE; {s.verdict_z:g} needed)"
+        reason = f"within the noise ({_below(abs(newest.z))} SE; {s.verdict_z:g} needed)"
     explanation = (f"{magnitude * 100:+.1f}%: {value:.4g} vs baseline "
                    f"{shown(newest.baseline):.4g}: "
                    f"{reason}")
@@ -913,3 +928,103 @@ def _judge(shifts: list[_Shift], repeats: np.ndarray, value: float, direction: D
                    confidence=round(confidence, 4), baseline=shown(newest.baseline),
                    latest=value,
                    history_used=newest.history_used, explanation=explanation, suspect=suspect)
+
+
+# -- noise budget and suspects ---------------------------------------------------------------
+
+POWER_Z = 0.8416
+"""Normal quantile of the detection power the minimum detectable effect is quoted at (80 %)."""
+
+
+def _analysis_units(history: Sequence[float], settings: DetectorSettings
+                    ) -> tuple[np.ndarray, bool] | None:
+    h, _ = _finite(history)
+    if len(h) < settings.min_history:
+        return None
+    log_scale = settings.log_scale and bool(np.all(h > 0))
+    return (np.log(h) if log_scale else h), log_scale
+
+
+def minimum_detectable_effect(history: Sequence[float], repeats: int = 1, *,
+                              settings: DetectorSettings = DEFAULTS,
+                              power_z: float = POWER_Z) -> float | None:
+    """The smallest relative shift of the newest run the verdict detects, at 80 % power.
+
+    The verdict calls a shift when it is ``verdict_z`` standard errors from the baseline
+    (its false-alarm budget); a real shift of ``(verdict_z + power_z) * se`` passes that
+    threshold 80 % of the time. ``se`` is the verdict's own: the noise of the history's
+    current segment (widened for short histories as the verdict widens it), a baseline of
+    up to ``baseline_window`` runs and ``repeats`` runs of the newest configuration
+    (confirmation re-runs). Relative to the level (positive series are judged in logs).
+
+    Returns:
+        The MDE as a fraction (0.05 = 5 %), or None with fewer than ``min_history`` points.
+    """
+    found = _analysis_units(history, settings)
+    if found is None:
+        return None
+    y, log_scale = found
+    cps = change_points(np.exp(y) if log_scale else y, settings=settings)
+    current = y[cps[-1]:] if cps else y
+    measured = current if len(current) >= 10 else y
+    sigma = noise_scale(measured)
+    sigma = max(sigma, 1e-4) if log_scale else _sigma_floor(y, sigma)
+    sigma *= 1 + (settings.verdict_z ** 2 + 1) / (4 * max(len(measured) - 2, 1))
+    base = min(len(current), settings.baseline_window)
+    if base < settings.min_history:
+        base = min(len(y), settings.baseline_window)
+    runs = max(int(repeats), 1)
+    se = sigma * math.sqrt(1.1 / base + _tail_efficiency(runs) / runs)
+    delta = (settings.verdict_z + power_z) * se
+    if log_scale:
+        return math.expm1(delta)
+    level = abs(_trimmed_mean(current))
+    return delta / level if level > 0 else None
+
+
+def repeats_for(mde_one_run: float, baseline_runs: int, target: float, *,
+                limit: int = 5) -> int:
+    """Runs of the newest configuration (1 + re-runs) that bring the MDE under ``target``.
+
+    ``mde_one_run`` is `minimum_detectable_effect` with one run and ``baseline_runs`` the
+    baseline it was measured against: repeats shrink only the newest level's share of the
+    standard error. At most ``limit``: a KPI too noisy even then gets ``limit`` (and stays
+    flagged).
+    """
+    base = 1.1 / max(baseline_runs, 1)
+    one = math.log1p(max(mde_one_run, 0.0))
+    for runs in range(1, limit + 1):
+        scale = math.sqrt((base + _tail_efficiency(runs) / runs) / (base + 1.0))
+        if math.expm1(one * scale) <= target:
+            return runs
+    return limit
+
+
+def shift_at(history: Sequence[float], latest: float | Sequence[float], start_runs: int, *,
+             settings: DetectorSettings = DEFAULTS, within: int = 1
+             ) -> tuple[float, float, int] | None:
+    """The shift of a KPI whose new level began ``start_runs`` runs back (± ``within``).
+
+    Used to find the KPIs that moved with a regression: for each start within ``within``
+    runs of ``start_runs``, the tail is compared with the baseline before it like the
+    verdict compares them; the strongest start is returned as (relative change, z in
+    noise standard errors, its start in runs back), or None without enough history.
+    """
+    found = _analysis_units(history, settings)
+    repeats = np.atleast_1d(np.asarray(latest, dtype=float))
+    repeats = repeats[np.isfinite(repeats)]
+    if found is None or not len(repeats):
+        return None
+    y, log_scale = found
+    if log_scale:
+        if not np.all(repeats > 0):
+            return None
+        repeats = np.log(repeats)
+    shifts = [x for x in _tail_shifts(y, repeats, settings, [], 0, log_scale, young=0)
+              if abs(x.runs - start_runs) <= within]
+    if not shifts:
+        return None
+    best = max(shifts, key=lambda x: abs(x.z))
+    change = math.expm1(best.level - best.baseline) if log_scale else _relative(
+        best.level - best.baseline, best.baseline)
+    return change, best.z, best.runs

@@ -28,6 +28,7 @@ import datetime
 import html
 import json
 import math
+import shlex
 import os
 import uuid
 from collections.abc import Callable, Sequence
@@ -61,6 +62,7 @@ __all__ = [
     "shape_loss_curve",
     "shape_resources",
     "shape_regression",
+    "shape_triage",
     "shape_users",
 ]
 
@@ -80,6 +82,8 @@ class ReportContext:
     out_dir: Path | None = None  # where the pages are written (for relative links)
     detector: DetectorSettings = DEFAULTS  # the run's own tuning: the same change points
     shaped: dict[Any, pd.DataFrame] = field(default_factory=dict)  # shape_kpi_history cache
+    history_uri: str | None = None  # for the accept command of the triage table
+    target_mde_pct: float = 5.0  # KPIs whose minimum detectable effect is larger: flagged
 
 
 # -- shaping (pure, unit-tested) ----------------------------------------------------------
@@ -229,10 +233,15 @@ def shape_resources(ctx: ReportContext) -> pd.DataFrame:
 def shape_regression(ctx: ReportContext) -> pd.DataFrame:
     """The verdict table: run, KPI, baseline, latest, change %, verdict, confidence."""
     columns = ["test_path", "kpi", "unit", "baseline", "latest", "change_pct", "verdict",
-               "confidence", "history_used", "explanation"]
+               "validity", "confidence", "history_used", "mde_pct", "explanation",
+               "what_changed", "suspects"]
     # column by column: a dict per verdict held ~30 MB over 80 000 verdicts
-    return pd.DataFrame({c: [getattr(v, c) for v in ctx.verdicts] for c in columns},
-                        columns=columns)
+    return pd.DataFrame({c: [_listed(getattr(v, c, None)) for v in ctx.verdicts]
+                         for c in columns}, columns=columns)
+
+
+def _listed(value: Any) -> Any:
+    return "; ".join(map(str, value)) if isinstance(value, list) else value
 
 
 def shape_users(ctx: ReportContext) -> pd.DataFrame:
@@ -368,8 +377,9 @@ def _table_html(frame: pd.DataFrame, empty: str, *, digits: int = 6,
     rows = "".join(opener + "".join(f"<td>{_cell_text(v, digits)}</td>" for v in values)
                    + "</tr>" for opener, values in zip(opens, zip(*columns, strict=True),
                                                       strict=True))
-    return (f"<table class='data'><thead><tr>{head}</tr></thead>"
-            f"<tbody>{rows}</tbody></table>")
+    # in a scrolling box: a wide table scrolls instead of being cut at the page's edge
+    return (f"<div class='scroll'><table class='data'><thead><tr>{head}</tr></thead>"
+            f"<tbody>{rows}</tbody></table></div>")
 
 
 def _figure_html(figure: Any) -> str:
@@ -706,6 +716,7 @@ body{font-family:system-ui,sans-serif;margin:2em;color:#222}
 table{border-collapse:collapse;font-size:13px;margin:1em 0}
 th,td{padding:4px 8px;border-bottom:1px solid #ddd;text-align:left}
 th{background:#f4f4f4} .empty{color:#888} nav a{margin-right:1em}
+.scroll{overflow-x:auto;max-width:100%} code{font-size:12px}
 """
 
 
@@ -796,6 +807,80 @@ def shape_headlines(ctx: ReportContext) -> pd.DataFrame:
     return pd.DataFrame(rows[:MAX_HEADLINES], columns=columns)
 
 
+def shape_triage(ctx: ReportContext) -> pd.DataFrame:
+    """One row per regression (then improvement) of the current runs: what a person needs.
+
+    Validity, size, since when, what changed in the environment, the KPIs that moved with
+    it, the KPI's minimum detectable effect and the command that accepts the new level.
+    """
+    columns = ["kpi", "run", "verdict", "validity", "change_pct", "since", "what_changed",
+               "suspects", "mde_pct", "explanation", "accept"]
+    history = shlex.quote(ctx.history_uri) if ctx.history_uri else "HISTORY_URI"
+    rows = []
+    for v in ctx.verdicts:
+        if v.verdict not in ("regression", "improvement"):
+            continue
+        since = getattr(v, "since_runs", None)
+        rows.append({
+            "kpi": v.kpi, "run": v.test_path, "verdict": v.verdict,
+            "validity": getattr(v, "validity", "valid"), "change_pct": v.change_pct,
+            "since": "this run" if since in (None, 1) else f"{since - 1} run(s) before it",
+            "what_changed": "; ".join(getattr(v, "what_changed", [])[:4]),
+            "suspects": "; ".join(getattr(v, "suspects", [])[:4]),
+            "mde_pct": getattr(v, "mde_pct", None), "explanation": v.explanation,
+            "accept": f"python -m analysis accept --history {history} "
+                      f"{shlex.quote(v.run_uuid)} --kpi {shlex.quote(v.kpi)}"})
+    rows.sort(key=lambda r: (r["verdict"] != "regression", -abs(r["change_pct"] or 0)))
+    return pd.DataFrame(rows[:MAX_HEADLINES], columns=columns)
+
+
+def _triage_html(ctx: ReportContext) -> str:
+    """The index's first table (`shape_triage`), then the runs not judged and the KPIs too
+    noisy to see a ``target_mde_pct`` change."""
+    frame = shape_triage(ctx)
+    parts = ["<h2>Triage</h2>"]
+    if frame.empty:
+        parts.append("<p class='empty'>no regression, no improvement</p>")
+    else:
+        rows = []
+        for r in frame.itertuples(index=False):
+            mde = "" if r.mde_pct is None or pd.isna(r.mde_pct) else f"{r.mde_pct:.1f}%"
+            change = "" if r.change_pct is None or pd.isna(r.change_pct) else \
+                f"{r.change_pct:+.1f}%"
+            cells = [r.kpi, r.run, r.verdict, r.validity, change, r.since,
+                     r.what_changed or "—", r.suspects or "none", mde]
+            rows.append(f"<tr style='background-color: {_VERDICT_COLOURS.get(r.verdict)}' "
+                        f"title='{html.escape(r.explanation, quote=True)}'>"
+                        + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells)
+                        + f"<td><code>{html.escape(r.accept)}</code></td></tr>")
+        parts.append("<div class='scroll'><table class='data'><thead><tr><th>KPI</th>"
+                     "<th>run</th><th>verdict</th><th>validity</th><th>size</th>"
+                     "<th>since</th><th>what changed</th><th>moved with it</th><th>MDE</th>"
+                     "<th>accept the new level</th></tr></thead><tbody>" + "".join(rows)
+                     + "</tbody></table></div>")
+    invalid = [r for r in ctx.runs if getattr(r, "validity", None) is not None
+               and r.validity.status != "valid"]
+    if invalid:
+        parts.append("<h2>Not judged</h2><ul>" + "".join(
+            f"<li>{html.escape(r.result.rel_path)}: {html.escape(r.validity.status)} — not "
+            f"judged: {html.escape('; '.join(r.validity.reasons))}</li>"
+            for r in invalid[:MAX_HEADLINES]) + "</ul>")
+    noisy: dict[str, float] = {}
+    for v in ctx.verdicts:
+        mde = getattr(v, "mde_pct", None)
+        if mde is not None and mde > ctx.target_mde_pct:
+            noisy[v.kpi] = max(noisy.get(v.kpi, 0.0), mde)
+    if noisy:
+        parts.append(f"<h2>Noise budget</h2><p>These KPIs cannot see a "
+                     f"{ctx.target_mde_pct:g}% change with the repeats judged (minimum "
+                     "detectable effect at the detector's false-alarm budget, 80 % power): "
+                     + ", ".join(f"{html.escape(k)} {m:.1f}%" for k, m in sorted(
+                         noisy.items(), key=lambda kv: -kv[1])[:40])
+                     + ". More repeats (<code>analysis.confirm_reruns: auto</code>) or a "
+                     "quieter machine bring it down.</p>")
+    return "".join(parts)
+
+
 def _headlines_html(ctx: ReportContext) -> str:
     frame = shape_headlines(ctx)
     if frame.empty:
@@ -821,12 +906,14 @@ def render_report(out_dir: Path, project: AnalysisProject, runs: Sequence[Any],
                   kpis: pd.DataFrame, history: pd.DataFrame | None, verdicts: Sequence[Any],
                   discovery: Discovery, *, ignored_labels: Sequence[str] = (),
                   compared_label: str | None = None,
-                  detector: DetectorSettings = DEFAULTS) -> Path:
+                  detector: DetectorSettings = DEFAULTS, history_uri: str | None = None,
+                  target_mde_pct: float = 5.0) -> Path:
     """Write one HTML page per report plus ``index.html``; returns the index path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     ctx = ReportContext(project, runs, kpis, history, verdicts, discovery,
                         ignored_labels=tuple(ignored_labels), compared_label=compared_label,
-                        out_dir=out_dir, detector=detector)
+                        out_dir=out_dir, detector=detector, history_uri=history_uri,
+                        target_mde_pct=target_mde_pct)
     links = []
     plotly_needed = False
     plots = _load_plots(project)
@@ -850,10 +937,14 @@ def render_report(out_dir: Path, project: AnalysisProject, runs: Sequence[Any],
         counts[verdict.verdict] = counts.get(verdict.verdict, 0) + 1
     summary = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "no verdicts"
     failed = sum(1 for r in runs if r.result.exit_code != 0)
+    invalid = sum(1 for r in runs if getattr(r, "validity", None) is not None
+                  and r.validity.status == "invalid")
     body = (f"<h1>{html.escape(project.name)} — results</h1>"
-            f"<p>{len(runs)} run(s), {failed} failed. Verdicts: {html.escape(summary)}.</p>"
-            "<ul>" + "".join(f"<li><a href='{n}'>{html.escape(t)}</a></li>" for n, t in links)
-            + "</ul>" + _headlines_html(ctx))
+            f"<p>{len(runs)} run(s), {failed} failed, {invalid} invalid. Verdicts: "
+            f"{html.escape(summary)}.</p>" + _triage_html(ctx)
+            + "<h2>Pages</h2><ul>" + "".join(f"<li><a href='{n}'>{html.escape(t)}</a></li>"
+                                             for n, t in links)
+            + "</ul><h2>Every KPI</h2>" + _headlines_html(ctx))
     index_path = out_dir / "index.html"
     write_text(index_path, _page(f"{project.name} report", body, False))
     progress.finish()

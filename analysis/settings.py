@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from analysis.regression import DEFAULTS, DetectorSettings
 from analysis.strict import StrictSettings
 
-__all__ = ["AnalysisSettings", "ComparisonSettings", "RegressionSettings"]
+__all__ = ["AnalysisSettings", "ComparisonSettings", "RegressionSettings", "ValidityPolicy"]
 
 
 class ComparisonSettings(StrictSettings):
@@ -49,6 +49,40 @@ class RegressionSettings(StrictSettings):
                        min_magnitude=self.min_change_pct / 100)
 
 
+class ValidityPolicy(StrictSettings):
+    """When a cell's result is a valid measurement, and what an invalid one does to the run.
+
+    The engine's checks read the cell's own process and Prometheus data (``host.json``,
+    ``prometheus/series.parquet``); a project adds its own (`analysis.validity`).
+    """
+
+    mode: Literal["record", "enforce", "off"] = Field(
+        default="record", description="record: judge validity and show it, the run's exit code "
+        "unchanged (light presets); enforce: a cell still invalid after its re-runs ends the "
+        "run with exit 3 (inconclusive); off: no check.")
+    max_other_cpu_share: float = Field(
+        default=0.25, ge=0, le=1, description="Largest share of the machine's CPU time used by "
+        "processes outside the run during the cell's window.")
+    max_load_per_core: float = Field(
+        default=2.0, ge=0.1, le=1000, description="Largest 1-minute load average per core seen "
+        "during the cell's window.")
+    max_steal_share: float = Field(
+        default=0.05, ge=0, le=1, description="Largest share of CPU time stolen by the "
+        "hypervisor during the window.")
+    max_swap_in_per_s: float = Field(
+        default=50.0, ge=0, le=1e9, description="Largest rate of pages swapped in per second "
+        "(memory pressure).")
+    min_memory_available_share: float = Field(
+        default=0.05, ge=0, le=1, description="Smallest share of memory still available "
+        "during the window.")
+    max_throttled_share: float = Field(
+        default=0.1, ge=0, le=1, description="Largest share of CFS periods throttled (where "
+        "the run's cgroup shows it).")
+    min_window_s: float = Field(
+        default=0.0, ge=0, le=86_400, description="The workload's measured window must last at "
+        "least this long (0: the project's own declared minimum only).")
+
+
 class AnalysisSettings(StrictSettings):
     """Post-processing settings shared by every project."""
 
@@ -67,10 +101,27 @@ class AnalysisSettings(StrictSettings):
         description="Judge against the Parquet history or the OpenSearch run index.",
     )
     report: bool = Field(default=True, description="Render the Plotly HTML report.")
-    confirm_reruns: int = Field(
+    confirm_reruns: int | Literal["auto"] = Field(
         default=0, ge=0, le=5,
         description=("Re-run a cell this many times when its newest run alone looks like a "
-                     "regression, and judge the repeats together (0: never)."),
+                     "regression, and judge the repeats together (0: never; auto: as many "
+                     "as bring the KPI's minimum detectable effect under target_mde_pct, "
+                     "at most 5)."),
     )
+    validity: ValidityPolicy = Field(default_factory=ValidityPolicy, description="Whether "
+                                     "each cell's result is a valid measurement.")
+    invalid_reruns: int = Field(
+        default=0, ge=0, le=5, description="Re-run an invalid cell this many times (its "
+        "invalid result is kept and shown, never judged).")
+    target_mde_pct: float = Field(
+        default=5.0, gt=0, le=100, description="The report flags KPIs whose minimum detectable "
+        "effect (at the detector's false-alarm budget, given their noise and repeats) is "
+        "larger than this.")
+
+    @field_validator("validity", mode="before")
+    @classmethod
+    def _mode_only(cls, value: object) -> object:
+        # `analysis.validity: enforce` is the short form of `{mode: enforce}`
+        return {"mode": value} if isinstance(value, str) else value
     comparison: ComparisonSettings = Field(default_factory=ComparisonSettings)
     regression: RegressionSettings = Field(default_factory=RegressionSettings)

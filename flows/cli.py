@@ -26,6 +26,7 @@ __all__ = [
     "Terminated",
     "is_terminated",
     "EXIT_FAILED",
+    "EXIT_INCONCLUSIVE",
     "EXIT_INTERRUPTED",
     "EXIT_TERMINATED",
     "EXIT_OK",
@@ -45,6 +46,8 @@ __all__ = [
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+EXIT_INCONCLUSIVE = 3
+"""Nothing failed, but a cell's measurement stayed invalid (``analysis.validity: enforce``)."""
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143  # 128 + SIGTERM
 

@@ -13,7 +13,10 @@ the run left.
 
 Exit code (``RunOutcome.exit_code``): 0 when every cell passed and post-processing did its
 job; 1 when a cell failed, a regression gate tripped, or the KPIs were not stored
-(post-processing failed, the history could not be appended); ``flows.cli.exit_code_for``
+(post-processing failed, the history could not be appended); 3 (inconclusive) when nothing
+failed but a cell's measurement stayed invalid after its re-runs (``analysis.invalid_reruns``)
+under ``analysis.validity: enforce`` — never 1: an invalid measurement is not a regression;
+``flows.cli.exit_code_for``
 maps exceptions: 2 user error, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM, which the
 CLI takes the Ctrl-C way: cleanup and lease release run).
 
@@ -21,6 +24,7 @@ Note: no ``from __future__ import annotations`` in flow modules: ``flow.serve()`
 parameters from real annotations (DESIGN §12).
 """
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -37,6 +41,7 @@ from pydantic import BaseModel, Field
 
 from analysis.environment import env_settings
 from analysis.errors import ConfigError, TelltaleError
+from analysis.fingerprint import FINGERPRINT_FILE
 from analysis.history import default_history_uri
 from analysis.pipeline import PostprocessOutcome
 from analysis.redact import RedactingFilter
@@ -44,6 +49,7 @@ from analysis.safeio import write_text
 from analysis.yamlio import dump_yaml, load_yaml
 from flows.cli import (
     EXIT_FAILED,
+    EXIT_INCONCLUSIVE,
     EXIT_OK,
     default_artifact_dir,
     exit_code_for,
@@ -59,12 +65,13 @@ from projects.library.runs import REPEAT_FILE
 from projects.matrix import Cell
 from projects.untrusted import check_untrusted, policy_for
 from tasks.artifacts import next_artifact_dir, use_artifact_dir
+from tasks.hostwatch import watch_host
 from tasks.lab import provision
 from tasks.platforms.base import CellResult, Platform, RunContext
 from tasks.platforms.local import cleanup_local
 from tasks.platforms.plan import plan_run
 from tasks.platforms.select import make_platform, select_platform
-from tasks.postprocess import find_suspects, postprocess_results
+from tasks.postprocess import cell_validity, find_suspects, postprocess_results
 from tasks.progress import ProgressArtifact
 from tasks.publish.export import (
     append_history,
@@ -95,6 +102,10 @@ class CellOutcome(BaseModel):
     dir: str | None = None
     reason: str | None = None
     log_tail: str | None = Field(default=None, description="Last lines of a failed workload.")
+    validity: Literal["valid", "invalid", "failed"] | None = Field(
+        default=None, description="Whether the cell's result is a valid measurement (None: "
+        "not checked: skipped, not run, or validity off).")
+    validity_reasons: list[str] = Field(default_factory=list)
 
 
 class RunOutcome(BaseModel):
@@ -108,6 +119,8 @@ class RunOutcome(BaseModel):
     verdict_counts: dict[str, int] = Field(default_factory=dict)
     export_url: str | None = Field(default=None, description="Where the run was exported.")
     failures: list[str] = Field(default_factory=list, description="Why the run failed.")
+    inconclusive: list[str] = Field(default_factory=list, description="Cells whose "
+                                    "measurement stayed invalid, with the reasons.")
     regressions: list[str] = Field(default_factory=list, description="One line per KPI "
                                    "judged a regression: KPI, change, explanation.")
     code_dir: str | None = Field(default=None, description="The Telltale checkout that ran "
@@ -284,16 +297,20 @@ def _run_cell(cell: Cell, run: RunContext, platform: Platform,
         if repeat_of:
             write_text(cell_dir / REPEAT_FILE, f"{repeat_of}\n")
         write_text(cell_dir / CELL_FILE, json.dumps({
-            "name": cell.name, "index": cell.index,
+            "name": cell.name, "index": cell.index, "project": run.project.name,
             "settings_hash": settings_hash(cell.settings)}) + "\n")
+        _write_fingerprint(cell_dir, run, platform)
         start = datetime.now(UTC).isoformat()
+        watch = watch_host(cell_dir) if getattr(platform, "watches_host", False) \
+            else contextlib.nullcontext()
         try:
-            platform.capture(run)
-            if run.test.multi_user.enabled:
-                result = _users_result(platform.run_users(run, cell),
-                                       run.test.multi_user.need_all_success)
-            else:
-                result = platform.run_cell(run, cell)
+            with watch:
+                platform.capture(run)
+                if run.test.multi_user.enabled:
+                    result = _users_result(platform.run_users(run, cell),
+                                           run.test.multi_user.need_all_success)
+                else:
+                    result = platform.run_cell(run, cell)
         except Exception as exc:  # the cell failed; the matrix and post-processing go on
             result = CellResult(exit_code=1, reason=f"{type(exc).__name__}: {exc}")
         except BaseException as exc:  # Ctrl-C / SIGTERM: the cell is in the outcome anyway
@@ -314,6 +331,17 @@ def _run_cell(cell: Cell, run: RunContext, platform: Platform,
                            exit_code=result.exit_code, dir=str(cell_dir),
                            reason=None if passed else result.reason,
                            log_tail=None if passed else result.log_tail)
+
+
+def _write_fingerprint(cell_dir: Path, run: RunContext, platform: Platform) -> None:
+    """The engine's part of the cell's environment fingerprint (`analysis.fingerprint`)."""
+    facts = getattr(platform, "facts", None) or {}
+    data = {**run.fingerprint}
+    for key, name in (("versions", "package"), ("data", "data")):
+        found = facts.get(key) if isinstance(facts, dict) else None
+        if isinstance(found, dict):
+            data[name] = {str(k): str(v) for k, v in found.items() if v is not None}
+    write_text(cell_dir / FINGERPRINT_FILE, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def test_phase(cells: Sequence[Cell], run: RunContext, platform: Platform,
@@ -345,6 +373,68 @@ def test_phase(cells: Sequence[Cell], run: RunContext, platform: Platform,
     return results
 
 
+def _validities(run: RunContext) -> dict[Path, dict[str, Any]]:
+    """Each result dir's validity (resolved dir → status, reasons); empty when unknown."""
+    settings = run.model.analysis
+    try:
+        found = cell_validity(str(run.root), run.project.name, settings.model_dump())
+    except Exception as exc:  # unknown validity is no reason to lose the run
+        _log().warning("could not check the cells' validity: %s", exc)
+        return {}
+    return {(run.root / rel).resolve(): item for rel, item in found.items()}
+
+
+def _mark(outcome: CellOutcome, found: dict[Path, dict[str, Any]]) -> bool:
+    """Set a cell outcome's validity from ``found``; True when it is invalid."""
+    if outcome.dir is None:
+        return False
+    item = found.get(Path(outcome.dir).resolve())
+    if item is None:
+        return False
+    outcome.validity = item["status"]
+    outcome.validity_reasons = list(item["reasons"])
+    return outcome.validity == "invalid"
+
+
+def validity_phase(cells: Sequence[Cell], run: RunContext, platform: Platform,
+                   results: list[CellOutcome]) -> None:
+    """Mark each ran cell valid or invalid; re-run the invalid ones (``invalid_reruns``).
+
+    An invalid result is kept (stored marked invalid, shown, never judged); its re-run is a
+    new result of the same cell, judged on its own when valid.
+    """
+    settings = run.model.analysis
+    if settings.validity.mode == "off":
+        return
+    found = _validities(run)
+    by_name = {c.name: c for c in cells}
+    invalid = [c for c in list(results) if c.status in ("passed", "resumed") and _mark(c, found)]
+    for outcome in invalid:
+        cell = by_name.get(outcome.name)
+        if cell is None:
+            continue
+        _log().warning("cell %s is not a valid measurement (%s)%s", cell.name,
+                       "; ".join(outcome.validity_reasons),
+                       f": re-running it (up to {settings.invalid_reruns} time(s))"
+                       if settings.invalid_reruns else "")
+        for attempt in range(1, settings.invalid_reruns + 1):
+            rerun = _run_cell(cell, run, platform).model_copy(
+                update={"name": f"{cell.name}~valid-rerun{attempt}"})
+            results.append(rerun)
+            if rerun.status != "passed" or not _mark(rerun, _validities(run)):
+                break
+
+
+def _still_invalid(cells: Sequence[CellOutcome]) -> list[str]:
+    """Cells whose last result is invalid, with why (a valid re-run settles its cell)."""
+    last: dict[str, CellOutcome] = {}
+    for outcome in cells:
+        if outcome.status in ("passed", "resumed") and outcome.validity is not None:
+            last[outcome.name.split("~valid-rerun")[0]] = outcome
+    return [f"cell {name}: {'; '.join(c.validity_reasons)}" for name, c in last.items()
+            if c.validity == "invalid"]
+
+
 def confirm_phase(cells: Sequence[Cell], run: RunContext, platform: Platform,
                   results: list[CellOutcome]) -> None:
     """Re-run the cells whose newest run alone looks like a regression (confirm by re-run).
@@ -354,9 +444,10 @@ def confirm_phase(cells: Sequence[Cell], run: RunContext, platform: Platform,
     confirmed the same night, a one-off is withdrawn. Needs the Parquet history.
     """
     settings = run.model.analysis
-    if settings.confirm_reruns <= 0 or not settings.regression.enabled:
+    if settings.confirm_reruns == 0 or not settings.regression.enabled:
         return
-    passed = {Path(c.dir).resolve(): c for c in results if c.status == "passed" and c.dir}
+    passed = {Path(c.dir).resolve(): c for c in results if c.status == "passed" and c.dir
+              and c.validity != "invalid"}
     if not passed:
         return
     history = settings.history_uri or default_history_uri(run.project.name)
@@ -367,15 +458,15 @@ def confirm_phase(cells: Sequence[Cell], run: RunContext, platform: Platform,
         _log().warning("could not look for regressions to confirm: %s", exc)
         return
     by_name = {c.name: c for c in cells}
-    for rel, why in found.items():
+    for rel, (why, reruns) in found.items():
         original = passed.get((run.root / rel).resolve())
         cell = by_name.get(original.name) if original else None
         if original is None or cell is None:
             continue
         uuid_text = (Path(original.dir) / ".uuid").read_text(encoding="utf-8").strip()
         _log().warning("cell %s looks like a regression (%s): re-running it %d time(s) to "
-                       "confirm", cell.name, why, settings.confirm_reruns)
-        for attempt in range(1, settings.confirm_reruns + 1):
+                       "confirm", cell.name, why, reruns)
+        for attempt in range(1, reruns + 1):
             rerun = _run_cell(cell, run, platform, repeat_of=uuid_text)
             results.append(rerun.model_copy(update={"name": f"{cell.name}~rerun{attempt}"}))
 
@@ -524,7 +615,8 @@ def orchestrate(project_name: str, presets: Sequence[str], overrides: dict[str, 
                              code_dir=code_dir, code_commit=code_commit)
         run = RunContext(project=project, config=config, model=model,
                          test=project.test_block(model), root=root,
-                         run_id=run_id or root.name, kubeconfig=kubeconfig)
+                         run_id=run_id or root.name, kubeconfig=kubeconfig,
+                         fingerprint={"telltale_commit": code_commit} if code_commit else {})
         target = platform_factory(chosen)
         try:
             try:
@@ -533,6 +625,7 @@ def orchestrate(project_name: str, presets: Sequence[str], overrides: dict[str, 
                 target.prepare(run, plan.runnable)
                 with target.lock(run):
                     test_phase(plan.cells, run, target, outcome.cells)
+                    validity_phase(plan.cells, run, target, outcome.cells)
                     confirm_phase(plan.cells, run, target, outcome.cells)
                 _postprocess_phase(outcome, run)
             finally:
@@ -561,8 +654,11 @@ def orchestrate(project_name: str, presets: Sequence[str], overrides: dict[str, 
         failed = [c for c in outcome.cells if c.status == "failed"]
         outcome.failures = [f"cell {c.name} failed: {c.reason}" for c in failed] + \
             outcome.failures
+        outcome.inconclusive = _still_invalid(outcome.cells)
         if outcome.failures:
             outcome.exit_code = EXIT_FAILED
+        elif outcome.inconclusive and model.analysis.validity.mode == "enforce":
+            outcome.exit_code = EXIT_INCONCLUSIVE
         _write_outcome(root, outcome)
         emit_run_events(project.name, outcome, model.notify, run_id)
     return outcome
@@ -672,7 +768,9 @@ def run_from_cli(flow_fn: Callable[..., RunOutcome], presets: list[str],
     say(f"artifacts : {outcome.artifact_dir}")
     for cell in outcome.cells:
         say(f"  cell {cell.name:<40} {cell.status}"
-            + (f" (exit {cell.exit_code})" if cell.exit_code not in (None, 0) else ""))
+            + (f" (exit {cell.exit_code})" if cell.exit_code not in (None, 0) else "")
+            + (f", {cell.validity}" if cell.validity in ("valid", "invalid") else "")
+            + (f": {'; '.join(cell.validity_reasons)}" if cell.validity == "invalid" else ""))
     if outcome.verdict_counts:
         say("verdicts  : " + ", ".join(f"{k}={v}" for k, v in
                                        sorted(outcome.verdict_counts.items())))
@@ -682,6 +780,9 @@ def run_from_cli(flow_fn: Callable[..., RunOutcome], presets: list[str],
         say(f"exported  : {outcome.export_url}")
     for failure in outcome.failures:
         say(f"FAILED    : {failure}")
+    for line in outcome.inconclusive:
+        say(("INCONCLUSIVE: " if outcome.exit_code == EXIT_INCONCLUSIVE else "INVALID   : ")
+            + line + (" (not judged)" if outcome.exit_code != EXIT_INCONCLUSIVE else ""))
     for cell in outcome.cells:
         if cell.log_tail:
             say(f"--- last lines of {cell.name}'s workload log ---\n{cell.log_tail}",

@@ -5,13 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from analysis.pipeline import PostprocessOutcome, postprocess, suspects
+from analysis.pipeline import PostprocessOutcome, postprocess, suspects, validity_of_tree
+from analysis.regression import repeats_for
 from analysis.settings import AnalysisSettings
 from blocks.opensearch import OpenSearchInstance
 from tasks.artifacts import artifact_dir, step
 from tasks.publish.opensearch import OpenSearchHistory
 
-__all__ = ["find_suspects", "postprocess_results"]
+__all__ = ["cell_validity", "find_suspects", "postprocess_results"]
 
 
 # Retries cover transient history-store faults (S3); the timeout bounds a runaway parse.
@@ -48,13 +49,33 @@ def postprocess_results(results_dir: str, project: str, history_uri: str | None,
 
 @step("analysis", retries=2, retry_delay_seconds=[5, 30], timeout_seconds=1800)
 def find_suspects(results_dir: str, project: str, history_uri: str,
-                  settings: dict[str, Any]) -> dict[str, str]:
-    """Result dirs (relative) whose newest run alone looks like a regression → why.
+                  settings: dict[str, Any]) -> dict[str, tuple[str, int]]:
+    """Result dirs (relative) whose newest run alone looks like a regression → (why, re-runs).
 
-    The confirmation re-runs of ``analysis.confirm_reruns`` are chosen from these.
+    The confirmation re-runs of ``analysis.confirm_reruns`` are chosen from these: that many
+    each, or with ``auto`` as many as bring the KPI's minimum detectable effect under
+    ``analysis.target_mde_pct`` (at least 1, at most 5).
     """
-    found: dict[str, str] = {}
-    for row in suspects(results_dir, project, history_uri,
-                        AnalysisSettings.model_validate(settings)):
-        found.setdefault(row.test_path, f"{row.kpi}: {row.explanation}")
+    analysis = AnalysisSettings.model_validate(settings)
+    found: dict[str, tuple[str, int]] = {}
+    for row in suspects(results_dir, project, history_uri, analysis):
+        if analysis.confirm_reruns == "auto":
+            runs = repeats_for((row.mde_pct or 0.0) / 100, row.history_used,
+                               analysis.target_mde_pct / 100)
+            reruns = max(runs - 1, 1)
+        else:
+            reruns = analysis.confirm_reruns
+        why, most = found.get(row.test_path, (f"{row.kpi}: {row.explanation}", 0))
+        found[row.test_path] = (why, max(most, reruns))
     return found
+
+
+@step("analysis", timeout_seconds=1800)
+def cell_validity(results_dir: str, project: str, settings: dict[str, Any]
+                  ) -> dict[str, dict[str, Any]]:
+    """Each result dir's validity (relative path → status and reasons) after the cells ran.
+
+    The flow re-runs invalid cells from it (``analysis.invalid_reruns``).
+    """
+    found = validity_of_tree(results_dir, project, AnalysisSettings.model_validate(settings))
+    return {path: validity.model_dump() for path, validity in found.items()}

@@ -6,6 +6,7 @@ never imports anything else from this folder.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import sys
@@ -26,12 +27,13 @@ from projects.contract import (
     Project,
     Staging,
 )
+from projects.fine_tuning import validity
 from projects.fine_tuning.kpis import KPIS, labels, results_summary
 from projects.fine_tuning.manifests import DATA_SOURCE_LABEL, cell_manifests
 from projects.fine_tuning.models import ConfigModel, FineTuningTest, TestSettings
 from projects.fine_tuning.parser import FineTuningParser, FineTuningResult
 from projects.fine_tuning.trainer import trainer_config
-from projects.library.data import data_file
+from projects.library.data import content_hash, data_file
 from projects.library.runs import run_timestamps, run_uuid
 
 __all__ = ["PROJECT", "WORKLOAD_MODULE"]
@@ -93,8 +95,8 @@ def check_local(cells: Sequence[CellContext]) -> dict[str, Any]:
     settings = [_settings(c) for c in cells]
     datasets = sorted({str(s["dataset_name"]) for s in settings})
     data_dir = _FOLDER / "data"
-    for name in datasets:
-        data_file(data_dir, name, key=DATASET_KEY, what="dataset")
+    hashes = {name: content_hash(data_file(data_dir, name, key=DATASET_KEY, what="dataset"))
+              for name in datasets}
     models = sorted({str(s["model_name"]) for s in settings})
     local_models = _test(cells[0]).local_models if cells else {}
     for name in models:
@@ -108,7 +110,10 @@ def check_local(cells: Sequence[CellContext]) -> dict[str, Any]:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             versions[name] = None
-    return {"datasets": datasets, "models": models, "versions": versions}
+    for name in models:
+        spec = json.dumps(local_models[name].model_dump(), sort_keys=True, default=str)
+        hashes[f"model:{name}"] = hashlib.sha256(spec.encode()).hexdigest()[:16]
+    return {"datasets": datasets, "models": models, "versions": versions, "data": hashes}
 
 
 def kube_workload(ctx: CellContext) -> KubeWorkload:
@@ -150,6 +155,9 @@ PROJECT = Project(
     loss_curve=_loss_curve,
     user_rows=_user_rows,
     bulky=("progress",),
+    validity=validity.validity_reasons,
+    measured_window=validity.measured_window,
+    min_window_s=validity.MIN_WINDOW_S,
     # read by the KPIs, labels and LTS results only (the report draws users for every run)
     analysis_only=("platform", "trainer_config", "dataset_stats", "summary", "workload",
                    "first_loss", "last_loss"),

@@ -5,11 +5,12 @@ Never a path elsewhere: a name that resolves outside is an error.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from analysis.errors import ConfigError
 
-__all__ = ["data_file"]
+__all__ = ["content_hash", "data_file"]
 
 
 def data_file(data_dir: Path, name: str, *, key: str, what: str = "data file") -> Path:
@@ -41,3 +42,26 @@ def data_file(data_dir: Path, name: str, *, key: str, what: str = "data file") -
         raise ConfigError(f"{what} {name!r} not found in {root}; available: "
                           f"{', '.join(available) or '(none)'}", key=key)
     return path
+
+
+_HASH_LIMIT = 4 * 1024 * 1024 * 1024  # bytes hashed per file or dir: a model's weights pass
+
+
+def content_hash(path: Path) -> str:
+    """The content hash of a file, or of a dir's regular files (names and bytes), 16 hex.
+
+    For the environment fingerprint: a dataset or model that changed under the same name
+    changes its hash. Links are not followed; hashing stops at 4 GiB (a larger model is
+    identified by its first 4 GiB and its file names).
+    """
+    digest = hashlib.sha256()
+    files = [path] if path.is_file() else sorted(
+        p for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+    budget = _HASH_LIMIT
+    for item in files:
+        digest.update(str(item.relative_to(path) if item != path else item.name).encode())
+        with item.open("rb") as stream:
+            while budget > 0 and (chunk := stream.read(min(1 << 20, budget))):
+                digest.update(chunk)
+                budget -= len(chunk)
+    return digest.hexdigest()[:16]

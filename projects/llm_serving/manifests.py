@@ -33,7 +33,7 @@ def object_name(test_name: str, cell_index: int) -> str:
 
 def cell_manifests(settings: dict[str, Any], *, namespace: str, block: dict[str, Any],
                    cell_index: int, ready_timeout_s: int,
-                   fail_on_warnings: list[str] | None = None) -> dict[str, Any]:
+                   invalid_on_warnings: list[str] | None = None) -> dict[str, Any]:
     """Every manifest of one cell, by role.
 
     Args:
@@ -42,7 +42,7 @@ def cell_manifests(settings: dict[str, Any], *, namespace: str, block: dict[str,
         block: ``tests.llm_serving.kubernetes`` (models, memory, cpu).
         cell_index: The cell's index (names).
         ready_timeout_s: How long the load Pod waits for the model to answer.
-        fail_on_warnings: GuideLLM warning codes that fail the load step.
+        invalid_on_warnings: GuideLLM warning codes that make the measurement invalid.
 
     Returns:
         ``namespace``, ``runtime``, ``isvc``, ``configmap``, ``job`` and the ``load_config``.
@@ -92,7 +92,7 @@ def cell_manifests(settings: dict[str, Any], *, namespace: str, block: dict[str,
         "warmup_s": int(settings.get("warmup_s") or 0),
         "request_format": settings["request_format"],
         "wait_ready_s": min(ready_timeout_s, 300),
-        "fail_on_warnings": list(fail_on_warnings or ["generation_delay_ttft"]),
+        "invalid_on_warnings": list(invalid_on_warnings or ["generation_delay_ttft"]),
     }
     configmap = {
         "apiVersion": "v1", "kind": "ConfigMap",

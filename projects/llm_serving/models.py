@@ -109,10 +109,11 @@ class ServingTest(TestBlock):
     """``tests.llm_serving``."""
 
     test_settings: ServingSettings
-    fail_on_warnings: list[str] = Field(
+    invalid_on_warnings: list[str] = Field(
         default_factory=lambda: ["generation_delay_ttft"],
-        description="GuideLLM warning codes that make a cell a failed measurement (its own "
-        "request generation bottlenecked the run); other warnings are recorded only.")
+        description="GuideLLM warning codes that make a cell an invalid measurement (its own "
+        "request generation bottlenecked the run): kept and shown, never judged; other "
+        "warnings are recorded only.")
     local: LocalServingBlock = Field(default_factory=LocalServingBlock)
     kubernetes: KubeServingBlock = Field(default_factory=KubeServingBlock)
 

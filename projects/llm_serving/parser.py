@@ -33,6 +33,8 @@ __all__ = ["LOAD_STEP", "ServingParser", "ServingResult", "Stats", "UserServing"
 LOAD_STEP = "run_llm_serving_load"
 WORKLOAD_GLOB = f"*__llm_serving__{LOAD_STEP}"
 CAPTURE_GLOB = "*__cluster__capture_environment"
+DEFAULT_INVALID_WARNINGS = frozenset({"generation_delay_ttft"})
+"""Invalidating GuideLLM warnings when the load step did not record its own list."""
 MAX_SAMPLES = 2000
 """Per-request values kept for the distribution pages (evenly thinned beyond this)."""
 _COUNTERS = {
@@ -77,6 +79,7 @@ class _Metrics(BaseModel):
     inter_token_latency_ms: _ByStatus
     time_per_output_token_ms: _ByStatus
     output_tokens_per_second: _ByStatus
+    request_concurrency: _ByStatus | None = None
 
 
 class _Request(BaseModel):
@@ -151,6 +154,12 @@ class ServingResult(RunResult):
     measured: bool = Field(default=False, description="The load step judged the run a valid "
                            "measurement (exit 0: no fatal GuideLLM warning, some success).")
     warnings: list[str] = Field(default_factory=list)
+    invalid_warnings: list[str] = Field(default_factory=list, description="GuideLLM warnings "
+                                        "that make the measurement invalid "
+                                        "(tests.llm_serving.invalid_on_warnings).")
+    achieved_concurrency: float | None = Field(default=None, description="Mean requests in "
+                                               "flight (GuideLLM's request_concurrency).")
+    measured_s: float | None = Field(default=None, description="GuideLLM's measured window.")
     successful: int | None = None
     errored: int | None = None
     ttft_ms: Stats = Field(default_factory=Stats)
@@ -201,7 +210,7 @@ class ServingParser:
     """Reads the load step of an llm_serving cell (see the module docstring)."""
 
     name: ClassVar[str] = "llm_serving"
-    version: ClassVar[str] = "1"
+    version: ClassVar[str] = "2"
     result_model: ClassVar[type[ParsedResult]] = ServingResult
 
     def parse(self, result: ResultDir, reader: FileReader) -> ServingResult:
@@ -277,11 +286,19 @@ class ServingParser:
         out.successful = metrics.request_totals.successful
         out.errored = metrics.request_totals.errored
         out.warnings = [w.code for w in bench.warnings]
+        # the load step recorded which warnings invalidate (its config's list); a cluster's
+        # log line carries none: the default list
+        listed = record.get("invalid_warnings")
+        out.invalid_warnings = [str(c)[:64] for c in listed][:20] if isinstance(listed, list) \
+            else [c for c in out.warnings if c in DEFAULT_INVALID_WARNINGS]
+        if metrics.request_concurrency is not None:
+            out.achieved_concurrency = metrics.request_concurrency.successful.mean
+        out.measured_s = bench.duration
         ratio = next((w.observed for w in bench.warnings
                       if w.code == "generation_delay_ttft"), None)
         out.generation_delay_ratio = ratio
-        # the load step failed the cell on a fatal warning (its load generator was the
-        # bottleneck) or when nothing succeeded: such a run measures no server, no KPI
+        # nothing succeeded, or the load step failed: such a run measures no server, no KPI
+        # (a bottlenecked load generator's run keeps its KPIs: an invalid measurement)
         out.measured = bool(out.successful) and out.exit_code == 0
         if not out.measured:
             return

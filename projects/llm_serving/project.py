@@ -34,8 +34,9 @@ from projects.contract import (
     LocalWorkload,
     Project,
 )
+from projects.library.data import content_hash
 from projects.library.runs import run_timestamps, run_uuid
-from projects.llm_serving import install
+from projects.llm_serving import install, validity
 from projects.llm_serving.kpis import KPIS, as_serving, labels, results_summary
 from projects.llm_serving.manifests import JOB_NAME_LABEL, LOAD_SCRIPT, cell_manifests
 from projects.llm_serving.models import ConfigModel, ServingSettings, ServingTest
@@ -127,7 +128,8 @@ def check_local(cells: Sequence[CellContext]) -> dict[str, Any]:
                               key="tests.llm_serving.local.venv") from None
     models = {str(_settings(c).model_name): str(_build_model(test, _settings(c)))
               for c in cells}
-    return {"venv": str(venv), "versions": versions, "models": models}
+    return {"venv": str(venv), "versions": versions, "models": models,
+            "data": {f"model:{name}": content_hash(Path(path)) for name, path in models.items()}}
 
 
 def local_service(ctx: CellContext) -> LocalService:
@@ -159,7 +161,7 @@ def _load_config(ctx: CellContext) -> dict[str, Any]:
             "concurrency": settings.concurrency, "prompt_tokens": settings.prompt_tokens,
             "output_tokens": settings.output_tokens, "duration_s": settings.duration_s,
             "warmup_s": settings.warmup_s, "request_format": settings.request_format,
-            "fail_on_warnings": list(test.fail_on_warnings)}
+            "invalid_on_warnings": list(test.invalid_on_warnings)}
 
 
 def local_workload(ctx: CellContext) -> LocalWorkload:
@@ -183,7 +185,7 @@ def kube_workload(ctx: CellContext) -> KubeWorkload:
                              block=test.kubernetes.model_dump(mode="json"),
                              cell_index=ctx.index,
                              ready_timeout_s=test.kubernetes.ready_timeout_s,
-                             fail_on_warnings=list(test.fail_on_warnings))
+                             invalid_on_warnings=list(test.invalid_on_warnings))
     isvc, job = objects["isvc"]["metadata"]["name"], objects["job"]["metadata"]["name"]
     return KubeWorkload(
         shared=[objects["namespace"]],
@@ -216,6 +218,9 @@ PROJECT = Project(
     user_rows=_user_rows,
     samples=lambda r: as_serving(r).samples,
     bulky=("samples",),
+    validity=validity.validity_reasons,
+    measured_window=validity.measured_window,
+    min_window_s=validity.MIN_WINDOW_S,
     # read by the KPIs, labels and LTS results only (the report draws users for every run)
     analysis_only=("ttft_ms", "itl_ms", "tpot_ms", "request_latency_s", "server_counters"),
     folder=FOLDER,

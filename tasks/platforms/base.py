@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -50,6 +50,9 @@ class RunContext:
         root: The run's artifact dir.
         run_id: The run's id (labels every cluster object).
         kubeconfig: How to reach the cluster (None on the local platform).
+        fingerprint: The engine's part of every cell's environment fingerprint (Telltale's
+            commit, the workload environment's packages and data hashes), written to each
+            cell dir as ``fingerprint.json`` (`analysis.fingerprint`).
     """
 
     project: Project
@@ -59,6 +62,7 @@ class RunContext:
     root: Path
     run_id: str
     kubeconfig: str | None = None
+    fingerprint: dict[str, Any] = field(default_factory=dict)
 
     def __repr__(self) -> str:  # step parameters show this: short, and no config values
         return (f"RunContext(project={self.project.name!r}, run_id={self.run_id!r}, "
@@ -72,7 +76,13 @@ class RunContext:
 
 
 class Platform(Protocol):
-    """Where cells run. Implementations: `LocalPlatform`, `KubernetesPlatform`."""
+    """Where cells run. Implementations: `LocalPlatform`, `KubernetesPlatform`.
+
+    Optional attributes the engine reads with a default: ``watches_host`` (True: the
+    cell's window is watched on this machine, ``host.json``, for the validity checks) and
+    ``facts`` (what ``prepare`` learnt of the workload environment: ``versions``, ``data``
+    hashes, for the fingerprint).
+    """
 
     name: str
 

@@ -376,15 +376,17 @@ class LocalPlatform:
     """This machine: the workload as a local process (see the module docstring)."""
 
     name = "local"
+    watches_host = True  # the machine's window of each cell: the validity checks read it
 
     def __init__(self) -> None:
         self.prometheus: PrometheusServer | None = None
         self.service: RunningService | None = None
+        self.facts: dict[str, Any] = {}
 
     def prepare(self, run_ctx: RunContext, cells: Sequence[Cell]) -> None:
         """Check that the cells can run here; start the run's Prometheus (``observe``)."""
         self._start_prometheus(run_ctx)  # first: its 5 s until the first scrape overlaps
-        prepare_local(run_ctx, list(cells))
+        self.facts = prepare_local(run_ctx, list(cells)) or {}
 
     def _start_prometheus(self, run_ctx: RunContext) -> None:
         block = run_ctx.model.observe.prometheus

@@ -19,7 +19,9 @@ VALUES = {
     VerdictRow: {"run_uuid": "r", "test_path": "p", "kpi": "k", "unit": "s", "latest": 2.0,
                  "repeats": [2.0], "baseline": 1.0, "change_pct": 100.0,
                  "verdict": "regression", "confidence": 0.9, "suspect": False,
-                 "history_used": 5, "explanation": "since run 3, +100 %"},
+                 "history_used": 5, "explanation": "since run 3, +100 %",
+                 "validity": "valid", "since_runs": 2, "what_changed": ["torch 1 → 2"],
+                 "suspects": ["cpu +5%"], "mde_pct": 3.5},
 }
 
 

@@ -25,11 +25,7 @@ pytestmark = pytest.mark.slow
 
 # One server for both cells; the second calls the chat route of a model with no chat
 # template: every request is refused (400), the load step says no request succeeded.
-# GuideLLM's "the load generator was the bottleneck" guard is off: at load 6+ on 2 cores it
-# fails the first cell too (exit 5), rightly, but this test is about the shared server and
-# the failed cell's cleanup (the guard has its own tests in tests/projects).
 TWO_CELLS = ["--var", "tests.llm_serving.test_settings.duration_s=5",
-             "--var", "tests.llm_serving.fail_on_warnings=[]",
              "--var", "tests.llm_serving.test_extra_settings=[{request_format: /v1/completions},"
                       " {request_format: /v1/chat/completions}]"]
 

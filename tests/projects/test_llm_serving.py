@@ -9,9 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import hypothesis.strategies as st
 import jsonschema
 import kubernetes_validate
 import pytest
+from hypothesis import given, settings
 
 from analysis.discovery import ResultDir
 from analysis.errors import ConfigError
@@ -116,8 +118,9 @@ def test_broken_result_files_are_problems_not_crashes(tmp_path: Path) -> None:
     assert "ttft_p95" not in kpis
 
 
-def test_a_bottlenecked_measurement_gives_no_latency_kpi(tmp_path: Path) -> None:
-    """GuideLLM's own warning (its request generation was the bottleneck): no KPI from it."""
+def test_a_bottlenecked_measurement_keeps_its_kpis_and_is_invalid(tmp_path: Path) -> None:
+    """GuideLLM's own warning (its request generation was the bottleneck): the KPIs are
+    kept (stored marked invalid, never judged); a failed load step gives none."""
     dist = {"mean": 10.0, "median": 9.0, "percentiles": {"p50": 9.0, "p95": 20.0, "p99": 30.0}}
     by_status = {"successful": dist}
     bench = {"metrics": {"request_totals": {"successful": 40, "errored": 0},
@@ -127,12 +130,15 @@ def test_a_bottlenecked_measurement_gives_no_latency_kpi(tmp_path: Path) -> None
                              "output_tokens_per_second")}},
              "warnings": [{"code": "generation_delay_ttft", "observed": 0.03,
                            "threshold": 0.01}]}
-    # the load step failed the cell on that warning (exit 5)
     result, _ = _result(tmp_path, {"artifacts/guidellm.json": json.dumps(
-        {"benchmarks": [bench]})}, exit_code=5)
-    assert not result.measured and result.generation_delay_ratio == 0.03
-    names = {k.name for k in compute_kpis(PROJECT.kpis, result, {})}
-    assert "ttft_p95" not in names and "error_rate" in names
+        {"benchmarks": [bench]})})
+    assert result.measured and result.generation_delay_ratio == 0.03
+    assert "ttft_p95" in {k.name for k in compute_kpis(PROJECT.kpis, result, {})}
+    assert any("bottleneck" in r for r in PROJECT.validity(result))
+    failed, _ = _result(tmp_path / "failed", {"artifacts/guidellm.json": json.dumps(
+        {"benchmarks": [bench]})}, exit_code=3)
+    names = {k.name for k in compute_kpis(PROJECT.kpis, failed, {})}
+    assert not failed.measured and "ttft_p95" not in names and "error_rate" in names
     bench["warnings"] = []
     result, _ = _result(tmp_path, {"artifacts/guidellm.json": json.dumps(
         {"benchmarks": [bench]})})
@@ -205,20 +211,58 @@ def test_plan_of_the_gpu_preset_writes_the_manifests(tmp_path: Path) -> None:
     assert "kind: InferenceService" in text and "kind: ServingRuntime" in text
 
 
-@pytest.mark.parametrize(("code", "exit_code"), [("generation_delay_ttft", 5),
-                                                  ("root_late", 0)])
-def test_only_the_listed_warnings_fail_the_load_step(tmp_path: Path, code: str,
-                                                     exit_code: int) -> None:
-    """A bottlenecked load generator is a failed measurement; other warnings are recorded."""
+def _recorded() -> dict:
+    return json.loads((Path(__file__).resolve().parent.parent / "data" /
+                       "guidellm_light.json").read_text())
+
+
+def _judged(tmp_path: Path, data: dict, concurrency: int = 1) -> list[str]:
+    """The load step's summary of a GuideLLM result, then the parse and its validity."""
     from projects.llm_serving.workload.load import _verdict
 
-    data = json.loads((Path(__file__).resolve().parent.parent / "data" /
-                       "guidellm_light.json").read_text())
-    data["benchmarks"][0]["warnings"] = [{"code": code, "observed": 0.3, "threshold": 0.2}]
-    result = tmp_path / "guidellm.json"
-    result.write_text(json.dumps(data))
-    verdict, summary = _verdict(str(result), ["generation_delay_ttft"])
-    assert verdict == exit_code and summary["warnings"] == [code]
+    result_file = tmp_path / "guidellm.json"
+    result_file.write_text(json.dumps(data))
+    code, summary = _verdict(str(result_file), ["generation_delay_ttft"])
+    assert code == 0  # a warning never fails the workload: validity decides
+    cell = tmp_path / "cell"
+    result, _ = _result(cell, {"artifacts/guidellm.json": json.dumps(data),
+                               "artifacts/load.json": json.dumps(summary)})
+    result.settings["concurrency"] = concurrency
+    return PROJECT.validity(result)
+
+
+@pytest.mark.parametrize("code", ["generation_delay_ttft", "root_late"])
+def test_only_the_listed_warnings_make_a_recorded_run_invalid(tmp_path: Path,
+                                                              code: str) -> None:
+    """A bottlenecked load generator is an invalid measurement (exit 0, KPIs kept, not
+    judged); other warnings are recorded only."""
+    data = _recorded()
+    data["benchmarks"][0]["warnings"] = [{"code": code, "observed": 0.06, "threshold": 0.01}]
+    reasons = _judged(tmp_path, data)
+    if code == "generation_delay_ttft":
+        assert len(reasons) == 1 and "bottleneck" in reasons[0] and "6.0%" in reasons[0]
+    else:
+        assert reasons == []
+
+
+@given(errored=st.integers(0, 200), achieved=st.floats(0.0, 4.0), concurrency=st.integers(1, 4))
+@settings(max_examples=40)
+def test_errors_and_achieved_concurrency_decide_validity(errored: int, achieved: float,
+                                                         concurrency: int) -> None:
+    """More than 1 % errored requests, or under 75 % of the asked concurrency: invalid."""
+    import tempfile
+
+    data = _recorded()
+    bench = data["benchmarks"][0]
+    bench["warnings"] = []
+    totals = bench["metrics"]["request_totals"]
+    totals["errored"] = errored
+    bench["metrics"]["request_concurrency"]["successful"]["mean"] = achieved
+    with tempfile.TemporaryDirectory() as tmp:
+        reasons = _judged(Path(tmp), data, concurrency)
+    share = errored / (errored + totals["successful"])
+    assert any("errored" in r for r in reasons) == (share > 0.01)
+    assert any("concurrency" in r for r in reasons) == (achieved < 0.75 * concurrency)
 
 
 def test_multi_user_results_give_per_client_rows_and_first_success(tmp_path: Path) -> None:

