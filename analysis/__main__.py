@@ -4,6 +4,11 @@
 records that a run's level is the new baseline (all its KPIs, or the named ones): later
 verdicts compare with it, and the shift it carries stops being reported.
 
+``python -m analysis compare --history URI A B [--project NAME] [--kpi NAME]... [--html PATH]
+[--json PATH] [--same-within PCT]`` compares two selections of the history (runs, label
+selections such as ``vllm=0.32.0``, or time windows ``2026-11-01..2026-11-08``) KPI by KPI:
+change, 95 % interval, effect size and a verdict (`analysis.compare`).
+
 Progress lines (``parse: 4,000/10,000 run(s) (40 %), 1,250/s``, judging, the report) go to
 stderr; ``--quiet`` leaves them out.
 
@@ -19,6 +24,7 @@ import gc
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from analysis.environment import env_settings
 from analysis.errors import TelltaleError, UserError
@@ -27,6 +33,7 @@ from analysis.paths import writable_dir
 from analysis.pipeline import postprocess, settings_for
 from analysis.progress import logger as progress_logger
 from analysis.project import load_project
+from analysis.terminal import printable
 
 
 class _Parser(argparse.ArgumentParser):
@@ -66,6 +73,66 @@ def accept_main(argv: Sequence[str]) -> int:
     return 0
 
 
+def compare_main(argv: Sequence[str]) -> int:
+    """``compare``: two selections of the history, KPI by KPI; returns the exit code."""
+    from analysis.compare import comparison_html, comparison_lines, compare_frames
+    from analysis.report import PLOTLY_FILE, _write_plotlyjs
+    from analysis.safeio import write_json, write_text
+
+    parser = _Parser(prog="python -m analysis compare",
+                     description="Compare two selections of a history: runs (uuids), label "
+                                 "selections (vllm=0.32.0) or time windows (START..END).")
+    parser.add_argument("a", metavar="A", help="the reference selection")
+    parser.add_argument("b", metavar="B", help="the selection compared with it")
+    parser.add_argument("--history", metavar="URI", required=True,
+                        help="Parquet history: local dir or s3://bucket/prefix")
+    parser.add_argument("--project", help="use this project's ignored labels")
+    parser.add_argument("--kpi", action="append", default=[], help="only this KPI "
+                        "(repeatable)")
+    parser.add_argument("--same-within", type=float, default=2.0, metavar="PCT",
+                        help="an interval within ±PCT %% is 'same' (default 2)")
+    parser.add_argument("--html", metavar="PATH", help="also write an HTML page")
+    parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    args = parser.parse_args(argv)
+    try:
+        env_settings()
+        if not 0 < args.same_within <= 100:
+            raise UserError("--same-within must be between 0 and 100")
+        ignored: list[str] = []
+        if args.project:
+            ignored = list(settings_for(load_project(args.project), ".")
+                           .comparison.ignored_labels)
+        rows = compare_frames(HistoryStore(args.history).read(), args.a, args.b,
+                              kpis=args.kpi, ignored_labels=ignored,
+                              same_within_pct=args.same_within)
+        for path in (args.html, args.json):
+            if path:
+                writable_dir(str(Path(path).parent), "--html/--json")
+        if args.html:
+            write_text(args.html, comparison_html(rows, args.a, args.b))
+            _write_plotlyjs(Path(args.html).parent / PLOTLY_FILE)
+        if args.json:
+            write_json(args.json, [r.model_dump() for r in rows])
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except TelltaleError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    for line in comparison_lines(rows, args.a, args.b):
+        print(printable(line))
+    return 0
+
+
+def _skip_reasons(skipped: Sequence[dict[str, str]]) -> list[tuple[str, int]]:
+    """Skipped dirs counted by reason (another project's runs are one reason each)."""
+    counts: dict[str, int] = {}
+    for item in skipped:
+        reason = item.get("reason", "")
+        counts[reason] = counts.get(reason, 0) + 1
+    return sorted(counts.items(), key=lambda kv: -kv[1])[:10]
+
+
 def _show_progress() -> None:
     """Print the progress lines (`analysis.progress`) on stderr, once."""
     if not any(getattr(h, "telltale_progress", False) for h in progress_logger.handlers):
@@ -82,6 +149,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["accept"]:
         return accept_main(argv[1:])
+    if argv[:1] == ["compare"]:
+        return compare_main(argv[1:])
     parser = _Parser(prog="python -m analysis",
                      description="Post-process a results tree: KPIs, LTS payloads, "
                                  "history, regression verdicts and an HTML report.")
@@ -134,9 +203,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:  # a full disk mid-way: one line, not a traceback
         print(f"error: {exc.strerror or exc} ({exc.filename or args.out})", file=sys.stderr)
         return 1
-    print(f"{outcome.runs} run(s) parsed ({outcome.failed_runs} failed, "
+    invalid = sum(v.status == "invalid" for v in outcome.validity.values())
+    print(f"{outcome.runs} run(s) parsed ({outcome.failed_runs} failed, {invalid} invalid, "
           f"{outcome.problems} problem(s), {len(outcome.skipped)} dir(s) skipped); "
           f"{outcome.kpi_rows} KPI rows")
+    for reason, count in _skip_reasons(outcome.skipped):
+        print(f"  skipped {count} dir(s): {printable(reason)}")
     if outcome.verdict_counts:
         print("verdicts: " + ", ".join(f"{k}={v}" for k, v in
                                        sorted(outcome.verdict_counts.items())))

@@ -7,7 +7,10 @@ A *result dir* holds ``settings.yaml`` and ``exit_code``. Rules:
   hold the settings every cell shares;
 - a dir with ``settings.yaml`` but a missing or non-integer ``exit_code`` is skipped with a
   recorded reason (it never aborts discovery);
-- failed runs (non-zero ``exit_code``) are kept: they are parsed and reported.
+- failed runs (non-zero ``exit_code``) are kept: they are parsed and reported;
+- with ``project``, a result dir of another project is skipped and named (a default runs
+  folder holds every project's runs): its owner is the ``project`` of its ``cell.json``, else
+  the project its step dirs (``NNN__<project>__<step>``) name; a dir that names none is kept.
 
 Hidden dirs (``.git``...) are not searched.
 
@@ -37,6 +40,7 @@ __all__ = ["Discovery", "ResultDir", "SkippedDir", "discover", "read_exit_code"]
 SETTINGS_FILE = "settings.yaml"
 EXIT_CODE_FILE = "exit_code"
 SKIP_FILE = "skip"
+CELL_FILE = "cell.json"
 INDEX_FILE = ".telltale_discovery.json"
 _INDEX_VERSION = 1
 _INDEX_MAX = 64 * 1024 * 1024  # an index larger than this is not ours: ignored
@@ -156,11 +160,33 @@ def _merge(parent: Mapping[str, Any], child: Mapping[str, Any]) -> dict[str, Any
     return merged
 
 
-def discover(root: str | Path) -> Discovery:
+def _owner(directory: str, names: set[str], projects: set[str]) -> str | None:
+    """The project a result dir belongs to (see the module docstring), None: unknown."""
+    if CELL_FILE in names:
+        try:
+            with open(os.path.join(directory, CELL_FILE), "rb") as stream:
+                data = json.loads(stream.read(64 * 1024))
+            owner = data.get("project") if isinstance(data, dict) else None
+            if isinstance(owner, str):
+                return owner
+        except (OSError, ValueError):
+            pass
+    for name in names:
+        parts = name.split("__")
+        if len(parts) >= 3 and parts[0].isdigit() and parts[1] in projects:
+            return parts[1]
+    return None
+
+
+def discover(root: str | Path, project: str | None = None,
+             known_projects: set[str] | None = None) -> Discovery:
     """Walk ``root`` and return its result dirs, in sorted path order.
 
     Args:
         root: The results tree.
+        project: Keep only this project's result dirs (others are skipped, named).
+        known_projects: The project names step dirs may carry (default: the registered
+            ones and ``project``).
 
     Returns:
         The `Discovery`: usable result dirs and skipped ones with reasons.
@@ -177,6 +203,11 @@ def discover(root: str | Path) -> Discovery:
         raise ResultsError(f"results dir not found: {root}")
     found = Discovery(root=str(base))
     index = _SettingsIndex(base)
+    if project is not None and known_projects is None:
+        from analysis.project import available_projects
+
+        known_projects = set(available_projects())
+    projects = (known_projects or set()) | ({project} if project else set())
 
     # Depth-first with an explicit stack: 1 500 nested dirs hit Python's recursion limit.
     # Children are pushed in reverse so they are visited in sorted order, as before. Paths
@@ -196,7 +227,11 @@ def discover(root: str | Path) -> Discovery:
             data = _read_settings(Path(directory), found, index, rel)
             if isinstance(data, Mapping):
                 settings = _merge(inherited, data)
-                if SKIP_FILE not in names:
+                owner = _owner(directory, names, projects) if project else None
+                if owner is not None and owner != project:
+                    found.skipped.append(SkippedDir(
+                        path=directory, reason=f"a run of project {owner}, not {project}"))
+                elif SKIP_FILE not in names:
                     code = read_exit_code(directory)
                     if isinstance(code, int):
                         # built here from checked values: validating a nested settings

@@ -489,7 +489,7 @@ def _analyse_tree(results_dir: str | Path, hooks: AnalysisProject,
     Raises:
         ResultsError: No result dir, or no usable run.
     """
-    found: Discovery = discover(results_dir)
+    found: Discovery = discover(results_dir, project=hooks.name)
     if not found.results:
         reasons = "; ".join(f"{s.path}: {s.reason}" for s in found.skipped[:5])
         raise ResultsError(f"no result dir (settings.yaml + exit_code) under {results_dir}"

@@ -13,10 +13,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from analysis.compare import Comparison, comparison_lines
 from analysis.pipeline import PostprocessOutcome
 from analysis.redact import redact, redact_text
 
-__all__ = ["artifact_key", "publish_results"]
+__all__ = ["artifact_key", "publish_comparison", "publish_results"]
 
 
 def artifact_key(*parts: str) -> str:
@@ -44,7 +45,10 @@ def publish_results(flow: str, outcome: PostprocessOutcome, cells: Sequence[dict
 
     rows = [{"run": v.test_path, "kpi": v.kpi, "value": _fmt(v.latest), "unit": v.unit,
              "baseline": _fmt(v.baseline), "change %": _fmt(v.change_pct, 3),
-             "verdict": v.verdict, "confidence": _fmt(v.confidence, 2)}
+             "verdict": v.verdict, "validity": v.validity, "MDE %": _fmt(v.mde_pct, 2),
+             "what changed": "; ".join(v.what_changed[:3]),
+             "moved with it": "; ".join(v.suspects[:3]),
+             "confidence": _fmt(v.confidence, 2)}
             for v in outcome.verdicts]
     rows = redact(rows)  # a sink: secrets masked by key and by value
     create_table_artifact(table=rows, key=artifact_key(flow, "kpis"),
@@ -58,8 +62,11 @@ def publish_results(flow: str, outcome: PostprocessOutcome, cells: Sequence[dict
              f"- verdicts: {counts}",
              f"- artifacts: `{artifact_dir}`",
              f"- report: `{outcome.report}`" if outcome.report else "- report: (not rendered)",
-             "", "| cell | status | exit code |", "|---|---|---|"]
-    lines += [f"| {c['name']} | {c['status']} | {c.get('exit_code', '')} |" for c in cells]
+             "", "| cell | status | exit code | validity |", "|---|---|---|---|"]
+    lines += [f"| {c['name']} | {c['status']} | {c.get('exit_code', '')} | "
+              f"{c.get('validity') or ''}"
+              f"{': ' + '; '.join(c.get('validity_reasons') or []) if c.get('validity') == 'invalid' else ''} |"
+              for c in cells]
     if outcome.gate_failures:
         lines += ["", "## Gate failures", *[f"- {f}" for f in outcome.gate_failures]]
     create_markdown_artifact(markdown=redact_text("\n".join(lines)),
@@ -69,3 +76,20 @@ def publish_results(flow: str, outcome: PostprocessOutcome, cells: Sequence[dict
         create_link_artifact(link=Path(outcome.report).resolve().as_uri(),
                              link_text="HTML report", key=artifact_key(flow, "report"),
                              description="Plotly report (open from the machine that ran it)")
+
+
+def publish_comparison(rows: Sequence[Comparison], a: str, b: str, key: str) -> None:
+    """Publish a `analysis.compare` result: a table artifact and its terminal summary."""
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+    table = redact([{"kpi": r.kpi, "configuration": r.configuration, "verdict": r.verdict,
+                     "change %": _fmt(r.change_pct, 3),
+                     "95 % interval": "" if r.ci_low_pct is None else
+                     f"{r.ci_low_pct:+.1f} .. {r.ci_high_pct:+.1f}",
+                     "effect size": _fmt(r.effect_size, 3), "runs": f"{r.runs_a} / {r.runs_b}"}
+                    for r in rows])
+    create_table_artifact(table=table, key=artifact_key(key, "compare"),
+                          description=f"B = {b} against A = {a}")
+    create_markdown_artifact(markdown=redact_text("```\n" + "\n".join(
+        comparison_lines(rows, a, b)) + "\n```"), key=artifact_key(key, "compare-summary"),
+        description="Comparison, worst first")

@@ -80,3 +80,37 @@ def test_unwritable_index_is_no_error(tmp_path: Path) -> None:
     assert discover(tmp_path).results[0].settings == {"a": 1}
     assert discover(tmp_path).results[0].settings == {"a": 1}
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(INDEX_FILE)] == [INDEX_FILE]
+
+
+def test_only_the_named_projects_runs_are_taken_from_a_mixed_tree(tmp_path: Path) -> None:
+    """A default runs folder holds every project's runs: the others are skipped, named."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.factories import make_result_dir
+
+    for i in range(3):
+        make_result_dir(tmp_path / f"ft-{i}", seed=i)
+    for i in range(2):  # another project's cells: named by their step dirs
+        cell = tmp_path / f"serving-{i}" / "000__cell"
+        (cell / "001__llm_serving__run_load").mkdir(parents=True)
+        (cell / "settings.yaml").write_text("concurrency: 1\n")
+        (cell / "exit_code").write_text("0\n")
+    scaffolded = tmp_path / "demo" / "000__cell"  # a project no step dir names: cell.json
+    scaffolded.mkdir(parents=True)
+    (scaffolded / "settings.yaml").write_text("x: 1\n")
+    (scaffolded / "exit_code").write_text("0\n")
+    (scaffolded / "cell.json").write_text(json.dumps({"name": "base", "project": "demo"}))
+    found = discover(tmp_path, project="fine_tuning")
+    assert len(found.results) == 3
+    reasons = sorted(s.reason for s in found.skipped)
+    assert reasons == ["a run of project demo, not fine_tuning"] + [
+        "a run of project llm_serving, not fine_tuning"] * 2
+    assert len(discover(tmp_path).results) == 6  # no project: every result dir
+    done = subprocess.run([sys.executable, "-m", "analysis", str(tmp_path), "--project",
+                           "fine_tuning", "--out", str(tmp_path / ".out"), "--no-report"],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "3 run(s) parsed" in done.stdout
+    assert "skipped 2 dir(s): a run of project llm_serving, not fine_tuning" in done.stdout

@@ -330,3 +330,57 @@ def test_scale_test_preset_fans_out_real_users(tmp_path: Path, prefect_harness) 
     assert set(kpis["user_count"]) == {"4"}
     page = next((tmp_path / "run").glob("*__analysis__*/report/*_users.html")).read_text()
     assert "time_to_start_s" in page and page.count("<tr") >= 5  # header + 4 users
+
+
+def _fast_vars() -> list[str]:
+    return [arg for key, value in FAST.items() for arg in ("--var", f"{key}={value}")]
+
+
+def test_a_run_beside_busy_loops_is_invalid_not_judged_and_exits_0(tmp_path: Path) -> None:
+    """Four busy loops that are not the run's: the light preset records the cell invalid
+    (busy machine), stores it marked so, judges nothing, and still exits 0 (record)."""
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                              start_new_session=True) for _ in range(4)]
+    try:
+        run_dir = tmp_path / "run"
+        proc = subprocess.run([sys.executable, "-m", "flows.fine_tuning", "--preset", "light",
+                               *_fast_vars(), "--var",
+                               f"analysis.history_uri={tmp_path / 'history'}",
+                               "--artifact-dir", str(run_dir)],
+                              capture_output=True, text=True, env=cli_env(tmp_path),
+                              timeout=1200)
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
+    output = proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, output
+    outcome = json.loads((run_dir / "outcome.json").read_text())
+    cell = outcome["cells"][0]
+    assert cell["validity"] == "invalid", output
+    assert any("busy machine" in r for r in cell["validity_reasons"]), cell
+    assert "invalid: busy machine" in proc.stdout
+    assert outcome["verdict_counts"] == {"not_judged": 1}
+    stored = HistoryStore(str(tmp_path / "history")).read()
+    assert set(stored["validity"]) == {"invalid"}
+
+
+def test_a_nightly_run_that_stays_invalid_ends_inconclusive_with_exit_3(
+        tmp_path: Path) -> None:
+    """validity: enforce (nightly): the invalid cell is re-run once, stays invalid (a window
+    shorter than a declared minimum of a day), and the run ends with exit 3, never 1."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "flows.fine_tuning", "--preset", "nightly",
+                           *_fast_vars(), "--var", "analysis.validity.min_window_s=86400",
+                           "--var", f"analysis.history_uri={tmp_path / 'history'}",
+                           "--artifact-dir", str(run_dir)],
+                          capture_output=True, text=True, env=cli_env(tmp_path), timeout=1200)
+    output = proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 3, output
+    outcome = json.loads((run_dir / "outcome.json").read_text())
+    assert [c["name"] for c in outcome["cells"]] == ["base", "base~valid-rerun1"]
+    assert {c["validity"] for c in outcome["cells"]} == {"invalid"}
+    assert outcome["failures"] == [] and len(outcome["inconclusive"]) == 1
+    assert "shorter than the 86400 s declared minimum" in outcome["inconclusive"][0]
+    assert "INCONCLUSIVE: cell base" in proc.stdout
+    assert len(list(run_dir.glob("*__cell"))) == 2  # both results kept

@@ -1,0 +1,294 @@
+"""Compare two sets of runs of a history, KPI by KPI, with confidence intervals.
+
+``python -m analysis compare --history URI A B [--kpi NAME]... [--html PATH] [--json PATH]``
+
+``A`` and ``B`` each select runs of the history:
+
+- a run uuid (or several, comma-separated; ``run:`` may prefix them);
+- a label selection, ``label=value[,label=value...]`` (``vllm=0.32.0``);
+- a time window, ``START..END`` in ISO form (``2026-11-01..2026-11-08``; either side may be
+  left open), start included, end excluded.
+
+Only valid runs count (invalid and failed ones are never a measurement). Rows are grouped
+by KPI and configuration (every label but those a selection names, the ignored labels, the
+per-run columns and the labels whose values in A and B never meet: what tells them apart),
+so a release is compared with the other on each configuration. Per group:
+the change of B against A (in logs for positive values: relative, and symmetric for a
+runtime and its throughput), a 95 % confidence interval (Welch's t, its quantile from the
+Cornish-Fisher expansion: no scipy), Hedges' g as the effect size, and a verdict:
+
+- ``worse`` / ``better``: the interval excludes no change (against the KPI's direction);
+- ``same``: the interval lies within ±``same_within`` % (default 2 %);
+- ``inconclusive``: neither — the noise is too large for the runs given, or a side has
+  fewer than 2 runs (its noise is unknown).
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import re
+from collections.abc import Iterable, Sequence
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel, Field
+
+from analysis.errors import UserError
+from analysis.history import RUN_COLUMNS, usable_rows
+from analysis.kpi import BASE_COLUMNS
+
+__all__ = ["Comparison", "CompareVerdict", "compare_frames", "comparison_html",
+           "comparison_lines", "select_runs"]
+
+CompareVerdict = Literal["better", "worse", "same", "inconclusive"]
+_Z975 = 1.959963984540054
+_WINDOW = re.compile(r"^(?P<start>[^.]*)\.\.(?P<end>[^.]*)$")
+_LABEL = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,80}$")
+MAX_SELECTOR = 4096
+
+
+class Comparison(BaseModel):
+    """One KPI of one configuration: B against A."""
+
+    kpi: str
+    configuration: str = Field(description="The labels of the group (label=value, ...).")
+    unit: str
+    lower_better: bool
+    runs_a: int
+    runs_b: int
+    mean_a: float
+    mean_b: float
+    change_pct: float = Field(description="B against A, %.")
+    ci_low_pct: float | None = Field(description="95 % interval of the change, low end, %.")
+    ci_high_pct: float | None
+    effect_size: float | None = Field(description="Hedges' g (in the noise's units).")
+    verdict: CompareVerdict
+    explanation: str
+
+
+def _t975(df: float) -> float:
+    """The 97.5 % quantile of Student's t with ``df`` degrees of freedom (Cornish-Fisher)."""
+    z = _Z975
+    if not math.isfinite(df) or df > 1e6:
+        return z
+    df = max(df, 1.0)
+    return (z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+            + (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / (384 * df ** 3))
+
+
+def _parse_time(text: str, spec: str) -> pd.Timestamp | None:
+    if not text:
+        return None
+    try:
+        stamp = pd.Timestamp(text)
+    except (ValueError, TypeError, OverflowError):
+        raise UserError(f"selection {spec!r}: {text!r} is not an ISO date or time") from None
+    return stamp.tz_localize("UTC") if stamp.tzinfo is None else stamp.tz_convert("UTC")
+
+
+def _label_terms(spec: str) -> dict[str, str] | None:
+    """``{label: value}`` of a label selection, None when ``spec`` is not one."""
+    if "=" not in spec:
+        return None
+    terms: dict[str, str] = {}
+    for part in spec.split(","):
+        name, sep, value = part.partition("=")
+        name = name.strip()
+        if not sep or not _LABEL.match(name):
+            raise UserError(f"selection {spec!r}: {part!r} is not label=value")
+        terms[name] = value.strip()
+    return terms
+
+
+def select_runs(frame: pd.DataFrame, spec: str) -> tuple[pd.DataFrame, set[str]]:
+    """The history rows ``spec`` selects, and the labels it names (not configuration).
+
+    Raises:
+        UserError: A malformed selection, an unknown label, or nothing selected.
+    """
+    if not spec or len(spec) > MAX_SELECTOR or any(not c.isprintable() for c in spec):
+        raise UserError("a selection must be a short printable text")
+    window = _WINDOW.match(spec)
+    terms = None if window else _label_terms(spec)
+    named: set[str] = set()
+    if window:
+        start, end = (_parse_time(window[k], spec) for k in ("start", "end"))
+        stamps = pd.to_datetime(frame["timestamp"], utc=True)
+        keep = pd.Series(True, index=frame.index)
+        if start is not None:
+            keep &= stamps >= start
+        if end is not None:
+            keep &= stamps < end
+        chosen = frame[keep]
+    elif terms is not None:
+        keep = pd.Series(True, index=frame.index)
+        for name, value in terms.items():
+            if name not in frame.columns:
+                raise UserError(f"selection {spec!r}: no run in the history has a label "
+                                f"{name!r}")
+            keep &= frame[name] == value
+        chosen = frame[keep]
+        named = set(terms)
+    else:
+        uuids = {u.strip() for u in spec.removeprefix("run:").split(",") if u.strip()}
+        chosen = frame[frame["run_uuid"].isin(uuids)]
+        missing = uuids - set(chosen["run_uuid"])
+        if missing:
+            raise UserError(f"selection {spec!r}: run(s) {', '.join(sorted(missing))} not in "
+                            "the history (or not valid measurements)")
+    if chosen.empty:
+        raise UserError(f"selection {spec!r} selects no valid run of the history")
+    return chosen, named
+
+
+def _group_keys(frame: pd.DataFrame, skip: set[str]) -> list[str]:
+    return sorted(c for c in frame.columns if c not in BASE_COLUMNS and c not in RUN_COLUMNS
+                  and c not in skip and not c.startswith("_"))
+
+
+def _configuration(keys: Sequence[str], values: Sequence[object]) -> str:
+    shown = [f"{k}={v}" for k, v in zip(keys, values, strict=True)
+             if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    return ", ".join(shown) or "(all)"
+
+
+def compare_frames(history: pd.DataFrame, a: str, b: str, *, kpis: Iterable[str] = (),
+                   ignored_labels: Iterable[str] = (), same_within_pct: float = 2.0,
+                   ) -> list[Comparison]:
+    """Compare the runs ``a`` selects with those ``b`` selects (see the module docstring).
+
+    Raises:
+        UserError: A selection is malformed or selects nothing, or they share no KPI.
+    """
+    frame = usable_rows(history)
+    wanted = set(kpis)
+    if wanted:
+        frame = frame[frame["kpi"].isin(wanted)]
+    rows_a, named_a = select_runs(frame, a)
+    rows_b, named_b = select_runs(frame, b)
+    skip = named_a | named_b | set(ignored_labels) | {"run_uuid", "run_id", "test_path"}
+    # a label whose values in A and B never meet is what tells A from B (the release of a
+    # time window), not a configuration
+    skip |= {c for c in _group_keys(frame, skip) if not set(
+        rows_a[c].astype("object").fillna("")) & set(rows_b[c].astype("object").fillna(""))}
+    keys = _group_keys(frame, skip)
+    out: list[Comparison] = []
+    group_by = ["kpi", *keys]
+    grouped_b = {k if isinstance(k, tuple) else (k,): g for k, g in
+                 rows_b.groupby(group_by, dropna=False, sort=True)}
+    for key, group_a in rows_a.groupby(group_by, dropna=False, sort=True):
+        key = key if isinstance(key, tuple) else (key,)
+        group_b = grouped_b.get(key)
+        if group_b is None:
+            continue
+        out.append(_compare(str(key[0]), _configuration(keys, key[1:]), group_a, group_b,
+                            same_within_pct))
+    if not out:
+        raise UserError(f"{a!r} and {b!r} share no KPI of one configuration")
+    return out
+
+
+def _per_run(group: pd.DataFrame) -> np.ndarray:
+    """One value per run (the runs' repeats are separate runs already)."""
+    values = group.groupby("run_uuid")["value"].mean().to_numpy(dtype=float)
+    return values[np.isfinite(values)]
+
+
+def _compare(kpi: str, configuration: str, group_a: pd.DataFrame, group_b: pd.DataFrame,
+             same_within_pct: float) -> Comparison:
+    va, vb = _per_run(group_a), _per_run(group_b)
+    lower_better = bool(group_a["lower_better"].iloc[0])
+    unit = str(group_a["unit"].iloc[0])
+    logs = bool(len(va) and len(vb) and np.all(va > 0) and np.all(vb > 0))
+    ya, yb = (np.log(va), np.log(vb)) if logs else (va, vb)
+    mean_a = float(np.mean(va)) if len(va) else math.nan
+    mean_b = float(np.mean(vb)) if len(vb) else math.nan
+    diff = float(np.mean(yb) - np.mean(ya)) if len(ya) and len(yb) else math.nan
+    scale = 1.0 if logs else (abs(float(np.mean(ya))) or 1.0)
+
+    def relative(x: float) -> float:
+        return 100 * (math.expm1(x) if logs else x / scale)
+
+    change = relative(diff)
+    low = high = effect = None
+    verdict: CompareVerdict = "inconclusive"
+    if len(ya) >= 2 and len(yb) >= 2:
+        sa, sb = float(np.var(ya, ddof=1)), float(np.var(yb, ddof=1))
+        se = math.sqrt(sa / len(ya) + sb / len(yb))
+        if se > 0:
+            df = se ** 4 / ((sa / len(ya)) ** 2 / (len(ya) - 1)
+                            + (sb / len(yb)) ** 2 / (len(yb) - 1))
+        else:
+            df = math.inf
+        half = _t975(df) * se
+        low, high = relative(diff - half), relative(diff + half)
+        pooled = math.sqrt(((len(ya) - 1) * sa + (len(yb) - 1) * sb)
+                           / (len(ya) + len(yb) - 2))
+        correction = 1 - 3 / (4 * (len(ya) + len(yb)) - 9)
+        effect = diff / pooled * correction if pooled > 0 else (
+            0.0 if diff == 0 else math.copysign(math.inf, diff))
+        if low > 0 or high < 0:
+            up = low > 0
+            verdict = "worse" if up == lower_better else "better"
+        elif -same_within_pct <= low and high <= same_within_pct:
+            verdict = "same"
+    if low is None:
+        why = (f"{change:+.1f}%: {len(va)} vs {len(vb)} run(s); 2 a side are needed to know "
+               "the noise")
+    else:
+        why = (f"{change:+.1f}% (95 % interval {low:+.1f}% .. {high:+.1f}%, Hedges' g "
+               f"{effect:+.2f}; {len(va)} vs {len(vb)} runs): "
+               + {"worse": "the interval excludes no change, against the KPI's direction",
+                  "better": "the interval excludes no change, in the KPI's direction",
+                  "same": f"the interval lies within ±{same_within_pct:g}%",
+                  "inconclusive": f"the interval holds no change and reaches past "
+                                  f"±{same_within_pct:g}%: more runs would tell"}[verdict])
+    return Comparison(kpi=kpi, configuration=configuration, unit=unit,
+                      lower_better=lower_better, runs_a=len(va), runs_b=len(vb),
+                      mean_a=mean_a, mean_b=mean_b, change_pct=round(change, 4),
+                      ci_low_pct=None if low is None else round(low, 4),
+                      ci_high_pct=None if high is None else round(high, 4),
+                      effect_size=None if effect is None else round(effect, 4),
+                      verdict=verdict, explanation=why)
+
+
+def comparison_lines(rows: Sequence[Comparison], a: str, b: str) -> list[str]:
+    """The terminal table: one line per KPI and configuration, worst first."""
+    order = {"worse": 0, "inconclusive": 1, "better": 2, "same": 3}
+    lines = [f"B = {b}  against  A = {a}", f"{'verdict':<13} {'change':>8} "
+             f"{'95% interval':>19} {'g':>6}  KPI [configuration]"]
+    for row in sorted(rows, key=lambda r: (order[r.verdict], r.kpi, r.configuration)):
+        interval = "" if row.ci_low_pct is None else \
+            f"{row.ci_low_pct:+.1f}% .. {row.ci_high_pct:+.1f}%"
+        effect = "" if row.effect_size is None else f"{row.effect_size:+.2f}"
+        lines.append(f"{row.verdict:<13} {row.change_pct:>+7.1f}% {interval:>19} "
+                     f"{effect:>6}  {row.kpi} [{row.configuration}]")
+    return lines
+
+
+def comparison_html(rows: Sequence[Comparison], a: str, b: str) -> str:
+    """A self-contained HTML page: the table, and the changes with their intervals."""
+    import plotly.express as px
+
+    from analysis.report import _figure_html, _page, _table_html
+
+    frame = pd.DataFrame([r.model_dump() for r in rows])
+    body = (f"<h1>Compare</h1><p>B = <code>{html.escape(b)}</code> against A = "
+            f"<code>{html.escape(a)}</code>; valid runs only.</p>")
+    if not frame.empty:
+        frame["label"] = frame["kpi"] + " [" + frame["configuration"] + "]"
+        shown = frame.dropna(subset=["ci_low_pct"])
+        if not shown.empty:
+            figure = px.scatter(
+                shown, x="change_pct", y="label", color="verdict",
+                error_x=shown["ci_high_pct"] - shown["change_pct"],
+                error_x_minus=shown["change_pct"] - shown["ci_low_pct"],
+                labels={"change_pct": "change of B against A (%)", "label": ""},
+                color_discrete_map={"worse": "#c0392b", "better": "#1e8449",
+                                    "same": "#7f8c8d", "inconclusive": "#e0a800"})
+            figure.update_layout(height=max(300, 28 * len(shown) + 120))
+            body += _figure_html(figure)
+        body += _table_html(frame.drop(columns=["label"]), "no comparison")
+    return _page("compare", body, "Plotly" in body)
