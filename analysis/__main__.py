@@ -75,7 +75,7 @@ def accept_main(argv: Sequence[str]) -> int:
 
 def compare_main(argv: Sequence[str]) -> int:
     """``compare``: two selections of the history, KPI by KPI; returns the exit code."""
-    from analysis.compare import comparison_html, comparison_lines, compare_frames
+    from analysis.compare import compare_frames, comparison_html, comparison_lines
     from analysis.report import PLOTLY_FILE, _write_plotlyjs
     from analysis.safeio import write_json, write_text
 

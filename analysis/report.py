@@ -28,8 +28,8 @@ import datetime
 import html
 import json
 import math
-import shlex
 import os
+import shlex
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -835,8 +835,10 @@ def shape_triage(ctx: ReportContext) -> pd.DataFrame:
 
 
 def _triage_html(ctx: ReportContext) -> str:
-    """The index's first table (`shape_triage`), then the runs not judged and the KPIs too
-    noisy to see a ``target_mde_pct`` change."""
+    """The index's first section: the triage table, the runs not judged, the noisy KPIs.
+
+    Noisy: their minimum detectable effect is larger than ``target_mde_pct``.
+    """
     frame = shape_triage(ctx)
     parts = ["<h2>Triage</h2>"]
     if frame.empty:

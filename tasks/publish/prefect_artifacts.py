@@ -34,6 +34,13 @@ def _fmt(value: Any, digits: int = 4) -> str:
     return str(value)
 
 
+def _validity(cell: dict[str, Any]) -> str:
+    """A cell's validity for a table: ``valid``, ``invalid: reasons`` or empty."""
+    status = cell.get("validity") or ""
+    reasons = cell.get("validity_reasons") or []
+    return f"{status}: {'; '.join(reasons)}" if status == "invalid" and reasons else status
+
+
 def publish_results(flow: str, outcome: PostprocessOutcome, cells: Sequence[dict[str, Any]],
                     artifact_dir: Path) -> None:
     """Publish the markdown summary, the KPI table with verdicts, and the report link."""
@@ -64,9 +71,7 @@ def publish_results(flow: str, outcome: PostprocessOutcome, cells: Sequence[dict
              f"- report: `{outcome.report}`" if outcome.report else "- report: (not rendered)",
              "", "| cell | status | exit code | validity |", "|---|---|---|---|"]
     lines += [f"| {c['name']} | {c['status']} | {c.get('exit_code', '')} | "
-              f"{c.get('validity') or ''}"
-              f"{': ' + '; '.join(c.get('validity_reasons') or []) if c.get('validity') == 'invalid' else ''} |"
-              for c in cells]
+              f"{_validity(c)} |" for c in cells]
     if outcome.gate_failures:
         lines += ["", "## Gate failures", *[f"- {f}" for f in outcome.gate_failures]]
     create_markdown_artifact(markdown=redact_text("\n".join(lines)),
