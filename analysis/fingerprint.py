@@ -59,7 +59,9 @@ def _put(out: Fingerprint, key: str, value: Any) -> None:
     if value is None or value == "" or len(out) >= _MAX_ENTRIES:
         return
     text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
-    out[str(key)[:_MAX_KEY]] = "".join(c for c in text if c.isprintable())[:_MAX_VALUE]
+    # no dot in a key: OpenSearch reads one as a path (data:a.jsonl -> data:a { jsonl })
+    name = "".join(c if c.isprintable() and c != "." else "_" for c in str(key))[:_MAX_KEY]
+    out[name] = "".join(c for c in text if c.isprintable())[:_MAX_VALUE]
 
 
 def _json(path: Path) -> Any:

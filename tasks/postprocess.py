@@ -70,7 +70,8 @@ def find_suspects(results_dir: str, project: str, history_uri: str,
     return found
 
 
-@step("analysis", timeout_seconds=1800)
+# its own group: ``*__analysis__*`` is the post-processing's dir, ``*__cell*`` a cell's
+@step("validity", name="check_cells", timeout_seconds=1800)
 def cell_validity(results_dir: str, project: str, settings: dict[str, Any]
                   ) -> dict[str, dict[str, Any]]:
     """Each result dir's validity (relative path → status and reasons) after the cells ran.

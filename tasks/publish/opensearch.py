@@ -24,6 +24,8 @@ from typing import Any, TypeVar
 import pandas as pd
 
 from analysis.errors import PermanentServiceError, TransientServiceError
+from analysis.fingerprint import encode
+from analysis.history import FINGERPRINT, RUN_COLUMNS, VALIDITY
 from analysis.kpi import BASE_COLUMNS
 from analysis.lts import LtsPayload
 from analysis.redact import redact
@@ -231,7 +233,7 @@ class OpenSearchHistory:
               compared_label: str | None = None, ignored_labels: Iterable[str] = (),
               exclude_runs: Iterable[str] = ()) -> pd.DataFrame:
         """Rows (one per run × KPI) of the runs whose labels match, oldest first."""
-        skip = set(ignored_labels) | {compared_label} | set(BASE_COLUMNS)
+        skip = set(ignored_labels) | {compared_label} | set(BASE_COLUMNS) | set(RUN_COLUMNS)
         filters: list[dict[str, Any]] = [{"term": {f"labels.{name}": value}}
                                          for name, value in labels.items()
                                          if name not in skip and value not in (None, "")]
@@ -250,7 +252,8 @@ class OpenSearchHistory:
                     # newest first: past max_runs it is the oldest runs that are left out
                     # (ascending kept the oldest and judged against them)
                     "sort": [{"metadata.start": "desc"}, {"metadata.run_uuid": "desc"}],
-                    "_source": ["metadata.run_uuid", "metadata.start", "kpis", "labels"],
+                    "_source": ["metadata.run_uuid", "metadata.start", "metadata.validity",
+                                "metadata.fingerprint", "kpis", "labels"],
                 }
                 if search_after is not None:
                     body["search_after"] = search_after
@@ -276,7 +279,11 @@ class OpenSearchHistory:
                                      "lower_better": value.get("lower_better"),
                                      "ignored_for_regression": value.get(
                                          "ignored_for_regression", False),
-                                     **(source.get("labels") or {})})
+                                     **(source.get("labels") or {}),
+                                     # not labels: never matched, read by the verdicts
+                                     VALIDITY: meta.get("validity"),
+                                     FINGERPRINT: encode(meta["fingerprint"]) if isinstance(
+                                         meta.get("fingerprint"), dict) else None})
                 seen += len(hits)
                 if len(hits) < self.page_size:
                     break
