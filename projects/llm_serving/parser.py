@@ -106,10 +106,17 @@ class _Warning(BaseModel):
     threshold: float | None = None
 
 
+class _SchedulerMetrics(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    generation_delay: _Dist | None = None
+
+
 class _Benchmark(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     metrics: _Metrics
+    scheduler_metrics: _SchedulerMetrics | None = None
     requests: _Requests = Field(default_factory=_Requests)
     warnings: list[_Warning] = Field(default_factory=list)
     start_time: float | None = None
@@ -160,6 +167,11 @@ class ServingResult(RunResult):
     achieved_concurrency: float | None = Field(default=None, description="Mean requests in "
                                                "flight (GuideLLM's request_concurrency).")
     measured_s: float | None = Field(default=None, description="GuideLLM's measured window.")
+    generation_delay_median_s: float | None = Field(
+        default=None, description="Median wait of a request for its data (GuideLLM's "
+        "request generation): its steady overhead, without the data worker's start-up.")
+    ttft_mean_ms: float | None = Field(default=None, description="Mean time to first token "
+                                       "(what the generation delay is measured against).")
     successful: int | None = None
     errored: int | None = None
     ttft_ms: Stats = Field(default_factory=Stats)
@@ -210,7 +222,7 @@ class ServingParser:
     """Reads the load step of an llm_serving cell (see the module docstring)."""
 
     name: ClassVar[str] = "llm_serving"
-    version: ClassVar[str] = "2"
+    version: ClassVar[str] = "3"
     result_model: ClassVar[type[ParsedResult]] = ServingResult
 
     def parse(self, result: ResultDir, reader: FileReader) -> ServingResult:
@@ -294,6 +306,9 @@ class ServingParser:
         if metrics.request_concurrency is not None:
             out.achieved_concurrency = metrics.request_concurrency.successful.mean
         out.measured_s = bench.duration
+        delay = bench.scheduler_metrics.generation_delay if bench.scheduler_metrics else None
+        out.generation_delay_median_s = delay.median if delay is not None else None
+        out.ttft_mean_ms = metrics.time_to_first_token_ms.successful.mean
         ratio = next((w.observed for w in bench.warnings
                       if w.code == "generation_delay_ttft"), None)
         out.generation_delay_ratio = ratio

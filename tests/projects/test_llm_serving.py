@@ -234,15 +234,38 @@ def _judged(tmp_path: Path, data: dict, concurrency: int = 1) -> list[str]:
 @pytest.mark.parametrize("code", ["generation_delay_ttft", "root_late"])
 def test_only_the_listed_warnings_make_a_recorded_run_invalid(tmp_path: Path,
                                                               code: str) -> None:
-    """A bottlenecked load generator is an invalid measurement (exit 0, KPIs kept, not
-    judged); other warnings are recorded only."""
+    """Without GuideLLM's generation-delay summary (an older result) its listed warning
+    decides: a bottlenecked load generator is an invalid measurement (exit 0, KPIs kept,
+    not judged); other warnings are recorded only."""
     data = _recorded()
+    del data["benchmarks"][0]["scheduler_metrics"]
     data["benchmarks"][0]["warnings"] = [{"code": code, "observed": 0.06, "threshold": 0.01}]
     reasons = _judged(tmp_path, data)
     if code == "generation_delay_ttft":
         assert len(reasons) == 1 and "bottleneck" in reasons[0] and "6.0%" in reasons[0]
     else:
         assert reasons == []
+
+
+@pytest.mark.parametrize(("median_ms", "invalid"), [(0.2, False), (1.2, False), (3.0, True)])
+def test_the_median_generation_delay_decides_not_the_startup(tmp_path: Path,
+                                                              median_ms: float,
+                                                              invalid: bool) -> None:
+    """GuideLLM warns on the mean generation delay, warm-up included: one slow start of its
+    data worker trips it. The median, against 1 % of the mean TTFT, decides here."""
+    data = _recorded()
+    bench = data["benchmarks"][0]
+    ttft = bench["metrics"]["time_to_first_token_ms"]["successful"]["mean"]
+    bench["metrics"]["time_to_first_token_ms"]["successful"]["mean"] = 200.0
+    bench["scheduler_metrics"]["generation_delay"].update(median=median_ms / 1000,
+                                                          mean=0.02, max=0.5)
+    bench["warnings"] = [{"code": "generation_delay_ttft", "observed": 0.1,
+                          "threshold": 0.01}]
+    reasons = _judged(tmp_path, data)
+    assert ttft > 0
+    assert bool(reasons) == invalid, reasons
+    if invalid:
+        assert "median request generation delay was 1.5%" in reasons[0]
 
 
 @given(errored=st.integers(0, 200), achieved=st.floats(0.0, 4.0), concurrency=st.integers(1, 4))

@@ -117,7 +117,10 @@ def compact_result(benchmark):
                             if k in ("p50", "p95", "p99")}}}
     requests = ((benchmark.get("requests") or {}).get("successful") or [])
     step = max(1, -(-len(requests) // _MAX_LOGGED_REQUESTS))  # ceil: at most 200 kept
+    delay = (benchmark.get("scheduler_metrics") or {}).get("generation_delay") or {}
     return {"metrics": compact,
+            "scheduler_metrics": {"generation_delay": {
+                k: delay.get(k) for k in ("mean", "median", "max", "count")}},
             "requests": {"successful": [{k: r.get(k) for k in _REQUEST_FIELDS}
                                         for r in requests[::step]]},
             "warnings": benchmark.get("warnings") or [],
