@@ -41,6 +41,7 @@ import pandas as pd
 
 from analysis.discovery import Discovery
 from analysis.errors import ConfigError
+from analysis.history import VALIDITY
 from analysis.kpi import BASE_COLUMNS, display_value
 from analysis.progress import StageProgress
 from analysis.project import AnalysisProject
@@ -63,6 +64,7 @@ __all__ = [
     "shape_resources",
     "shape_regression",
     "shape_triage",
+    "run_name",
     "shape_users",
 ]
 
@@ -83,10 +85,24 @@ class ReportContext:
     detector: DetectorSettings = DEFAULTS  # the run's own tuning: the same change points
     shaped: dict[Any, pd.DataFrame] = field(default_factory=dict)  # shape_kpi_history cache
     history_uri: str | None = None  # for the accept command of the triage table
+    shared_labels: dict[str, str] = field(default_factory=dict)  # every shown line has these
     target_mde_pct: float = 5.0  # KPIs whose minimum detectable effect is larger: flagged
 
 
 # -- shaping (pure, unit-tested) ----------------------------------------------------------
+
+
+def run_name(run: Any) -> str:
+    """A run as a person reads it: its start (UTC, to the minute) and the uuid's first 8.
+
+    ``001__cell`` named every first cell of every run alike; the dir is in the tables.
+    """
+    stamp = getattr(run, "timestamp", None)
+    try:
+        when = pd.Timestamp(stamp).strftime("%Y-%m-%d %H:%M") if stamp else "?"
+    except (ValueError, TypeError, OverflowError):
+        when = "?"
+    return f"{when} · {str(run.run_uuid)[:8]}"
 
 
 def _varying_settings(flat: Sequence[dict[str, Any]]) -> list[str]:
@@ -120,7 +136,8 @@ def shape_kpi_table(ctx: ReportContext) -> pd.DataFrame:
                 formats.get(kpi, "{:.3f}"), value)
     # built by column: a frame from 1 000 row dicts cost more than the rows themselves
     columns: dict[str, list[Any]] = {
-        "run": [r.result.rel_path for r in ctx.runs],
+        "run": [run_name(r) for r in ctx.runs],
+        "dir": [r.result.rel_path for r in ctx.runs],
         "status": [r.payload.metadata.status for r in ctx.runs]}
     for key in varying:
         columns.setdefault(key, [f.get(key) for f in flat])
@@ -154,7 +171,7 @@ def shape_kpi_history(ctx: ReportContext, kpis: Sequence[str] | None = None) -> 
 
 
 _HISTORY_COLUMNS = ["timestamp", "kpi", "value", "unit", "configuration", "run_uuid",
-                    "current"]
+                    "current", "valid"]
 
 
 def _shape_kpi_history(ctx: ReportContext) -> pd.DataFrame:
@@ -166,8 +183,10 @@ def _shape_kpi_history(ctx: ReportContext) -> pd.DataFrame:
     for part, current in ((ctx.history, False), (ctx.kpis, True)):
         if part is None or part.empty:
             continue
+        valid = (part[VALIDITY].isna() | (part[VALIDITY] == "valid")).to_numpy(dtype=bool) \
+            if VALIDITY in part.columns else True
         rows.append(part[["timestamp", "kpi", "value", "unit", "run_uuid"]]
-                    .assign(current=current))
+                    .assign(current=current, valid=valid))
         labels.append(part.drop_duplicates("run_uuid", keep="last")[
             ["run_uuid", *(k for k in keys if k in part.columns)]])
     if not rows:
@@ -177,44 +196,56 @@ def _shape_kpi_history(ctx: ReportContext) -> pd.DataFrame:
     if frame.empty:  # e.g. a scale test has none of the single-job KPIs
         return pd.DataFrame(columns=_HISTORY_COLUMNS)
     runs = pd.concat(labels, ignore_index=True).drop_duplicates("run_uuid", keep="last")
-    names = _configuration_names(runs, keys)
+    codes, values = _configuration_codes(runs, keys)
     where = pd.Index(runs["run_uuid"]).get_indexer(frame["run_uuid"])
-    # object dtype: pandas would infer an Arrow string column, a copy of the long name per
-    # row (~110 MB at 10 000 runs); these rows point at one shared string per configuration
-    frame = frame.assign(configuration=pd.Series(names[where], index=frame.index,
-                                                 dtype="object"))
+    row_codes = codes[where]
     # The configurations of this run's rows, read off the same frame: a merge with the
     # history was a cartesian join (10 000 runs: 26.8 GiB) and failed with no label columns.
-    wanted = set(frame.loc[frame["current"].astype(bool), "configuration"])
-    frame = frame[frame["configuration"].isin(wanted)]
+    current = frame["current"].to_numpy(dtype=bool)
+    wanted = sorted(set(row_codes[current].tolist()))
+    keep = np.isin(row_codes, wanted)
+    frame, row_codes = frame[keep], row_codes[keep]
+    # Only the labels that tell the shown configurations apart name them (a 24-label name
+    # on every line was cut off in the legends); the ones they share are said once.
+    varying = [k for k in keys if len({values[c].get(k, "") for c in wanted}) > 1]
+    ctx.shared_labels = {k: values[wanted[0]].get(k, "") for k in keys
+                         if k not in varying} if wanted else {}
+    names = np.empty(max(codes.max(initial=-1) + 1, 1), dtype=object)
+    for code in wanted:
+        names[code] = " / ".join(f"{k}={values[code].get(k, '')}" for k in varying) \
+            or "this configuration"
+    # object dtype: pandas would infer an Arrow string column, a copy of the name per row
+    # (~110 MB at 10 000 runs); these rows point at one shared string per configuration
+    frame = frame.assign(configuration=pd.Series(names[row_codes], index=frame.index,
+                                                 dtype="object"))
     return frame.sort_values("timestamp", kind="stable")[_HISTORY_COLUMNS]
 
 
-def _configuration_names(runs: pd.DataFrame, keys: Sequence[str]) -> Any:
-    """Per row of ``runs``: its configuration's name, one shared string per configuration.
+def _configuration_codes(runs: pd.DataFrame, keys: Sequence[str]
+                         ) -> tuple[np.ndarray, dict[int, dict[str, str]]]:
+    """Per row of ``runs``: its configuration's code; and each code's label values.
 
-    A string per row, built row-wise, took 25 s over 130 000 rows; here only each
-    configuration's first row is made text.
+    A value per row, built row-wise, took 25 s over 130 000 rows; here only each
+    configuration's first row is read.
     """
     present = [k for k in keys if k in runs.columns]
     if not present:
-        return np.full(len(runs), " / ".join(f"{k}=" for k in keys) if keys else "all",
-                       dtype=object)
+        return np.zeros(len(runs), dtype=np.int64), {0: {}}
     codes = runs[present].groupby(present, sort=False, dropna=False).ngroup().to_numpy()
     order, first_rows = np.unique(codes, return_index=True)
-    names = np.empty(len(order), dtype=object)
+    values: dict[int, dict[str, str]] = {}
     for code, row in zip(order, runs[present].iloc[first_rows].itertuples(index=False),
                          strict=True):
-        known = {k: ("" if pd.isna(v) else v) for k, v in zip(present, row, strict=True)}
-        names[code] = " / ".join(f"{k}={known.get(k, '')}" for k in keys)
-    return names[codes]
+        values[int(code)] = {k: ("" if pd.isna(v) else str(v))
+                             for k, v in zip(present, row, strict=True)}
+    return codes, values
 
 
 def shape_loss_curve(ctx: ReportContext) -> pd.DataFrame:
     """Training loss per logging step, one series per run."""
     if ctx.project.loss_curve is None:
         return pd.DataFrame(columns=["run", "step", "loss"])
-    rows = [{"run": run.result.rel_path, **point}
+    rows = [{"run": run_name(run), **point}
             for run in ctx.runs for point in ctx.project.loss_curve(run.result)]
     return pd.DataFrame(rows, columns=["run", "step", "loss"])
 
@@ -224,7 +255,7 @@ def shape_resources(ctx: ReportContext) -> pd.DataFrame:
     columns = ["run", "t_s", "metric", "value"]
     if ctx.project.resource_rows is None:
         return pd.DataFrame(columns=columns)
-    rows = [{"run": run.result.rel_path, **row}
+    rows = [{"run": run_name(run), **row}
             for run in ctx.runs[-MAX_LOSS_CURVES:] for row in ctx.project.resource_rows(
                 run.result)]
     return pd.DataFrame(rows, columns=columns)
@@ -248,7 +279,7 @@ def shape_users(ctx: ReportContext) -> pd.DataFrame:
     """One row per user of multi-user runs (empty for single-user runs)."""
     if ctx.project.user_rows is None:
         return pd.DataFrame()
-    rows = [{"run": run.result.rel_path, **row} for run in ctx.runs
+    rows = [{"run": run_name(run), **row} for run in ctx.runs
             for row in ctx.project.user_rows(run.result)]
     return pd.DataFrame(rows)
 
@@ -286,7 +317,7 @@ def shape_distribution(ctx: ReportContext) -> pd.DataFrame:
     columns = ["run", "metric", "value"]
     if ctx.project.samples is None:
         return pd.DataFrame(columns=columns)
-    rows = [{"run": run.result.rel_path, "metric": metric, "value": value}
+    rows = [{"run": run_name(run), "metric": metric, "value": value}
             for run in ctx.runs[-MAX_DISTRIBUTION_RUNS:]
             for metric, values in ctx.project.samples(run.result).items()
             for value in values]
@@ -460,10 +491,11 @@ def _lines(frame: pd.DataFrame, x: str, y: str, color: str, *, hover: Sequence[s
         if hover:
             trace["customdata"] = group[list(hover)].astype(str).to_numpy()
         data.append(trace)
+    # automargin: an axis title moves out of the way of long or slanted tick labels
     layout: dict[str, Any] = {
         "height": height, "colorway": _COLORWAY, "legend": {"title": {"text": color}},
-        "xaxis": {"title": {"text": labels.get(x, x)}},
-        "yaxis": {"title": {"text": labels.get(y, y)}}}
+        "xaxis": {"title": {"text": labels.get(x, x)}, "automargin": True},
+        "yaxis": {"title": {"text": labels.get(y, y)}, "automargin": True}}
     if title:
         layout["title"] = {"text": title}
     return {"data": data, "layout": layout}
@@ -486,13 +518,22 @@ def _draw_kpi_history(ctx: ReportContext, options: dict[str, Any]) -> str:
     if frame.empty:
         return "<p class='empty'>no history yet</p>"
     verdicts = {(v.run_uuid, v.kpi): v for v in ctx.verdicts}
-    parts = []
+    parts = [_shared_html(ctx)]
     for kpi, group in frame.groupby("kpi", sort=False):
         unit = group["unit"].iloc[0]
         shown = list(dict.fromkeys(group["configuration"]))[-MAX_HISTORY_LINES:]
         group = group[group["configuration"].isin(shown)]
+        invalid = group[~group["valid"].astype(bool)]
+        group = group[group["valid"].astype(bool)]  # a line of valid measurements only
         fig = _lines(group, "timestamp", "value", "configuration", hover=["run_uuid"],
                      title=f"{kpi} [{unit}]", height=360)
+        if not invalid.empty:
+            fig["data"].append({
+                "type": "scatter", "x": _axis_values(invalid["timestamp"]),
+                "y": invalid["value"].to_numpy(), "mode": "markers",
+                "name": "invalid (not judged)", "marker": {"symbol": "x", "color": "#aaa"},
+                "hovertext": [f"{r}: invalid measurement, not judged"
+                              for r in invalid["run_uuid"]], "hoverinfo": "text"})
         for _config, line in group.groupby("configuration", sort=False):
             found = change_points(line["value"].tolist(), settings=ctx.detector)
             if found:
@@ -556,26 +597,34 @@ def _draw_resources(ctx: ReportContext, options: dict[str, Any]) -> str:
     from plotly.subplots import make_subplots  # only when there is something to draw
 
     runs = list(dict.fromkeys(frame["run"]))[-MAX_RESOURCE_CELLS:]
-    loss = shape_loss_curve(ctx)
-    fig = make_subplots(rows=len(runs), cols=2, horizontal_spacing=0.12,
+    # the workload's own timeline only for a project that has one (a serving report showed
+    # an empty "loss per logging step" panel)
+    loss = shape_loss_curve(ctx) if ctx.project.loss_curve is not None else None
+    col = 2 if loss is not None else 1
+    fig = make_subplots(rows=len(runs), cols=col, horizontal_spacing=0.12,
                         vertical_spacing=min(0.08, 0.5 / len(runs)),
-                        specs=[[{}, {"secondary_y": True}] for _ in runs],
-                        column_titles=["workload: loss per logging step",
+                        specs=[[*([{}] if loss is not None else []), {"secondary_y": True}]
+                               for _ in runs],
+                        column_titles=[*(["workload: loss per logging step"]
+                                         if loss is not None else []),
                                        "resources: seconds into the test window"],
                         row_titles=[html.escape(str(r))[-40:] for r in runs])
     for row, run in enumerate(runs, start=1):
-        own = loss[loss["run"] == run]
-        fig.add_scatter(x=own["step"], y=own["loss"], mode="lines", name="loss",
-                        line={"color": "#555"}, showlegend=row == 1, legendgroup="loss",
-                        row=row, col=1)
+        if loss is not None:
+            own = loss[loss["run"] == run]
+            fig.add_scatter(x=own["step"], y=own["loss"], mode="lines", name="loss",
+                            line={"color": "#555"}, showlegend=row == 1, legendgroup="loss",
+                            row=row, col=1)
         mine = frame[frame["run"] == run]
         for metric, values in mine.groupby("metric", sort=False):
             in_gb = "(GB)" in str(metric)
             fig.add_scatter(x=values["t_s"], y=values["value"], mode="lines+markers",
                             name=str(metric), legendgroup=str(metric), showlegend=row == 1,
-                            row=row, col=2, secondary_y=in_gb)
-        fig.update_yaxes(title_text="cores / %", row=row, col=2, secondary_y=False)
-        fig.update_yaxes(title_text="GB", row=row, col=2, secondary_y=True)
+                            row=row, col=col, secondary_y=in_gb)
+        fig.update_yaxes(title_text="cores / %", row=row, col=col, secondary_y=False)
+        fig.update_yaxes(title_text="GB", row=row, col=col, secondary_y=True)
+    fig.update_xaxes(automargin=True)
+    fig.update_yaxes(automargin=True)
     fig.update_layout(height=280 * len(runs) + 120)
     note = "" if len(runs) == frame["run"].nunique() else (
         f"<p class='empty'>the newest {len(runs)} cells; every cell's series are in its "
@@ -883,6 +932,15 @@ def _triage_html(ctx: ReportContext) -> str:
     return "".join(parts)
 
 
+def _shared_html(ctx: ReportContext) -> str:
+    """The labels every shown configuration shares, said once above the charts/tables."""
+    if not ctx.shared_labels:
+        return ""
+    return ("<p class='shared'>Every configuration here: " + ", ".join(
+        f"{html.escape(k)}={html.escape(v)}" for k, v in ctx.shared_labels.items() if v)
+        + "</p>")
+
+
 def _headlines_html(ctx: ReportContext) -> str:
     frame = shape_headlines(ctx)
     if frame.empty:
@@ -899,9 +957,10 @@ def _headlines_html(ctx: ReportContext) -> str:
             f"</td><td>{html.escape(latest)} {html.escape(str(row.unit))}</td>"
             f"<td>{html.escape(row.verdict or 'no verdict')}</td><td>{change}</td>"
             f"<td>{_sparkline(row.series, _VERDICT_MARKS.get(row.verdict, '#999'))}</td></tr>")
-    return ("<table class='data'><thead><tr><th>KPI</th><th>configuration</th><th>latest</th>"
-            "<th>verdict</th><th>vs baseline</th><th>history</th></tr></thead><tbody>"
-            + "".join(rows) + "</tbody></table>")
+    return (_shared_html(ctx) + "<div class='scroll'><table class='data'><thead><tr>"
+            "<th>KPI</th><th>configuration</th><th>latest</th><th>verdict</th>"
+            "<th>vs baseline</th><th>history</th></tr></thead><tbody>"
+            + "".join(rows) + "</tbody></table></div>")
 
 
 def render_report(out_dir: Path, project: AnalysisProject, runs: Sequence[Any],

@@ -36,8 +36,16 @@ def _dataset_tps(result: FineTuningResult) -> float | None:
     return total / runtime
 
 
+def _has_gpus(result: FineTuningResult) -> bool:
+    """Whether the run asked for GPUs: a CPU-only run has no per-GPU KPI (not a fake 1 GPU)."""
+    try:
+        return int(result.settings.get("gpu") or 0) > 0
+    except (TypeError, ValueError):
+        return False
+
+
 def _per_gpu(value: float | None, result: FineTuningResult) -> float | None:
-    return None if value is None else value / num_gpus(result)
+    return None if value is None or not _has_gpus(result) else value / num_gpus(result)
 
 
 def _train_tps(result: FineTuningResult) -> float | None:
@@ -47,7 +55,7 @@ def _train_tps(result: FineTuningResult) -> float | None:
 
 def _gpu_hours_per_mtok(result: FineTuningResult) -> float | None:
     tps = _dataset_tps(result)
-    if not tps:
+    if not tps or not _has_gpus(result):
         return None
     return 1e6 / tps / 3600 * num_gpus(result)
 

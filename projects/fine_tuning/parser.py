@@ -123,7 +123,7 @@ class FineTuningParser:
     """`analysis.parsing.ResultParser` for fine_tuning runs."""
 
     name: ClassVar[str] = "fine_tuning"
-    version: ClassVar[str] = "1.6"  # 1.6: first/last loss kept apart from the curve
+    version: ClassVar[str] = "1.7"  # 1.7: a failed run's reason line (read_run)
     result_model: ClassVar[type[ParsedResult]] = FineTuningResult
 
     def parse(self, result: ResultDir, reader: FileReader) -> FineTuningResult:

@@ -77,6 +77,30 @@ def read_run(result: ResultDir, reader: FileReader, out: RunResult) -> None:
     found = read_resources(reader)
     if found is not None:
         out.resources, out.resource_timeline = found
+    if result.exit_code != 0 and out.failure is None:
+        out.failure = failure_line(reader)
+
+
+FAILURE_LOG = "artifacts/pod.log"
+"""A cell's workload log, in its workload step dir, on both platforms (a project may set
+``failure`` itself)."""
+
+
+def failure_line(reader: FileReader) -> str | None:
+    """Why a failed workload failed, in its own words (None without a log).
+
+    Its last ``error:`` line, else its log's last line.
+    """
+    # the workload step: the last step dir holding a log (capture steps hold none)
+    log = next((f"{d}/{FAILURE_LOG}" for d in reversed(reader.listdir(".", "[0-9]*__*__*"))
+                if reader.exists(f"{d}/{FAILURE_LOG}")), None)
+    if log is None:
+        return None
+    said = None
+    for _, line in reader.matching_spans(log, "error:", required=False) or []:
+        if line.lstrip().lower().startswith("error:"):
+            said = line.strip()
+    return (said or reader.tail(log, 1) or "").strip()[:500] or None
 
 
 def _timestamp(reader: FileReader, times: dict[str, object], key: str) -> str | None:

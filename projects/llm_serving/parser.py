@@ -222,7 +222,7 @@ class ServingParser:
     """Reads the load step of an llm_serving cell (see the module docstring)."""
 
     name: ClassVar[str] = "llm_serving"
-    version: ClassVar[str] = "3"
+    version: ClassVar[str] = "4"
     result_model: ClassVar[type[ParsedResult]] = ServingResult
 
     def parse(self, result: ResultDir, reader: FileReader) -> ServingResult:

@@ -5,6 +5,7 @@ import logging
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -16,7 +17,13 @@ from analysis.discovery import discover
 from analysis.parsing import parse_dirs
 from analysis.pipeline import analyse_run, postprocess, settings_for
 from analysis.project import load_project
-from analysis.report import ReportContext, shape_errors, shape_kpi_table, shape_loss_curve
+from analysis.report import (
+    ReportContext,
+    run_name,
+    shape_errors,
+    shape_kpi_table,
+    shape_loss_curve,
+)
 from tests.factories import DEFAULT_SETTINGS, make_result_dir
 
 
@@ -156,7 +163,9 @@ def test_report_shapes(tmp_path: Path) -> None:
     expected = {k.name: k.display() for k in runs[0].kpis}
     assert table.loc[0, "train_tokens_per_second [tokens/s]"] == \
         expected["train_tokens_per_second"]
-    assert set(shape_loss_curve(ctx)["run"]) == {"000__cell", "001__cell"}
+    # runs named by start and id, not by their dirs (every first cell is 000__cell)
+    assert set(shape_loss_curve(ctx)["run"]) == {run_name(r) for r in runs}
+    assert all(name.startswith("2026-01-01 00:00 · ") for name in shape_loss_curve(ctx)["run"])
     errors = shape_errors(ctx)
     assert set(errors["kind"]) == {"failed run", "parse problem"}
 
@@ -395,3 +404,32 @@ def test_line_figures_are_built_as_plotly_json() -> None:
     layout, end = decoder.raw_decode(arguments, end + 1)
     assert arguments[end:] == ',{"responsive":true}' and layout == figure["layout"]
     assert data[0] == {**figure["data"][0], "y": [1.0, 3.0], "customdata": [["a"], ["c"]]}
+
+
+def test_reports_name_configurations_by_what_differs_and_say_the_rest_once(
+        tmp_path: Path) -> None:
+    """Two configurations differing in one setting: their lines are named by it alone, the
+    labels they share are said once, runs are named by start and id; a project without a
+    loss curve gets no loss panel beside its resources."""
+    from analysis.report import _draw_resources
+
+    make_result_dir(tmp_path / "t", "000__cell", settings={"gpu": 1})
+    make_result_dir(tmp_path / "t", "001__cell", settings={"gpu": 2}, seed=1)
+    outcome = postprocess(tmp_path / "t", "fine_tuning", tmp_path / "out",
+                          history_uri=str(tmp_path / "h"))
+    page = next((tmp_path / "out" / "report").glob("*_kpi_history.html")).read_text()
+    names = set(re.findall(r'"name": ?"([^"]*)"', page))
+    assert "accelerator_count=1 / accelerators_per_replica=1 / global_batch_size=4" in names
+    assert not [n for n in names if "model_name" in n or "lora_alpha" in n]
+    assert "Every configuration here:" in page and "model_name=" in page.split(
+        "Every configuration here:")[1].split("</p>")[0]
+    index = Path(outcome.report).read_text()
+    assert "Triage" in index and "Every KPI" in index
+    project = load_project("fine_tuning")
+    found = discover(tmp_path / "t")
+    runs = [analyse_run(project, r) for r in parse_dirs(found.results, project.parser)]
+    serving_like = replace(project, loss_curve=None,
+                           resource_rows=lambda r: [{"t_s": 0.0, "metric": "cpu", "value": 1.0}])
+    html_text = _draw_resources(ReportContext(serving_like, runs, pd.DataFrame(), None, [],
+                                              found), {})
+    assert "loss per logging step" not in html_text and "resources:" in html_text

@@ -310,3 +310,16 @@ def test_multi_user_results_give_per_client_rows_and_first_success(tmp_path: Pat
     assert kpis["ttft_p50"] == pytest.approx(p50)
     rows = PROJECT.user_rows(result)
     assert len(rows) == 3 and rows[0]["ttft_ms_p50"] == pytest.approx(p50)
+
+
+def test_a_failed_cell_says_why_in_its_own_words(tmp_path: Path) -> None:
+    """The errors page shows the workload's own reason line, not only its exit code."""
+    log = ("$ guidellm run ...\n{\"event\": \"summary\", \"successful\": 0}\n"
+           "error: no request succeeded (771 errored): the server refused or failed every "
+           "request\n")
+    result, _ = _result(tmp_path, {"artifacts/pod.log": log}, exit_code=4)
+    assert result.failure == ("error: no request succeeded (771 errored): the server "
+                              "refused or failed every request")
+    quiet, _ = _result(tmp_path / "q", {"artifacts/pod.log": "Traceback...\nKeyError: 'x'\n"},
+                       exit_code=1)
+    assert quiet.failure == "KeyError: 'x'"

@@ -195,6 +195,11 @@ def main(argv):
     with open(os.path.join(out, "load.json"), "w", encoding="utf-8") as stream:
         json.dump(record, stream, indent=2)
     print(json.dumps({"event": "summary", **summary, "exit_code": verdict}), flush=True)
+    if verdict == 4:
+        print(f"error: no request succeeded ({summary.get('errored')} errored): the server "
+              "refused or failed every request", file=sys.stderr, flush=True)
+    elif verdict == 3:
+        print(f"error: {summary.get('error')}", file=sys.stderr, flush=True)
     if summary.get("invalid_warnings"):
         print("warning: GuideLLM says the load generator itself was the bottleneck "
               f"({', '.join(summary['invalid_warnings'])}): an invalid measurement of the "
