@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
@@ -101,8 +101,8 @@ class AnalysisSettings(StrictSettings):
         description="Judge against the Parquet history or the OpenSearch run index.",
     )
     report: bool = Field(default=True, description="Render the Plotly HTML report.")
-    confirm_reruns: int | Literal["auto"] = Field(
-        default=0, ge=0, le=5,
+    confirm_reruns: Annotated[int, Field(ge=0, le=5)] | Literal["auto"] = Field(
+        default=0,
         description=("Re-run a cell this many times when its newest run alone looks like a "
                      "regression, and judge the repeats together (0: never; auto: as many "
                      "as bring the KPI's minimum detectable effect under target_mde_pct, "

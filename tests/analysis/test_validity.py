@@ -174,3 +174,20 @@ def test_validity_off_judges_everything(tmp_path: Path) -> None:
     outcome = postprocess(tmp_path / "busy", "fine_tuning", tmp_path / "out",
                           history_uri=str(tmp_path / "h"), settings=settings, report=False)
     assert NOT_JUDGED not in {v.verdict for v in outcome.verdicts}
+
+
+@pytest.mark.parametrize(("value", "ok"), [("auto", True), (0, True), (5, True), (6, False),
+                                           ("always", False), (-1, False), (1.5, False)])
+def test_confirm_reruns_is_a_bounded_count_or_auto(value: object, ok: bool) -> None:
+    from pydantic import ValidationError
+
+    if ok:
+        assert AnalysisSettings.model_validate({"confirm_reruns": value}).confirm_reruns == value
+    else:
+        with pytest.raises(ValidationError):
+            AnalysisSettings.model_validate({"confirm_reruns": value})
+
+
+@pytest.mark.parametrize("short", ["record", "enforce", "off"])
+def test_validity_takes_its_mode_alone(short: str) -> None:
+    assert AnalysisSettings.model_validate({"validity": short}).validity.mode == short
