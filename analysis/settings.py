@@ -64,8 +64,9 @@ class ValidityPolicy(StrictSettings):
         default=0.25, ge=0, le=1, description="Largest share of the machine's CPU time used by "
         "processes outside the run during the cell's window.")
     max_load_per_core: float = Field(
-        default=2.0, ge=0.1, le=1000, description="Largest 1-minute load average per core seen "
-        "during the cell's window.")
+        default=1.0, ge=0.1, le=1000, description="Largest mean number of other processes' "
+        "runnable threads per core during the cell's window (the load others add; the run's "
+        "own threads are not counted).")
     max_steal_share: float = Field(
         default=0.05, ge=0, le=1, description="Largest share of CPU time stolen by the "
         "hypervisor during the window.")

@@ -11,8 +11,9 @@ Engine checks, the same for every project, read the cell's own data:
   of the machine's CPU time used by processes outside the run, the highest 1-minute load
   average per core, CPU steal, pages swapped in, the least memory available, the run's
   cgroup's CFS throttling;
-- ``*/prometheus/series.parquet`` (the run's Prometheus, when it ran): the highest
-  ``load1`` sample of the window;
+- ``*/prometheus/series.parquet`` (the run's Prometheus, when it ran): on a cluster, where
+  no ``host.json`` is written, the share of the workload's CFS periods throttled
+  (``cpu_throttled_share``, cAdvisor);
 - the workload's measured window (the project's ``measured_window``) against its declared
   minimum.
 
@@ -66,7 +67,12 @@ class HostWindow(BaseModel):
     cpu_steal_s: float = Field(default=0.0, ge=0, le=1e12)
     run_cpu_s: float = Field(ge=0, le=1e12, description="CPU time of the run's own process "
                              "tree (the flow, its workloads, servers and exporters).")
-    load1_max: float | None = Field(default=None, ge=0, le=1e6)
+    load1_max: float | None = Field(default=None, ge=0, le=1e6, description="The machine's "
+                                    "1-minute load average, highest sample (the run's own "
+                                    "threads included: recorded, not judged).")
+    other_runnable_mean: float | None = Field(default=None, ge=0, le=1e6, description=(
+        "Mean number of threads of other processes running or ready to run: the load "
+        "others put on the machine."))
     memory_total_bytes: int | None = Field(default=None, ge=0)
     memory_available_min_bytes: int | None = Field(default=None, ge=0)
     swap_in_pages: int | None = Field(default=None, ge=0)
@@ -111,25 +117,22 @@ def read_host_window(cell_dir: str | Path) -> HostWindow | None:
         return None
 
 
-def _prometheus_load1_max(cell_dir: Path) -> float | None:
-    """The highest ``load1`` sample of the cell's Prometheus capture, if it has one."""
+def _prometheus_mean(cell_dir: Path, query: str) -> float | None:
+    """The mean of one query's samples in the cell's Prometheus capture, if it has any."""
     import pandas as pd  # only runs with a Prometheus capture pay for it
 
-    best: float | None = None
+    values: list[float] = []
     for path in sorted(cell_dir.glob("*/prometheus/series.parquet"))[:8]:
         if path.is_symlink():
             continue
         try:
             frame = pd.read_parquet(path, columns=["query", "value"])
         except (OSError, ValueError, KeyError) as exc:
-            logger.warning("%s is unreadable (%s): its load is not checked", path, exc)
+            logger.warning("%s is unreadable (%s): its validity checks are skipped", path, exc)
             continue
-        values = frame.loc[frame["query"] == "load1", "value"]
-        values = values[values.map(lambda v: isinstance(v, float) and math.isfinite(v))]
-        if len(values):
-            peak = float(values.max())
-            best = peak if best is None else max(best, peak)
-    return best
+        found = pd.to_numeric(frame.loc[frame["query"] == query, "value"], errors="coerce")
+        values.extend(v for v in found.tolist() if math.isfinite(v))
+    return sum(values) / len(values) if values else None
 
 
 def engine_reasons(cell_dir: str | Path, policy: ValidityPolicy, *,
@@ -158,16 +161,13 @@ def engine_reasons(cell_dir: str | Path, policy: ValidityPolicy, *,
         if steal > policy.max_steal_share:
             reasons.append(f"CPU steal {steal:.1%} of the CPU time (at most "
                            f"{policy.max_steal_share:.1%})")
-    load = host.load1_max if host is not None else None
-    prom_load = _prometheus_load1_max(cell)
-    if prom_load is not None:
-        load = prom_load if load is None else max(load, prom_load)
-    cores = host.cores if host is not None else None
-    if load is not None and cores:
-        per_core = load / cores
+    load = host.other_runnable_mean if host is not None else None
+    if host is not None and load is not None:
+        per_core = load / host.cores
         if per_core > policy.max_load_per_core:
-            reasons.append(f"load average {load:.1f} on {cores} cores ({per_core:.1f} a core; "
-                           f"at most {policy.max_load_per_core:g})")
+            reasons.append(f"load from other processes: {load:.1f} runnable threads on "
+                           f"{host.cores} cores ({per_core:.1f} a core; at most "
+                           f"{policy.max_load_per_core:g})")
     if host is not None:
         if host.swap_in_pages is not None and host.window_s > 0:
             rate = host.swap_in_pages / host.window_s
@@ -179,11 +179,11 @@ def engine_reasons(cell_dir: str | Path, policy: ValidityPolicy, *,
             if share < policy.min_memory_available_share:
                 reasons.append(f"memory pressure: only {share:.1%} of the memory available "
                                f"(at least {policy.min_memory_available_share:.0%})")
-        if host.periods and host.throttled_periods is not None:
-            share = host.throttled_periods / host.periods
-            if share > policy.max_throttled_share:
-                reasons.append(f"CPU throttled in {share:.0%} of the cgroup's periods "
-                               f"(at most {policy.max_throttled_share:.0%})")
+    throttled = host.throttled_periods / host.periods if host is not None and host.periods \
+        and host.throttled_periods is not None else _prometheus_mean(cell, "cpu_throttled_share")
+    if throttled is not None and throttled > policy.max_throttled_share:
+        reasons.append(f"CPU throttled in {throttled:.0%} of the CFS periods "
+                       f"(at most {policy.max_throttled_share:.0%})")
     floor = max(min_window_s, policy.min_window_s)
     if measured_window_s is not None and floor > 0 and measured_window_s < floor:
         reasons.append(f"measured window {measured_window_s:.1f} s, shorter than the "

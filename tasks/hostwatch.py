@@ -9,8 +9,10 @@ written and the checks that need it are not made.
 
 The run's process tree is this process and its descendants (the flow, the workloads, the
 model server, Prometheus and its exporters): their CPU time is the run's, everything else's
-is "other processes" (four busy loops beside a 2-core run show as ~65 % here). A child
-reaped within the window counts through its parent's ``cutime``.
+is "other processes" (four busy loops beside a 2-core run show as ~80 % here). A child
+reaped within the window counts through its parent's ``cutime``. The load is sampled the
+same way: threads of other processes running or ready to run (the machine's load average
+counts the run's own: a vLLM server's threads made a quiet 2-core machine's load 5).
 """
 
 from __future__ import annotations
@@ -54,10 +56,9 @@ def _cpu_times() -> tuple[float, float, float] | None:
     return (busy + idle + iowait + steal) / _HZ, busy / _HZ, steal / _HZ
 
 
-def _tree_cpu(root: int) -> float:
-    """CPU seconds of ``root`` and its live descendants (with their reaped children)."""
-    parents: dict[int, int] = {}
-    times: dict[int, int] = {}
+def _processes() -> dict[int, tuple[int, int]]:
+    """Every process: pid → (parent pid, CPU ticks of it and its reaped children)."""
+    out: dict[int, tuple[int, int]] = {}
     for entry in _PROC.iterdir():
         if not entry.name.isdigit():
             continue
@@ -68,18 +69,51 @@ def _tree_cpu(root: int) -> float:
         rest = text[text.rfind(")") + 2:].split()
         if len(rest) < 15:
             continue
-        pid = int(entry.name)
-        parents[pid] = int(rest[1])
-        times[pid] = int(rest[11]) + int(rest[12]) + int(rest[13]) + int(rest[14])
+        out[int(entry.name)] = (int(rest[1]),
+                                int(rest[11]) + int(rest[12]) + int(rest[13]) + int(rest[14]))
+    return out
+
+
+def _tree(root: int, processes: dict[int, tuple[int, int]]) -> set[int]:
+    """``root`` and its live descendants."""
     children: dict[int, list[int]] = {}
-    for pid, parent in parents.items():
+    for pid, (parent, _) in processes.items():
         children.setdefault(parent, []).append(pid)
-    total, todo = 0, [root]
+    found, todo = set(), [root]
     while todo:
         pid = todo.pop()
-        total += times.get(pid, 0)
+        found.add(pid)
         todo.extend(children.get(pid, ()))
-    return total / _HZ
+    return found
+
+
+def _tree_cpu(root: int) -> float:
+    """CPU seconds of ``root`` and its live descendants (with their reaped children)."""
+    processes = _processes()
+    return sum(processes.get(pid, (0, 0))[1] for pid in _tree(root, processes)) / _HZ
+
+
+def _other_runnable(root: int) -> int:
+    """Threads running or ready to run now that are not the run's.
+
+    The run's own load is left out: a model server's threads made a quiet 2-core machine's
+    load average 5.
+    """
+    processes = _processes()
+    ours = _tree(root, processes)
+    count = 0
+    for pid in processes:
+        if pid in ours:
+            continue
+        try:
+            tasks = list((_PROC / str(pid) / "task").iterdir())
+        except OSError:
+            continue
+        for task in tasks:
+            text = _read(task / "stat")
+            if text and text[text.rfind(")") + 2:text.rfind(")") + 3] == "R":
+                count += 1
+    return count
 
 
 def _meminfo() -> dict[str, int]:
@@ -131,11 +165,13 @@ class HostWatch:
         self._start: dict[str, Any] = {}
         self._load_max: float | None = None
         self._mem_min: int | None = None
+        self._runnable: list[int] = []
 
     def _sample(self) -> None:
         load = _load1()
         if load is not None:
             self._load_max = load if self._load_max is None else max(self._load_max, load)
+        self._runnable.append(_other_runnable(self._root))
         available = _meminfo().get("MemAvailable")
         if available is not None:
             self._mem_min = available if self._mem_min is None else min(self._mem_min,
@@ -179,6 +215,8 @@ class HostWatch:
             cpu_steal_s=max(cpu[2] - first["cpu"][2], 0.0),
             run_cpu_s=max(_tree_cpu(self._root) - first["tree"], 0.0),
             load1_max=self._load_max, memory_total_bytes=memory.get("MemTotal"),
+            other_runnable_mean=sum(self._runnable) / len(self._runnable)
+            if self._runnable else None,
             memory_available_min_bytes=self._mem_min,
             swap_in_pages=max(swap_end - swap_start, 0) if swap_end is not None
             and swap_start is not None else None,

@@ -74,6 +74,11 @@ CLUSTER_QUERIES: dict[str, str] = {
     "memory_used_bytes": 'sum(container_memory_working_set_bytes{namespace="{namespace}",'
                          'container!="",container!="POD"})',
     "gpu_util_percent": 'DCGM_FI_DEV_GPU_UTIL{exported_namespace="{namespace}"}',
+    # what the validity check reads: the share of the pods' CFS periods throttled
+    "cpu_throttled_share": 'sum(rate(container_cpu_cfs_throttled_periods_total{namespace='
+                           '"{namespace}",container!=""}[{window}])) / sum(rate('
+                           'container_cpu_cfs_periods_total{namespace="{namespace}",'
+                           'container!=""}[{window}]))',
     "gpu_memory_used_bytes": 'DCGM_FI_DEV_FB_USED{exported_namespace="{namespace}"} '
                              '* 1048576',
 }

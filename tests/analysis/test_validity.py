@@ -37,7 +37,8 @@ def test_each_engine_check_follows_its_threshold(cores: int, busy: float, run: f
     total = 100.0 * cores
     window = HostWindow(cores=cores, window_s=100.0, cpu_total_s=total,
                         cpu_busy_s=busy * total, cpu_steal_s=steal * total,
-                        run_cpu_s=run * busy * total, load1_max=load * cores,
+                        run_cpu_s=run * busy * total, load1_max=50.0 * cores,
+                        other_runnable_mean=load * cores,
                         memory_total_bytes=10**9,
                         memory_available_min_bytes=int(available * 10**9),
                         swap_in_pages=swap, periods=1000,
@@ -47,7 +48,8 @@ def test_each_engine_check_follows_its_threshold(cores: int, busy: float, run: f
         reasons = " | ".join(engine_reasons(tmp, POLICY))
     assert ("busy machine" in reasons) == (window.other_cpu_share > POLICY.max_other_cpu_share)
     assert ("CPU steal" in reasons) == (steal > POLICY.max_steal_share)
-    assert ("load average" in reasons) == (load > POLICY.max_load_per_core)
+    # the machine's load average counts the run's own threads: never judged by itself
+    assert ("load from other processes" in reasons) == (load > POLICY.max_load_per_core)
     assert ("swapped in" in reasons) == (swap / 100.0 > POLICY.max_swap_in_per_s)
     assert ("memory available" in reasons) == (
         int(available * 10**9) / 10**9 < POLICY.min_memory_available_share)
@@ -75,16 +77,14 @@ def test_failed_and_short_windows_and_project_errors(tmp_path: Path) -> None:
                           project_reasons=broken).status == "valid"
 
 
-def test_prometheus_load_counts_too(tmp_path: Path) -> None:
-    window = HostWindow(cores=2, window_s=10, cpu_total_s=20, cpu_busy_s=2, run_cpu_s=2,
-                        load1_max=0.5)
-    (tmp_path / HOST_FILE).write_text(window.model_dump_json())
+def test_a_clusters_throttling_comes_from_its_prometheus(tmp_path: Path) -> None:
+    """No host.json on a cluster: the pods' CFS throttling captured from Prometheus."""
     series = tmp_path / "002__observe__capture_prometheus" / "prometheus"
     series.mkdir(parents=True)
-    pd.DataFrame({"query": ["load1", "load1"], "labels": ["{}", "{}"],
+    pd.DataFrame({"query": ["cpu_throttled_share"] * 2, "labels": ["{}", "{}"],
                   "timestamp": pd.date_range("2026-01-01", periods=2, tz="UTC"),
-                  "value": [1.0, 9.0]}).to_parquet(series / "series.parquet")
-    assert any("load average 9.0 on 2 cores" in r for r in engine_reasons(tmp_path, POLICY))
+                  "value": [0.1, 0.5]}).to_parquet(series / "series.parquet")
+    assert any("throttled in 30%" in r for r in engine_reasons(tmp_path, POLICY))
 
 
 _SPIN = "import time\nwhile time.process_time() < 1.0:\n    pass\n"
@@ -122,12 +122,14 @@ def test_the_watch_tells_the_runs_cpu_from_other_processes(tmp_path: Path) -> No
     assert other is not None
     assert other.cpu_busy_s - other.run_cpu_s >= 0.9  # the foreign second is "other"
     assert other.cores == os.cpu_count()
+    # runnable (R) through its whole life, however loaded the machine: counted as load
+    assert other.other_runnable_mean is not None and other.other_runnable_mean >= 0.5
 
 
 def _busy_host(cell: Path) -> None:
     (cell / HOST_FILE).write_text(HostWindow(
         cores=2, window_s=40, cpu_total_s=80, cpu_busy_s=78, run_cpu_s=20,
-        load1_max=6.0).model_dump_json())
+        load1_max=6.0, other_runnable_mean=4.0).model_dump_json())
 
 
 def test_invalid_and_failed_runs_are_stored_marked_and_never_a_baseline(
