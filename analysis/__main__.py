@@ -73,6 +73,12 @@ def accept_main(argv: Sequence[str]) -> int:
     return 0
 
 
+def _failed(exc: TelltaleError) -> int:
+    """One line on stderr; exit 2 for a user error, 1 for anything else."""
+    print(f"error: {exc}", file=sys.stderr)
+    return 2 if isinstance(exc, UserError) else 1
+
+
 def compare_main(argv: Sequence[str]) -> int:
     """``compare``: two selections of the history, KPI by KPI; returns the exit code."""
     from analysis.compare import compare_frames, comparison_html, comparison_lines
@@ -113,12 +119,8 @@ def compare_main(argv: Sequence[str]) -> int:
             _write_plotlyjs(Path(args.html).parent / PLOTLY_FILE)
         if args.json:
             write_json(args.json, [r.model_dump() for r in rows])
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     except TelltaleError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return _failed(exc)
     for line in comparison_lines(rows, args.a, args.b):
         print(printable(line))
     return 0
@@ -194,12 +196,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                               history_uri=args.history, settings=settings,
                               append_history=not args.no_append, force=args.force,
                               report=not args.no_report)
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     except TelltaleError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return _failed(exc)
     except OSError as exc:  # a full disk mid-way: one line, not a traceback
         print(f"error: {exc.strerror or exc} ({exc.filename or args.out})", file=sys.stderr)
         return 1

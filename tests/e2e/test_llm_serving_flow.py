@@ -118,3 +118,25 @@ def test_ctrl_c_while_the_server_starts_leaves_no_server(tmp_path: Path) -> None
     assert proc.returncode == 130, output[-3000:]
     assert _gone(server), "the vLLM server outlived a Ctrl-C"
     assert json.loads((run_dir / "outcome.json").read_text())["exit_code"] == 130
+
+
+def test_a_nightly_serving_run_that_stays_invalid_exits_3_never_1(tmp_path: Path) -> None:
+    """validity: enforce (nightly): an invalid measurement is re-run once against the same
+    server; still invalid (here: a declared minimum window of a day), the run is
+    inconclusive — exit 3 — with both results kept, stored marked and never judged."""
+    serving_venv_or_skip()
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "flows.llm_serving", "--preset", "nightly",
+                           "--var", "tests.llm_serving.test_settings.duration_s=5",
+                           "--var", "analysis.validity.min_window_s=86400",
+                           "--var", f"analysis.history_uri={tmp_path / 'history'}",
+                           "--artifact-dir", str(run_dir)],
+                          capture_output=True, text=True, env=cli_env(tmp_path), timeout=1500)
+    output = proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert proc.returncode == 3, output
+    outcome = json.loads((run_dir / "outcome.json").read_text())
+    assert [c["validity"] for c in outcome["cells"]] == ["invalid", "invalid"], output
+    assert outcome["failures"] == [] and outcome["verdict_counts"] == {"not_judged": 2}
+    assert "INCONCLUSIVE" in proc.stdout
+    stored = pd.read_parquet(tmp_path / "history")
+    assert set(stored["validity"]) == {"invalid"} and stored["run_uuid"].nunique() == 2
