@@ -9,6 +9,9 @@ verdicts compare with it, and the shift it carries stops being reported.
 selections such as ``vllm=0.32.0``, or time windows ``2026-11-01..2026-11-08``) KPI by KPI:
 change, 95 % interval, effect size and a verdict (`analysis.compare`).
 
+``python -m analysis lts-schema [--uri URI]`` prints the LTS document's JSON schema, with its
+``$id`` — what a Horreum admin registers as the schema of Telltale's uploads.
+
 Progress lines (``parse: 4,000/10,000 run(s) (40 %), 1,250/s``, judging, the report) go to
 stderr; ``--quiet`` leaves them out.
 
@@ -146,9 +149,28 @@ def _show_progress() -> None:
         progress_logger.setLevel(logging.INFO)
 
 
+def lts_schema_main(argv: Sequence[str]) -> int:
+    """``lts-schema``: the LTS document's JSON schema on stdout; returns the exit code."""
+    import json
+
+    from analysis.lts import SCHEMA_VERSION, lts_json_schema
+
+    parser = _Parser(prog="python -m analysis lts-schema",
+                     description="Print the JSON schema of the LTS document (for Horreum).")
+    parser.add_argument("--uri", default=f"urn:telltale:lts:{SCHEMA_VERSION}",
+                        help="the schema's $id (Horreum's schema URI)")
+    args = parser.parse_args(argv)
+    schema = {"$id": args.uri, "$schema": "https://json-schema.org/draft/2020-12/schema",
+              **lts_json_schema()}
+    print(json.dumps(schema, indent=2))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run post-processing from the command line; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["lts-schema"]:
+        return lts_schema_main(argv[1:])
     if argv[:1] == ["accept"]:
         return accept_main(argv[1:])
     if argv[:1] == ["compare"]:

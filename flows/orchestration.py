@@ -75,7 +75,9 @@ from tasks.postprocess import cell_validity, find_suspects, postprocess_results
 from tasks.progress import ProgressArtifact
 from tasks.publish.export import (
     append_history,
+    horreum_instance,
     opensearch_instance,
+    publish_horreum,
     publish_opensearch,
     s3_target,
     upload_run,
@@ -550,6 +552,9 @@ def _export_phase(outcome: RunOutcome, run: RunContext, post: PostprocessOutcome
             opensearch_instance(export, secrets), post.files["lts"], export.opensearch.index,
             export.opensearch.kpi_index, valid,
             RetryPolicy(**export.opensearch.retry.model_dump())))
+    if export.horreum.enabled:
+        attempt("Horreum export", lambda: publish_horreum(
+            horreum_instance(export, secrets), post.files["lts"], export, valid))
 
 
 def _provision(run: RunContext, creates: bool) -> RunContext:

@@ -1,7 +1,12 @@
 """Typed config blocks owned by Telltale's reusable libraries; projects compose them."""
 
 from projects.library.clusters import ClustersBlock, CreateBlock, QuadsLabBlock, SutestBlock
-from projects.library.export import ExportBlock, OpenSearchExportBlock, S3ExportBlock
+from projects.library.export import (
+    ExportBlock,
+    HorreumExportBlock,
+    OpenSearchExportBlock,
+    S3ExportBlock,
+)
 from projects.library.operators import GpuOperatorBlock, NfdBlock, PrepareBlock, RhoaiBlock
 from projects.library.secrets import SecretsBlock
 from projects.library.tests import EngineConfig, MultiUserBlock, TestBlock
@@ -11,6 +16,7 @@ __all__ = [
     "CreateBlock",
     "EngineConfig",
     "ExportBlock",
+    "HorreumExportBlock",
     "GpuOperatorBlock",
     "MultiUserBlock",
     "NfdBlock",

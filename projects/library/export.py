@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from analysis.strict import StrictSettings
 
-__all__ = ["ExportBlock", "ExportRetryBlock", "OpenSearchExportBlock", "S3ExportBlock"]
+__all__ = ["ExportBlock", "ExportRetryBlock", "HorreumExportBlock", "OpenSearchExportBlock",
+           "S3ExportBlock"]
 
 
 class S3ExportBlock(StrictSettings):
@@ -44,6 +47,28 @@ class OpenSearchExportBlock(StrictSettings):
                                     description="Retries of each OpenSearch request.")
 
 
+class HorreumExportBlock(StrictSettings):
+    """Each cell's LTS document as one Horreum run (the field's ``lts.horreum.test_name``).
+
+    The test must exist in Horreum (its schema, labels and change detection are defined
+    there, see the README); a re-export of the same run uploads nothing.
+    """
+
+    enabled: bool = Field(default=False, description="Upload to Horreum.")
+    instance: str | None = Field(default=None, description="Instance name in the secret file "
+                                 "(secrets.horreum_instances) or of a saved block.")
+    test_name: str | None = Field(default=None, max_length=255,
+                                  description="The Horreum test the runs belong to.")
+    owner: str | None = Field(default=None, max_length=255,
+                              description="Team owning the runs (a Horreum team role).")
+    access: Literal["PUBLIC", "PROTECTED", "PRIVATE"] = Field(
+        default="PROTECTED", description="Who sees the runs in Horreum.")
+    schema_uri: str | None = Field(default=None, max_length=255, description="The documents' "
+                                   "$schema; null: urn:telltale:lts:<LTS schema version>.")
+    retry: ExportRetryBlock = Field(default_factory=ExportRetryBlock,
+                                    description="Retries of each Horreum request.")
+
+
 class ExportBlock(StrictSettings):
     """Where results are published."""
 
@@ -51,3 +76,4 @@ class ExportBlock(StrictSettings):
     fail_on_error: bool = Field(default=False, description="An export failure fails the run.")
     s3: S3ExportBlock = Field(default_factory=S3ExportBlock)
     opensearch: OpenSearchExportBlock = Field(default_factory=OpenSearchExportBlock)
+    horreum: HorreumExportBlock = Field(default_factory=HorreumExportBlock)

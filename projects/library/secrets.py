@@ -21,6 +21,8 @@ class SecretsBlock(StrictSettings):
     dir: SecretDirBlock
     s3_credentials: str | None = Field(default=None, description="AWS-style env file name.")
     opensearch_instances: str | None = Field(default=None, description="OpenSearch YAML file.")
+    horreum_instances: str | None = Field(default=None, description="Horreum YAML file "
+                                          "({name: {url, api_key}}).")
     quads_credentials: str | None = Field(default=None, description="QUADS login YAML file.")
     pull_secret: str | None = Field(default=None, description="Registry pull secret (JSON).")
     ssh_public_key: str | None = Field(default=None, description="SSH key for cluster nodes.")

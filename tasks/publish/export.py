@@ -11,26 +11,30 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pandas as pd
+from prefect.blocks.core import Block
 
 from analysis.errors import ConfigError
 from analysis.history import HistoryStore
 from analysis.lts import LtsPayload
+from blocks.horreum import HorreumInstance
 from blocks.opensearch import OpenSearchInstance
 from blocks.s3 import S3Target
 from projects.library import ExportBlock, SecretsBlock
 from tasks.artifacts import step
+from tasks.publish.horreum import DEFAULT_SCHEMA_URI, HorreumUpload, upload_payloads
 from tasks.publish.opensearch import export_payloads
 from tasks.publish.s3 import ExportResult, upload_dir
 from tasks.retry import RetryPolicy
 from tasks.secrets import from_secret_file, read_env_file, read_yaml_secret, secret_file
 
-__all__ = ["append_history", "opensearch_instance", "publish_opensearch", "s3_target",
-           "upload_run"]
+__all__ = ["append_history", "horreum_instance", "opensearch_instance", "publish_horreum",
+           "publish_opensearch", "s3_target", "upload_run"]
 
 logger = logging.getLogger("telltale.export")
+B = TypeVar("B", bound=Block)
 
 
 def s3_target(export: ExportBlock, secrets: SecretsBlock) -> S3Target:
@@ -52,32 +56,49 @@ def s3_target(export: ExportBlock, secrets: SecretsBlock) -> S3Target:
                     endpoint_url=s3.endpoint_url, region=s3.region, **creds)
 
 
-def opensearch_instance(export: ExportBlock, secrets: SecretsBlock) -> OpenSearchInstance:
-    """Build the OpenSearch instance from the secret file, or load a saved Prefect block.
+def _named_instance(model: type[B], name: str | None, secrets: SecretsBlock, file_name: str | None,
+                    key: str) -> B:
+    """An instance block by name: from the secret dir's YAML file, else a saved Prefect block.
 
-    Raises:
-        ConfigError: No instance name, or the name is in neither place.
+    One lookup for every service (OpenSearch, Horreum): the file wins when the secret dir
+    has it; an error names the key and the names the file has, never a value.
     """
-    name = export.opensearch.instance
+    what = model.get_block_type_name()
     if not name:
-        raise ConfigError("OpenSearch export needs an instance name",
-                          key="export_artifacts.opensearch.instance")
-    path = secret_file(secrets.dir.env_key, secrets.opensearch_instances)
+        raise ConfigError(f"{what}: an instance name is needed", key=key)
+    path = secret_file(secrets.dir.env_key, file_name)
     if path is not None:
         instances = read_yaml_secret(path)
         if name not in instances:
             raise ConfigError(f"instance {name!r} is not in the secret file; it has: "
-                              f"{', '.join(sorted(instances)) or '(none)'}",
-                              key="export_artifacts.opensearch.instance")
-        return from_secret_file(OpenSearchInstance, instances[name], file=str(path))
+                              f"{', '.join(sorted(instances)) or '(none)'}", key=key)
+        return from_secret_file(model, instances[name], file=str(path))
     try:
-        return OpenSearchInstance.load(name)
+        return model.load(name)
     except (ValueError, RuntimeError) as exc:
-        raise ConfigError(f"no OpenSearch instance {name!r}: set "
-                          f"${secrets.dir.env_key} with "
-                          f"{secrets.opensearch_instances} or save a "
-                          f"'{OpenSearchInstance.get_block_type_slug()}' block ({exc})",
-                          key="export_artifacts.opensearch.instance") from None
+        raise ConfigError(f"no {what} {name!r}: set ${secrets.dir.env_key} with "
+                          f"{file_name} or save a '{model.get_block_type_slug()}' block "
+                          f"({exc})", key=key) from None
+
+
+def opensearch_instance(export: ExportBlock, secrets: SecretsBlock) -> OpenSearchInstance:
+    """The OpenSearch instance ``export_artifacts.opensearch.instance`` names.
+
+    Raises:
+        ConfigError: No instance name, or the name is in neither place.
+    """
+    return _named_instance(OpenSearchInstance, export.opensearch.instance, secrets,
+                           secrets.opensearch_instances, "export_artifacts.opensearch.instance")
+
+
+def horreum_instance(export: ExportBlock, secrets: SecretsBlock) -> HorreumInstance:
+    """The Horreum instance ``export_artifacts.horreum.instance`` names.
+
+    Raises:
+        ConfigError: No instance name, or the name is in neither place.
+    """
+    return _named_instance(HorreumInstance, export.horreum.instance, secrets,
+                           secrets.horreum_instances, "export_artifacts.horreum.instance")
 
 
 # No Prefect-level retries on the export steps: boto3 (standard mode) and the OpenSearch
@@ -126,3 +147,23 @@ def publish_opensearch(instance: OpenSearchInstance, lts_file: str, index: str,
                 json.loads(Path(lts_file).read_text(encoding="utf-8"))]
     return export_payloads(instance, payloads, index=index, kpi_index=kpi_index, valid=valid,
                            policy=policy or RetryPolicy())
+
+
+@step("export", timeout_seconds=600)
+def publish_horreum(instance: HorreumInstance, lts_file: str, export: ExportBlock,
+                    valid: bool) -> dict[str, int]:
+    """Upload each cell's LTS document as a Horreum run (``export_artifacts.horreum``).
+
+    Returns:
+        ``{"uploaded": n, "present": m}`` (runs already in Horreum are not uploaded again).
+    """
+    block = export.horreum
+    if not block.test_name:
+        raise ConfigError("Horreum export needs the test's name",
+                          key="export_artifacts.horreum.test_name")
+    payloads = [LtsPayload.model_validate(p) for p in
+                json.loads(Path(lts_file).read_text(encoding="utf-8"))]
+    where = HorreumUpload(test=block.test_name, owner=block.owner, access=block.access,
+                          schema_uri=block.schema_uri or DEFAULT_SCHEMA_URI)
+    return upload_payloads(instance, payloads, where, valid=valid,
+                           policy=RetryPolicy(**block.retry.model_dump()))

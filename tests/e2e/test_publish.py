@@ -13,6 +13,7 @@ import yaml
 
 from analysis.history import HistoryStore
 from blocks.s3 import S3Target
+from tests.servers.horreum import horreum_server
 from tests.servers.opensearch import opensearch_server
 
 pytestmark = pytest.mark.slow
@@ -49,11 +50,19 @@ def test_run_is_exported_to_s3_and_opensearch(tmp_path: Path, prefect_harness, s
     from flows.fine_tuning.flow import fine_tuning
     from flows.orchestration import outcome_of
 
-    with opensearch_server(user="cpt", password="pw-not-logged") as (url, state):
+    horreum_key = "HUSR_not_logged_0000"
+    with opensearch_server(user="cpt", password="pw-not-logged") as (url, state), \
+            horreum_server(api_key=horreum_key) as (horreum_url, horreum):
         (secret_dir / "opensearch.yaml").write_text(yaml.safe_dump({"test": {
             "url": url, "user": "cpt", "password": "pw-not-logged"}}))
-        outcome = outcome_of(fine_tuning(presets=["light"], overrides=_overrides(tmp_path, s3_server,
-                                                                      s3_bucket),
+        (secret_dir / "horreum.yaml").write_text(yaml.safe_dump({"lab": {
+            "url": horreum_url, "api_key": horreum_key}}))
+        horreum.add_test("telltale-fine-tuning")
+        overrides = _overrides(tmp_path, s3_server, s3_bucket, **{
+            "export_artifacts.horreum.enabled": True, "export_artifacts.horreum.instance": "lab",
+            "export_artifacts.horreum.test_name": "telltale-fine-tuning",
+            "export_artifacts.horreum.owner": "perf-team"})
+        outcome = outcome_of(fine_tuning(presets=["light"], overrides=overrides,
                               artifact_dir=str(tmp_path / "run"), return_state=True))
         assert outcome.exit_code == 0, outcome.failures
         root = tmp_path / "run"
@@ -80,9 +89,13 @@ def test_run_is_exported_to_s3_and_opensearch(tmp_path: Path, prefect_harness, s
         assert docs[run_uuid]["metadata"]["fingerprint"]["package:torch"].startswith("2.13")
         assert "mde_pct" in docs[run_uuid]["regression"]["train_runtime"]
         assert len(state.indices["telltale-fine-tuning-kpis"]["docs"]) == len(kpis)
+        [uploaded] = horreum.runs  # the same run, as one Horreum run of the test
+        assert uploaded["description"] == f"telltale run {run_uuid}"
+        assert uploaded["data"]["kpis"] == docs[run_uuid]["kpis"]
+        assert horreum_key not in json.dumps(uploaded["data"])
     everything = "\n".join(p.read_text(errors="replace") for p in root.rglob("*")
                            if p.is_file() and p.suffix in (".yaml", ".json", ".log", ".url"))
-    for secret in ("pw-not-logged", "key-id-not-logged", "secret-not-logged"):
+    for secret in ("pw-not-logged", "key-id-not-logged", "secret-not-logged", horreum_key):
         assert secret not in everything
 
 
