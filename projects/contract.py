@@ -32,6 +32,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from analysis.project import AnalysisProject
+from projects.library.kinds import Kind
 from projects.library.resources import resource_kpis, timeline_rows
 from projects.library.tests import EngineConfig, TestBlock
 
@@ -243,6 +244,9 @@ class Project(AnalysisProject):
         check_local: Checks, before anything runs, that the cells can run on this machine;
             raises a `analysis.errors.ConfigError` naming the key otherwise.
         local_service: The server a cell's local workload talks to (None: none).
+        kube_kinds: The Kubernetes kinds the project brings (a PyTorchJob, an
+            InferenceService...): their REST mapping, the verbs used (the runner's RBAC is
+            generated from them) and their place in the run's cleanup.
     """
 
     folder: Path
@@ -255,6 +259,7 @@ class Project(AnalysisProject):
     kube_users: UsersHook | None = None
     check_local: CheckHook | None = None
     local_service: ServiceHook | None = None
+    kube_kinds: tuple[Kind, ...] = ()
 
     def __post_init__(self) -> None:
         # Every project gets the engine's resource capture (`RunResult` parses it): its KPI

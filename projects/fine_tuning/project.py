@@ -34,6 +34,7 @@ from projects.fine_tuning.models import ConfigModel, FineTuningTest, TestSetting
 from projects.fine_tuning.parser import FineTuningParser, FineTuningResult
 from projects.fine_tuning.trainer import trainer_config
 from projects.library.data import content_hash, data_file
+from projects.library.kinds import MANAGE, Kind
 from projects.library.runs import run_timestamps, run_uuid
 
 __all__ = ["PROJECT", "WORKLOAD_MODULE"]
@@ -170,4 +171,7 @@ PROJECT = Project(
     kubernetes=kube_workload,
     kube_users=kube_users,
     check_local=check_local,
+    # the Kubeflow training operator's job, deleted first at cleanup (its pods go with it)
+    kube_kinds=(Kind("kubeflow.org/v1", "PyTorchJob", "pytorchjobs", True, MANAGE,
+                     cleanup=10),),
 )

@@ -7,16 +7,21 @@ from projects.library.export import (
     OpenSearchExportBlock,
     S3ExportBlock,
 )
+from projects.library.kinds import APPLY, MANAGE, READ, Kind
 from projects.library.operators import GpuOperatorBlock, NfdBlock, PrepareBlock, RhoaiBlock
 from projects.library.secrets import SecretsBlock
 from projects.library.tests import EngineConfig, MultiUserBlock, TestBlock
 
 __all__ = [
+    "APPLY",
+    "MANAGE",
+    "READ",
     "ClustersBlock",
     "CreateBlock",
     "EngineConfig",
     "ExportBlock",
     "HorreumExportBlock",
+    "Kind",
     "GpuOperatorBlock",
     "MultiUserBlock",
     "NfdBlock",

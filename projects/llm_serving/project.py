@@ -35,6 +35,7 @@ from projects.contract import (
     Project,
 )
 from projects.library.data import content_hash
+from projects.library.kinds import MANAGE, Kind
 from projects.library.runs import run_timestamps, run_uuid
 from projects.llm_serving import install, validity
 from projects.llm_serving.kpis import KPIS, as_serving, labels, results_summary
@@ -232,4 +233,9 @@ PROJECT = Project(
     kubernetes=kube_workload,
     check_local=check_local,
     local_service=local_service,
+    # KServe: the model server, then the runtime it uses (after the load Job and its pods)
+    kube_kinds=(Kind("serving.kserve.io/v1beta1", "InferenceService", "inferenceservices",
+                     True, MANAGE, cleanup=50),
+                Kind("serving.kserve.io/v1alpha1", "ServingRuntime", "servingruntimes", True,
+                     MANAGE, cleanup=60)),
 )

@@ -6,6 +6,9 @@ label. Calls go through ``kubernetes.client.ApiClient`` (real HTTP, the user's k
 auth) with a client-side timeout on every request; transient faults (5xx, 429, connection
 errors) are retried with backoff, everything else raises at once with the API's message.
 
+Kinds are declared once (`tasks.kube.kinds`: the engine's and the projects'); an
+undeclared kind is refused before any request.
+
 `Kube.wait` follows an object with a *watch* (not polling) until a readiness predicate holds,
 a fail-fast predicate names a reason (ImagePullBackOff, CrashLoopBackOff, Error...), or the
 deadline passes.
@@ -17,17 +20,16 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from analysis.errors import PermanentServiceError, StepError, TransientServiceError
+from projects.library.kinds import Kind
+from tasks.kube.kinds import kind_of
 from tasks.retry import RetryPolicy, call_with_retries
 
 __all__ = [
-    "KINDS",
     "MANAGED_BY",
     "RUN_ID_LABEL",
-    "Kind",
     "Kube",
     "api_client",
     "map_api_error",
@@ -39,69 +41,12 @@ RUN_ID_LABEL = "telltale.io/run-id"
 MANAGED_BY = ("app.kubernetes.io/managed-by", "telltale")
 
 
-@dataclass(frozen=True)
-class Kind:
-    """Where a kind lives in the API (our own small REST mapper: no discovery round-trips)."""
-
-    api_version: str
-    kind: str
-    plural: str
-    namespaced: bool
-
-    def path(self, namespace: str | None = None, name: str | None = None,
-             sub: str | None = None) -> str:
-        """The resource URL path."""
-        group_version = self.api_version
-        base = f"/api/{group_version}" if "/" not in group_version else f"/apis/{group_version}"
-        if self.namespaced:
-            if not namespace:
-                raise StepError(f"{self.kind} is namespaced: a namespace is required")
-            base += f"/namespaces/{namespace}"
-        base += f"/{self.plural}"
-        if name:
-            base += f"/{name}"
-        if sub:
-            base += f"/{sub}"
-        return base
-
-
-KINDS: dict[tuple[str, str], Kind] = {(k.api_version, k.kind): k for k in [
-    Kind("v1", "Namespace", "namespaces", False),
-    Kind("v1", "Node", "nodes", False),
-    Kind("v1", "Pod", "pods", True),
-    Kind("v1", "ConfigMap", "configmaps", True),
-    Kind("v1", "Secret", "secrets", True),
-    Kind("v1", "PersistentVolumeClaim", "persistentvolumeclaims", True),
-    Kind("v1", "Service", "services", True),
-    Kind("v1", "ServiceAccount", "serviceaccounts", True),
-    Kind("batch/v1", "Job", "jobs", True),
-    Kind("apps/v1", "Deployment", "deployments", True),
-    Kind("apps/v1", "DaemonSet", "daemonsets", True),
-    Kind("kubeflow.org/v1", "PyTorchJob", "pytorchjobs", True),
-    Kind("serving.kserve.io/v1beta1", "InferenceService", "inferenceservices", True),
-    Kind("serving.kserve.io/v1alpha1", "ServingRuntime", "servingruntimes", True),
-    Kind("operators.coreos.com/v1alpha1", "Subscription", "subscriptions", True),
-    Kind("operators.coreos.com/v1alpha1", "ClusterServiceVersion", "clusterserviceversions",
-         True),
-    Kind("operators.coreos.com/v1alpha1", "InstallPlan", "installplans", True),
-    Kind("operators.coreos.com/v1alpha1", "CatalogSource", "catalogsources", True),
-    Kind("operators.coreos.com/v1", "OperatorGroup", "operatorgroups", True),
-    Kind("datasciencecluster.opendatahub.io/v1", "DataScienceCluster", "datascienceclusters",
-         False),
-    Kind("nvidia.com/v1", "ClusterPolicy", "clusterpolicies", False),
-    Kind("nfd.openshift.io/v1", "NodeFeatureDiscovery", "nodefeaturediscoveries", True),
-    Kind("config.openshift.io/v1", "ClusterVersion", "clusterversions", False),
-    Kind("hive.openshift.io/v1", "ClusterClaim", "clusterclaims", True),
-    Kind("hive.openshift.io/v1", "ClusterDeployment", "clusterdeployments", True),
-]}
-
-
 def _kind(api_version: str, kind: str) -> Kind:
-    try:
-        return KINDS[(api_version, kind)]
-    except KeyError:
-        raise StepError(f"unknown kind {api_version}/{kind}; add it to tasks.kube.api.KINDS") \
-            from None
+    found = kind_of(api_version, kind)
+    if found is None:
+        raise StepError(f"unknown kind {api_version}/{kind}: declare it (the engine's in "
+                        "tasks.kube.kinds, a project's in its Project.kube_kinds)")
+    return found
 
 
 def map_api_error(exc: BaseException, what: str) -> Exception:
@@ -203,8 +148,7 @@ class Kube:
         """Objects of a kind (in a namespace, or all of them), filtered by selectors."""
         info = _kind(api_version, kind)
         path = info.path(namespace) if (namespace or not info.namespaced) else \
-            f"/apis/{info.api_version}/{info.plural}" if "/" in info.api_version else \
-            f"/api/{info.api_version}/{info.plural}"
+            info.all_namespaces_path()
         query = [(k, v) for k, v in (("labelSelector", labels), ("fieldSelector", fields)) if v]
         body = self._call("GET", path, query=query, what=f"list {kind}")
         return list(body.get("items") or [])

@@ -30,9 +30,9 @@ from analysis.yamlio import dump_yaml
 from projects.contract import KubeGate, KubeWorkload, Staging
 from tasks.artifacts import artifact_dir, step
 from tasks.kube.api import MANAGED_BY, RUN_ID_LABEL, Kube, api_client
+from tasks.kube.kinds import cleanup_kinds
 
 __all__ = [
-    "CLEANUP_KINDS",
     "FAIL_FAST",
     "KEEP_LABEL",
     "capture_environment",
@@ -48,11 +48,7 @@ logger = logging.getLogger("telltale.k8s")
 
 FAIL_FAST = {"ImagePullBackOff", "ErrImagePull", "CrashLoopBackOff", "InvalidImageName",
              "CreateContainerConfigError", "CreateContainerError"}
-# Kinds a run creates, deleted (by run-id label) in cleanup, dependents first.
 KEEP_LABEL = "telltale.io/keep"
-CLEANUP_KINDS = [("kubeflow.org/v1", "PyTorchJob"), ("batch/v1", "Job"), ("v1", "Pod"),
-                 ("v1", "ConfigMap"), ("serving.kserve.io/v1beta1", "InferenceService"),
-                 ("serving.kserve.io/v1alpha1", "ServingRuntime")]
 
 
 def pod_failure(pod: dict[str, Any]) -> str | None:
@@ -296,7 +292,8 @@ def cleanup_cluster(kubeconfig: str | None, run_id: str, *, keep: bool = False,
     """
     kube = Kube(api_client(kubeconfig))
     removed: list[str] = []
-    for api_version, kind in CLEANUP_KINDS:
+    for declared in cleanup_kinds():  # dependents first (`Kind.cleanup`)
+        api_version, kind = declared.api_version, declared.kind
         for obj in _list_if_served(kube, api_version, kind, f"{RUN_ID_LABEL}={run_id}"):
             meta = obj["metadata"]
             label = f"{kind}/{meta.get('namespace', '')}/{meta['name']}"
@@ -337,7 +334,8 @@ def find_leaks(kubeconfig: str | None, older_than_s: float,
     now = time.time() if now is None else now
     selector = f"{MANAGED_BY[0]}={MANAGED_BY[1]},{RUN_ID_LABEL},!{KEEP_LABEL}"
     leaks = []
-    for api_version, kind in CLEANUP_KINDS:
+    for declared in cleanup_kinds():
+        api_version, kind = declared.api_version, declared.kind
         for obj in _list_if_served(kube, api_version, kind, selector):
             meta = obj["metadata"]
             created = datetime.fromisoformat(meta["creationTimestamp"].replace("Z", "+00:00"))

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.environment import env_settings
-from analysis.errors import ConfigError, StepError
+from analysis.errors import StepError
 from analysis.safeio import open_append, write_text
 from projects.contract import SCRATCH_DIR, SERVICE_URL_ENV, LocalWorkload
 from projects.matrix import Cell
@@ -161,9 +161,6 @@ def prepare_local(run_ctx: RunContext, cells: list[Cell]) -> dict[str, Any]:
     Raises:
         ConfigError: The project's check refused a cell (missing dataset, model, library).
     """
-    if run_ctx.project.local is None:
-        raise ConfigError(f"project {run_ctx.project.name!r} has no local workload: run it "
-                          "on a cluster (--platform kubernetes)", key="clusters.platform")
     if run_ctx.project.check_local is None or not cells:
         return {}
     return run_ctx.project.check_local(

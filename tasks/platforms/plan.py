@@ -17,13 +17,15 @@ from analysis.safeio import write_text
 from analysis.yamlio import dump_yaml
 from projects.config import Config
 from projects.contract import CellContext, Project
+from projects.library import TestBlock
 from projects.matrix import Cell
 from projects.plan import Plan, build_plan, write_plan
 from tasks.kube.olm import prepare_manifests
 from tasks.kube.users import user_job_manifests
 from tasks.platforms.base import RunContext
 
-__all__ = ["plan_run", "users_manifests", "users_prefix", "users_s3_endpoint", "write_manifests"]
+__all__ = ["check_supported", "plan_run", "users_manifests", "users_prefix",
+           "users_s3_endpoint", "write_manifests"]
 
 
 def write_manifests(directory: Path, manifests: Sequence[dict[str, Any]]) -> int:
@@ -62,12 +64,39 @@ def users_manifests(run: RunContext, cell: Cell, context: CellContext) -> list[d
         env=users.env)
 
 
+def check_supported(project: Project, test: TestBlock, platform: str) -> None:
+    """Refuse, before anything runs or is planned, a setting the platform cannot honour.
+
+    One check for every project: a setting is never ignored silently (a fan-out planned as
+    single-user cells, a cluster run of a local-only project). A refusal is a user error
+    (exit 2) that names the key.
+
+    Raises:
+        ConfigError: The project has no workload (or no fan-out) for this platform.
+    """
+    if platform == "kubernetes":
+        if project.kubernetes is None:
+            raise ConfigError(f"project {project.name!r} has no cluster workload: run it on "
+                              "the local platform", key="clusters.platform")
+        if test.multi_user.enabled and project.kube_users is None:
+            raise ConfigError(
+                f"project {project.name!r} has no cluster fan-out: "
+                f"{project.test_key}.multi_user.enabled (user_count "
+                f"{test.multi_user.user_count}) is not supported on kubernetes; run the "
+                "fan-out on the local platform or set it to false",
+                key=f"{project.test_key}.multi_user.enabled")
+    elif platform == "local" and project.local is None:
+        raise ConfigError(f"project {project.name!r} has no local workload: run it on a "
+                          "cluster (--platform kubernetes)", key="clusters.platform")
+
+
 def plan_run(project: Project, config: Config, platform: str, artifact_dir: Path) -> Plan:
     """Resolve the plan of a run and write it (config, plan, manifests) into ``artifact_dir``.
 
     Returns:
         The plan; ``extra["manifests"]`` counts the manifests written (kubernetes only).
     """
+    check_supported(project, project.test_block(config.model), platform)
     plan = build_plan(config, platform, test=project.name)
     write_plan(plan, config, artifact_dir)
     if platform != "kubernetes":
@@ -80,9 +109,10 @@ def plan_run(project: Project, config: Config, platform: str, artifact_dir: Path
     for cell in plan.runnable:
         target = artifact_dir / "manifests" / f"{cell.index:03d}__cell"
         context = run.cell_context(cell, target)
-        if run.test.multi_user.enabled and project.kube_users is not None:
+        if run.test.multi_user.enabled:  # a fan-out (`check_supported`: the project has one)
             written += write_manifests(target, users_manifests(run, cell, context))
-        elif project.kubernetes is not None:
+        else:
+            assert project.kubernetes is not None  # `check_supported`
             written += write_manifests(target, project.kubernetes(context).all_manifests())
     plan.extra["manifests"] = written
     return plan

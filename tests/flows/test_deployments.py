@@ -113,3 +113,34 @@ def test_the_rbac_manifests_are_valid() -> None:
     account = template["variables"]["properties"]["service_account_name"]["default"]
     assert {"kind": "ServiceAccount", "name": account} in [
         {"kind": d["kind"], "name": d["metadata"]["name"]} for d in documents]
+
+
+def test_the_checked_in_rbac_is_the_generated_one() -> None:
+    """deployments/kubernetes-rbac.yaml is written by `python -m deployments.rbac` from the
+    declared kinds: a kind added (by the engine or a project) without regenerating fails."""
+    from deployments.rbac import RBAC_FILE, main, render
+
+    assert RBAC_FILE.read_text() == render(), "stale: python -m deployments.rbac > " \
+        "deployments/kubernetes-rbac.yaml"
+    assert main(["--check"]) == 0
+
+
+def test_the_rbac_grants_what_is_declared_and_nothing_more() -> None:
+    from deployments.rbac import grants, rbac_documents
+    from tasks.kube.kinds import all_kinds
+
+    rules = rbac_documents()[1]["rules"]
+    declared = {(k.group, k.plural, v) for k in all_kinds().values() for v in k.verbs} | {
+        (k.group, f"{k.plural}/{sub}", v) for k in all_kinds().values()
+        for sub, verbs in k.subresources for v in verbs}
+    granted = {(group, resource, verb) for rule in rules for group in rule["apiGroups"]
+               for resource in rule["resources"] for verb in rule["verbs"]}
+    assert granted == declared
+    assert not any("*" in part for rule in rules for part in
+                   (*rule["apiGroups"], *rule["resources"], *rule["verbs"]))
+    # every kind a plan of any project writes is declared, with the verbs apply uses
+    assert grants(rules, "kubeflow.org", "pytorchjobs", "create")
+    assert grants(rules, "serving.kserve.io", "inferenceservices", "delete")
+    assert grants(rules, "operators.coreos.com", "catalogsources", "create")
+    assert grants(rules, "apps", "daemonsets", "list")
+    assert not grants(rules, "", "secrets", "delete")

@@ -593,12 +593,22 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 @contextmanager
-def kube_server() -> Iterator[tuple[str, KubeState]]:
-    """Run the API server on 127.0.0.1 in a thread; yields (URL, state)."""
+def kube_server(*, rbac_audit: bool = True) -> Iterator[tuple[str, KubeState]]:
+    """Run the API server on 127.0.0.1 in a thread; yields (URL, state).
+
+    ``rbac_audit``: when the block ends without an error, every request it served must be
+    granted by the runner's generated RBAC (`deployments.rbac`): each test that touches a
+    cluster checks that the RBAC covers what the code asked. Tests that call what only
+    tests use (``Kube.patch_status``, raw PUTs) turn it off.
+    """
     state = KubeState()
     handler = type("Handler", (_Handler,), {"state": state})
     with serve(handler) as port:
         yield f"http://127.0.0.1:{port}", state
+    if rbac_audit:
+        from tests.kube_audit import assert_rbac_grants
+
+        assert_rbac_grants(state)
 
 
 def write_kubeconfig(path: Any, url: str, namespace: str = "default") -> str:
@@ -612,3 +622,32 @@ def write_kubeconfig(path: Any, url: str, namespace: str = "default") -> str:
     }
     path.write_text(json.dumps(config))
     return str(path)
+
+
+def authorization_attributes(method: str, path: str) -> tuple[str, str, str] | None:
+    """(API group, resource[/subresource], verb) of a request, as the API's authorizer sees
+    it; None for discovery and ``/version`` (granted to every authenticated user)."""
+    url = urlparse(path)
+    query = parse_qs(url.query)
+    parts = [p for p in url.path.split("/") if p]
+    if parts[:2] == ["api", "v1"]:
+        group, rest = "", parts[2:]
+    elif parts[:1] == ["apis"] and len(parts) >= 3:
+        group, rest = parts[1], parts[3:]
+    else:
+        return None
+    if len(rest) > 2 and rest[0] == "namespaces":
+        rest = rest[2:]
+    if not rest:
+        return None
+    resource = rest[0] + (f"/{rest[2]}" if len(rest) > 2 else "")
+    named = len(rest) > 1
+    if method == "GET":
+        if "true" in query.get("watch", []):
+            verb = "watch"
+        else:
+            verb = "get" if named else "list"
+    else:
+        verb = {"POST": "create", "PUT": "update", "PATCH": "patch",
+                "DELETE": "delete" if named else "deletecollection"}[method]
+    return group, resource, verb

@@ -14,13 +14,12 @@ from analysis.lts import LtsKpi, LtsMetadata, LtsPayload
 from blocks.horreum import HorreumInstance
 from tasks.publish.horreum import DEFAULT_SCHEMA_URI, HorreumUpload, marker, upload_payloads
 from tasks.retry import RetryPolicy
-from tests.servers.horreum import OPENAPI, horreum_server
+from tests.servers.horreum import horreum_server
 
 FAST = RetryPolicy(attempts=3, backoff_base_s=0, jitter=0)
 KEY = "HUSR_11111111_2222_3333_4444_555555555555"
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 
-pytestmark = pytest.mark.skipif(not OPENAPI.is_file(), reason="../shared/apis missing")
 
 
 def payload(run: str, minutes: int, value: float = 10.0) -> LtsPayload:
