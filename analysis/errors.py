@@ -17,6 +17,9 @@ Prefect retries look at the *type* (`is_transient`), never at message text.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 __all__ = [
     "TelltaleError",
     "UserError",
@@ -27,6 +30,7 @@ __all__ = [
     "TransientServiceError",
     "PermanentServiceError",
     "StepError",
+    "did_you_mean",
     "is_transient",
 ]
 
@@ -143,3 +147,9 @@ def is_transient(exc: BaseException) -> bool:
             return False
         current = current.__cause__
     return False
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`` (did you mean: a, b?)`` for the close matches of a misspelt name, else ``""``."""
+    close = difflib.get_close_matches(word, sorted(str(c) for c in choices), n=3, cutoff=0.5)
+    return f" (did you mean: {', '.join(close)}?)" if close else ""

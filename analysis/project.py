@@ -17,7 +17,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from analysis.errors import ResultsError
+from analysis.errors import ResultsError, did_you_mean
 from analysis.kpi import KpiDefinition
 from analysis.parsing import ParsedResult, ResultParser
 
@@ -118,7 +118,8 @@ def load_project(name: str) -> AnalysisProject:
         else:
             return _checked(getattr(module, "PROJECT", None), f"{module_name}:PROJECT")
     known = ", ".join(available_projects()) or "(none: is the package installed?)"
-    raise ResultsError(f"unknown project {name!r}; registered projects: {known}")
+    raise ResultsError(f"unknown project {name!r}{did_you_mean(name, available_projects())}; "
+                       f"registered projects: {known}")
 
 
 def _checked(project: object, where: str) -> AnalysisProject:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,22 @@ _SafeBase: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml is ~1
 
 
 class _Loader(_SafeBase):  # type: ignore[valid-type,misc]
-    """Safe loader that refuses duplicate keys (PyYAML silently keeps the last one)."""
+    """Safe loader: duplicate keys refused, YAML 1.2's booleans (only true and false).
+
+    PyYAML silently keeps the last of two equal keys. It resolves YAML 1.1's yes/no/on/off
+    (and y/n) to booleans too: ``--var analysis.validity.mode=off`` arrived as False and was
+    refused as "not 'off'", and a label ``NO`` or ``on`` silently turned into a bool. Every
+    YAML Telltale reads (config files, presets, ``--var``, PR comments, result trees) goes
+    through here.
+    """
+
+
+_BOOL_TAG = "tag:yaml.org,2002:bool"
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != _BOOL_TAG]
+    for first, resolvers in _SafeBase.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver(_BOOL_TAG, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                              list("tTfF"))
 
 
 def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> Any:

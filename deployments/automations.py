@@ -189,6 +189,20 @@ def _scheduled_deployments(tag: str) -> list[tuple[str, UUID]]:
             if any(s.active for s in d.schedules)]
 
 
+def restricted_url(url: str) -> str | None:
+    """Why Prefect's notification blocks would refuse ``url``, or None.
+
+    The same check they run when they send: a private or unresolvable address, not http(s).
+    """
+    from prefect.utilities.urls import validate_restricted_url
+
+    try:
+        validate_restricted_url(url)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Create the notification blocks and the automations; 2 on a usage error."""
     parser = argparse.ArgumentParser(prog="python -m deployments.automations",
@@ -204,7 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nightly-tag", default="nightly")
     parser.add_argument("--missing-after-hours", type=float, default=26.0)
     parser.add_argument("--allow-private-urls", action="store_true",
-                        help="Let the blocks post to private addresses (an internal webhook).")
+                        help="Let the blocks post to private addresses (an internal webhook); "
+                             "without it a private or unresolvable URL is refused here, "
+                             "not at send time.")
     args = parser.parse_args(argv)
     if not (args.slack_url or args.webhook_url or args.block or args.github_token_env):
         parser.error("say where to notify: --slack-url, --webhook-url, --block or "
@@ -212,6 +228,14 @@ def main(argv: list[str] | None = None) -> int:
     from prefect.blocks.core import Block
 
     private = args.allow_private_urls
+    for flag, url in (("--slack-url", args.slack_url), ("--webhook-url", args.webhook_url),
+                      ("--github-api", args.github_api if args.github_token_env else None)):
+        refusal = None if (url is None or private) else restricted_url(url)
+        if refusal:
+            print(f"error: {flag}: {refusal}: Prefect would refuse every notification to it "
+                  "at send time (and say so only in its server log); pass "
+                  "--allow-private-urls for an internal webhook", file=sys.stderr)
+            return 2
     notify_id: UUID | None = None
     if args.slack_url or args.webhook_url:
         block = slack_block(args.slack_url, allow_private_urls=private) if args.slack_url \

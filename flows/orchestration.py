@@ -86,8 +86,8 @@ from tasks.publish.prefect_artifacts import publish_results
 from tasks.retry import RetryPolicy
 from tasks.runner import run_and_catch
 
-__all__ = ["CellOutcome", "RunFailed", "RunOutcome", "cleanup_hook", "finish", "orchestrate",
-           "outcome_of", "run_from_cli"]
+__all__ = ["CellOutcome", "RunFailed", "RunOutcome", "cleanup_hook", "finish", "history_note",
+           "orchestrate", "outcome_of", "run_from_cli"]
 
 CELL_FILE = "cell.json"
 PlatformFactory = Callable[[str], Platform]
@@ -119,6 +119,8 @@ class RunOutcome(BaseModel):
     cells: list[CellOutcome] = Field(default_factory=list)
     report: str | None = Field(default=None, description="HTML report index.")
     verdict_counts: dict[str, int] = Field(default_factory=dict)
+    history_note: str | None = Field(default=None, description="When verdicts start, while "
+                                     "the history is too short to judge.")
     export_url: str | None = Field(default=None, description="Where the run was exported.")
     failures: list[str] = Field(default_factory=list, description="Why the run failed.")
     inconclusive: list[str] = Field(default_factory=list, description="Cells whose "
@@ -495,6 +497,9 @@ def _postprocess_phase(outcome: RunOutcome, run: RunContext) -> None:
         return
     outcome.report = post.report
     outcome.verdict_counts = post.verdict_counts
+    outcome.history_note = history_note(
+        [v.history_used for v in post.verdicts if v.verdict == "insufficient_history"],
+        settings.regression.min_history)
     outcome.regressions = [
         f"{v.kpi} ({v.test_path}): " + (f"{v.change_pct:+.1f} %" if v.change_pct is not None
                                         else "changed") + f" — {v.explanation}"
@@ -511,6 +516,24 @@ def _postprocess_phase(outcome: RunOutcome, run: RunContext) -> None:
     except Exception as exc:  # artifacts are a convenience; the files are the record
         log.warning("could not publish Prefect artifacts: %s", exc)
     _export_phase(outcome, run, post)
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def history_note(waiting: Sequence[int], min_history: int) -> str | None:
+    """When verdicts start, for KPIs judged ``insufficient_history`` with these histories.
+
+    The configuration with the most earlier runs decides: a run is judged once it has
+    ``min_history`` earlier comparable runs, i.e. from the ``min_history + 1``-th one.
+    """
+    if not waiting:
+        return None
+    more = max(1, min_history - max(waiting))
+    return (f"verdicts start with the {_ordinal(min_history + 1)} comparable run: "
+            f"{more} more run(s) of this configuration")
 
 
 def _export_phase(outcome: RunOutcome, run: RunContext, post: PostprocessOutcome) -> None:
@@ -778,7 +801,8 @@ def run_from_cli(flow_fn: Callable[..., RunOutcome], presets: list[str],
             + (f": {'; '.join(cell.validity_reasons)}" if cell.validity == "invalid" else ""))
     if outcome.verdict_counts:
         say("verdicts  : " + ", ".join(f"{k}={v}" for k, v in
-                                       sorted(outcome.verdict_counts.items())))
+                                       sorted(outcome.verdict_counts.items()))
+            + (f" ({outcome.history_note})" if outcome.history_note else ""))
     if outcome.report:
         say(f"report    : {outcome.report}")
     if outcome.export_url:

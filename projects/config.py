@@ -32,7 +32,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from analysis.errors import ConfigError
+from analysis.errors import ConfigError, did_you_mean
 from analysis.redact import (
     REDACTED,
     REFERENCE_BLOCKS,
@@ -191,8 +191,8 @@ class _Resolver:
         if name not in presets:
             via = f" (extended by {stack[-1]!r})" if stack else ""
             available = ", ".join(sorted(presets)) or "(none)"
-            raise ConfigError(f"unknown preset {name!r}{via}; available presets: {available}",
-                              file=self.file)
+            raise ConfigError(f"unknown preset {name!r}{via}{did_you_mean(name, presets)}; "
+                              f"available presets: {available}", file=self.file)
         body = presets[name] or {}
         base = f"{_PRESETS_KEY}.{name}"
         if not isinstance(body, Mapping):

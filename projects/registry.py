@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from analysis.errors import ConfigError, ResultsError
+from analysis.errors import ConfigError, ResultsError, did_you_mean
 from analysis.project import load_project
 from projects.contract import Project
 
@@ -28,7 +28,8 @@ def project_dir(name: str) -> Path:
     """
     path = PROJECTS_DIR / name
     if not name.isidentifier() or not (path / "config.yaml").is_file():
-        raise ConfigError(f"unknown project {name!r}; available: {', '.join(available())}")
+        raise ConfigError(f"unknown project {name!r}{did_you_mean(name, available())}; "
+                          f"available: {', '.join(available())}")
     return path
 
 

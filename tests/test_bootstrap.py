@@ -42,8 +42,19 @@ def test_no_arguments_and_unknown_projects_are_usage_errors(tmp_path: Path) -> N
     assert _run(venv).returncode == 2
     bad = _run(venv, "no_such_project", "--preset", "light")
     assert bad.returncode == 2 and "no project named 'no_such_project'" in bad.stderr
+    close = _run(venv, "fine_tunning", "--preset", "light")
+    assert close.returncode == 2 and "did you mean: fine_tuning?" in close.stderr
     assert _run(venv, "../etc").returncode == 2
     assert not venv.exists()  # nothing installed for a mistake
+
+
+def test_help_lists_the_registered_projects_and_exits_0(tmp_path: Path) -> None:
+    """Every project with an entry point (flows/<name>/__main__.py): a scaffolded one too."""
+    done = _run(tmp_path / "absent", "--help")
+    assert done.returncode == 0, done.stderr
+    listed = done.stdout.split("projects:", 1)[1].splitlines()[0].split()
+    assert listed == sorted(p.parent.name for p in (ROOT / "flows").glob("*/__main__.py"))
+    assert {"fine_tuning", "llm_serving"} <= set(listed)
 
 
 def test_an_up_to_date_venv_runs_the_project_without_installing(tmp_path: Path) -> None:

@@ -100,3 +100,28 @@ def test_files_are_read_bounded(tmp_path: Path) -> None:
     assert load_yaml(link)[0] == {"a": 1}
     with pytest.raises(ConfigError, match="symbolic link"):
         load_yaml(link, follow_links=False)
+
+
+@given(word=st.sampled_from(["y", "Y", "yes", "Yes", "YES", "n", "N", "no", "No", "NO", "on",
+                             "On", "ON", "off", "Off", "OFF"]),
+       where=st.sampled_from(["{}", "key: {}", "- {}", "a: {{b: [{}]}}"]))
+def test_yaml_11_booleans_stay_words(word: str, where: str) -> None:
+    """--var x=off, a label 'NO', a mode 'on': words, as YAML 1.2 reads them."""
+    value, _ = load_yaml_text(where.format(word))
+    assert word in repr(value) and "True" not in repr(value) and "False" not in repr(value)
+
+
+@pytest.mark.parametrize(("text", "expected"), [("true", True), ("False", False),
+                                                ("TRUE", True), ("k: false", {"k": False})])
+def test_true_and_false_are_still_booleans(text: str, expected: object) -> None:
+    assert load_yaml_text(text)[0] == expected
+
+
+def test_off_reaches_a_literal_setting_through_var() -> None:
+    """The example that found it: ``--var analysis.validity.mode=off`` was refused."""
+    from projects.config import parse_override, resolve
+
+    value = parse_override("analysis.validity.mode", "off")
+    config = resolve("fine_tuning", ["light"], overrides={"analysis.validity.mode": value},
+                     env={})
+    assert config.model.analysis.validity.mode == "off"

@@ -100,6 +100,10 @@ def test_successive_runs_build_history_and_verdicts(tmp_path: Path, prefect_harn
         assert {"cpu_cores_used_mean", "cpu_cores_used_max", "memory_used_max"} <= judged_names
     judged = len(judged_names)
     assert outcomes[0].verdict_counts == {"insufficient_history": judged}
+    # runs 1 to 3 say when verdicts start (the 4th run, min_history 3); the 4th is judged
+    assert [o.history_note for o in outcomes] == [
+        f"verdicts start with the 4th comparable run: {n} more run(s) of this configuration"
+        for n in (3, 2, 1)] + [None]
     last = outcomes[-1].verdict_counts
     assert last.get("insufficient_history", 0) == 0 and sum(last.values()) == judged
     history = pd.read_parquet(tmp_path / "history")

@@ -144,3 +144,19 @@ def test_the_rbac_grants_what_is_declared_and_nothing_more() -> None:
     assert grants(rules, "operators.coreos.com", "catalogsources", "create")
     assert grants(rules, "apps", "daemonsets", "list")
     assert not grants(rules, "", "secrets", "delete")
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:8080/hook", "https://10.1.2.3/hook",
+                                 "http://[::1]/x", "http://192.168.0.7/x", "ftp://example/x",
+                                 "https://no-such-host.invalid/hook"])
+def test_a_webhook_prefect_would_refuse_is_refused_when_the_automation_is_made(
+        url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Prefect's blocks refuse a private address at send time, saying so only in the server
+    log: the command checks with the same function first (exit 2, before saving anything)."""
+    from deployments.automations import main, restricted_url
+
+    assert main(["--webhook-url", url]) == 2
+    assert "--allow-private-urls" in capsys.readouterr().err
+    assert main(["--slack-url", url]) == 2
+    assert restricted_url(url) is not None
+    assert restricted_url("https://93.184.216.34/hook") is None  # a public address passes

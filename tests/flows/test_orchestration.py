@@ -366,3 +366,15 @@ def test_a_deployment_forms_values_are_untrusted(run_fake, tmp_path: Path,
         orchestrate("fine_tuning", ["light"], overrides, "local", artifact,
                     platform_factory=lambda name: FakePlatform())
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+@pytest.mark.parametrize(("waiting", "min_history", "expected"), [
+    ([0], 3, "the 4th comparable run: 3 more"), ([1, 0], 3, "the 4th comparable run: 2 more"),
+    ([2], 3, "the 4th comparable run: 1 more"), ([0], 20, "the 21st comparable run: 20 more"),
+    ([5], 10, "the 11th comparable run: 5 more"), ([], 3, None)])
+def test_the_history_note_says_when_verdicts_start(waiting: list[int], min_history: int,
+                                                   expected: str | None) -> None:
+    from flows.orchestration import history_note
+
+    note = history_note(waiting, min_history)
+    assert (note is None) if expected is None else (expected in (note or ""))

@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 
 from projects.config import (
     Config,
@@ -83,6 +85,26 @@ def test_cycle_is_reported_with_its_path(base: Path) -> None:
 def test_unknown_preset_lists_available(base: Path) -> None:
     with pytest.raises(ConfigError, match=r"unknown preset 'nope'; available presets: a, b"):
         resolve(base, ["nope"], env={})
+
+
+@given(word=st.sampled_from(["light", "nightly", "scale_test", "lora_vs_full", "gating"]),
+       at=st.integers(min_value=0, max_value=20), edit=st.sampled_from(["drop", "double", "swap"]))
+def test_a_misspelt_preset_or_project_suggests_the_close_name(word: str, at: int,
+                                                               edit: str) -> None:
+    """Any one-letter slip of a real name (dropped, doubled, swapped) is suggested back."""
+    from analysis.errors import did_you_mean
+    from projects import registry
+
+    i = at % len(word)
+    typo = {"drop": word[:i] + word[i + 1:], "double": word[:i] + word[i] + word[i:],
+            "swap": word[:i] + word[i + 1:i + 2] + word[i] + word[i + 2:]}[edit]
+    if typo == word:
+        return
+    with pytest.raises(ConfigError, match=f"did you mean: [^?]*{word}"):
+        resolve("fine_tuning", [typo], env={})
+    assert "fine_tuning" in did_you_mean("fine_tunin", registry.available())
+    with pytest.raises(ConfigError, match="did you mean: llm_serving"):
+        registry.load("llm_servng")
 
 
 def test_unknown_key_names_closest_and_line(base: Path) -> None:
