@@ -9,6 +9,11 @@ verdicts compare with it, and the shift it carries stops being reported.
 selections such as ``vllm=0.32.0``, or time windows ``2026-11-01..2026-11-08``) KPI by KPI:
 change, 95 % interval, effect size and a verdict (`analysis.compare`).
 
+``python -m analysis history --history URI [--select SPEC]... [--kpi NAME]... [--kpis]
+[--csv PATH]`` lists what a history holds — one line per run, or per KPI with ``--kpis`` —
+filtered by compare's selections (all applied), and writes the rows as CSV
+(`analysis.listing`).
+
 ``python -m analysis lts-schema [--uri URI]`` prints the LTS document's JSON schema, with its
 ``$id`` — what a Horreum admin registers as the schema of Telltale's uploads.
 
@@ -25,6 +30,7 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -149,6 +155,41 @@ def _show_progress() -> None:
         progress_logger.setLevel(logging.INFO)
 
 
+def history_main(argv: Sequence[str]) -> int:
+    """``history``: list a history's runs or KPIs, filtered; CSV export; the exit code."""
+    from analysis.listing import filter_history, kpi_lines, run_lines, to_csv_frame
+
+    parser = _Parser(prog="python -m analysis history",
+                     description="List a history's runs (or KPI rows), filtered; write CSV.")
+    parser.add_argument("--history", metavar="URI", required=True,
+                        help="Parquet history: local dir or s3://bucket/prefix")
+    parser.add_argument("--select", action="append", default=[], metavar="SPEC",
+                        help="runs (uuids), label=value[,label=value] or START..END "
+                             "(repeatable: all apply)")
+    parser.add_argument("--kpi", action="append", default=[], help="only this KPI "
+                        "(repeatable)")
+    parser.add_argument("--kpis", action="store_true", help="one line per KPI row, not "
+                        "per run")
+    parser.add_argument("--csv", metavar="PATH", help="write the selected rows as CSV")
+    args = parser.parse_args(argv)
+    try:
+        env_settings()
+        frame = HistoryStore(args.history).read()
+        if frame.empty:
+            raise UserError(f"the history {args.history} holds no run")
+        chosen = filter_history(frame, args.select, args.kpi)
+        if args.csv:
+            writable_dir(str(Path(args.csv).parent), "--csv")
+            to_csv_frame(chosen).to_csv(args.csv, index=False)
+    except TelltaleError as exc:
+        return _failed(exc)
+    for line in (kpi_lines(chosen) if args.kpis else run_lines(chosen)):
+        print(printable(line))
+    if args.csv:
+        print(f"{len(chosen)} row(s) written to {args.csv}", file=sys.stderr)
+    return 0
+
+
 def lts_schema_main(argv: Sequence[str]) -> int:
     """``lts-schema``: the LTS document's JSON schema on stdout; returns the exit code."""
     import json
@@ -171,6 +212,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["lts-schema"]:
         return lts_schema_main(argv[1:])
+    if argv[:1] == ["history"]:
+        return history_main(argv[1:])
     if argv[:1] == ["accept"]:
         return accept_main(argv[1:])
     if argv[:1] == ["compare"]:
@@ -240,4 +283,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BrokenPipeError:  # `| head`: the reader left; no traceback (Python's own recipe)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)

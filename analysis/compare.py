@@ -254,17 +254,41 @@ def _compare(kpi: str, configuration: str, group_a: pd.DataFrame, group_b: pd.Da
                       verdict=verdict, explanation=why)
 
 
+def _pairs(configuration: str) -> list[str]:
+    # label=value pairs joined by ", " (a value may hold a bare comma: q_proj,v_proj)
+    return [p for p in configuration.split(", ") if p]
+
+
+def shared_and_distinct(configurations: Sequence[str]) -> tuple[str, dict[str, str]]:
+    """The labels every configuration shares (said once), and what sets each apart."""
+    unique = list(dict.fromkeys(configurations))
+    if not unique:
+        return "", {}
+    shared = set(_pairs(unique[0])).intersection(*(set(_pairs(c)) for c in unique[1:]))
+    return (", ".join(p for p in _pairs(unique[0]) if p in shared),
+            {c: ", ".join(p for p in _pairs(c) if p not in shared) for c in unique})
+
+
 def comparison_lines(rows: Sequence[Comparison], a: str, b: str) -> list[str]:
-    """The terminal table: one line per KPI and configuration, worst first."""
+    """The terminal table: one line per KPI and configuration, worst first.
+
+    The labels all configurations share are printed once, above the table; a row names
+    only what sets its configuration apart.
+    """
     order = {"worse": 0, "inconclusive": 1, "better": 2, "same": 3}
-    lines = [f"B = {b}  against  A = {a}", f"{'verdict':<13} {'change':>8} "
-             f"{'95% interval':>19} {'g':>6}  KPI [configuration]"]
+    shared, distinct = shared_and_distinct([r.configuration for r in rows])
+    lines = [f"B = {b}  against  A = {a}"]
+    if shared:
+        lines.append(f"configuration: {shared}")
+    lines.append(f"{'verdict':<13} {'change':>8} {'95% interval':>19} {'g':>6}  KPI"
+                 + (" [configuration]" if any(distinct.values()) else ""))
     for row in sorted(rows, key=lambda r: (order[r.verdict], r.kpi, r.configuration)):
         interval = "" if row.ci_low_pct is None else \
             f"{row.ci_low_pct:+.1f}% .. {row.ci_high_pct:+.1f}%"
         effect = "" if row.effect_size is None else f"{row.effect_size:+.2f}"
+        apart = distinct.get(row.configuration)
         lines.append(f"{row.verdict:<13} {row.change_pct:>+7.1f}% {interval:>19} "
-                     f"{effect:>6}  {row.kpi} [{row.configuration}]")
+                     f"{effect:>6}  {row.kpi}" + (f" [{apart}]" if apart else ""))
     return lines
 
 
@@ -278,7 +302,11 @@ def comparison_html(rows: Sequence[Comparison], a: str, b: str) -> str:
     body = (f"<h1>Compare</h1><p>B = <code>{html.escape(b)}</code> against A = "
             f"<code>{html.escape(a)}</code>; valid runs only.</p>")
     if not frame.empty:
-        frame["label"] = frame["kpi"] + " [" + frame["configuration"] + "]"
+        shared, distinct = shared_and_distinct(list(frame["configuration"]))
+        if shared:
+            body += f"<p>Configuration: <code>{html.escape(shared)}</code></p>"
+        frame["label"] = [kpi + (f" [{distinct[c]}]" if distinct[c] else "")
+                          for kpi, c in zip(frame["kpi"], frame["configuration"], strict=True)]
         shown = frame.dropna(subset=["ci_low_pct"])
         if not shown.empty:
             figure = px.scatter(

@@ -479,10 +479,16 @@ class FileReader:
         return iterate()
 
 
+TAIL_WIDTH = 200
+"""A tail line longer than this is cut (a JSON summary line is thousands of characters)."""
+
+
 def read_tail(path: str | Path, lines: int = 5, limit: int = 64 * 1024) -> str | None:
     """The last non-empty lines of a file, read from its end only (None when unreadable).
 
-    For a failed workload's last words: a multi-GB log is never read whole.
+    For a failed workload's last words: a multi-GB log is never read whole. Long lines are
+    cut to `TAIL_WIDTH`; the last ``error:`` line of the window comes first when the last
+    lines do not hold it.
     """
     try:
         with open(path, "rb") as stream:
@@ -498,9 +504,20 @@ def _tail(stream: IO[bytes], lines: int = 5, limit: int = 64 * 1024) -> str | No
         text = stream.read(limit).decode("utf-8", errors="replace")
     except OSError:
         return None
-    kept = [line.rstrip()[-500:] for line in text.replace("\r", "\n").splitlines()
-            if line.strip()][-lines:]
+    every = [line.rstrip() for line in text.replace("\r", "\n").splitlines() if line.strip()]
+    kept = [_short(line) for line in every[-lines:]]
+    # the workload's own reason (its last "error:" line), when the last lines are not it:
+    # a JSON summary or a traceback's frames would otherwise hide why it failed
+    said = next((line for line in reversed(every) if line.lstrip().lower()
+                 .startswith("error:")), None)
+    if said is not None and _short(said) not in kept:
+        kept = [_short(said), "...", *kept[-(lines - 1):]] if lines > 1 else [_short(said)]
     return "\n".join(kept) or None
+
+
+def _short(line: str, width: int = TAIL_WIDTH) -> str:
+    """A log line cut to ``width`` characters, saying how much was left out."""
+    return line if len(line) <= width else f"{line[:width]}… ({len(line) - width} more chars)"
 
 
 def _listdir(path: str | Path) -> list[str]:

@@ -67,7 +67,12 @@ def prefect_api(log_file: Path | None = None) -> Iterator[str | None]:
             ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS`` (default 60 s).
     """
     import prefect
-    from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_UI_URL,
+        get_current_settings,
+        temporary_settings,
+    )
 
     if PREFECT_API_URL.value():
         yield None
@@ -95,7 +100,9 @@ def prefect_api(log_file: Path | None = None) -> Iterator[str | None]:
                 raise StepError(f"the temporary Prefect API did not answer within {limit:.0f}"
                                 " s (PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)")
             time.sleep(0.2)
-        with temporary_settings(updates={PREFECT_API_URL: url}):
+        # no UI link: Prefect's "View at http://127.0.0.1:<port>/runs/..." would point at an
+        # API that is gone when the command ends (and this server serves no UI)
+        with temporary_settings(updates={PREFECT_API_URL: url, PREFECT_UI_URL: ""}):
             yield url
     finally:
         _drain_prefect_workers()

@@ -40,8 +40,10 @@ __all__ = [
     "SCRATCH_DIR",
     "SERVICE_URL_ENV",
     "USERS_CONFIG_PATH",
+    "USER_RESULT_DIR",
     "CellContext",
     "KubeGate",
+    "KubeService",
     "KubeUsers",
     "KubeWorkload",
     "LocalService",
@@ -54,7 +56,12 @@ SCRATCH_DIR = "scratch"
 """A workload's scratch dir inside its step dir (removed by the platform's cleanup)."""
 
 USERS_CONFIG_PATH = "/etc/telltale-users/config.json"
-"""Where a cluster user pod finds the `KubeUsers.config` file."""
+"""Where a cluster user pod finds the `KubeUsers.config` file (and `KubeUsers.files` beside
+it)."""
+
+USER_RESULT_DIR = "{dir}"
+"""In a user's command, the dir whose files become that user's results (``users/user-NNN/``):
+a fresh dir per user, on both platforms."""
 
 
 @dataclass(frozen=True)
@@ -191,16 +198,39 @@ class KubeWorkload:
 
 
 @dataclass(frozen=True)
+class KubeService:
+    """The server a cluster fan-out's users share (a model server), started before them.
+
+    Attributes:
+        shared: Objects that outlive the run (Namespace...): applied without the run label.
+        manifests: The run's objects, applied in order with the run-id label (deleted at
+            cleanup like every run object).
+        gates: Objects of ``manifests`` that must be Ready before the users start.
+    """
+
+    shared: Sequence[dict[str, Any]]
+    manifests: Sequence[dict[str, Any]]
+    gates: Sequence[KubeGate] = ()
+
+
+@dataclass(frozen=True)
 class KubeUsers:
     """What each user pod of a cluster fan-out runs.
 
     Attributes:
         name: Job name (a DNS label).
         image: Container image of the user pods.
-        command: Default workload argv (``multi_user.command`` overrides it).
+        command: Default workload argv (``multi_user.command`` overrides it); the argument
+            `USER_RESULT_DIR` is replaced by a dir whose files are collected as the user's
+            results.
         config: Written to `USERS_CONFIG_PATH` in every pod.
         env: Extra environment variables of the user container.
         gpus: ``nvidia.com/gpu`` per pod.
+        files: More files mounted beside the config (name → text: a script).
+        service: A server the users share, started (and waited on) before them.
+        init_containers: Init containers of every user pod (fetching a tokenizer...).
+        volumes: Extra pod volumes (for the init containers).
+        mounts: Extra volume mounts of the user container.
     """
 
     name: str
@@ -209,6 +239,11 @@ class KubeUsers:
     config: Mapping[str, Any]
     env: Mapping[str, str] = field(default_factory=dict)
     gpus: int = 0
+    files: Mapping[str, str] = field(default_factory=dict)
+    service: KubeService | None = None
+    init_containers: Sequence[dict[str, Any]] = ()
+    volumes: Sequence[dict[str, Any]] = ()
+    mounts: Sequence[dict[str, Any]] = ()
 
 
 def _resource_rows(result: Any) -> list[dict[str, Any]]:

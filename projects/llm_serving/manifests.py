@@ -45,7 +45,8 @@ def cell_manifests(settings: dict[str, Any], *, namespace: str, block: dict[str,
         invalid_on_warnings: GuideLLM warning codes that make the measurement invalid.
 
     Returns:
-        ``namespace``, ``runtime``, ``isvc``, ``configmap``, ``job`` and the ``load_config``.
+        ``namespace``, ``runtime``, ``isvc``, ``configmap``, ``job``, the ``load_config``
+        and the ``tokenizer`` parts (init container, volume, mount) a fan-out's users reuse.
     """
     name = object_name(str(settings.get("name", "llm-serving")), cell_index)
     model = block["models"][settings["model_name"]]
@@ -100,22 +101,25 @@ def cell_manifests(settings: dict[str, Any], *, namespace: str, block: dict[str,
         "data": {"config.json": json.dumps(load_config, indent=2),
                  "load.py": LOAD_SCRIPT.read_text(encoding="utf-8")},
     }
+    # the tokenizer ships with the model: the same storage initializer fetches it (for the
+    # load Job and for every user of a fan-out)
+    tokenizer = {
+        "init": {"name": "storage-initializer", "image": "quay.io/opendatahub/kserve-storage-"
+                 "initializer:latest", "args": [model["storage_uri"], "/mnt/models"],
+                 "volumeMounts": [{"name": "model", "mountPath": "/mnt/models"}]},
+        "volume": {"name": "model", "emptyDir": {}},
+        "mount": {"name": "model", "mountPath": "/mnt/models"}}
     template = {
         "spec": {
             "restartPolicy": "Never",
-            # the tokenizer ships with the model: the same storage initializer fetches it
-            "initContainers": [{
-                "name": "storage-initializer", "image": "quay.io/opendatahub/kserve-storage-"
-                "initializer:latest", "args": [model["storage_uri"], "/mnt/models"],
-                "volumeMounts": [{"name": "model", "mountPath": "/mnt/models"}]}],
+            "initContainers": [tokenizer["init"]],
             "containers": [{
                 "name": "load", "image": settings["loadgen_image"],
                 "command": ["python3", f"{_MOUNT}/load.py", f"{_MOUNT}/config.json",
                             "--out", "/tmp/result"],
-                "volumeMounts": [{"name": "load", "mountPath": _MOUNT},
-                                 {"name": "model", "mountPath": "/mnt/models"}]}],
+                "volumeMounts": [{"name": "load", "mountPath": _MOUNT}, tokenizer["mount"]]}],
             "volumes": [{"name": "load", "configMap": {"name": f"{name}-load"}},
-                        {"name": "model", "emptyDir": {}}]}}
+                        tokenizer["volume"]]}}
     job = {
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": {"name": f"{name}-load", "namespace": namespace},
@@ -125,4 +129,4 @@ def cell_manifests(settings: dict[str, Any], *, namespace: str, block: dict[str,
     return {"namespace": {"apiVersion": "v1", "kind": "Namespace",
                           "metadata": {"name": namespace}},
             "runtime": runtime, "isvc": isvc, "configmap": configmap, "job": job,
-            "load_config": load_config}
+            "load_config": load_config, "tokenizer": tokenizer}

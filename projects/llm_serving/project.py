@@ -27,8 +27,12 @@ import platformdirs
 from analysis.errors import ConfigError
 from analysis.parsing import ParsedResult
 from projects.contract import (
+    USER_RESULT_DIR,
+    USERS_CONFIG_PATH,
     CellContext,
     KubeGate,
+    KubeService,
+    KubeUsers,
     KubeWorkload,
     LocalService,
     LocalWorkload,
@@ -167,7 +171,7 @@ def _load_config(ctx: CellContext) -> dict[str, Any]:
 
 def local_workload(ctx: CellContext) -> LocalWorkload:
     """One cell's load against the server the engine started (``TELLTALE_SERVICE_URL``)."""
-    out = "{dir}" if ctx.test.multi_user.enabled else str(ctx.workdir / "artifacts")
+    out = USER_RESULT_DIR if ctx.test.multi_user.enabled else str(ctx.workdir / "artifacts")
     config = ctx.workdir / "src" / "load.json"
     return LocalWorkload(
         argv=[sys.executable, str(LOAD_SCRIPT), str(config), "--out", out],
@@ -175,32 +179,65 @@ def local_workload(ctx: CellContext) -> LocalWorkload:
         files={"src/load.json": json.dumps(_load_config(ctx), indent=2) + "\n"})
 
 
-def kube_workload(ctx: CellContext) -> KubeWorkload:
-    """KServe's vLLM runtime and InferenceService, then the load Pod (see manifests)."""
+def _cluster_objects(ctx: CellContext) -> dict[str, Any]:
+    """A cell's manifests by role (`manifests.cell_manifests`), its model checked first."""
     settings, test = _settings(ctx), _test(ctx)
     if str(settings.model_name) not in test.kubernetes.models:
         raise ConfigError(f"model {settings.model_name!r} is not in tests.llm_serving."
                           f"kubernetes.models ({', '.join(sorted(test.kubernetes.models))})",
                           key="tests.llm_serving.test_settings.model_name")
-    objects = cell_manifests(settings.model_dump(mode="json"), namespace=test.namespace,
-                             block=test.kubernetes.model_dump(mode="json"),
-                             cell_index=ctx.index,
-                             ready_timeout_s=test.kubernetes.ready_timeout_s,
-                             invalid_on_warnings=list(test.invalid_on_warnings))
+    return cell_manifests(settings.model_dump(mode="json"), namespace=test.namespace,
+                          block=test.kubernetes.model_dump(mode="json"),
+                          cell_index=ctx.index,
+                          ready_timeout_s=test.kubernetes.ready_timeout_s,
+                          invalid_on_warnings=list(test.invalid_on_warnings))
+
+
+def _model_gate(ctx: CellContext, isvc: str) -> KubeGate:
+    # the load starts once KServe says the model is Ready; a predictor pod that cannot pull
+    # or keeps crashing fails the cell at once, with the kubelet's reason
+    return KubeGate("serving.kserve.io/v1beta1", "InferenceService", isvc,
+                    pods=f"serving.kserve.io/inferenceservice={isvc}",
+                    deadline_s=float(_test(ctx).kubernetes.ready_timeout_s))
+
+
+def kube_workload(ctx: CellContext) -> KubeWorkload:
+    """KServe's vLLM runtime and InferenceService, then the load Pod (see manifests)."""
+    objects = _cluster_objects(ctx)
     isvc, job = objects["isvc"]["metadata"]["name"], objects["job"]["metadata"]["name"]
     return KubeWorkload(
         shared=[objects["namespace"]],
         manifests=[objects["runtime"], objects["isvc"]],
-        # the load starts once KServe says the model is Ready; a predictor pod that cannot
-        # pull or keeps crashing fails the cell at once, with the kubelet's reason
-        gates=[KubeGate("serving.kserve.io/v1beta1", "InferenceService", isvc,
-                        pods=f"serving.kserve.io/inferenceservice={isvc}",
-                        deadline_s=float(test.kubernetes.ready_timeout_s))],
+        gates=[_model_gate(ctx, isvc)],
         after=[objects["configmap"], objects["job"]],
         pod="", pod_selector=f"{JOB_NAME_LABEL}={job}",
         files={"src/load.json": json.dumps(objects["load_config"], indent=2) + "\n"},
         capture=[("serving.kserve.io/v1beta1", "InferenceService", isvc,
                   "inferenceservice.json"), ("batch/v1", "Job", job, "job.json")])
+
+
+def kube_users(ctx: CellContext) -> KubeUsers:
+    """``multi_user`` on a cluster: N load clients (GuideLLM) against one model server.
+
+    The runtime and InferenceService are the users' shared service, Ready before any
+    user starts; each user pod fetches the tokenizer with the model (the load Job's init
+    container), runs the load step with the cell's load config and leaves its GuideLLM
+    result in its result dir (``users/user-NNN/guidellm.json``, as the local fan-out).
+    """
+    objects = _cluster_objects(ctx)
+    isvc = objects["isvc"]["metadata"]["name"]
+    tokenizer = objects["tokenizer"]
+    folder = Path(USERS_CONFIG_PATH).parent
+    return KubeUsers(
+        name=f"{isvc}-clients", image=str(_settings(ctx).loadgen_image),
+        command=["python3", str(folder / "load.py"), USERS_CONFIG_PATH, "--out",
+                 USER_RESULT_DIR],
+        config=objects["load_config"], files={"load.py": LOAD_SCRIPT.read_text("utf-8")},
+        service=KubeService(shared=[objects["namespace"]],
+                            manifests=[objects["runtime"], objects["isvc"]],
+                            gates=[_model_gate(ctx, isvc)]),
+        init_containers=[tokenizer["init"]], volumes=[tokenizer["volume"]],
+        mounts=[tokenizer["mount"]])
 
 
 def _user_rows(result: ParsedResult) -> list[dict[str, object]]:
@@ -231,6 +268,7 @@ PROJECT = Project(
     workload_step=LOAD_STEP,
     local=local_workload,
     kubernetes=kube_workload,
+    kube_users=kube_users,
     check_local=check_local,
     local_service=local_service,
     # KServe: the model server, then the runtime it uses (after the load Job and its pods)

@@ -7,12 +7,15 @@ imports nothing outside the standard library. Environment:
   ``TELLTALE_BATCH_SIZE``, ``TELLTALE_SLEEP_FACTOR``, ``TELLTALE_BARRIER_TIMEOUT``;
 - ``TELLTALE_S3_ENDPOINT``, ``TELLTALE_S3_BUCKET``, ``TELLTALE_S3_PREFIX``: the in-cluster S3
   server (anonymous access inside the test namespace);
-- ``TELLTALE_COMMAND``: the workload argv as JSON.
+- ``TELLTALE_COMMAND``: the workload argv as JSON; ``{index}``, ``{users}`` and ``{dir}``
+  in it are replaced as in the local fan-out (``{dir}``: a fresh dir whose regular files,
+  up to ``MAX_RESULT_BYTES`` in all, are uploaded as the user's results).
 
 Barrier: each user PUTs ``<prefix>/barrier/ready-<index>`` and lists ``<prefix>/barrier/``
 until all N markers exist (or the timeout passes: exit 125). Then it sleeps
 ``floor(index / batch_size) * sleep_factor`` seconds, runs the workload, and uploads
-``user-<index>/pod.log``, ``timings.json`` and ``exit_code`` — the layout of the local fan-out.
+``user-<index>/pod.log``, ``timings.json``, ``exit_code`` and the files its command left in
+``{dir}`` — the layout of the local fan-out.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -29,6 +33,40 @@ import urllib.request
 import xml.etree.ElementTree as ET
 
 EXIT_BARRIER = 125
+MAX_RESULT_BYTES = 256 * 1024 * 1024
+"""What a user uploads from its ``{dir}`` at most (regular files, in name order)."""
+
+
+def argv_for(command: list[str], index: int, users: int, directory: str) -> list[str]:
+    """The workload argv with the fan-out's placeholders replaced.
+
+    Not ``str.format``: an argument may hold other braces (a JSON value).
+    """
+    return [a.replace("{index}", str(index)).replace("{users}", str(users))
+            .replace("{dir}", directory) for a in command]
+
+
+def upload_results(endpoint: str, bucket: str, user: str, directory: str) -> int:
+    """Upload the regular files under ``directory`` (no links), bounded; returns how many."""
+    sent = 0
+    budget = MAX_RESULT_BYTES
+    for root, dirs, files in os.walk(directory):
+        dirs.sort()
+        for name in sorted(files):
+            path = os.path.join(root, name)
+            if os.path.islink(path) or not os.path.isfile(path):
+                continue
+            size = os.path.getsize(path)
+            if size > budget:
+                print(f"user results: {path} left out ({size} bytes over the budget)",
+                      file=sys.stderr)
+                continue
+            budget -= size
+            relative = os.path.relpath(path, directory).replace(os.sep, "/")
+            with open(path, "rb") as stream:
+                put(endpoint, bucket, f"{user}/{relative}", stream.read())
+            sent += 1
+    return sent
 
 
 def _url(endpoint: str, bucket: str, key: str = "", query: str = "") -> str:
@@ -90,13 +128,15 @@ def main() -> int:
         timings["stagger_s"] = stagger
         time.sleep(stagger)
         timings["started_at"] = time.time()
-        argv = json.loads(env["TELLTALE_COMMAND"])
-        process = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 check=False)
-        sys.stdout.buffer.write(process.stdout)  # the pod log keeps the output too
-        put(endpoint, bucket, f"{user}/pod.log", process.stdout)
-        code = process.returncode
-        timings["ended_at"] = time.time()
+        with tempfile.TemporaryDirectory(prefix="telltale-user-") as results:
+            argv = argv_for(json.loads(env["TELLTALE_COMMAND"]), index, users, results)
+            process = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     check=False)
+            sys.stdout.buffer.write(process.stdout)  # the pod log keeps the output too
+            put(endpoint, bucket, f"{user}/pod.log", process.stdout)
+            code = process.returncode
+            timings["ended_at"] = time.time()
+            timings["result_files"] = upload_results(endpoint, bucket, user, results)
         return code
     finally:
         timings["exit_code"] = code

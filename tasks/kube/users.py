@@ -60,16 +60,26 @@ def user_job_manifests(name: str, namespace: str, *, users: int, image: str,
                        sleep_factor: float, deadline_s: int, s3_endpoint: str, bucket: str,
                        prefix: str, barrier_timeout_s: int = 600,
                        gpus: int = 0, env: Mapping[str, str] | None = None,
-                       ) -> list[dict[str, Any]]:
+                       files: Mapping[str, str] | None = None,
+                       init_containers: Sequence[dict[str, Any]] = (),
+                       volumes: Sequence[dict[str, Any]] = (),
+                       mounts: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
     """The ConfigMap (user program + frozen config) and the Indexed Job of a fan-out.
 
-    The config is mounted at `projects.contract.USERS_CONFIG_PATH`; ``env`` adds the
-    project's variables (e.g. where its trainer reads that config).
+    The config is mounted at `projects.contract.USERS_CONFIG_PATH`, ``files`` beside it;
+    ``env`` adds the project's variables (e.g. where its trainer reads that config);
+    ``init_containers``, ``volumes`` and ``mounts`` extend every user pod (`KubeUsers`).
+
+    Raises:
+        StepError: A project file would replace the user program or the config.
     """
+    clash = sorted(set(files or {}) & {"user.py", "config.json"})
+    if clash:
+        raise StepError(f"KubeUsers.files may not replace {', '.join(clash)}")
     configmap = {"apiVersion": "v1", "kind": "ConfigMap",
                  "metadata": {"name": f"{name}-users", "namespace": namespace},
                  "data": {"user.py": SCRIPT.read_text(encoding="utf-8"),
-                          "config.json": json.dumps(config, indent=2)}}
+                          "config.json": json.dumps(config, indent=2), **dict(files or {})}}
     mount = str(Path(USERS_CONFIG_PATH).parent)
     variables = {"TELLTALE_USERS": str(users), "TELLTALE_BATCH_SIZE": str(batch_size),
            "TELLTALE_SLEEP_FACTOR": str(sleep_factor),
@@ -80,7 +90,7 @@ def user_job_manifests(name: str, namespace: str, *, users: int, image: str,
     container: dict[str, Any] = {
         "name": "user", "image": image, "command": ["python3", f"{mount}/user.py"],
         "env": [{"name": k, "value": v} for k, v in variables.items()],
-        "volumeMounts": [{"name": "users", "mountPath": mount}]}
+        "volumeMounts": [{"name": "users", "mountPath": mount}, *mounts]}
     if gpus:
         container["resources"] = {"limits": {"nvidia.com/gpu": gpus}}
     job = {"apiVersion": "batch/v1", "kind": "Job",
@@ -89,8 +99,10 @@ def user_job_manifests(name: str, namespace: str, *, users: int, image: str,
                     "backoffLimit": 0, "activeDeadlineSeconds": deadline_s,
                     "template": {"spec": {
                         "restartPolicy": "Never", "containers": [container],
-                        "volumes": [{"name": "users",
-                                     "configMap": {"name": f"{name}-users"}}]}}}}
+                        **({"initContainers": list(init_containers)} if init_containers
+                           else {}),
+                        "volumes": [{"name": "users", "configMap": {"name": f"{name}-users"}},
+                                    *volumes]}}}}
     return [configmap, job]
 
 

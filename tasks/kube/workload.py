@@ -27,7 +27,7 @@ from analysis.environment import env_settings
 from analysis.errors import PermanentServiceError, StepError
 from analysis.safeio import write_json, write_text
 from analysis.yamlio import dump_yaml
-from projects.contract import KubeGate, KubeWorkload, Staging
+from projects.contract import KubeGate, KubeService, KubeWorkload, Staging
 from tasks.artifacts import artifact_dir, step
 from tasks.kube.api import MANAGED_BY, RUN_ID_LABEL, Kube, api_client
 from tasks.kube.kinds import cleanup_kinds
@@ -42,6 +42,7 @@ __all__ = [
     "find_leaks",
     "pod_failure",
     "run_kube_workload",
+    "start_service",
 ]
 
 logger = logging.getLogger("telltale.k8s")
@@ -174,6 +175,26 @@ def run_kube_workload(kube: Kube, shared: Kube, workload: KubeWorkload, namespac
                               "Succeeded" else 1))
     reason = str(terminated.get("reason") or (pod or {}).get("status", {}).get("phase"))
     return code, reason, time.monotonic() - started, staged
+
+
+def start_service(kube: Kube, shared: Kube, service: KubeService, namespace: str) -> None:
+    """Apply a fan-out's shared service and wait for its gates (fail fast, as a cell's).
+
+    Args:
+        kube: Client labelling objects with the run id (cleanup removes them).
+        shared: Client applying shared objects (no run label).
+        service: What to apply and wait on.
+        namespace: Its namespace.
+
+    Raises:
+        StepError: A gate failed (a terminal model state, a failing pod) or timed out.
+    """
+    for manifest in service.shared:
+        shared.apply(manifest)
+    for manifest in service.manifests:
+        kube.apply(manifest)
+    for gate in service.gates:
+        _wait_gate(kube, gate, namespace)
 
 
 def _ready_condition(obj: dict[str, Any]) -> dict[str, Any]:

@@ -30,10 +30,16 @@ from tasks.kube import prepare as kube_prepare
 from tasks.kube.api import Kube, api_client
 from tasks.kube.lock import cluster_lock
 from tasks.kube.users import UsersJobStatus, collect_users, follow_users
-from tasks.kube.workload import capture_environment, capture_state, cleanup_k8s, run_kube_workload
+from tasks.kube.workload import (
+    capture_environment,
+    capture_state,
+    cleanup_k8s,
+    run_kube_workload,
+    start_service,
+)
 from tasks.observe.capture import capture_prometheus, cluster_prometheus, cluster_queries
 from tasks.platforms.base import CellResult, RunContext, project_step, read_users, tail_lines
-from tasks.platforms.plan import users_manifests, users_prefix, users_s3_endpoint
+from tasks.platforms.plan import users_job, users_of, users_prefix, users_s3_endpoint
 from tasks.progress import ProgressArtifact
 
 __all__ = ["KubernetesPlatform", "collect_batch", "follow"]
@@ -65,17 +71,25 @@ def run_cluster_workload(run_ctx: RunContext, cell: Cell) -> CellResult:
 
 
 def launch_users(run_ctx: RunContext, cell: Cell) -> dict[str, Any]:
-    """Apply the users' Indexed Job; returns where results will be collected from and to."""
+    """Start the users' shared service, then their Indexed Job; returns where to collect.
+
+    The service (if the project has one) is waited on until Ready before any user starts.
+    """
     here = artifact_dir()
-    manifests = users_manifests(run_ctx, cell, run_ctx.cell_context(cell, here))
-    configmap, job = manifests
+    users = users_of(run_ctx, run_ctx.cell_context(cell, here))
+    configmap, job = users_job(run_ctx, users)
     (here / "src").mkdir(exist_ok=True)
     write_text(here / "src" / "config_final.json", configmap["data"]["config.json"] + "\n")
-    write_json(here / "manifests.json", manifests)
-    kube = Kube(api_client(run_ctx.kubeconfig), run_ctx.run_id)
+    client = api_client(run_ctx.kubeconfig)
+    kube = Kube(client, run_ctx.run_id)
+    service = users.service
+    write_json(here / "manifests.json", [*([*service.shared, *service.manifests]
+                                          if service else []), configmap, job])
     kube.apply({"apiVersion": "v1", "kind": "Namespace",
                 "metadata": {"name": run_ctx.test.namespace}})
-    for manifest in manifests:
+    if service is not None:  # the server the users share: Ready before any user starts
+        start_service(kube, Kube(client), service, run_ctx.test.namespace)
+    for manifest in (configmap, job):
         kube.apply(manifest)
     name = job["metadata"]["name"]
     return {"job": name, "dir": str(here),

@@ -16,7 +16,7 @@ from analysis.errors import ConfigError
 from analysis.safeio import write_text
 from analysis.yamlio import dump_yaml
 from projects.config import Config
-from projects.contract import CellContext, Project
+from projects.contract import CellContext, KubeUsers, Project
 from projects.library import TestBlock
 from projects.matrix import Cell
 from projects.plan import Plan, build_plan, write_plan
@@ -24,8 +24,8 @@ from tasks.kube.olm import prepare_manifests
 from tasks.kube.users import user_job_manifests
 from tasks.platforms.base import RunContext
 
-__all__ = ["check_supported", "plan_run", "users_manifests", "users_prefix",
-           "users_s3_endpoint", "write_manifests"]
+__all__ = ["check_supported", "plan_run", "users_job", "users_manifests", "users_of",
+           "users_prefix", "users_s3_endpoint", "write_manifests"]
 
 
 def write_manifests(directory: Path, manifests: Sequence[dict[str, Any]]) -> int:
@@ -48,12 +48,16 @@ def users_prefix(run: RunContext, job: str) -> str:
     return f"{run.run_id}/{job}"
 
 
-def users_manifests(run: RunContext, cell: Cell, context: CellContext) -> list[dict[str, Any]]:
-    """The ConfigMap and Indexed Job of a cell's cluster fan-out (the project's `KubeUsers`)."""
+def users_of(run: RunContext, context: CellContext) -> KubeUsers:
+    """The project's `KubeUsers` of a cell (its cluster fan-out)."""
     if run.project.kube_users is None:
         raise ConfigError(f"project {run.project.name!r} has no cluster fan-out",
                           key=f"{run.project.test_key}.multi_user.enabled")
-    users = run.project.kube_users(context)
+    return run.project.kube_users(context)
+
+
+def users_job(run: RunContext, users: KubeUsers) -> list[dict[str, Any]]:
+    """The ConfigMap and Indexed Job of a cluster fan-out's users."""
     multi_user = run.test.multi_user
     return user_job_manifests(
         users.name, run.test.namespace, users=multi_user.user_count, image=users.image,
@@ -61,7 +65,19 @@ def users_manifests(run: RunContext, cell: Cell, context: CellContext) -> list[d
         batch_size=multi_user.batch_size, sleep_factor=multi_user.sleep_factor,
         deadline_s=run.test.timeout_minutes * 60, s3_endpoint=users_s3_endpoint(run),
         bucket=multi_user.s3_bucket, prefix=users_prefix(run, users.name), gpus=users.gpus,
-        env=users.env)
+        env=users.env, files=users.files, init_containers=users.init_containers,
+        volumes=users.volumes, mounts=users.mounts)
+
+
+def users_manifests(run: RunContext, cell: Cell, context: CellContext) -> list[dict[str, Any]]:
+    """Everything a cell's cluster fan-out applies, in order.
+
+    The service its users share (when the project has one), then their ConfigMap and Job.
+    """
+    users = users_of(run, context)
+    service = users.service
+    before = [*service.shared, *service.manifests] if service is not None else []
+    return [*before, *users_job(run, users)]
 
 
 def check_supported(project: Project, test: TestBlock, platform: str) -> None:

@@ -112,3 +112,18 @@ def test_the_command_line_prints_writes_html_and_json(tmp_path: Path) -> None:
                           str(tmp_path / "hist"), "gpu=1", "vllm=0.33.0"],
                          capture_output=True, text=True, timeout=300, check=False)
     assert bad.returncode == 2 and "no run in the history has a label 'gpu'" in bad.stderr
+
+
+@given(shared=st.lists(st.sampled_from(["a=1", "b=x,y", "c=", "d=2.5"]), unique=True),
+       apart=st.lists(st.sampled_from(["m=1", "m=2", "n=3", "n=4"]), min_size=1, unique=True))
+def test_shared_labels_are_said_once_and_rows_name_what_sets_them_apart(
+        shared: list[str], apart: list[str]) -> None:
+    from analysis.compare import shared_and_distinct
+
+    configurations = [", ".join([*shared, extra]) for extra in apart]
+    common, distinct = shared_and_distinct(configurations)
+    if len(apart) > 1:
+        assert common == ", ".join(shared)
+        assert [distinct[c] for c in configurations] == apart
+    else:  # one configuration: all of it is shared, nothing per row
+        assert distinct[configurations[0]] == ""

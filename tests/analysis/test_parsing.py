@@ -5,6 +5,8 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
 from analysis.discovery import discover
 from analysis.parsing import CACHE_FILE, parse_dirs, parse_one
@@ -209,3 +211,22 @@ def test_workers_send_the_older_runs_without_their_bulky_fields(tmp_path: Path) 
     assert all(r.summary is not None for r in parsed)
     again = parse_dirs(found, PARSER, workers=1, apart=("progress",))  # warm: from the caches
     assert all(len(r.progress) > 0 for r in again)
+
+
+@given(noise=st.lists(st.text(alphabet=st.characters(blacklist_categories=["Cs", "Cc"]),
+                              min_size=1, max_size=3000), max_size=12),
+       reason=st.text(alphabet="abcdefghij (): 0123456789", min_size=1, max_size=80))
+def test_a_failed_workloads_tail_shows_its_reason_and_no_wall_of_text(
+        tmp_path_factory: pytest.TempPathFactory, noise: list[str], reason: str) -> None:
+    """Whatever follows it (a JSON summary, a traceback), the workload's last error: line is
+    in the tail, and no tail line is longer than TAIL_WIDTH and the cut note."""
+    from analysis.parsing import TAIL_WIDTH, read_tail
+
+    assume(not any(n.strip().lower().startswith("error:") for n in noise))
+    path = tmp_path_factory.mktemp("tail") / "pod.log"
+    lines = ["started", f"error: {reason}", *[n.replace("\n", " ").replace("\r", " ")
+                                             for n in noise]]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    tail = read_tail(path) or ""
+    assert f"error: {reason}".strip()[:TAIL_WIDTH] in tail
+    assert all(len(line) <= TAIL_WIDTH + 30 for line in tail.splitlines())

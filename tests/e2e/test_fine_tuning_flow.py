@@ -397,4 +397,6 @@ def test_a_nightly_run_that_stays_invalid_ends_inconclusive_with_exit_3(
     assert outcome["failures"] == [] and len(outcome["inconclusive"]) == 1
     assert "shorter than the 86400 s declared minimum" in outcome["inconclusive"][0]
     assert "INCONCLUSIVE: cell base" in proc.stdout
+    # the temporary API is gone when the command ends: no "View at <its URL>" link
+    assert "View at" not in proc.stdout + proc.stderr
     assert len(list(run_dir.glob("*__cell"))) == 2  # both results kept

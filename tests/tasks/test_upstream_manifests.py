@@ -5,8 +5,8 @@ them), is of a declared kind, and is granted to the runner by the generated RBAC
 from __future__ import annotations
 
 import copy
-import subprocess
-import sys
+import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ from deployments.rbac import grants, rbac_documents
 from projects import registry
 from projects.config import resolve
 from tasks.kube.kinds import kind_of
-from tasks.platforms.plan import plan_run
+from tasks.platforms.plan import check_supported, plan_run
 from tests.upstream_schemas import validate
 
 # what a cluster plan of each project needs besides its presets (a model the cluster serves,
@@ -91,14 +91,30 @@ def test_the_upstream_validation_catches_what_the_api_server_would_prune(
         validate(job)
 
 
-def test_a_cluster_fan_out_a_project_lacks_exits_2_naming_the_key(tmp_path: Path) -> None:
-    """llm_serving has no cluster fan-out: its scale_test on kubernetes is refused before
-    anything runs (it used to plan single-user cells and ignore the setting)."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "flows.llm_serving", "--preset", "scale_test", "--platform",
-         "kubernetes", "--plan", "--var", "tests.llm_serving.test_settings.model_name=granite-3b",
-         "--artifact-dir", str(tmp_path)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "tests.llm_serving.multi_user.enabled" in proc.stderr
-    assert "not supported on kubernetes" in proc.stderr
+def test_a_cluster_fan_out_a_project_lacks_is_refused_naming_the_key(tmp_path: Path) -> None:
+    """A project without `kube_users` asked for a cluster fan-out: refused before anything
+    is planned or run (exit 2 through the CLI's ConfigError), never planned as single-user
+    cells."""
+    project = dataclasses.replace(registry.load("llm_serving"), kube_users=None)
+    config = resolve("llm_serving", ["scale_test"], overrides=CLUSTER_VARS["llm_serving"],
+                     env={})
+    with pytest.raises(ConfigError, match="not supported on kubernetes") as info:
+        plan_run(project, config, "kubernetes", tmp_path)
+    assert info.value.key == "tests.llm_serving.multi_user.enabled"
     assert not (tmp_path / "manifests").exists()
+    local_only = dataclasses.replace(registry.load("fine_tuning"), kubernetes=None)
+    with pytest.raises(ConfigError, match="no cluster workload"):
+        check_supported(local_only, local_only.test_block(
+            resolve("fine_tuning", [], overrides={}, env={}).model), "kubernetes")
+
+
+def test_the_serving_fan_out_plans_the_server_then_the_clients(tmp_path: Path) -> None:
+    manifests = planned("llm_serving", ["scale_test"], tmp_path)
+    kinds = [m["kind"] for m in manifests]
+    assert "InferenceService" in kinds and kinds.index("InferenceService") < kinds.index("Job")
+    job = next(m for m in manifests if m["kind"] == "Job")
+    assert job["spec"]["completionMode"] == "Indexed" and job["spec"]["completions"] == 3
+    pod = job["spec"]["template"]["spec"]
+    assert pod["initContainers"][0]["name"] == "storage-initializer"  # the tokenizer
+    env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
+    assert "{dir}" in json.loads(env["TELLTALE_COMMAND"])
