@@ -158,6 +158,7 @@ def _show_progress() -> None:
 def history_main(argv: Sequence[str]) -> int:
     """``history``: list a history's runs or KPIs, filtered; CSV export; the exit code."""
     from analysis.listing import filter_history, kpi_lines, run_lines, to_csv_frame
+    from analysis.safeio import write_text
 
     parser = _Parser(prog="python -m analysis history",
                      description="List a history's runs (or KPI rows), filtered; write CSV.")
@@ -180,7 +181,8 @@ def history_main(argv: Sequence[str]) -> int:
         chosen = filter_history(frame, args.select, args.kpi)
         if args.csv:
             writable_dir(str(Path(args.csv).parent), "--csv")
-            to_csv_frame(chosen).to_csv(args.csv, index=False)
+            # safeio-exempt: to_csv without a path returns the text; write_text writes it
+            write_text(args.csv, to_csv_frame(chosen).to_csv(index=False))
     except TelltaleError as exc:
         return _failed(exc)
     for line in (kpi_lines(chosen) if args.kpis else run_lines(chosen)):
@@ -285,6 +287,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 if __name__ == "__main__":
     try:
         sys.exit(main())
-    except BrokenPipeError:  # `| head`: the reader left; no traceback (Python's own recipe)
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(1)
+    except BrokenPipeError:  # `| head`: the reader left; end now, without a traceback (a
+        # normal exit would flush the broken stdout again and print one)
+        os._exit(1)
