@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import shutil
 import subprocess
 import sys
@@ -45,6 +46,15 @@ def test_ruff_is_clean() -> None:
     proc = subprocess.run([ruff, "check", "."], cwd=REPO, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:]
+
+
+def test_declared_means_used() -> None:
+    """deptry: no declared-unused package, no used-undeclared one (tests scanned too)."""
+    deptry = shutil.which("deptry", path=str(Path(sys.executable).parent))
+    assert deptry, "deptry is part of the [dev] extra"
+    proc = subprocess.run([deptry, "."], cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "NO_COLOR": "1"})
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
 
 
 def _project_folders() -> set[str]:
