@@ -585,7 +585,8 @@ def _empty(model: type[ParsedResult], name: str) -> Any:
 
 
 def suspects(results_dir: str | Path, project: str | AnalysisProject, history_uri: str,
-             settings: AnalysisSettings) -> list[VerdictRow]:
+             settings: AnalysisSettings, *,
+             history_filesystem: Any = None) -> list[VerdictRow]:
     """The verdicts of a tree whose newest run alone looks like a regression (`Verdict.suspect`).
 
     What ``analysis.confirm_reruns`` re-runs before the run is post-processed for good;
@@ -594,7 +595,8 @@ def suspects(results_dir: str | Path, project: str | AnalysisProject, history_ur
     hooks = load_project(project) if isinstance(project, str) else project
     _, runs, _, _ = _analyse_tree(results_dir, hooks, None, None, force=False,
                                   trust_cache=False, policy=settings.validity)
-    return [row for row in judge_runs(runs, HistoryStore(history_uri), settings) if row.suspect]
+    store = HistoryStore(history_uri, filesystem=history_filesystem)
+    return [row for row in judge_runs(runs, store, settings) if row.suspect]
 
 
 def validity_of_tree(results_dir: str | Path, project: str | AnalysisProject,
@@ -635,6 +637,7 @@ def postprocess(
     report: bool | None = None,
     history: HistorySource | None = None,
     trust_cache: bool = False,
+    history_filesystem: Any = None,
 ) -> PostprocessOutcome:
     """Post-process a results tree and write every output into ``out``.
 
@@ -657,6 +660,9 @@ def postprocess(
             ``history_uri`` for verdicts, and is not appended to here.
         trust_cache: Use parse caches even when the files they came from are absent (a
             replot from exported caches only).
+        history_filesystem: The ``pyarrow`` filesystem of an ``s3://`` history (the run's
+            S3 block builds it with the export's endpoint and credentials: one S3 identity);
+            default: one from the URI and the AWS environment.
 
     Returns:
         The `PostprocessOutcome`.
@@ -698,6 +704,7 @@ def postprocess(
             outcome = _write_outputs(
                 out_dir, hooks, settings, found, runs, skipped, failed, problems,
                 spool, places, history_uri=history_uri, history=history,
+                history_filesystem=history_filesystem,
                 append_history=append_history, report=report)
     return outcome
 
@@ -706,7 +713,7 @@ def _write_outputs(out_dir: Path, hooks: AnalysisProject, settings: AnalysisSett
                    found: Discovery, runs: list[RunAnalysis], skipped: list[SkippedDir],
                    failed: int, problems: int, spool: Any, places: dict[int, tuple[int, int]],
                    *, history_uri: str | None, history: HistorySource | None,
-                   append_history: bool, report: bool | None,
+                   append_history: bool, report: bool | None, history_filesystem: Any = None,
                    ) -> PostprocessOutcome:
     """Judge the analysed runs and write every output of `postprocess`."""
     frame = kpi_table((r.run_uuid, r.timestamp, r.kpis) for r in runs)
@@ -729,7 +736,7 @@ def _write_outputs(out_dir: Path, hooks: AnalysisProject, settings: AnalysisSett
     with atomic_open(files["runs"]) as stream:
         runs_table(runs).to_parquet(stream, index=False)
 
-    store = HistoryStore(history_uri) if history_uri else None
+    store = HistoryStore(history_uri, filesystem=history_filesystem) if history_uri else None
     source: HistorySource | None = history if history is not None else store
     verdicts = judge_runs(runs, source, settings) if settings.regression.enabled else []
     # From here on the KPI table holds every value (the report reads it): the runs' own

@@ -47,6 +47,7 @@ from analysis.pipeline import PostprocessOutcome
 from analysis.redact import RedactingFilter
 from analysis.safeio import write_text
 from analysis.yamlio import dump_yaml, load_yaml
+from blocks.s3 import S3Target
 from flows.cli import (
     EXIT_FAILED,
     EXIT_INCONCLUSIVE,
@@ -457,7 +458,7 @@ def confirm_phase(cells: Sequence[Cell], run: RunContext, platform: Platform,
     history = settings.history_uri or default_history_uri(run.project.name)
     try:
         found = find_suspects(str(run.root), run.project.name, history,
-                              settings.model_dump())
+                              settings.model_dump(), history_target(run, history))
     except Exception as exc:  # no confirmation is no reason to lose the run
         _log().warning("could not look for regressions to confirm: %s", exc)
         return
@@ -475,6 +476,19 @@ def confirm_phase(cells: Sequence[Cell], run: RunContext, platform: Platform,
             results.append(rerun.model_copy(update={"name": f"{cell.name}~rerun{attempt}"}))
 
 
+def history_target(run: RunContext, history_uri: str) -> S3Target | None:
+    """The S3 block an ``s3://`` history goes through, or None.
+
+    The export's (``export_artifacts.s3`` endpoint and region, credentials from the secret
+    dir), so reads, appends and uploads are one S3 identity; None for a local history or
+    without an S3 export block (then the AWS environment, as for ``python -m analysis``).
+    """
+    export = run.model.export_artifacts
+    if not history_uri.startswith("s3://") or not export.s3.bucket:
+        return None
+    return s3_target(export, run.model.secrets)
+
+
 def _postprocess_phase(outcome: RunOutcome, run: RunContext) -> None:
     log = _log()
     if all(c.status == "skipped" for c in outcome.cells):
@@ -489,7 +503,8 @@ def _postprocess_phase(outcome: RunOutcome, run: RunContext) -> None:
             instance = opensearch_instance(export, run.model.secrets)
         post = postprocess_results(str(run.root), run.project.name, history,
                                    settings.model_dump(), list(run.config.presets_applied),
-                                   run.config.to_yaml(), instance, export.opensearch.index)
+                                   run.config.to_yaml(), instance, export.opensearch.index,
+                                   history_target(run, history))
     except Exception as exc:  # the KPIs were not stored: the run must not look green
         message = f"post-processing failed, KPIs not stored: {type(exc).__name__}: {exc}"
         log.error(message)

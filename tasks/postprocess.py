@@ -9,6 +9,7 @@ from analysis.pipeline import PostprocessOutcome, postprocess, suspects, validit
 from analysis.regression import repeats_for
 from analysis.settings import AnalysisSettings
 from blocks.opensearch import OpenSearchInstance
+from blocks.s3 import S3Target
 from tasks.artifacts import artifact_dir, step
 from tasks.publish.opensearch import OpenSearchHistory
 
@@ -21,7 +22,8 @@ def postprocess_results(results_dir: str, project: str, history_uri: str | None,
                         settings: dict[str, Any], presets: Sequence[str],
                         config_text: str | None = None,
                         opensearch: OpenSearchInstance | None = None,
-                        opensearch_index: str | None = None) -> PostprocessOutcome:
+                        opensearch_index: str | None = None,
+                        history_target: S3Target | None = None) -> PostprocessOutcome:
     """Parse the run's result dirs, compute KPIs and verdicts, append history, render report.
 
     Outputs land in this step's artifact dir (``report/index.html``, ``kpis.parquet``...).
@@ -36,6 +38,8 @@ def postprocess_results(results_dir: str, project: str, history_uri: str | None,
         opensearch: Judge against this instance's run index instead of the Parquet history
             (``analysis.history_source: opensearch``); the Parquet history is still appended.
         opensearch_index: The run index name (without the instance's prefix).
+        history_target: The S3 block an ``s3://`` history is read and appended through
+            (the export's endpoint and credentials); None: the AWS environment.
 
     Returns:
         The `PostprocessOutcome`.
@@ -44,12 +48,19 @@ def postprocess_results(results_dir: str, project: str, history_uri: str | None,
                if opensearch is not None else None)
     return postprocess(results_dir, project, artifact_dir(), history_uri=history_uri,
                        settings=AnalysisSettings.model_validate(settings), presets=presets,
-                       config_text=config_text, history=history)
+                       config_text=config_text, history=history,
+                       history_filesystem=_filesystem(history_target))
+
+
+def _filesystem(target: S3Target | None) -> Any:
+    """The history's filesystem from the run's S3 block (one S3 identity), or None."""
+    return target.filesystem() if target is not None else None
 
 
 @step("analysis", retries=2, retry_delay_seconds=[5, 30], timeout_seconds=1800)
 def find_suspects(results_dir: str, project: str, history_uri: str,
-                  settings: dict[str, Any]) -> dict[str, tuple[str, int]]:
+                  settings: dict[str, Any],
+                  history_target: S3Target | None = None) -> dict[str, tuple[str, int]]:
     """Result dirs (relative) whose newest run alone looks like a regression → (why, re-runs).
 
     The confirmation re-runs of ``analysis.confirm_reruns`` are chosen from these: that many
@@ -58,7 +69,8 @@ def find_suspects(results_dir: str, project: str, history_uri: str,
     """
     analysis = AnalysisSettings.model_validate(settings)
     found: dict[str, tuple[str, int]] = {}
-    for row in suspects(results_dir, project, history_uri, analysis):
+    for row in suspects(results_dir, project, history_uri, analysis,
+                        history_filesystem=_filesystem(history_target)):
         if analysis.confirm_reruns == "auto":
             runs = repeats_for((row.mde_pct or 0.0) / 100, row.history_used,
                                analysis.target_mde_pct / 100)

@@ -153,3 +153,26 @@ def test_replot_from_s3_and_from_local(tmp_path: Path, prefect_harness, secret_d
     assert any(k.endswith("report/index.html") for k in keys)
     local = replot(source=str(tmp_path / "run"))
     assert Path(local.report).is_file() and local.out_dir == str(tmp_path / "run" / "plot")
+
+
+def test_an_s3_history_goes_through_the_export_block_not_the_environment(
+        tmp_path: Path, prefect_harness, secret_dir: Path, s3_server: str, s3_bucket: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """analysis.history_uri on S3: judged and appended with the export's endpoint and
+    credentials (one S3 identity). The AWS environment points elsewhere (a closed port): a
+    second credential path would fail the run's post-processing."""
+    from flows.fine_tuning.flow import fine_tuning
+    from flows.orchestration import outcome_of
+
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:9")
+    uri = f"s3://{s3_bucket}/judged-history"
+    overrides = {**_overrides(tmp_path, s3_server, s3_bucket),
+                 "analysis.history_uri": uri, "export_artifacts.opensearch.enabled": False}
+    outcome = outcome_of(fine_tuning(presets=["light"], overrides=overrides,
+                                     artifact_dir=str(tmp_path / "run"), return_state=True))
+    assert outcome.exit_code == 0, outcome.failures
+    target = S3Target(bucket=s3_bucket, endpoint_url=s3_server, region="us-east-1",
+                      access_key_id="key-id-not-logged", secret_access_key="secret-not-logged")
+    stored = HistoryStore(uri, filesystem=target.filesystem()).read()
+    assert len(stored) > 0 and stored["run_uuid"].nunique() == 1
