@@ -638,6 +638,7 @@ def postprocess(
     history: HistorySource | None = None,
     trust_cache: bool = False,
     history_filesystem: Any = None,
+    shared_dir: str | Path | None = None,
 ) -> PostprocessOutcome:
     """Post-process a results tree and write every output into ``out``.
 
@@ -663,6 +664,8 @@ def postprocess(
         history_filesystem: The ``pyarrow`` filesystem of an ``s3://`` history (the run's
             S3 block builds it with the export's endpoint and credentials: one S3 identity);
             default: one from the URI and the AWS environment.
+        shared_dir: Where files every report carries are kept once (a runs root's
+            ``.telltale/``): plotly.js is hard-linked from there into the report.
 
     Returns:
         The `PostprocessOutcome`.
@@ -705,6 +708,7 @@ def postprocess(
                 out_dir, hooks, settings, found, runs, skipped, failed, problems,
                 spool, places, history_uri=history_uri, history=history,
                 history_filesystem=history_filesystem,
+                shared_dir=Path(shared_dir) if shared_dir else None,
                 append_history=append_history, report=report)
     return outcome
 
@@ -714,7 +718,7 @@ def _write_outputs(out_dir: Path, hooks: AnalysisProject, settings: AnalysisSett
                    failed: int, problems: int, spool: Any, places: dict[int, tuple[int, int]],
                    *, history_uri: str | None, history: HistorySource | None,
                    append_history: bool, report: bool | None, history_filesystem: Any = None,
-                   ) -> PostprocessOutcome:
+                   shared_dir: Path | None = None) -> PostprocessOutcome:
     """Judge the analysed runs and write every output of `postprocess`."""
     frame = kpi_table((r.run_uuid, r.timestamp, r.kpis) for r in runs)
     for column, per_run in ((IDENTITY, {r.run_uuid: r.identity for r in runs}),
@@ -801,6 +805,6 @@ def _write_outputs(out_dir: Path, hooks: AnalysisProject, settings: AnalysisSett
             ignored_labels=settings.comparison.ignored_labels,
             compared_label=settings.comparison.compared_label,
             detector=settings.regression.detector(), history_uri=history_uri,
-            target_mde_pct=settings.target_mde_pct))
+            target_mde_pct=settings.target_mde_pct, shared_dir=shared_dir))
         outcome.files["report"] = outcome.report
     return outcome

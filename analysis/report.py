@@ -46,7 +46,7 @@ from analysis.kpi import BASE_COLUMNS, display_value
 from analysis.progress import StageProgress
 from analysis.project import AnalysisProject
 from analysis.regression import DEFAULTS, DetectorSettings, change_points
-from analysis.safeio import write_bytes, write_text
+from analysis.safeio import link_file, write_bytes, write_text
 from analysis.yamlio import load_yaml
 
 __all__ = [
@@ -779,11 +779,11 @@ PLOTLY_FILE = "plotly.min.js"
 """The one offline copy of plotly.js the pages of a report share."""
 
 
-def _write_plotlyjs(path: Path) -> None:
-    """Write plotly's bundled plotly.js (what ``plotly.offline.get_plotlyjs`` returns).
+def _plotlyjs() -> bytes:
+    """Plotly's bundled plotly.js (what ``plotly.offline.get_plotlyjs`` returns).
 
-    Read as package data and written as bytes: ``plotly.offline`` imports plotly.io, and
-    the 4.8 MB text went through a decode and an encode.
+    Read as package data, as bytes: ``plotly.offline`` imports plotly.io, and the 4.8 MB
+    text went through a decode and an encode.
     """
     import pkgutil
 
@@ -792,7 +792,29 @@ def _write_plotlyjs(path: Path) -> None:
         from plotly.offline import get_plotlyjs
 
         data = get_plotlyjs().encode("utf-8")
-    write_bytes(path, data)
+    return data
+
+
+def _write_plotlyjs(path: Path, shared_dir: Path | None = None) -> None:
+    """Put plotly.js beside a report's pages (they open offline).
+
+    With ``shared_dir`` (a runs root's): one copy there, per plotly version, hard-linked
+    into each report — every report dir holds the file, the disk holds it once (it was
+    4.8 MB of each run's 5.3 MB). A filesystem without hard links gets a copy.
+    """
+    if shared_dir is None:
+        write_bytes(path, _plotlyjs())
+        return
+    import plotly
+
+    shared = Path(shared_dir) / f"plotly-{plotly.__version__}.min.js"
+    data: bytes | None = None
+    if not shared.is_file() or shared.is_symlink():
+        data = _plotlyjs()
+        shared.parent.mkdir(parents=True, exist_ok=True)
+        write_bytes(shared, data)
+    if not link_file(shared, path):
+        write_bytes(path, data if data is not None else _plotlyjs())
 
 
 def _load_plots(project: AnalysisProject) -> list[dict[str, Any]]:
@@ -968,8 +990,11 @@ def render_report(out_dir: Path, project: AnalysisProject, runs: Sequence[Any],
                   discovery: Discovery, *, ignored_labels: Sequence[str] = (),
                   compared_label: str | None = None,
                   detector: DetectorSettings = DEFAULTS, history_uri: str | None = None,
-                  target_mde_pct: float = 5.0) -> Path:
-    """Write one HTML page per report plus ``index.html``; returns the index path."""
+                  target_mde_pct: float = 5.0, shared_dir: Path | None = None) -> Path:
+    """Write one HTML page per report plus ``index.html``; returns the index path.
+
+    ``shared_dir``: where the one plotly.js copy of many reports lives (`_write_plotlyjs`).
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     ctx = ReportContext(project, runs, kpis, history, verdicts, discovery,
                         ignored_labels=tuple(ignored_labels), compared_label=compared_label,
@@ -992,7 +1017,7 @@ def render_report(out_dir: Path, project: AnalysisProject, runs: Sequence[Any],
         links.append((name, title))
         progress.advance()  # a page written
     if plotly_needed:
-        _write_plotlyjs(out_dir / PLOTLY_FILE)
+        _write_plotlyjs(out_dir / PLOTLY_FILE, shared_dir)
     counts: dict[str, int] = {}
     for verdict in verdicts:
         counts[verdict.verdict] = counts.get(verdict.verdict, 0) + 1

@@ -47,6 +47,7 @@ __all__ = [
     "UnsafeOutputError",
     "atomic_open",
     "copy_file",
+    "link_file",
     "open_append",
     "open_regular",
     "output_root",
@@ -270,6 +271,35 @@ def copy_file(source: str | Path, target: str | Path, *, chunk: int = 1 << 20) -
             while block := reader.read(chunk):
                 writer.write(block)
     return Path(target)
+
+
+def link_file(source: str | Path, target: str | Path) -> bool:
+    """Hard-link a regular file at ``target``, atomically: one copy shared by many dirs.
+
+    For large read-only files every report carries (plotly.js): each dir still holds the
+    file (it opens offline, an export uploads it), the disk holds it once. False when this
+    filesystem cannot link (another device, no hard links): the caller writes a copy.
+
+    Raises:
+        UnsafeOutputError: ``target`` is a symbolic link (never replaced through).
+        OutputError: The link was made but could not be put in place.
+    """
+    target = Path(target)
+    if target.is_symlink():
+        raise UnsafeOutputError(f"{target} is a symbolic link: not replaced", path=target)
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.link")
+    try:
+        os.link(source, temporary, follow_symlinks=False)
+    except OSError:
+        return False
+    try:
+        os.replace(temporary, target)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise OutputError(f"{target}: {exc.strerror or exc}", path=target,
+                          code=exc.errno) from exc
+    return True
 
 
 def open_append(path: str | Path) -> IO[bytes]:

@@ -476,6 +476,10 @@ def confirm_phase(cells: Sequence[Cell], run: RunContext, platform: Platform,
             results.append(rerun.model_copy(update={"name": f"{cell.name}~rerun{attempt}"}))
 
 
+SHARED_DIR = ".telltale"
+"""In a runs root: files every run's report carries, kept once (plotly.js, hard-linked)."""
+
+
 def history_target(run: RunContext, history_uri: str) -> S3Target | None:
     """The S3 block an ``s3://`` history goes through, or None.
 
@@ -504,7 +508,8 @@ def _postprocess_phase(outcome: RunOutcome, run: RunContext) -> None:
         post = postprocess_results(str(run.root), run.project.name, history,
                                    settings.model_dump(), list(run.config.presets_applied),
                                    run.config.to_yaml(), instance, export.opensearch.index,
-                                   history_target(run, history))
+                                   history_target(run, history),
+                                   str(run.root.parent / SHARED_DIR))
     except Exception as exc:  # the KPIs were not stored: the run must not look green
         message = f"post-processing failed, KPIs not stored: {type(exc).__name__}: {exc}"
         log.error(message)

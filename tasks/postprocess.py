@@ -23,7 +23,8 @@ def postprocess_results(results_dir: str, project: str, history_uri: str | None,
                         config_text: str | None = None,
                         opensearch: OpenSearchInstance | None = None,
                         opensearch_index: str | None = None,
-                        history_target: S3Target | None = None) -> PostprocessOutcome:
+                        history_target: S3Target | None = None,
+                        shared_dir: str | None = None) -> PostprocessOutcome:
     """Parse the run's result dirs, compute KPIs and verdicts, append history, render report.
 
     Outputs land in this step's artifact dir (``report/index.html``, ``kpis.parquet``...).
@@ -40,6 +41,7 @@ def postprocess_results(results_dir: str, project: str, history_uri: str | None,
         opensearch_index: The run index name (without the instance's prefix).
         history_target: The S3 block an ``s3://`` history is read and appended through
             (the export's endpoint and credentials); None: the AWS environment.
+        shared_dir: The runs root's dir of files reports share (plotly.js, hard-linked).
 
     Returns:
         The `PostprocessOutcome`.
@@ -49,7 +51,7 @@ def postprocess_results(results_dir: str, project: str, history_uri: str | None,
     return postprocess(results_dir, project, artifact_dir(), history_uri=history_uri,
                        settings=AnalysisSettings.model_validate(settings), presets=presets,
                        config_text=config_text, history=history,
-                       history_filesystem=_filesystem(history_target))
+                       history_filesystem=_filesystem(history_target), shared_dir=shared_dir)
 
 
 def _filesystem(target: S3Target | None) -> Any:

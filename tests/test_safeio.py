@@ -278,3 +278,37 @@ def test_the_root_itself_may_be_a_link(tmp_path: Path) -> None:
         (tmp_path / "named" / "sub").mkdir()
         write_text(tmp_path / "named" / "sub" / "f.txt", "ok")
     assert (real / "sub" / "f.txt").read_text() == "ok"
+
+
+def test_a_shared_file_is_linked_and_a_link_that_cannot_be_made_is_a_copy(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """plotly.js once per runs root: hard-linked into each report; where the filesystem
+    refuses links (another device), each report gets a copy; a symlinked target is refused."""
+    import errno
+    import os
+
+    from analysis.report import _plotlyjs, _write_plotlyjs
+    from analysis.safeio import UnsafeOutputError, link_file
+
+    shared = tmp_path / "runs" / ".telltale"
+    reports = [tmp_path / "runs" / f"r{i}" / "report" for i in range(3)]
+    for report in reports:
+        report.mkdir(parents=True)
+        _write_plotlyjs(report / "plotly.min.js", shared)
+    inodes = {(r / "plotly.min.js").stat().st_ino for r in reports}
+    assert len(inodes) == 1 and (reports[0] / "plotly.min.js").read_bytes() == _plotlyjs()
+
+    def no_link(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "link", no_link)
+    other = tmp_path / "elsewhere" / "report"
+    other.mkdir(parents=True)
+    _write_plotlyjs(other / "plotly.min.js", shared)
+    assert (other / "plotly.min.js").stat().st_ino not in inodes
+    assert (other / "plotly.min.js").read_bytes() == _plotlyjs()
+    monkeypatch.undo()
+    (tmp_path / "evil").symlink_to(tmp_path / "target")
+    with pytest.raises(UnsafeOutputError):
+        link_file(reports[0] / "plotly.min.js", tmp_path / "evil")
+    assert not (tmp_path / "target").exists()

@@ -100,6 +100,13 @@ def test_successive_runs_build_history_and_verdicts(tmp_path: Path, prefect_harn
         assert {"cpu_cores_used_mean", "cpu_cores_used_max", "memory_used_max"} <= judged_names
     judged = len(judged_names)
     assert outcomes[0].verdict_counts == {"insufficient_history": judged}
+    # one plotly.js on disk for the four reports (hard links from the runs root's .telltale/):
+    # each report dir still holds it (offline, exported), the disk holds it once
+    copies = [next((tmp_path / f"run{i}").glob("*__analysis__*/report/plotly.min.js"))
+              for i in range(4)]
+    assert len({c.stat().st_ino for c in copies}) == 1
+    assert copies[0].stat().st_nlink == 5  # four reports + the shared copy
+    assert list((tmp_path / ".telltale").glob("plotly-*.min.js"))
     # runs 1 to 3 say when verdicts start (the 4th run, min_history 3); the 4th is judged
     assert [o.history_note for o in outcomes] == [
         f"verdicts start with the 4th comparable run: {n} more run(s) of this configuration"
