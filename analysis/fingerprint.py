@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from analysis.safeio import UnreadableInputError, read_text_bounded
 from analysis.yamlio import load_yaml
 
 __all__ = ["FINGERPRINT_FILE", "Fingerprint", "changes", "decode", "encode", "fingerprint_of",
-           "what_changed"]
+           "shown", "what_changed"]
 
 logger = logging.getLogger("telltale.fingerprint")
 
@@ -162,13 +163,26 @@ def decode(text: object) -> Fingerprint | None:
     return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else None
 
 
+_DIGEST = re.compile(r"(?:sha256:)?[0-9a-f]{32,}")
+
+
+def shown(value: str | None) -> str:
+    """A fingerprint value as a person reads it: a commit or digest by its first 12."""
+    if not value:
+        return "(none)"
+    if not _DIGEST.fullmatch(value):
+        return value
+    head = "sha256:" if value.startswith("sha256:") else ""
+    return f"{head}{value[len(head):len(head) + 12]}…"
+
+
 def changes(before: Mapping[str, str], after: Mapping[str, str]) -> list[str]:
     """``name a → b`` for every entry that differs (``(none)`` for an absent side)."""
     out = []
     for key in sorted(set(before) | set(after)):
         old, new = before.get(key), after.get(key)
         if old != new:
-            out.append(f"{key} {old or '(none)'} → {new or '(none)'}")
+            out.append(f"{key} {shown(old)} → {shown(new)}")
     return out
 
 

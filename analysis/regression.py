@@ -87,8 +87,8 @@ Operating point: chosen on the independently designed generator families of
 ``benchmarks/regression/families.py`` by the false-alarm budget (at most 1 % false alarms
 per stable run), spent on recall: ``verdict_z`` 2.4 (with the small-sample widening of the
 noise scale), ``confirm_factor`` 0.5, ``single_run_z`` 5.5, ``edge_z`` 4.5 (down to 0.7 x in
-short series), ``z_threshold`` and ``candidate_z`` 4.5, no minimum change. The README's
-performance section has the leave-one-family-out table.
+short series), ``z_threshold`` and ``candidate_z`` 4.5, no minimum change. docs/performance.md
+has the leave-one-family-out table.
 
 Parameters are keyword arguments with documented defaults; results are deterministic.
 """

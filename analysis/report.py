@@ -887,13 +887,15 @@ def shape_triage(ctx: ReportContext) -> pd.DataFrame:
     columns = ["kpi", "run", "verdict", "validity", "change_pct", "since", "what_changed",
                "suspects", "mde_pct", "explanation", "accept"]
     history = shlex.quote(ctx.history_uri) if ctx.history_uri else "HISTORY_URI"
+    names = {str(r.run_uuid): run_name(r) for r in ctx.runs}
     rows = []
     for v in ctx.verdicts:
         if v.verdict not in ("regression", "improvement"):
             continue
         since = getattr(v, "since_runs", None)
         rows.append({
-            "kpi": v.kpi, "run": v.test_path, "verdict": v.verdict,
+            "kpi": v.kpi, "run": names.get(str(v.run_uuid), v.test_path),
+            "verdict": v.verdict,
             "validity": getattr(v, "validity", "valid"), "change_pct": v.change_pct,
             "since": "this run" if since in (None, 1) else f"{since - 1} run(s) before it",
             "what_changed": "; ".join(getattr(v, "what_changed", [])[:4]),

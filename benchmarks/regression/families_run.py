@@ -11,7 +11,7 @@ With ``--grid``: each candidate operating point of ``GRID`` is scored on every f
 with ``--tune-seed``. For each family F, the operating point is chosen on the *other*
 families only (the best mean score among points whose false alarms stay within the budget of
 1 % per stable run), then scored on F drawn with ``--test-seed``: a family and a seed never
-used for the choice. The table is the README's leave-one-family-out table.
+used for the choice. The table is docs/performance.md's leave-one-family-out table.
 
 Scores (see ``run.py`` for the matching rules): (1) change points over a whole series:
 precision, recall, F1, share of no-change series with a false change point, outliers

@@ -51,7 +51,7 @@ class HorreumExportBlock(StrictSettings):
     """Each cell's LTS document as one Horreum run (the field's ``lts.horreum.test_name``).
 
     The test must exist in Horreum (its schema, labels and change detection are defined
-    there, see the README); a re-export of the same run uploads nothing.
+    there, see docs/publishing.md); a re-export of the same run uploads nothing.
     """
 
     enabled: bool = Field(default=False, description="Upload to Horreum.")

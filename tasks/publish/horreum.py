@@ -4,7 +4,7 @@ Through httpx, against Horreum's REST API (its published OpenAPI; the test serve
 it for the calls used):
 
 - ``GET /api/test/byName/{name}``: the test's id (a test Telltale does not create: its
-  schema, labels and change detection are the Horreum admin's, see the README);
+  schema, labels and change detection are the Horreum admin's, see docs/publishing.md);
 - ``GET /api/run/list/{testId}`` (``sort=start``, ``direction=Descending``, paged): is the
   run already there? A run is known by its description, ``telltale run <run uuid>``;
 - ``POST /api/run/data`` (``test``, ``start``, ``stop``, ``owner``, ``access``, ``schema``,

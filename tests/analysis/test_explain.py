@@ -154,3 +154,13 @@ def test_auto_repeats_bring_the_mde_under_target() -> None:
     assert 1 < runs <= 5
     assert minimum_detectable_effect(history, runs) <= 0.05 * 1.01
     assert repeats_for(0.9, 30, 0.05) == 5  # hopeless: bounded
+
+
+@given(digest=st.text(alphabet="0123456789abcdef", min_size=32, max_size=64),
+       prefix=st.sampled_from(["", "sha256:"]))
+def test_commits_and_digests_are_shown_by_their_first_12(digest: str, prefix: str) -> None:
+    from analysis.fingerprint import changes, shown
+
+    line = changes({"telltale_commit": prefix + digest}, {"telltale_commit": "v2"})[0]
+    assert line == f"telltale_commit {prefix}{digest[:12]}… → v2"
+    assert shown("0.32.0") == "0.32.0" and shown(None) == "(none)"

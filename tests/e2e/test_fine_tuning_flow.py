@@ -32,7 +32,7 @@ JUDGED = {**FAST, "analysis.validity.mode": "off"}
 def test_cli_light_preset_end_to_end(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     # No wall-clock bound here: the suite must pass on a loaded machine. The light preset's
-    # duration is measured in benchmarks/flow_overhead.py and recorded in the README.
+    # duration is measured in benchmarks/flow_overhead.py and recorded in docs/performance.md.
     proc = subprocess.run([sys.executable, "-m", "flows.fine_tuning", "--preset", "light",
                            "--artifact-dir", str(run_dir)], capture_output=True, text=True,
                           env=cli_env(tmp_path), timeout=1200)
