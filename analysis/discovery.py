@@ -26,6 +26,7 @@ import json
 import os
 import stat
 from collections.abc import Mapping
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,16 @@ from analysis.errors import ConfigError, ResultsError
 from analysis.safeio import write_text
 from analysis.yamlio import load_yaml
 
-__all__ = ["Discovery", "ResultDir", "SkippedDir", "discover", "read_exit_code"]
+__all__ = ["ENTRY_POINT_GROUP", "Discovery", "ResultDir", "SkippedDir", "available_projects",
+           "discover", "read_exit_code"]
+
+ENTRY_POINT_GROUP = "telltale.projects"
+"""The entry-point group a project registers itself in (``name = module:PROJECT``)."""
+
+
+def available_projects() -> list[str]:
+    """Names of the registered projects (which runs of a mixed tree are whose)."""
+    return sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
 
 SETTINGS_FILE = "settings.yaml"
 EXIT_CODE_FILE = "exit_code"
@@ -204,8 +214,6 @@ def discover(root: str | Path, project: str | None = None,
     found = Discovery(root=str(base))
     index = _SettingsIndex(base)
     if project is not None and known_projects is None:
-        from analysis.project import available_projects
-
         known_projects = set(available_projects())
     projects = (known_projects or set()) | ({project} if project else set())
 

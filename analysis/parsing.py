@@ -684,12 +684,12 @@ def _parse_fresh(result: ResultDir, parser: ResultParser, use_cache: bool,
     return parsed, body if lean else _joined(body, rest)
 
 
-def _parse_chunk(project: str, results: list[ResultDir], use_cache: bool,
+def _parse_chunk(parser: ResultParser, results: list[ResultDir], use_cache: bool,
                  apart: Sequence[str], lean: list[bool]) -> list[bytes]:
-    """Parse cold dirs afresh in a worker process (the parent served the warm ones)."""
-    from analysis.project import load_project  # in the worker process
+    """Parse cold dirs afresh in a worker process (the parent served the warm ones).
 
-    parser = load_project(project).parser
+    The parser travels pickled (a project's parser is a module-level class: ~60 bytes).
+    """
     # JSON bytes, not dicts: pickling thousands of small objects and validating them again
     # in the parent cost more than pydantic's Rust (de)serialisation on both sides; lean
     # ones without their bulky fields, which the parent validated only to drop (~0.3 ms a
@@ -708,8 +708,9 @@ def parse_dirs(results: Sequence[ResultDir], parser: ResultParser, *, project: s
     Args:
         results: Discovered dirs.
         parser: The project's parser (used in this process).
-        project: Project name, so worker processes can load the same parser; without it
-            everything is parsed in this process.
+        project: Project name: given, cold dirs may be parsed in worker processes (the
+            parser is sent to them pickled); without it everything is parsed in this
+            process.
         force: Ignore caches.
         use_cache: Read and write caches.
         workers: Worker processes (default: CPU count).
@@ -759,7 +760,7 @@ def parse_dirs(results: Sequence[ResultDir], parser: ResultParser, *, project: s
 
         context = multiprocessing.get_context("fork" if os.name == "posix" else "spawn")
         with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-            futures = [pool.submit(_parse_chunk, project, [results[i] for i in chunk],
+            futures = [pool.submit(_parse_chunk, parser, [results[i] for i in chunk],
                                    use_cache, tuple(apart), [i < skip_before for i in chunk])
                        for chunk in chunks]
             for chunk, future in zip(chunks, futures, strict=True):

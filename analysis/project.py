@@ -17,13 +17,12 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+from analysis.discovery import ENTRY_POINT_GROUP, available_projects
 from analysis.errors import ResultsError, did_you_mean
 from analysis.kpi import KpiDefinition
 from analysis.parsing import ParsedResult, ResultParser
 
 __all__ = ["ENTRY_POINT_GROUP", "AnalysisProject", "available_projects", "load_project"]
-
-ENTRY_POINT_GROUP = "telltale.projects"
 
 
 @dataclass(frozen=True)
@@ -87,11 +86,6 @@ class AnalysisProject:
         reads it from the project's config file.
         """
         return {}
-
-
-def available_projects() -> list[str]:
-    """Names of the registered projects."""
-    return sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
 
 
 FOLDER_MODULE = "projects.{name}.project"

@@ -17,8 +17,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from flows.outcome import RunOutcome
+
 if TYPE_CHECKING:
-    from flows.orchestration import RunOutcome
     from projects.library.notify import NotifyBlock
 
 __all__ = ["FINISHED", "REGRESSION", "emit_run_events"]

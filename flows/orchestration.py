@@ -35,9 +35,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import BaseModel, Field
+from typing import Any
 
 from analysis.environment import env_settings
 from analysis.errors import ConfigError, TelltaleError
@@ -59,6 +57,7 @@ from flows.cli import (
     say,
 )
 from flows.events import emit_run_events
+from flows.outcome import CellOutcome, RunOutcome
 from projects import registry
 from projects.config import resolve, use_config
 from projects.library import ClustersBlock, SecretsBlock
@@ -94,47 +93,6 @@ CELL_FILE = "cell.json"
 PlatformFactory = Callable[[str], Platform]
 
 logger = logging.getLogger("telltale.flows")
-
-
-class CellOutcome(BaseModel):
-    """What happened to one matrix cell."""
-
-    name: str
-    status: Literal["passed", "failed", "skipped", "resumed", "not_run", "interrupted"]
-    exit_code: int | None = None
-    dir: str | None = None
-    reason: str | None = None
-    log_tail: str | None = Field(default=None, description="Last lines of a failed workload.")
-    validity: Literal["valid", "invalid", "failed"] | None = Field(
-        default=None, description="Whether the cell's result is a valid measurement (None: "
-        "not checked: skipped, not run, or validity off).")
-    validity_reasons: list[str] = Field(default_factory=list)
-
-
-class RunOutcome(BaseModel):
-    """The result of one run of any project."""
-
-    artifact_dir: str = Field(description="Where everything was written.")
-    exit_code: int = Field(description="0 success, 1 failed cell, gate or unstored KPIs.")
-    platform: str
-    cells: list[CellOutcome] = Field(default_factory=list)
-    report: str | None = Field(default=None, description="HTML report index.")
-    verdict_counts: dict[str, int] = Field(default_factory=dict)
-    history_note: str | None = Field(default=None, description="When verdicts start, while "
-                                     "the history is too short to judge.")
-    export_url: str | None = Field(default=None, description="Where the run was exported.")
-    failures: list[str] = Field(default_factory=list, description="Why the run failed.")
-    inconclusive: list[str] = Field(default_factory=list, description="Cells whose "
-                                    "measurement stayed invalid, with the reasons.")
-    regressions: list[str] = Field(default_factory=list, description="One line per KPI "
-                                   "judged a regression: KPI, change, explanation.")
-    code_dir: str | None = Field(default=None, description="The Telltale checkout that ran "
-                                 "(a deployment's run: its pull step's clone).")
-    code_commit: str | None = Field(default=None, description="Its git commit, when a git "
-                                    "checkout.")
-    leftovers: list[str] = Field(default_factory=list, description="What the cleanup could "
-                                 "not remove and may still be active (a QUADS lease, a "
-                                 "cluster), each with the command that removes it.")
 
 
 def code_version() -> tuple[str, str | None]:

@@ -32,6 +32,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from analysis.project import AnalysisProject
+from analysis.yamlio import load_yaml
 from projects.library.kinds import Kind
 from projects.library.resources import resource_kpis, timeline_rows
 from projects.library.tests import EngineConfig, TestBlock
@@ -323,10 +324,13 @@ class Project(AnalysisProject):
         return f"tests.{self.name}"
 
     def analysis_defaults(self) -> dict[str, Any]:
-        """The ``analysis`` block of the project's config file with no preset applied."""
-        from projects.config import resolve  # the resolver imports this module
+        """The ``analysis`` block of the project's config file with no preset applied.
 
-        block = resolve(self.name, presets=[], overrides={}).get("analysis")
+        Read from the file itself (the safe loader): the contract stays below the config
+        resolver, which reads contracts.
+        """
+        data, _ = load_yaml(self.folder / "config.yaml")
+        block = data.get("analysis") if isinstance(data, Mapping) else None
         return dict(block) if isinstance(block, Mapping) else {}
 
     def test_block(self, config: EngineConfig) -> TestBlock:

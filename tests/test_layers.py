@@ -57,6 +57,59 @@ def test_declared_means_used() -> None:
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
 
 
+def _folder_cycles() -> list[list[str]]:
+    """Import cycles among the modules of one folder (deferred and TYPE_CHECKING imports
+    count: a cycle hidden in a function is still a cycle)."""
+    import grimp
+
+    graph = grimp.build_graph("analysis", "projects", "tasks", "flows", "blocks",
+                              "deployments")
+    modules = graph.modules
+
+    def folder(module: str) -> str:
+        return module.rsplit(".", 1)[0]
+
+    edges = {m: {i for i in graph.find_modules_directly_imported_by(m)
+                 if i in modules and folder(i) == folder(m)} for m in modules}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for module in sorted(modules):
+        if module not in index:
+            visit(module)
+    return cycles
+
+
+def test_no_import_cycle_inside_a_folder() -> None:
+    """projects.config → registry → contract → config, analysis.parsing ↔ project and
+    flows.events ↔ orchestration were such cycles; none may come back."""
+    assert _folder_cycles() == []
+
+
 def _project_folders() -> set[str]:
     return {p.parent.name for p in (REPO / "projects").glob("*/config.yaml")}
 
