@@ -224,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                      description="Post-process a results tree: KPIs, LTS payloads, "
                                  "history, regression verdicts and an HTML report.")
     parser.add_argument("results_dir", metavar="RESULTS_DIR")
-    parser.add_argument("--project", required=True, help="registered project (fine_tuning)")
+    parser.add_argument("--project", required=True, help="a registered project's name")
     parser.add_argument("--out", required=True, help="output dir")
     parser.add_argument("--history", metavar="URI",
                         help="Parquet history: local dir or s3://bucket/prefix")

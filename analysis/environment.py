@@ -6,7 +6,8 @@ not settings: they address any key of a project's config, validated by that proj
 `projects.config` reads them (a settings model has no fixed fields for them); with this
 model's ``TELLTALE_`` prefix they never collide (no field starts with an underscore).
 
-Nested groups use ``__`` (pydantic-settings' nested delimiter): ``TELLTALE_SERVING__VENV``.
+Nested groups use ``__`` (pydantic-settings' nested delimiter). A project's own machine
+settings are the project's (llm_serving's serving venv: `projects.llm_serving.settings`).
 Settings are read when asked for, not at import, so a test or a CLI that sets a variable
 before the call is seen.
 """
@@ -17,19 +18,12 @@ import functools
 import os
 from pathlib import Path
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from analysis.errors import ConfigError
 
-__all__ = ["ServingEnv", "TelltaleEnv", "env_settings"]
-
-
-class ServingEnv(BaseModel):
-    """The llm_serving project's machine-level settings."""
-
-    venv: Path | None = Field(default=None, description="The serving venv (vLLM + GuideLLM); "
-                              "default .venvs/llm-serving in the repo.")
+__all__ = ["TelltaleEnv", "env_settings"]
 
 
 class TelltaleEnv(BaseSettings):
@@ -52,9 +46,6 @@ class TelltaleEnv(BaseSettings):
                               "(set by the Containerfile); recorded as a label.")
     ci_engine: str = Field(default="prefect", description="Recorded in each cell's "
                            "settings.yaml.")
-    serving: ServingEnv = Field(default_factory=ServingEnv)
-    # The old flat name of the serving venv, kept because install docs and CI used it.
-    serving_venv: Path | None = Field(default=None, description="Same as SERVING__VENV.")
 
 
 def env_settings() -> TelltaleEnv:

@@ -1,8 +1,11 @@
 """Leak janitor: remove what crashed runs left on a cluster, and their QUADS leases.
 
     python -m flows.cleanup --older-than 6h [--dry-run] [--kubeconfig PATH]
-    python -m flows.cleanup --quads [--older-than 6h] [--artifacts runs] [--dry-run]
-    python -m flows.cleanup --quads --artifact-dir RUN_DIR
+    python -m flows.cleanup --quads --project NAME [--older-than 6h] [--artifacts runs] [--dry-run]
+    python -m flows.cleanup --quads [--project NAME] --artifact-dir RUN_DIR
+
+``--project`` names whose secrets block holds the QUADS credentials; a run dir whose cells
+ran says it itself. The engine assumes no project.
 
 Finds objects labelled ``app.kubernetes.io/managed-by=telltale`` with a
 ``telltale.io/run-id`` older than the given age, skipping anything labelled
@@ -28,6 +31,7 @@ from pydantic import BaseModel
 from analysis.errors import ConfigError
 from flows.cli import EXIT_OK, main_guard, make_parser, prefect_defaults
 from projects.config import resolve
+from projects.registry import available, project_of_run
 from tasks.kube.api import Kube, api_client
 from tasks.kube.workload import find_leaks
 from tasks.lab.lease import find_orphans, release_from_file, release_orphan
@@ -87,8 +91,8 @@ def janitor(older_than: str = "6h", dry_run: bool = True,
 
 
 @flow(name="cleanup-quads", log_prints=True)
-def quads_janitor(older_than: str = "6h", dry_run: bool = True, artifacts: str = "runs",
-                  project: str = "fine_tuning", presets: list[str] | None = None,
+def quads_janitor(project: str, older_than: str = "6h", dry_run: bool = True,
+                  artifacts: str = "runs", presets: list[str] | None = None,
                   artifact_dir: str | None = None) -> JanitorOutcome:
     """Release the QUADS assignments of dead runs (``--dry-run`` only lists them).
 
@@ -134,17 +138,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--artifacts", default="runs",
                         help="(--quads) where the runs' artifact dirs are")
     parser.add_argument("--artifact-dir", help="(--quads) release this run's lease only")
-    parser.add_argument("--project", default="fine_tuning",
-                        help="(--quads) project whose secrets name the QUADS credentials")
+    parser.add_argument("--project",
+                        help="(--quads) project whose secrets block names the QUADS "
+                             "credentials (default: the one --artifact-dir's run says)")
     parser.add_argument("--preset", action="append", default=[], help="(--quads) preset")
     args = parser.parse_args(argv)
     if args.older_than is None and not args.quads:
         parser.error("--older-than is required (or --quads)")
+    project = args.project or (project_of_run(args.artifact_dir) if args.artifact_dir else None)
+    if args.quads and not project:
+        parser.error("--quads needs --project (whose secrets block names the QUADS "
+                     f"credentials; a run's --artifact-dir says it itself): "
+                     f"{', '.join(available())}")
     parse_age(args.older_than or "6h")  # a bad age is a usage error before Prefect starts
     prefect_defaults()
     if args.quads:
         outcome = quads_janitor(older_than=args.older_than or "6h", dry_run=args.dry_run,
-                                artifacts=args.artifacts, project=args.project,
+                                artifacts=args.artifacts, project=str(project),
                                 presets=args.preset, artifact_dir=args.artifact_dir)
         verb = "would release" if outcome.dry_run else "released"
         print(f"{len(outcome.leaks)} QUADS lease(s) of dead runs; {verb} "

@@ -114,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = make_parser("python -m flows.new_project", "Scaffold a new orchestration.")
     parser.add_argument("name", help="project name (a lowercase identifier)")
     parser.add_argument("--from", dest="template", default="minimal", metavar="TEMPLATE",
-                        help="minimal (default) or an existing project to copy (fine_tuning)")
+                        help="minimal (default) or the name of an existing project to copy")
     parser.add_argument("--repo", type=Path, default=REPO,
                         help="repository root to write into (default: this checkout)")
     args = parser.parse_args(argv)

@@ -643,7 +643,7 @@ def orchestrate(project_name: str, presets: Sequence[str], overrides: dict[str, 
                     teardown_error = run_and_catch(None, provision.teardown, str(root),
                                                    clusters.keep, model.secrets, kubeconfig)
                     if teardown_error is not None:  # a lease or a cluster may be left
-                        outcome.leftovers.append(_leftover(teardown_error, root))
+                        outcome.leftovers.append(_leftover(teardown_error, root, project.name))
                     error = error or teardown_error
                 if error is not None and not sys.exc_info()[0]:
                     raise error
@@ -683,13 +683,13 @@ def _inside_runs_root(artifact_dir: str, root: Path) -> None:
                           f"dir inside {base} (TELLTALE_RUNS_DIR)", key="artifact_dir")
 
 
-def _leftover(error: BaseException, root: Path) -> str:
+def _leftover(error: BaseException, root: Path, project: str) -> str:
     """One line: what may still be active after a failed teardown, and how to remove it."""
     text = str(error)
-    if "python -m flows.cleanup" in text:
-        return text
-    return (f"{text}; it may still be active: remove it with "
-            f"`python -m flows.cleanup --quads --artifact-dir {root}`")
+    command = f"python -m flows.cleanup --quads --project {project}"
+    if "python -m flows.cleanup --quads" in text:
+        return text.replace("python -m flows.cleanup --quads", command, 1)
+    return f"{text}; it may still be active: remove it with `{command} --artifact-dir {root}`"
 
 
 def _write_outcome(root: Path, outcome: RunOutcome) -> None:

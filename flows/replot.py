@@ -1,7 +1,7 @@
 """Re-run post-processing of a stored run and write the result next to it.
 
     python -m flows.replot --from s3://bucket/prefix/flow/<run-id> | LOCAL_DIR
-        [--download cache|important|all] [--project fine_tuning] [--history URI]
+        [--download cache|important|all] [--project NAME] [--history URI]
         [--preset NAME]... [--var KEY=VALUE]...
 
 - ``s3://`` sources are fetched into ``runs/replot-<run-id>/`` (every key is checked first: one
@@ -24,6 +24,7 @@ from typing import Any, Literal
 from prefect import flow
 from pydantic import BaseModel
 
+from analysis.errors import ConfigError
 from analysis.pipeline import postprocess
 from analysis.settings import AnalysisSettings
 from blocks.s3 import S3Target
@@ -39,6 +40,7 @@ from flows.cli import (
 )
 from projects.config import resolve
 from projects.library import ExportBlock, SecretsBlock
+from projects.registry import available, project_of_flow, project_of_run
 from tasks.artifacts import artifact_dir, step, use_artifact_dir
 from tasks.publish.export import s3_target
 from tasks.publish.s3 import DOWNLOAD_MODES, download_run, upload_tree
@@ -93,11 +95,28 @@ def upload_plot(plot_dir: str, url: str, target: S3Target) -> str:
     return upload_tree(plot_dir, target, url.rstrip("/") + "/plot").url
 
 
+def source_project(source: str) -> str:
+    """The project of a stored run: its flow's name in an S3 key, its cells' records locally.
+
+    Raises:
+        ConfigError: Neither says a registered project (pass ``--project``).
+    """
+    if source.startswith("s3://"):
+        parts = source.rstrip("/").split("/")
+        found = project_of_flow(parts[-2]) if len(parts) >= 5 else None
+    else:
+        found = project_of_run(source)
+    if found is None:
+        raise ConfigError(f"cannot tell which project {source} belongs to: pass --project "
+                          f"({', '.join(available())})", key="--project")
+    return found
+
+
 @flow(name="replot", log_prints=True)
 def replot(
     source: str,
     download: Literal["cache", "important", "all"] = "important",
-    project: str = "fine_tuning",
+    project: str | None = None,
     history_uri: str | None = None,
     presets: list[str] | None = None,
     overrides: dict[str, Any] | None = None,
@@ -107,11 +126,13 @@ def replot(
     Args:
         source: ``s3://bucket/prefix/flow/RUN_ID`` or a local artifact dir.
         download: What to fetch from S3: cache, important or all.
-        project: The project whose parser and KPIs apply.
+        project: The project whose parser and KPIs apply (default: the one the run says:
+            its cells' records locally, its flow's name in an S3 key).
         history_uri: History to judge against (default: the config's, if any).
         presets: Presets for the S3 connection settings and analysis block.
         overrides: Config overrides (dotted key → value).
     """
+    project = project or source_project(source)
     config = resolve(project, presets=presets or [], overrides=overrides or {})
     settings = config.get("analysis")
     history = history_uri or settings.get("history_uri")
@@ -144,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--from", dest="source", required=True,
                         help="s3://bucket/prefix/flow/<run-id> or a local artifact dir")
     parser.add_argument("--download", choices=DOWNLOAD_MODES, default="important")
-    parser.add_argument("--project", default="fine_tuning")
+    parser.add_argument("--project", help="the run's project (default: the one the run says)")
     parser.add_argument("--history", metavar="URI", help="history to judge against")
     add_config_arguments(parser)
     args = parser.parse_args(argv)
@@ -153,7 +174,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     prefect_defaults()
     outcome = replot(source=args.source, download=args.download, project=args.project,
                      history_uri=args.history, presets=args.preset,
-                     overrides=overrides_from_args(args, policy_for(args.project)))
+                     overrides=overrides_from_args(args, policy_for(
+                         args.project or source_project(args.source))))
     print(f"outputs : {outcome.out_dir}")
     if outcome.report:
         print(f"report  : {outcome.report}")

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from pydantic import BaseModel
 
 from analysis.errors import ConfigError, ResultsError, did_you_mean
 from analysis.project import load_project
+from analysis.safeio import UnreadableInputError, read_text_bounded
 from projects.contract import Project
 
-__all__ = ["PROJECTS_DIR", "available", "config_model", "load", "locate", "project_dir"]
+__all__ = ["PROJECTS_DIR", "available", "config_model", "load", "locate", "project_dir",
+           "project_of_flow", "project_of_run"]
 
 PROJECTS_DIR = Path(__file__).resolve().parent
 
@@ -66,3 +69,28 @@ def load(name: str) -> Project:
 def config_model(project: str) -> type[BaseModel] | None:
     """Return the pydantic model validating a project's config (its contract's)."""
     return load(project).config_model
+
+
+def project_of_run(run_dir: str | Path) -> str | None:
+    """The project a run's artifact dir belongs to: its cells' ``cell.json`` say so.
+
+    None when no cell names a registered project (then the caller asks for ``--project``).
+    """
+    known = set(available())
+    for cell in sorted(Path(run_dir).glob("*__cell*/cell.json"))[:16]:
+        try:
+            data = json.loads(read_text_bounded(cell, 64 * 1024, what="cell record"))
+        except (UnreadableInputError, ValueError):
+            continue
+        name = data.get("project") if isinstance(data, dict) else None
+        if name in known:
+            return str(name)
+    return None
+
+
+def project_of_flow(flow_name: str) -> str | None:
+    """The registered project whose Prefect flow is ``flow_name`` (``fine-tuning``), if any.
+
+    An export's S3 keys are ``<prefix>/<flow name>/<run id>``.
+    """
+    return next((name for name in available() if load(name).flow_name == flow_name), None)

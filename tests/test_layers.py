@@ -110,6 +110,38 @@ def test_no_import_cycle_inside_a_folder() -> None:
     assert _folder_cycles() == []
 
 
+def _engine_files() -> list[Path]:
+    """The engine: tasks/, analysis/, blocks/, the generic flows, deployments' Python."""
+    return sorted([*REPO.glob("tasks/**/*.py"), *REPO.glob("analysis/**/*.py"),
+                   *REPO.glob("blocks/**/*.py"), *REPO.glob("flows/*.py"),
+                   *REPO.glob("deployments/*.py")])
+
+
+def test_no_project_name_in_the_engines_code() -> None:
+    """A project declares itself; the engine names none: no project's name (or flow name)
+    in a string or an identifier of the engine's code. Documentation (docstrings and other
+    bare string statements) may use one as an example."""
+    import ast
+
+    from projects import registry
+
+    names = set()
+    for name in registry.available():
+        names |= {name, registry.load(name).flow_name}
+    found = []
+    for path in _engine_files():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        documentation = {id(node.value) for node in ast.walk(tree)
+                         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)}
+        for node in ast.walk(tree):
+            text = node.value if isinstance(node, ast.Constant) and isinstance(
+                node.value, str) and id(node) not in documentation else \
+                node.id if isinstance(node, ast.Name) else None
+            if text and any(name in text for name in names):
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}: {text[:60]!r}")
+    assert found == []
+
+
 def _project_folders() -> set[str]:
     return {p.parent.name for p in (REPO / "projects").glob("*/config.yaml")}
 

@@ -25,8 +25,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from analysis.environment import env_settings
 from analysis.safeio import write_text
+from projects.llm_serving.settings import serving_environment
 
 __all__ = ["MARKER", "default_venv", "install", "installed", "venv_python"]
 
@@ -46,8 +46,7 @@ def default_venv() -> Path:
 
     So does ``TELLTALE_SERVING_VENV``, the older flat name.
     """
-    settings = env_settings()
-    return Path(settings.serving.venv or settings.serving_venv or REPO / ".venvs" / "llm-serving")
+    return Path(serving_environment().venv or REPO / ".venvs" / "llm-serving")
 
 
 def venv_python(venv: Path) -> Path:

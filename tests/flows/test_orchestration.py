@@ -296,7 +296,8 @@ def test_a_lease_left_by_an_interrupted_run_is_named_with_its_command(
     outcome = json.loads((tmp_path / "run" / "outcome.json").read_text())
     assert outcome["exit_code"] == 143
     assert [c["status"] for c in outcome["cells"]] == ["interrupted"]
-    assert outcome["leftovers"] and "python -m flows.cleanup --quads" in outcome["leftovers"][0]
+    assert outcome["leftovers"] and "python -m flows.cleanup --quads --project fine_tuning" \
+        in outcome["leftovers"][0]  # the command as it must be typed, project included
     assert "left something active" in outcome["failures"][-1]
     assert info.value.telltale_outcome.leftovers == outcome["leftovers"]
     assert any(a["active"] for a in quads.assignments.values())  # really left: said so

@@ -191,8 +191,14 @@ def test_the_janitor_cli_releases_one_runs_lease(lab, tmp_path: Path) -> None:
     (secrets / "quads.yaml").write_text(f"url: {client.base_url}\nemail: perf@example.com\n"
                                         "password: pw\n")
     env = {**os.environ, "TELLTALE_SECRET_DIR": str(secrets)}
-    proc = subprocess.run([sys.executable, "-m", "flows.cleanup", "--quads", "--artifact-dir",
-                           str(root)], capture_output=True, text=True, env=env, timeout=1200)
+    # a run that leased hosts and stopped before any cell: it does not say its project
+    no_project = subprocess.run([sys.executable, "-m", "flows.cleanup", "--quads",
+                                 "--artifact-dir", str(root)], capture_output=True, text=True,
+                                env=env, timeout=1200)
+    assert no_project.returncode == 2 and "--quads needs --project" in no_project.stderr
+    proc = subprocess.run([sys.executable, "-m", "flows.cleanup", "--quads", "--project",
+                           "fine_tuning", "--artifact-dir", str(root)],
+                          capture_output=True, text=True, env=env, timeout=1200)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "released 1" in proc.stdout
     assert not _active(state)
