@@ -21,7 +21,7 @@ Reads of files that come from outside (command-line files, result trees, history
 through `read_bounded`: regular files only (a FIFO or a device is refused, never opened for a
 blocking read), no link followed, and a size cap checked before and while reading.
 
-``tests/test_safeio.py`` fails when code under the packages writes a file any other way.
+``tests/analysis/test_safeio.py`` fails when code under the packages writes a file any other way.
 """
 
 from __future__ import annotations

@@ -142,6 +142,19 @@ def test_no_project_name_in_the_engines_code() -> None:
     assert found == []
 
 
+def test_the_tests_mirror_the_packages() -> None:
+    """A test of tasks/kube/ lives in tests/tasks/kube/, and so on: every test folder under
+    tests/<package>/ is a folder of that package (servers, data and bin are the suite's)."""
+    own = {"servers", "data", "bin", "e2e", "__pycache__"}
+    for folder in sorted(p for p in (REPO / "tests").rglob("*") if p.is_dir()):
+        parts = folder.relative_to(REPO / "tests").parts
+        if parts[0] in own or "__pycache__" in parts or parts[0] == "projects":
+            continue
+        assert (REPO.joinpath(*parts)).is_dir(), f"tests/{'/'.join(parts)} mirrors no package"
+    for module in ("kube", "platforms", "lab", "publish", "observe"):
+        assert list((REPO / "tests" / "tasks" / module).glob("test_*.py")), module
+
+
 def _project_folders() -> set[str]:
     return {p.parent.name for p in (REPO / "projects").glob("*/config.yaml")}
 

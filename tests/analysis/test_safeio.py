@@ -24,7 +24,7 @@ from analysis.safeio import (
     write_text,
 )
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("analysis", "projects", "tasks", "flows", "blocks", "deployments")
 
 # Writes that may not go through analysis.safeio, each with its reason. Keep this short.

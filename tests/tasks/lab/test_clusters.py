@@ -24,7 +24,7 @@ from tasks.publish.s3 import iter_files
 from tasks.runner import CommandError
 from tests.servers.kubernetes import kube_server, write_kubeconfig
 
-BIN = Path(__file__).resolve().parent.parent / "bin"
+BIN = Path(__file__).resolve().parents[2] / "bin"
 CREATE = {"type": "ocp", "base_domain": "perf.example.com", "region": "us-west-2",
           "worker_count": 2, "worker_instance_type": "p4d.24xlarge"}
 
