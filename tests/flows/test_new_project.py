@@ -16,8 +16,10 @@ from flows.new_project import scaffold
 from tests.factories import prometheus_required
 
 REPO = Path(__file__).resolve().parents[2]
-_IGNORE = shutil.ignore_patterns(".venv", ".git", "runs", "__pycache__", ".pytest_cache",
-                                 ".ruff_cache", "*.egg-info", "benchmarks")
+# the copy holds the code, not the venvs (the serving venv alone is 3.7 GB) or caches
+_IGNORE = shutil.ignore_patterns(".venv", ".venvs", ".git", "runs", "site", "__pycache__",
+                                 ".pytest_cache", ".ruff_cache", ".hypothesis", ".grimp_cache",
+                                 ".import_linter_cache", "*.egg-info", "benchmarks")
 
 
 def _skeleton(root: Path) -> Path:
@@ -82,3 +84,80 @@ def test_scaffolded_project_runs_green_end_to_end(tmp_path: Path) -> None:
                str(tmp_path / "plan"))
     assert plan.returncode == 0 and "cells     4 (3 to run, 1 skipped)" in plan.stdout, \
         plan.stderr
+
+
+_RAYJOB_KIND = '''
+
+# A kind the engine has never heard of: declared here, and only here.
+from projects.library.kinds import MANAGE, Kind  # noqa: E402
+
+_plain_kubernetes = kubernetes
+
+
+def kubernetes(ctx: CellContext) -> KubeWorkload:  # noqa: F811
+    """The workload, and a RayJob beside it (a kind this project brings)."""
+    plain = _plain_kubernetes(ctx)
+    rayjob = {"apiVersion": "ray.io/v1", "kind": "RayJob",
+              "metadata": {"name": f"{plain.pod}-ray", "namespace": ctx.test.namespace},
+              "spec": {"entrypoint": "python -c 'print(1)'"}}
+    return dataclasses.replace(plain, manifests=[*plain.manifests, rayjob])
+
+
+PROJECT = dataclasses.replace(  # noqa: F811
+    PROJECT, kubernetes=kubernetes,
+    kube_kinds=(Kind("ray.io/v1", "RayJob", "rayjobs", True, MANAGE, cleanup=15),))
+'''
+
+
+def test_a_third_project_brings_a_new_kind_touching_only_its_own_folder(
+        tmp_path: Path) -> None:
+    """A scaffolded project declares a kind the engine does not know (RayJob): its plan
+    writes it, the generated RBAC grants it, the cleanup order holds it (after the
+    PyTorchJob, before the Jobs), it still runs green locally — and nothing outside its own
+    folder, its flow and its test changed."""
+    import filecmp
+    import json
+
+    repo = tmp_path / "repo"
+    shutil.copytree(REPO, repo, ignore=_IGNORE)
+    env = {**os.environ, "TELLTALE_DATA_DIR": str(tmp_path / "data"),
+           "PREFECT_HOME": str(tmp_path / "prefect-home")}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, *args], cwd=repo, env=env, capture_output=True,
+                              text=True, timeout=1200)
+
+    assert run("-m", "flows.new_project", "raydemo").returncode == 0
+    project_file = repo / "projects" / "raydemo" / "project.py"
+    text = project_file.read_text()
+    project_file.write_text("import dataclasses\n" + text.replace(
+        "from __future__ import annotations\n", "") + _RAYJOB_KIND
+        if "from __future__" not in text else text.replace(
+            "from __future__ import annotations\n",
+            "from __future__ import annotations\n\nimport dataclasses\n", 1) + _RAYJOB_KIND)
+    plan = run("-m", "flows.raydemo", "--preset", "light", "--platform", "kubernetes",
+               "--plan", "--artifact-dir", str(tmp_path / "plan"))
+    assert plan.returncode == 0, plan.stdout[-2000:] + plan.stderr[-2000:]
+    planned = sorted(p.name for p in (tmp_path / "plan" / "manifests").rglob("*.yaml"))
+    assert any("rayjob" in name for name in planned), planned
+    rbac = run("-m", "deployments.rbac")
+    assert "rayjobs" in rbac.stdout and rbac.returncode == 0
+    order = run("-c", "import json; from tasks.kube.kinds import cleanup_kinds; "
+                "print(json.dumps([k.kind for k in cleanup_kinds()]))")
+    kinds = json.loads(order.stdout)
+    assert kinds.index("PyTorchJob") < kinds.index("RayJob") < kinds.index("Job"), kinds
+    flow = run("-m", "flows.raydemo", "--preset", "light", "--artifact-dir",
+               str(tmp_path / "run"))
+    assert flow.returncode == 0, flow.stdout[-2000:] + flow.stderr[-2000:]
+    # only its own files: every file of the original tree is unchanged in the copy
+    own = ("projects/raydemo/", "flows/raydemo/", "tests/projects/test_raydemo.py")
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+                            cwd=REPO, capture_output=True, text=True, timeout=120, check=True)
+    changed = []
+    for relative in listed.stdout.splitlines():
+        if relative.startswith(("benchmarks/", *own)) or not (REPO / relative).is_file():
+            continue
+        copy = repo / relative
+        if not copy.is_file() or not filecmp.cmp(REPO / relative, copy, shallow=False):
+            changed.append(relative)
+    assert changed == []
