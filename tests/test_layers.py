@@ -57,6 +57,13 @@ def test_declared_means_used() -> None:
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
 
 
+def _in_the_tree(module: str) -> bool:
+    """A module of the code itself: pytest puts tests/ on sys.path, and grimp then counts
+    tests/analysis/test_x.py as ``analysis.test_x``."""
+    path = REPO.joinpath(*module.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
 def _folder_cycles() -> list[list[str]]:
     """Import cycles among the modules of one folder (deferred and TYPE_CHECKING imports
     count: a cycle hidden in a function is still a cycle)."""
@@ -64,7 +71,7 @@ def _folder_cycles() -> list[list[str]]:
 
     graph = grimp.build_graph("analysis", "projects", "tasks", "flows", "blocks",
                               "deployments")
-    modules = graph.modules
+    modules = {m for m in graph.modules if _in_the_tree(m)}
 
     def folder(module: str) -> str:
         return module.rsplit(".", 1)[0]
@@ -153,6 +160,47 @@ def test_the_tests_mirror_the_packages() -> None:
         assert (REPO.joinpath(*parts)).is_dir(), f"tests/{'/'.join(parts)} mirrors no package"
     for module in ("kube", "platforms", "lab", "publish", "observe"):
         assert list((REPO / "tests" / "tasks" / module).glob("test_*.py")), module
+
+
+def _project_boundaries() -> list[str]:
+    """What crosses a project folder's border: the two rules a project and the engine keep,
+    for every registered project (no project named in a contract)."""
+    import grimp
+
+    from projects import registry
+
+    graph = grimp.build_graph("analysis", "projects", "tasks", "flows", "blocks",
+                              "deployments", include_external_packages=True)
+    folders = {f"projects.{name}" for name in registry.available()}
+    sdk = ("projects.contract", "projects.library")
+
+    def inside(module: str, package: str) -> bool:
+        return module == package or module.startswith(package + ".")
+
+    found = []
+    for module in sorted(m for m in graph.modules if _in_the_tree(m)):
+        mine = next((f for f in folders if inside(module, f)), None)
+        for imported in graph.find_modules_directly_imported_by(module):
+            theirs = next((f for f in folders if inside(imported, f)), None)
+            entry = f"flows.{(theirs or '').split('.')[-1]}"
+            if theirs and theirs != mine and not inside(module, entry):
+                found.append(f"engine {module} imports the project {imported}")
+            if mine is None or inside(imported, mine):
+                continue
+            top = imported.split(".")[0]
+            if top in ("tasks", "flows", "blocks", "deployments", "prefect") or (
+                    top == "projects" and imported != "projects"
+                    and not any(inside(imported, s) for s in sdk)):
+                found.append(f"project {module} imports {imported}")
+    return found
+
+
+def test_projects_and_the_engine_keep_to_their_sides() -> None:
+    """The engine (tasks, flows but a project's own entry point, blocks, deployments,
+    analysis, the projects package's engine modules) imports no project folder; a project
+    folder imports only its own modules, the project SDK (projects.contract,
+    projects.library), analysis and third-party packages other than Prefect."""
+    assert _project_boundaries() == []
 
 
 def _project_folders() -> set[str]:
