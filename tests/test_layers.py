@@ -69,8 +69,9 @@ def _folder_cycles() -> list[list[str]]:
     count: a cycle hidden in a function is still a cycle)."""
     import grimp
 
+    # no cache: grimp's keys on file times a quick edit-and-revert can leave unchanged
     graph = grimp.build_graph("analysis", "projects", "tasks", "flows", "blocks",
-                              "deployments")
+                              "deployments", cache_dir=None)
     modules = {m for m in graph.modules if _in_the_tree(m)}
 
     def folder(module: str) -> str:
@@ -170,7 +171,7 @@ def _project_boundaries() -> list[str]:
     from projects import registry
 
     graph = grimp.build_graph("analysis", "projects", "tasks", "flows", "blocks",
-                              "deployments", include_external_packages=True)
+                              "deployments", include_external_packages=True, cache_dir=None)
     folders = {f"projects.{name}" for name in registry.available()}
     sdk = ("projects.contract", "projects.library")
 
