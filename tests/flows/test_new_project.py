@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -52,8 +53,8 @@ def test_minimal_project_is_small_and_complete(tmp_path: Path) -> None:
     assert len(flow.splitlines()) <= 60 and "__NAME__" not in flow
 
 
-@pytest.mark.slow
-def test_scaffolded_project_runs_green_end_to_end(tmp_path: Path) -> None:
+def _repo_copy(tmp_path: Path) -> tuple[Path, Callable[..., subprocess.CompletedProcess[str]]]:
+    """A copy of the code (no venvs, no caches) and a runner of Python commands inside it."""
     repo = tmp_path / "repo"
     shutil.copytree(REPO, repo, ignore=_IGNORE)
     env = {**os.environ, "TELLTALE_DATA_DIR": str(tmp_path / "data"),
@@ -62,6 +63,13 @@ def test_scaffolded_project_runs_green_end_to_end(tmp_path: Path) -> None:
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, *args], cwd=repo, env=env, capture_output=True,
                               text=True, timeout=1200)
+
+    return repo, run
+
+
+@pytest.mark.slow
+def test_scaffolded_project_runs_green_end_to_end(tmp_path: Path) -> None:
+    repo, run = _repo_copy(tmp_path)
 
     made = run("-m", "flows.new_project", "demo")
     assert made.returncode == 0, made.stderr
@@ -109,6 +117,7 @@ PROJECT = dataclasses.replace(  # noqa: F811
 '''
 
 
+@pytest.mark.slow
 def test_a_third_project_brings_a_new_kind_touching_only_its_own_folder(
         tmp_path: Path) -> None:
     """A scaffolded project declares a kind the engine does not know (RayJob): its plan
@@ -118,23 +127,13 @@ def test_a_third_project_brings_a_new_kind_touching_only_its_own_folder(
     import filecmp
     import json
 
-    repo = tmp_path / "repo"
-    shutil.copytree(REPO, repo, ignore=_IGNORE)
-    env = {**os.environ, "TELLTALE_DATA_DIR": str(tmp_path / "data"),
-           "PREFECT_HOME": str(tmp_path / "prefect-home")}
-
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, *args], cwd=repo, env=env, capture_output=True,
-                              text=True, timeout=1200)
+    repo, run = _repo_copy(tmp_path)
 
     assert run("-m", "flows.new_project", "raydemo").returncode == 0
     project_file = repo / "projects" / "raydemo" / "project.py"
-    text = project_file.read_text()
-    project_file.write_text("import dataclasses\n" + text.replace(
-        "from __future__ import annotations\n", "") + _RAYJOB_KIND
-        if "from __future__" not in text else text.replace(
-            "from __future__ import annotations\n",
-            "from __future__ import annotations\n\nimport dataclasses\n", 1) + _RAYJOB_KIND)
+    project_file.write_text(project_file.read_text().replace(
+        "from __future__ import annotations\n",
+        "from __future__ import annotations\n\nimport dataclasses\n", 1) + _RAYJOB_KIND)
     plan = run("-m", "flows.raydemo", "--preset", "light", "--platform", "kubernetes",
                "--plan", "--artifact-dir", str(tmp_path / "plan"))
     assert plan.returncode == 0, plan.stdout[-2000:] + plan.stderr[-2000:]
