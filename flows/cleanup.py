@@ -10,8 +10,11 @@ ran says it itself. The engine assumes no project.
 Finds objects labelled ``app.kubernetes.io/managed-by=telltale`` with a
 ``telltale.io/run-id`` older than the given age, skipping anything labelled
 ``telltale.io/keep=true`` (runs with ``clusters.keep``), and deletes them with their
-dependents. ``--dry-run`` lists what it would delete. Shared objects (namespace, data PVC)
-carry no run id and are never touched.
+dependents (a build's ImageStreamTag with its BuildConfig, a cloned MachineSet's Machines
+and nodes with it). A MachineSet a dead run only scaled (``telltale.io/scaled-by-run``,
+scaled longer ago than the age) is scaled back to the count it had. ``--dry-run`` lists what
+it would do. Shared objects (namespace, data PVC, the image stream) carry no run id and are
+never touched.
 
 ``--quads`` releases the QUADS assignments of dead runs: the owner's active self-scheduled
 assignments whose description starts with ``telltale:`` and whose ``lease.json`` (under
@@ -33,7 +36,8 @@ from flows.cli import EXIT_OK, main_guard, make_parser, prefect_defaults
 from projects.config import resolve
 from projects.registry import available, project_of_run
 from tasks.kube.api import Kube, api_client
-from tasks.kube.workload import find_leaks
+from tasks.kube.machinesets import SCALED_BY_LABEL, find_scaled_leaks, give_back
+from tasks.kube.workload import find_leaks, remove_object
 from tasks.lab.lease import find_orphans, release_from_file, release_orphan
 from tasks.lab.provision import quads_client
 from tasks.platforms.select import find_kubeconfig
@@ -82,11 +86,21 @@ def janitor(older_than: str = "6h", dry_run: bool = True,
              for _, kind, name, ns, run in leaks]
     for line in names:
         print(("would delete " if dry_run else "deleting ") + line)
+    kube = Kube(api_client(config))
+    scaled = find_scaled_leaks(kube, seconds)
+    for machineset in scaled:
+        meta = machineset["metadata"]
+        line = (f"MachineSet/{meta.get('namespace')}/{meta['name']} (scaled by run "
+                f"{meta['labels'].get(SCALED_BY_LABEL)})")
+        names.append(line)
+        print(("would scale back " if dry_run else "scaling back ") + line)
     deleted = 0
     if not dry_run:
-        kube = Kube(api_client(config))
         for api_version, kind, name, namespace, _ in leaks:
-            deleted += kube.delete(api_version, kind, name, namespace)
+            deleted += remove_object(kube, api_version, kind, name, namespace)
+        for machineset in scaled:
+            print(give_back(kube, machineset))
+            deleted += 1
     return JanitorOutcome(leaks=names, deleted=deleted, dry_run=dry_run)
 
 

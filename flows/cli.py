@@ -83,6 +83,10 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
+PR_KEY = "clusters.image_build.pr"
+"""The config key of the PR under test (``--pr``, ``PULL_NUMBER``)."""
+
+
 def make_parser(prog: str, description: str) -> argparse.ArgumentParser:
     """Return an argument parser whose usage errors are one line with exit code 2."""
     return _Parser(prog=prog, description=description)
@@ -102,13 +106,22 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
 
 def overrides_from_args(args: argparse.Namespace,
                         pr_policy: UntrustedPolicy | None = None) -> dict[str, Any]:
-    """Collect overrides in precedence order: vars files < PR comment < ``--var``.
+    """Collect overrides in precedence order.
+
+    The CI's PR number (``PULL_NUMBER`` with ``HOMELAB_CI=true``) < vars files < PR comment
+    < ``--pr`` < ``--var``. The PR number is read only by a command that has ``--pr``.
 
     Args:
         args: The parsed command line.
         pr_policy: What a PR comment may set (`policy_for`); None: nothing.
     """
     overrides: dict[str, Any] = {}
+    if hasattr(args, "pr"):
+        from tasks.kube.images import pr_from_env
+
+        ci_pr = pr_from_env()
+        if ci_pr is not None:
+            overrides[PR_KEY] = ci_pr
     for path in args.vars_file:
         overrides.update(load_vars_file(path))
     if args.pr_args:
@@ -119,6 +132,8 @@ def overrides_from_args(args: argparse.Namespace,
             raise ConfigError(f"PR comment: {exc.reason}", file=args.pr_args) from None
         overrides.update(parse_pr_args(text, pr_policy or UntrustedPolicy(keys=()),
                                        source=args.pr_args))
+    if getattr(args, "pr", None) is not None:
+        overrides[PR_KEY] = args.pr
     for item in args.var:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():

@@ -2,7 +2,7 @@
 
 python -m flows.<project> [--preset NAME]... [--var KEY=VALUE]... [--vars-file F]
 [--pr-args F] [--artifact-dir D] [--platform auto|local|kubernetes]
-[--plan] [--list-presets] [--show-config] [--show-schema]
+[--pr N] [--rebuild-image] [--plan] [--list-presets] [--show-config] [--show-schema]
 
 Plan, listing and schema never import Prefect (they answer in well under a second); a run
 imports the project's flow module ``flows.<project>.flow``.
@@ -49,12 +49,46 @@ def _parser(project: str) -> argparse.ArgumentParser:
     parser.add_argument("--plan", action="store_true",
                         help="resolve config, expand the matrix, write config.yaml, plan.yaml "
                              "and (kubernetes) every manifest; touch nothing")
+    parser.add_argument("--pr", type=_pr_number, metavar="N",
+                        help="the PR under test: its head is built into Telltale's image in "
+                             "the cluster (default: PULL_NUMBER when HOMELAB_CI=true)")
+    parser.add_argument("--rebuild-image", action="store_true",
+                        help="build Telltale's image of the PR (--pr) in the cluster, print "
+                             "each target's digest and exit (kept until the next refresh)")
     parser.add_argument("--list-presets", action="store_true", help="list presets and exit")
     parser.add_argument("--show-config", action="store_true",
                         help="print the resolved config (secrets redacted) and exit")
     parser.add_argument("--show-schema", action="store_true",
                         help="print the config's JSON schema and exit")
     return parser
+
+
+def _pr_number(text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) <= 10_000_000:
+        raise argparse.ArgumentTypeError(f"a PR number, got {text!r}")
+    return int(text)
+
+
+def _rebuild_image(project: str, config: Any, artifact_dir: Path) -> int:
+    """``--rebuild-image``: build the PR's image targets without a run; print the digests."""
+    from analysis.errors import ConfigError
+    from tasks.kube.api import Kube, api_client
+    from tasks.kube.images import run_builds
+
+    clusters = config.model.clusters
+    if clusters.image_build.pr is None:
+        raise ConfigError("--rebuild-image needs the PR: --pr N (or PULL_NUMBER with "
+                          "HOMELAB_CI=true)", key="clusters.image_build.pr")
+    kubeconfig = select_platform("kubernetes", clusters.kubeconfig)[1]
+    namespace = registry.load(project).test_block(config.model).namespace
+    kube = Kube(api_client(kubeconfig))
+    images = run_builds(kube, kube, clusters.image_build, namespace, run_id=None,
+                        here=artifact_dir, progress=lambda target, phase: print(
+                            f"{target}: {phase}", file=sys.stderr))
+    for target, image in images.items():
+        print(f"{target}\t{image}")
+    print(f"build logs in {artifact_dir}", file=sys.stderr)
+    return EXIT_OK
 
 
 def _observe_ahead(block: Any, artifact_dir: Path | None) -> None:
@@ -123,6 +157,9 @@ def project_main(project: str, argv: Sequence[str] | None = None) -> int:
         if args.show_config:
             sys.stdout.write(config.to_yaml())
             return EXIT_OK
+        if args.rebuild_image:
+            return _rebuild_image(project, config, Path(args.artifact_dir or default_artifact_dir(
+                f"{project}-image")))
         clusters = config.model.clusters
         requested = args.platform or clusters.platform
         if args.plan:  # a plan touches no cluster: it needs no kubeconfig

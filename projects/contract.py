@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -177,7 +177,8 @@ class KubeWorkload:
         capture: ``(apiVersion, kind, name, file)`` saved under ``artifacts/`` at the end.
         gates: Objects of ``manifests`` that must be Ready (condition ``Ready``) before
             ``after`` is applied; fail-fast on a terminal condition or a failing pod.
-        after: Objects applied once the gates are Ready (the load against a server).
+        after: Objects applied once the gates are Ready (the load against a server); their
+            pods run on the driver's nodes when the driver has a MachineSet.
         pod_selector: Label selector of the workload's pod when a controller names it (a
             Job's pod: ``batch.kubernetes.io/job-name=<job>``).
     """
@@ -232,6 +233,9 @@ class KubeUsers:
         init_containers: Init containers of every user pod (fetching a tokenizer...).
         volumes: Extra pod volumes (for the init containers).
         mounts: Extra volume mounts of the user container.
+        role: Whose nodes the user pods run on when MachineSets give each role its own:
+            ``sutest`` (each user is the workload: a trainer) or ``driver`` (each user is
+            a load client of ``service``).
     """
 
     name: str
@@ -245,6 +249,7 @@ class KubeUsers:
     init_containers: Sequence[dict[str, Any]] = ()
     volumes: Sequence[dict[str, Any]] = ()
     mounts: Sequence[dict[str, Any]] = ()
+    role: Literal["sutest", "driver"] = "sutest"
 
 
 def _resource_rows(result: Any) -> list[dict[str, Any]]:

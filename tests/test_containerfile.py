@@ -67,3 +67,13 @@ def test_a_run_inside_the_image_records_it(tmp_path: Path,
     (capture / "machine.json").unlink()
     (capture / "runner.json").write_text(json.dumps({"telltale_image": None}))
     assert telltale_image(FileReader(tmp_path), capture.name) is None
+
+
+def test_the_user_pod_target_holds_the_program_where_user_pods_copy_it_from() -> None:
+    """A PR build's user pods copy the program from the ``user-pod`` image (its init
+    container runs ``cp PROGRAM_IN_IMAGE``): the Containerfile must put it there."""
+    from tasks.kube.images import CONTAINERFILE, cut_at_target
+    from tasks.kube.users import PROGRAM_IN_IMAGE
+
+    stage = cut_at_target(CONTAINERFILE.read_text(), "user-pod").split("AS user-pod", 1)[1]
+    assert f"tasks/kube/user_pod_script.py {PROGRAM_IN_IMAGE}" in stage

@@ -6,9 +6,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, StringConstraints, model_validator
 
-from analysis.strict import StrictSettings
+from analysis.strict import DnsLabel, StrictSettings
 
-__all__ = ["ClustersBlock", "CreateBlock", "QuadsLabBlock", "SutestBlock"]
+__all__ = ["ClustersBlock", "ComputeBlock", "CreateBlock", "DriverBlock", "ImageBuildBlock",
+           "MachineSetBlock", "QuadsLabBlock", "SutestBlock", "TaintBlock"]
 
 
 def _number_as_text(value: Any) -> Any:
@@ -41,11 +42,111 @@ class QuadsLabBlock(StrictSettings):
     poll_seconds: float = Field(default=60.0, gt=0, le=3600, description="QUADS polling period.")
 
 
+LabelKey = Annotated[str, StringConstraints(
+    pattern=r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}"
+            r"[A-Za-z0-9])?$")]
+LabelValue = Annotated[str, StringConstraints(
+    pattern=r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")]
+
+
+class TaintBlock(StrictSettings):
+    """A taint put on a MachineSet's nodes; the run's pods get the matching toleration."""
+
+    key: LabelKey = Field(default="telltale.io/compute", description="Taint key.")
+    value: LabelValue | None = Field(default=None, description="Taint value (default: the "
+                                     "cluster's role, sutest or driver).")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = Field(
+        default="NoSchedule", description="Taint effect.")
+
+
+class MachineSetBlock(StrictSettings):
+    """Nodes of their own for the run (OpenShift Machine API).
+
+    An existing MachineSet of that name is scaled (and scaled back at cleanup); otherwise one
+    is cloned from a worker MachineSet with the instance type (and deleted at cleanup). Its
+    nodes get the label ``telltale.io/compute=<role>`` and the taint; the run's pods of that
+    role get the node selector and the toleration.
+    """
+
+    enabled: bool = Field(default=False, description="Scale (or create) a MachineSet.")
+    name: DnsLabel | None = Field(default=None, description="The MachineSet's name (default: "
+                                  "telltale-<role>, e.g. telltale-sutest).")
+    instance_type: str | None = Field(
+        default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$",
+        description="Instance type of created machines (AWS instanceType, GCP machineType, "
+        "Azure vmSize); None: the cloned MachineSet's.")
+    replicas: int | Literal["auto"] = Field(
+        default=1, description="Nodes wanted, or auto: the run's pods of this role over what "
+        "one node of the instance type holds (its allocatable over the pods' requests).")
+    users_per_node: int | None = Field(
+        default=None, ge=1, le=10_000,
+        description="replicas auto: pods per node (default: measured from a node).")
+    max_replicas: int = Field(default=20, ge=1, le=1000,
+                              description="replicas auto never asks for more.")
+    taint: TaintBlock | None = Field(default=None, description="Taint the nodes (optional).")
+    source: DnsLabel | None = Field(
+        default=None, description="Worker MachineSet to clone (default: the first whose "
+        "machines are workers).")
+    namespace: DnsLabel = Field(default="openshift-machine-api",
+                                description="Namespace of the Machine API.")
+    ready_minutes: int = Field(default=30, ge=1, le=24 * 60,
+                               description="Deadline for the nodes to be Ready.")
+
+    @model_validator(mode="after")
+    def _replicas_in_range(self) -> MachineSetBlock:
+        if isinstance(self.replicas, int) and not 0 <= self.replicas <= 1000:
+            raise ValueError(f"replicas is {self.replicas}: a number 0..1000, or auto")
+        return self
+
+
+class ComputeBlock(StrictSettings):
+    """A cluster's compute for the run."""
+
+    machineset: MachineSetBlock = Field(default_factory=MachineSetBlock)
+
+
+class ImageBuildBlock(StrictSettings):
+    """Telltale's image built from a PR in the cluster (OpenShift BuildConfig + ImageStream).
+
+    The PR comes from ``--pr N`` or, in the field's CI, ``PULL_NUMBER`` with
+    ``HOMELAB_CI=true``. Each Containerfile target is built at the PR's head ref, and
+    manifests naming ``telltale:<target>`` run it by digest.
+    """
+
+    pr: int | None = Field(default=None, ge=1, le=10_000_000,
+                           description="PR number under test (None: no build).")
+    git_url: str | None = Field(
+        default=None, pattern=r"^https://[A-Za-z0-9.-]+(:\d+)?/[A-Za-z0-9._~/-]+$",
+        description="Repository the PR belongs to (https; default: "
+        "https://github.com/$REPO_OWNER/$REPO_NAME as the field's CI exports them).")
+    ref: str = Field(default="refs/pull/{pr}/head", pattern=r"^[A-Za-z0-9._/{}-]{1,200}$",
+                     description="Git ref built ({pr} is the PR number).")
+    targets: list[Literal["telltale", "user-pod"]] = Field(
+        default_factory=lambda: ["telltale", "user-pod"], min_length=1,
+        description="Containerfile targets to build.")
+    image_stream: DnsLabel = Field(default="telltale", description="ImageStream of the builds.")
+    deadline_minutes: int = Field(default=45, ge=1, le=24 * 60,
+                                  description="Deadline of each build.")
+
+
 class SutestBlock(StrictSettings):
     """The system-under-test cluster."""
 
     is_metal: bool = Field(default=False, description="Bare-metal cluster (lease, install).")
     lab: QuadsLabBlock = Field(default_factory=QuadsLabBlock)
+    compute: ComputeBlock = Field(default_factory=ComputeBlock)
+
+
+class DriverBlock(StrictSettings):
+    """Where load clients run: nodes of their own on the test cluster.
+
+    A separate driver cluster (``kubeconfig``) is typed but refused for now (exit 2): the
+    load clients reach the served model through its in-cluster address.
+    """
+
+    kubeconfig: str | None = Field(default=None, description="A second cluster for the load "
+                                   "clients (not supported yet: refused).")
+    compute: ComputeBlock = Field(default_factory=ComputeBlock)
 
 
 class CreateBlock(StrictSettings):
@@ -76,6 +177,8 @@ class ClustersBlock(StrictSettings):
     keep: bool = Field(default=False, description="Keep leases, clusters and objects at the end.")
     cleanup_on_exit: bool = Field(default=True, description="Run the cleanup phase.")
     sutest: SutestBlock = Field(default_factory=SutestBlock)
+    driver: DriverBlock = Field(default_factory=DriverBlock)
+    image_build: ImageBuildBlock = Field(default_factory=ImageBuildBlock)
     create: CreateBlock = Field(default_factory=CreateBlock)
 
     @model_validator(mode="after")

@@ -237,7 +237,7 @@ def kube_users(ctx: CellContext) -> KubeUsers:
                             manifests=[objects["runtime"], objects["isvc"]],
                             gates=[_model_gate(ctx, isvc)]),
         init_containers=[tokenizer["init"]], volumes=[tokenizer["volume"]],
-        mounts=[tokenizer["mount"]])
+        mounts=[tokenizer["mount"]], role="driver")
 
 
 def _user_rows(result: ParsedResult) -> list[dict[str, object]]:

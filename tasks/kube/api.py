@@ -28,6 +28,7 @@ from tasks.kube.kinds import kind_of
 from tasks.retry import RetryPolicy, call_with_retries
 
 __all__ = [
+    "KEEP_LABEL",
     "MANAGED_BY",
     "RUN_ID_LABEL",
     "Kube",
@@ -38,6 +39,8 @@ __all__ = [
 logger = logging.getLogger("telltale.k8s")
 
 RUN_ID_LABEL = "telltale.io/run-id"
+KEEP_LABEL = "telltale.io/keep"
+"""Objects of a run kept (``clusters.keep``): the leak janitor leaves them alone."""
 MANAGED_BY = ("app.kubernetes.io/managed-by", "telltale")
 
 
@@ -182,6 +185,26 @@ class Kube:
         return self._call("PATCH", info.path(namespace, meta["name"]), body=patch,
                           content_type="application/merge-patch+json", what=what)
 
+    def patch(self, api_version: str, kind: str, name: str, body: Mapping[str, Any],
+              namespace: str | None = None) -> dict[str, Any]:
+        """Merge-patch an object as it is; a ``None`` value removes the key.
+
+        No Telltale label is added: for objects the run does not own (a node, a
+        MachineSet it only scales).
+        """
+        info = _kind(api_version, kind)
+        return self._call("PATCH", info.path(namespace, name), body=dict(body),
+                          content_type="application/merge-patch+json",
+                          what=f"patch {kind} {name}")
+
+    def create_subresource(self, api_version: str, kind: str, name: str, sub: str,
+                           body: Mapping[str, Any],
+                           namespace: str | None = None) -> dict[str, Any]:
+        """POST to a subresource (a BuildConfig's ``instantiate``); returns the answer."""
+        info = _kind(api_version, kind)
+        return self._call("POST", info.path(namespace, name, sub), body=dict(body),
+                          what=f"{sub} {kind} {name}")
+
     def patch_status(self, api_version: str, kind: str, name: str, status: Mapping[str, Any],
                      namespace: str | None = None) -> dict[str, Any]:
         """Merge-patch an object's status subresource."""
@@ -207,9 +230,14 @@ class Kube:
 
     def pod_log(self, name: str, namespace: str, container: str | None = None) -> str:
         """A pod's log (text)."""
+        return self.log("v1", "Pod", name, namespace, container=container)
+
+    def log(self, api_version: str, kind: str, name: str, namespace: str | None = None, *,
+            container: str | None = None) -> str:
+        """The ``log`` subresource of an object (a pod's, a build's), as text."""
         query = [("container", container)] if container else []
-        return str(self._call("GET", _kind("v1", "Pod").path(namespace, name, "log"),
-                              query=query, what=f"log of pod {name}"))
+        return str(self._call("GET", _kind(api_version, kind).path(namespace, name, "log"),
+                              query=query, what=f"log of {kind} {name}"))
 
     def wait(self, api_version: str, kind: str, name: str, namespace: str | None = None, *,
              ready: Callable[[dict[str, Any]], bool],

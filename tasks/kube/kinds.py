@@ -17,7 +17,7 @@ __all__ = ["ENGINE_KINDS", "all_kinds", "cleanup_kinds", "kind_of"]
 
 ENGINE_KINDS: tuple[Kind, ...] = (
     Kind("v1", "Namespace", "namespaces", False, APPLY),
-    Kind("v1", "Node", "nodes", False, READ),
+    Kind("v1", "Node", "nodes", False, (*READ, "patch")),  # a MachineSet's: label, taint
     Kind("v1", "Pod", "pods", True, MANAGE, cleanup=30, subresources=(("log", ("get",)),)),
     Kind("v1", "ConfigMap", "configmaps", True, MANAGE, cleanup=40),
     Kind("v1", "Secret", "secrets", True, APPLY),  # the in-cluster S3's credentials
@@ -38,6 +38,19 @@ ENGINE_KINDS: tuple[Kind, ...] = (
     Kind("nvidia.com/v1", "ClusterPolicy", "clusterpolicies", False, APPLY),
     Kind("nfd.openshift.io/v1", "NodeFeatureDiscovery", "nodefeaturediscoveries", True, APPLY),
     Kind("config.openshift.io/v1", "ClusterVersion", "clusterversions", False, ("get",)),
+    # nodes of the run's own (clusters.<role>.compute.machineset): a clone is deleted with
+    # the run (its Machines and nodes go with it); a scaled one is scaled back
+    Kind("machine.openshift.io/v1beta1", "MachineSet", "machinesets", True, MANAGE,
+         cleanup=90),
+    Kind("machine.openshift.io/v1beta1", "Machine", "machines", True, READ),
+    # Telltale's image built from the PR under test (tasks.kube.images)
+    Kind("image.openshift.io/v1", "ImageStream", "imagestreams", True, APPLY),
+    Kind("image.openshift.io/v1", "ImageStreamTag", "imagestreamtags", True,
+         ("get", "delete")),
+    Kind("build.openshift.io/v1", "BuildConfig", "buildconfigs", True, MANAGE, cleanup=8,
+         subresources=(("instantiate", ("create",)),)),
+    Kind("build.openshift.io/v1", "Build", "builds", True, (*READ, "delete"), cleanup=7,
+         subresources=(("log", ("get",)),)),
     # on the Hive hub that creates clusters (its own kubeconfig)
     Kind("hive.openshift.io/v1", "ClusterClaim", "clusterclaims", True, MANAGE),
     Kind("hive.openshift.io/v1", "ClusterDeployment", "clusterdeployments", True, READ),

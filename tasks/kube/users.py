@@ -37,6 +37,9 @@ if TYPE_CHECKING:  # the block imports Prefect: only where a collection really r
 
 logger = logging.getLogger("telltale.users")
 SCRIPT = Path(__file__).with_name("user_pod_script.py")
+PROGRAM_IN_IMAGE = "/opt/telltale/user.py"
+"""Where the Containerfile's ``user-pod`` target puts the user program."""
+PROGRAM_DIR = "/opt/telltale-program"
 
 
 class UsersJobStatus(BaseModel):
@@ -63,12 +66,16 @@ def user_job_manifests(name: str, namespace: str, *, users: int, image: str,
                        files: Mapping[str, str] | None = None,
                        init_containers: Sequence[dict[str, Any]] = (),
                        volumes: Sequence[dict[str, Any]] = (),
-                       mounts: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
+                       mounts: Sequence[dict[str, Any]] = (),
+                       program_image: str | None = None) -> list[dict[str, Any]]:
     """The ConfigMap (user program + frozen config) and the Indexed Job of a fan-out.
 
     The config is mounted at `projects.contract.USERS_CONFIG_PATH`, ``files`` beside it;
     ``env`` adds the project's variables (e.g. where its trainer reads that config);
     ``init_containers``, ``volumes`` and ``mounts`` extend every user pod (`KubeUsers`).
+    With ``program_image`` (Telltale's ``user-pod`` image, built from the PR under test),
+    the user program comes from that image — copied by an init container into the pod —
+    instead of the ConfigMap, so the pods run exactly the PR's code, by digest.
 
     Raises:
         StepError: A project file would replace the user program or the config.
@@ -87,10 +94,21 @@ def user_job_manifests(name: str, namespace: str, *, users: int, image: str,
            "TELLTALE_S3_ENDPOINT": s3_endpoint, "TELLTALE_S3_BUCKET": bucket,
            "TELLTALE_S3_PREFIX": prefix, "TELLTALE_LAUNCHED_AT": str(time.time()),
            "TELLTALE_COMMAND": json.dumps(list(command)), **dict(env or {})}
+    program = f"{mount}/user.py"
+    own: list[dict[str, Any]] = []
+    own_volumes: list[dict[str, Any]] = []
+    own_mounts: list[dict[str, Any]] = []
+    if program_image is not None:
+        program = f"{PROGRAM_DIR}/user.py"
+        own = [{"name": "telltale-program", "image": program_image,
+                "command": ["cp", PROGRAM_IN_IMAGE, program],
+                "volumeMounts": [{"name": "telltale-program", "mountPath": PROGRAM_DIR}]}]
+        own_volumes = [{"name": "telltale-program", "emptyDir": {}}]
+        own_mounts = [{"name": "telltale-program", "mountPath": PROGRAM_DIR}]
     container: dict[str, Any] = {
-        "name": "user", "image": image, "command": ["python3", f"{mount}/user.py"],
+        "name": "user", "image": image, "command": ["python3", program],
         "env": [{"name": k, "value": v} for k, v in variables.items()],
-        "volumeMounts": [{"name": "users", "mountPath": mount}, *mounts]}
+        "volumeMounts": [{"name": "users", "mountPath": mount}, *own_mounts, *mounts]}
     if gpus:
         container["resources"] = {"limits": {"nvidia.com/gpu": gpus}}
     job = {"apiVersion": "batch/v1", "kind": "Job",
@@ -99,10 +117,10 @@ def user_job_manifests(name: str, namespace: str, *, users: int, image: str,
                     "backoffLimit": 0, "activeDeadlineSeconds": deadline_s,
                     "template": {"spec": {
                         "restartPolicy": "Never", "containers": [container],
-                        **({"initContainers": list(init_containers)} if init_containers
-                           else {}),
+                        **({"initContainers": [*own, *init_containers]}
+                           if own or init_containers else {}),
                         "volumes": [{"name": "users", "configMap": {"name": f"{name}-users"}},
-                                    *volumes]}}}}
+                                    *own_volumes, *volumes]}}}}
     return [configmap, job]
 
 

@@ -29,8 +29,10 @@ from analysis.safeio import write_json, write_text
 from analysis.yamlio import dump_yaml
 from projects.contract import KubeGate, KubeService, KubeWorkload, Staging
 from tasks.artifacts import artifact_dir, step
-from tasks.kube.api import MANAGED_BY, RUN_ID_LABEL, Kube, api_client
+from tasks.kube.api import KEEP_LABEL, MANAGED_BY, RUN_ID_LABEL, Kube, api_client
+from tasks.kube.images import BUILD_CONFIG, forget_output
 from tasks.kube.kinds import cleanup_kinds
+from tasks.kube.machinesets import give_back_run
 
 __all__ = [
     "FAIL_FAST",
@@ -41,6 +43,7 @@ __all__ = [
     "cleanup_k8s",
     "find_leaks",
     "pod_failure",
+    "remove_object",
     "run_kube_workload",
     "start_service",
 ]
@@ -49,7 +52,6 @@ logger = logging.getLogger("telltale.k8s")
 
 FAIL_FAST = {"ImagePullBackOff", "ErrImagePull", "CrashLoopBackOff", "InvalidImageName",
              "CreateContainerConfigError", "CreateContainerError"}
-KEEP_LABEL = "telltale.io/keep"
 
 
 def pod_failure(pod: dict[str, Any]) -> str | None:
@@ -303,13 +305,29 @@ def _capture(kube: Kube, here: Path, namespace: str, workload: KubeWorkload,
         logger.warning("capture of %s incomplete: %s", name or workload.pod_selector, exc)
 
 
+def remove_object(kube: Kube, api_version: str, kind: str, name: str,
+                  namespace: str | None) -> bool:
+    """Delete one run object with its dependents, and what it wrote outside them.
+
+    A BuildConfig's output ImageStreamTag is not its dependent (the registry keeps it): it
+    is deleted first. False when the object was already gone.
+    """
+    if (api_version, kind) == BUILD_CONFIG:
+        found = kube.get(api_version, kind, name, namespace)
+        if found is not None:
+            forget_output(kube, found)
+    return kube.delete(api_version, kind, name, namespace)
+
+
 def cleanup_cluster(kubeconfig: str | None, run_id: str, *, keep: bool = False,
                     dry_run: bool = False) -> list[str]:
     """Delete every object labelled with ``run_id`` (dependents too); returns what went.
 
     ``keep`` leaves everything in place and labels it ``telltale.io/keep=true`` so the leak
     janitor leaves it alone too. Shared objects (Namespace, PVC) are never labelled with a run
-    id, so they survive for the next run.
+    id, so they survive for the next run. A MachineSet the run only scaled is scaled back
+    (`tasks.kube.machinesets.give_back_run`); one it created is deleted like its other
+    objects, after them.
     """
     kube = Kube(api_client(kubeconfig))
     removed: list[str] = []
@@ -326,8 +344,10 @@ def cleanup_cluster(kubeconfig: str | None, run_id: str, *, keep: bool = False,
                 logger.info("keeping %s (clusters.keep)", label)
                 continue
             if not dry_run:
-                kube.delete(api_version, kind, meta["name"], meta.get("namespace"))
+                remove_object(kube, api_version, kind, meta["name"], meta.get("namespace"))
             removed.append(label)
+    if not dry_run:
+        removed += give_back_run(kube, run_id, keep=keep)
     return removed
 
 

@@ -53,6 +53,9 @@ class RunContext:
         fingerprint: The engine's part of every cell's environment fingerprint (Telltale's
             commit, the workload environment's packages and data hashes), written to each
             cell dir as ``fingerprint.json`` (`analysis.fingerprint`).
+        images: Telltale's images this run resolved, Containerfile target → reference
+            (by digest after a PR build in ``prepare``; a plan shows the tag): manifests
+            naming ``telltale:<target>`` run them (`tasks.kube.placement`).
     """
 
     project: Project
@@ -63,6 +66,7 @@ class RunContext:
     run_id: str
     kubeconfig: str | None = None
     fingerprint: dict[str, Any] = field(default_factory=dict)
+    images: dict[str, str] = field(default_factory=dict)
 
     def __repr__(self) -> str:  # step parameters show this: short, and no config values
         return (f"RunContext(project={self.project.name!r}, run_id={self.run_id!r}, "

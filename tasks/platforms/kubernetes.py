@@ -1,13 +1,16 @@
 """The Kubernetes/OpenShift platform, for every project.
 
-- ``prepare``: the cluster answers; the fan-out's in-cluster S3 when asked; operators
-  through OLM (`tasks.kube.prepare`), independent stacks concurrently;
+- ``prepare``: the cluster answers; the fan-out's in-cluster S3 when asked; then,
+  concurrently: operators through OLM (`tasks.kube.prepare`, independent stacks side by
+  side), Telltale's image built from the PR under test, each role's MachineSet (nodes of
+  their own, labelled and tainted; `tasks.kube.machinesets`);
 - ``capture``: nodes, versions, operator CSVs, RHOAI state (`tasks.kube.workload`);
 - ``run_cell``: the project's `KubeWorkload`, applied run-labelled and followed to its end;
 - ``run_users``: the project's `KubeUsers` as one Indexed Job (barrier and stagger inside
   the pods), followed with a progress artifact, collected from S3 by tasks mapped over
   batches (never one task per user) into the local fan-out's layout;
-- ``cleanup``: every object labelled with the run id (and RHOAI when asked);
+- ``cleanup``: every object labelled with the run id (the builds with the ImageStreamTags
+  they wrote, a cloned MachineSet), a scaled MachineSet scaled back (and RHOAI when asked);
 - ``lock``: one run per cluster (a Prefect global concurrency limit).
 """
 
@@ -29,6 +32,7 @@ from tasks.artifacts import artifact_dir, step
 from tasks.kube import prepare as kube_prepare
 from tasks.kube.api import Kube, api_client
 from tasks.kube.lock import cluster_lock
+from tasks.kube.placement import machineset_of
 from tasks.kube.users import UsersJobStatus, collect_users, follow_users
 from tasks.kube.workload import (
     capture_environment,
@@ -39,7 +43,15 @@ from tasks.kube.workload import (
 )
 from tasks.observe.capture import capture_prometheus, cluster_prometheus, cluster_queries
 from tasks.platforms.base import CellResult, RunContext, project_step, read_users, tail_lines
-from tasks.platforms.plan import users_job, users_of, users_prefix, users_s3_endpoint
+from tasks.platforms.plan import (
+    role_demand,
+    shape_service,
+    users_job,
+    users_of,
+    users_prefix,
+    users_s3_endpoint,
+    workload_of,
+)
 from tasks.progress import ProgressArtifact
 
 __all__ = ["KubernetesPlatform", "collect_batch", "follow"]
@@ -55,11 +67,8 @@ def _block(run_ctx: RunContext, name: str) -> dict[str, Any]:
 
 def run_cluster_workload(run_ctx: RunContext, cell: Cell) -> CellResult:
     """Run one cell's `KubeWorkload` (see `tasks.kube.workload.run_kube_workload`)."""
-    if run_ctx.project.kubernetes is None:
-        raise ConfigError(f"project {run_ctx.project.name!r} has no cluster workload",
-                          key="clusters.platform")
     here = artifact_dir()
-    workload = run_ctx.project.kubernetes(run_ctx.cell_context(cell, here))
+    workload = workload_of(run_ctx, run_ctx.cell_context(cell, here))
     block = _block(run_ctx, "kubernetes")
     client = api_client(run_ctx.kubeconfig)
     code, reason, duration, _ = run_kube_workload(
@@ -82,7 +91,7 @@ def launch_users(run_ctx: RunContext, cell: Cell) -> dict[str, Any]:
     write_text(here / "src" / "config_final.json", configmap["data"]["config.json"] + "\n")
     client = api_client(run_ctx.kubeconfig)
     kube = Kube(client, run_ctx.run_id)
-    service = users.service
+    service = shape_service(run_ctx, users.service) if users.service is not None else None
     write_json(here / "manifests.json", [*([*service.shared, *service.manifests]
                                           if service else []), configmap, job])
     kube.apply({"apiVersion": "v1", "kind": "Namespace",
@@ -134,17 +143,46 @@ class KubernetesPlatform:
             kube_prepare.deploy_s3(run_ctx.kubeconfig, run_ctx.test.namespace,
                                    multi_user.s3_bucket)
         prepare = run_ctx.model.prepare
-        if not prepare.enabled:
-            return
         # Independent stacks install concurrently; each is a no-op on a prepared cluster.
         futures = []
-        if prepare.rhoai.enabled:
+        build = run_ctx.model.clusters.image_build
+        images = None
+        if build.pr is not None:
+            images = kube_prepare.build_images.submit(run_ctx.kubeconfig, build,
+                                                      run_ctx.test.namespace, run_ctx.run_id)
+            futures.append(images)
+        futures += self._machinesets(run_ctx, cells)
+        if prepare.enabled and prepare.rhoai.enabled:
             futures.append(kube_prepare.deploy_rhoai.submit(run_ctx.kubeconfig, prepare.rhoai))
-        if prepare.gpu_operator.enabled:
+        if prepare.enabled and prepare.gpu_operator.enabled:
             futures.append(kube_prepare.deploy_gpu_operator.submit(
                 run_ctx.kubeconfig, prepare.gpu_operator, prepare.nfd))
         for future in futures:
             future.result()  # raises the step's error
+        if images is not None:
+            run_ctx.images.update(images.result())
+
+    @staticmethod
+    def _machinesets(run_ctx: RunContext, cells: Sequence[Cell]) -> list[Any]:
+        """Submit each role's MachineSet step (with what ``replicas: auto`` needs)."""
+        futures = []
+        for role in ("sutest", "driver"):
+            block = machineset_of(run_ctx.model.clusters, role)  # type: ignore[arg-type]
+            if not block.enabled:
+                continue
+            pods, requests = 1, {}
+            if block.replicas == "auto":  # the busiest cell of the run, its largest pod
+                counts = []
+                for cell in cells:
+                    demand = role_demand(run_ctx, run_ctx.cell_context(cell, run_ctx.root))
+                    counts.append(sum(n for n, _ in demand[role]))
+                    for _, wanted in demand[role]:
+                        requests = {k: max(v, requests.get(k, 0.0)) for k, v in
+                                    {**requests, **wanted}.items()}
+                pods = max(counts or [1]) or 1
+            futures.append(kube_prepare.scale_machineset.submit(
+                run_ctx.kubeconfig, block, role, run_ctx.run_id, pods, requests))
+        return futures
 
     def capture(self, run_ctx: RunContext) -> None:
         """Nodes, versions, operators; RHOAI's state."""

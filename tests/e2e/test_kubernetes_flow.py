@@ -123,6 +123,76 @@ def test_scale_test_on_the_cluster_fans_out_an_indexed_job(tmp_path: Path, prefe
                     if j["metadata"]["name"].startswith("fine-tuning-users")]  # cleaned up
 
 
+def test_a_pr_build_and_nodes_of_their_own_run_the_users_and_are_given_back(
+        tmp_path: Path, prefect_harness, s3_server: str, s3_bucket: str) -> None:
+    """``--pr`` with a tainted MachineSet: prepare builds Telltale's images from the PR and
+    brings the nodes up; the user pods run the PR's program by digest, on those nodes; the
+    cleanup deletes the clone, the builds and their image stream tags."""
+    from flows.fine_tuning.flow import fine_tuning
+    from flows.orchestration import outcome_of
+    from tests.servers.fake_openshift import (
+        BuildController,
+        MachineController,
+        seed_machine_api,
+    )
+    from tests.servers.fake_operators import IndexedJobController
+
+    summary = ("{'train_runtime': 10.0, 'train_samples_per_second': 5.0, "
+               "'train_steps_per_second': 1.0, 'train_tokens_per_second': 1000.0, "
+               "'train_loss': 1.0, 'epoch': 1.0}")
+    with kube_server() as (url, state):
+        seed_cluster(state, rhoai=None)
+        seed_machine_api(state)
+        mount = tmp_path / "mount"
+        mount.mkdir()
+        users = IndexedJobController(state, str(mount))
+        controllers = [users, MachineController(state), BuildController(state)]
+        for controller in controllers:
+            controller.start()
+        try:
+            outcome = outcome_of(fine_tuning(presets=["scale_test"], platform="kubernetes", overrides={
+                "clusters.kubeconfig": write_kubeconfig(tmp_path / "kc", url),
+                "analysis.history_uri": str(tmp_path / "history"),
+                "clusters.image_build.pr": 42,
+                "clusters.image_build.git_url": "https://github.com/org/telltale",
+                "clusters.sutest.compute.machineset.enabled": True,
+                "clusters.sutest.compute.machineset.replicas": 2,
+                "clusters.sutest.compute.machineset.taint": {"key": "telltale.io/compute"},
+                "tests.fine_tuning.multi_user.user_count": 3,
+                "tests.fine_tuning.multi_user.s3_endpoint": s3_server,
+                "tests.fine_tuning.multi_user.s3_bucket": s3_bucket,
+                "tests.fine_tuning.multi_user.command": ["python3", "-c", f"print({summary!r})"]},
+                artifact_dir=str(tmp_path / "run"), return_state=True))
+            events = list(state.events)
+        finally:
+            for controller in controllers:
+                controller.stop()
+        assert outcome.exit_code == 0, outcome.failures
+        root = tmp_path / "run"
+        built = next(root.glob("*__image__build_images"))
+        assert len(list(built.glob("telltale-*-pr42-*.log"))) == 2  # each build's log
+        brought = json.loads(next(root.glob("*__machineset__scale_machineset"))
+                             .joinpath("machineset.json").read_text())
+        assert brought["created"] and len(brought["nodes"]) == 2
+        job = next(obj for _, kind, key, obj in events
+                   if key[2] == "jobs" and obj["spec"].get("completionMode") == "Indexed")
+        pod = job["spec"]["template"]["spec"]
+        assert pod["nodeSelector"] == {"telltale.io/compute": "sutest"}
+        assert pod["tolerations"][0]["key"] == "telltale.io/compute"
+        program = pod["initContainers"][0]
+        assert program["name"] == "telltale-program" and "@sha256:" in program["image"]
+        assert users.program_images == [program["image"]]  # what the pods ran
+        kpis = pd.read_parquet(next(root.glob("*__analysis__*/kpis.parquet"))).set_index("kpi")
+        assert kpis.loc["users_success_ratio", "value"] == 1.0
+        # given back: the clone with its nodes, the builds with their tags
+        assert state.get("machine.openshift.io/v1beta1", "MachineSet", "telltale-sutest",
+                         "openshift-machine-api") is None
+        assert not [n for n in state.list("v1", "Node")
+                    if "telltale.io/compute" in n["metadata"].get("labels", {})]
+        assert not state.list("build.openshift.io/v1", "BuildConfig")
+        assert not state.list("image.openshift.io/v1", "ImageStreamTag")
+
+
 def test_cluster_prometheus_gives_gpu_and_pod_resource_kpis(tmp_path: Path, prefect_harness,
                                                             monkeypatch: pytest.MonkeyPatch,
                                                             ) -> None:

@@ -373,3 +373,55 @@ def test_out_of_range_values_in_a_results_tree_are_problems(tmp_path: Path) -> N
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "1 dir(s) skipped" in proc.stdout and "Traceback" not in proc.stderr
+
+
+def test_the_pr_comes_from_the_flag_or_the_ci_and_a_var_wins(tmp_path: Path) -> None:
+    """``--pr N`` beats the CI's ``PULL_NUMBER`` (read only with ``HOMELAB_CI=true``), and
+    ``--var`` beats both; a bad number is a usage error."""
+    key = "clusters.image_build.pr"
+
+    def pr(*args: str, env: dict[str, str] | None = None) -> object:
+        proc = cli(*args, "--show-config", env={"HOMELAB_CI": "", "PULL_NUMBER": "",
+                                                **(env or {})})
+        assert proc.returncode == 0, proc.stderr
+        return yaml.safe_load(proc.stdout)["clusters"]["image_build"]["pr"]
+
+    assert pr() is None
+    assert pr(env={"PULL_NUMBER": "31"}) is None  # not the field's CI
+    assert pr(env={"PULL_NUMBER": "31", "HOMELAB_CI": "true"}) == 31
+    assert pr("--pr", "44", env={"PULL_NUMBER": "31", "HOMELAB_CI": "true"}) == 44
+    assert pr("--pr", "44", "--var", f"{key}=45") == 45
+    bad = cli("--pr", "4;4", "--show-config")
+    assert bad.returncode == 2 and "a PR number" in bad.stderr
+    refused = cli("--pr", "44", "--plan", "--platform", "local", "--artifact-dir",
+                  str(tmp_path / "p"))
+    assert refused.returncode == 2 and key in refused.stderr
+
+
+def test_rebuild_image_builds_each_target_and_prints_its_digest(tmp_path: Path) -> None:
+    from tests.servers.fake_openshift import BuildController
+    from tests.servers.kubernetes import kube_server, write_kubeconfig
+
+    with kube_server() as (url, state):
+        controller = BuildController(state)
+        controller.start()
+        try:
+            proc = cli("--rebuild-image", "--pr", "9", "--artifact-dir", str(tmp_path / "img"),
+                       "--var", "clusters.image_build.git_url=https://github.com/org/t",
+                       "--var", f"clusters.kubeconfig={write_kubeconfig(tmp_path / 'kc', url)}",
+                       env={"HOMELAB_CI": ""})
+        finally:
+            controller.stop()
+        assert proc.returncode == 0, proc.stderr
+        lines = dict(line.split("\t") for line in proc.stdout.splitlines())
+        assert set(lines) == {"telltale", "user-pod"}
+        assert all("@sha256:" in image for image in lines.values())
+        # kept until the next refresh: no run label, names without a run suffix
+        configs = state.list("build.openshift.io/v1", "BuildConfig")
+        assert sorted(c["metadata"]["name"] for c in configs) == [
+            "telltale-telltale-pr9", "telltale-user-pod-pr9"]
+        assert not any("telltale.io/run-id" in c["metadata"]["labels"] for c in configs)
+        assert len(list((tmp_path / "img").glob("*.log"))) == 2
+    missing = cli("--rebuild-image", "--artifact-dir", str(tmp_path / "none"),
+                  env={"HOMELAB_CI": ""})
+    assert missing.returncode == 2 and "--pr N" in missing.stderr

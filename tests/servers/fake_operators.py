@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
+from tasks.kube.users import PROGRAM_DIR, PROGRAM_IN_IMAGE, SCRIPT
 from tests.factories import train_log
 from tests.servers.kubernetes import KubeState
 
@@ -197,6 +198,7 @@ class IndexedJobController(Controller):
     def __init__(self, state: KubeState, script_dir: str) -> None:
         super().__init__(state)
         self.script_dir = script_dir  # where the ConfigMap's files are "mounted"
+        self.program_images: list[str] = []  # the images user programs were copied from
 
     def run(self) -> None:
         while not self.stopped.wait(0.05):
@@ -219,6 +221,23 @@ class IndexedJobController(Controller):
                 with open(os.path.join(self.script_dir, filename), "w") as stream:
                     stream.write(text)
 
+    def _init_containers(self, job: dict[str, Any]) -> str:
+        """Telltale's program init container: the ``user-pod`` image built from this tree
+        holds ``tasks/kube/user_pod_script.py`` (the Containerfile); a copy is what the
+        pods then run. Its image must be pinned by digest, as a PR build gives it."""
+        import os
+        import shutil
+
+        target = os.path.join(self.script_dir, "program")
+        for init in job["spec"]["template"]["spec"].get("initContainers") or []:
+            if init.get("command", [""])[0] != "cp" or init["command"][1] != PROGRAM_IN_IMAGE:
+                continue
+            assert "@sha256:" in init["image"], f"unpinned program image {init['image']}"
+            os.makedirs(target, exist_ok=True)
+            shutil.copy(SCRIPT, init["command"][2].replace(PROGRAM_DIR, target))
+            self.program_images.append(init["image"])
+        return target
+
     def _drive(self, job: dict[str, Any]) -> None:
         import os
         import subprocess
@@ -227,10 +246,12 @@ class IndexedJobController(Controller):
         name, ns = job["metadata"]["name"], job["metadata"]["namespace"]
         users = int(job["spec"]["completions"])
         self._mount(job)
+        program_dir = self._init_containers(job)
         container = job["spec"]["template"]["spec"]["containers"][0]
         env = {**os.environ, **{e["name"]: e["value"] for e in container.get("env", [])}}
         argv = [sys.executable if a == "python3" else a.replace(
-            "/etc/telltale-users", self.script_dir) for a in container["command"]]
+            "/etc/telltale-users", self.script_dir).replace(PROGRAM_DIR, program_dir)
+            for a in container["command"]]
         counts = {"active": 0, "succeeded": 0, "failed": 0}
         lock = threading.Lock()
 

@@ -1,8 +1,8 @@
 """A stateful Kubernetes API server for tests, on 127.0.0.1, for the official client.
 
 It keeps objects of the kinds Telltale touches (core, batch, apps, Kubeflow PyTorchJob, OLM,
-RHOAI, GPU operator, NFD, OpenShift ClusterVersion, Hive) and implements what the real API
-does for them:
+RHOAI, GPU operator, NFD, OpenShift ClusterVersion, Machine API, builds and image streams,
+Hive) and implements what the real API does for them:
 
 - create (201; 409 ``AlreadyExists``; 404 when the namespace is missing), get (404
   ``NotFound`` Status), list with ``labelSelector`` (``=``, ``==``, ``!=``, ``in``, ``notin``,
@@ -16,7 +16,10 @@ does for them:
   carry ``kind``/``apiVersion``/``metadata.resourceVersion``;
 - watch (``?watch=true``): chunked JSON lines, initial ``ADDED`` events when no
   ``resourceVersion`` is given, selectors honoured, ``timeoutSeconds`` honoured;
-- ``pods/<name>/log`` (text the test sets), ``/version``;
+- ``pods/<name>/log`` and ``builds/<name>/log`` (text the test sets), ``/version``;
+- ``buildconfigs/<name>/instantiate`` (a ``BuildRequest``): a ``Build`` named
+  ``<config>-<n>``, owned by its BuildConfig, with its spec, phase ``New``, and the
+  config's ``status.lastVersion`` bumped, as OpenShift's build API does;
 - unknown resources answer 404, like an undeclared CRD.
 
 Tests drive the cluster through `KubeState`: ``set_status``, ``set_log``, ``fail_next``.
@@ -85,6 +88,12 @@ RESOURCES = [Resource(*r) for r in [
     ("config.openshift.io", "v1", "clusterversions", "ClusterVersion", False),
     ("hive.openshift.io", "v1", "clusterclaims", "ClusterClaim", True),
     ("hive.openshift.io", "v1", "clusterdeployments", "ClusterDeployment", True),
+    ("machine.openshift.io", "v1beta1", "machinesets", "MachineSet", True),
+    ("machine.openshift.io", "v1beta1", "machines", "Machine", True),
+    ("image.openshift.io", "v1", "imagestreams", "ImageStream", True),
+    ("image.openshift.io", "v1", "imagestreamtags", "ImageStreamTag", True),
+    ("build.openshift.io", "v1", "buildconfigs", "BuildConfig", True),
+    ("build.openshift.io", "v1", "builds", "Build", True),
 ]]
 _BY_PATH = {(r.group, r.version, r.plural): r for r in RESOURCES}
 _BY_KIND = {(r.api_version, r.kind): r for r in RESOURCES}
@@ -388,10 +397,11 @@ class _Handler(BaseHTTPRequestHandler):
         obj = self.state.objects.get(key)
         if sub == "log":
             if obj is None:
-                self._send(404, _status(404, "NotFound", f'pods "{name}" not found'))
+                self._send(404, _status(404, "NotFound", f'{resource.plural} "{name}" not '
+                                        "found"))
             elif (namespace, name) not in self.state.logs:
-                self._send(400, _status(400, "BadRequest", f'container in pod "{name}" is '
-                                        "waiting to start: ContainerCreating"))
+                self._send(400, _status(400, "BadRequest", f'container in {resource.kind} '
+                                        f'"{name}" is waiting to start: ContainerCreating'))
             else:
                 self._send(200, self.state.logs[(namespace or "", name)], "text/plain")
             return
@@ -485,8 +495,15 @@ class _Handler(BaseHTTPRequestHandler):
         route = self._route()
         if route is None:
             return
-        resource, namespace, _, _, _ = route
+        resource, namespace, name, sub, _ = route
         obj = self._body() or {}
+        if sub is not None:
+            if resource.plural == "buildconfigs" and sub == "instantiate" and name:
+                self._instantiate(resource, namespace, name, obj)
+            else:
+                self._send(404, _status(404, "NotFound", f"{resource.plural}/{sub}: no such "
+                                        "subresource"))
+            return
         meta = obj.setdefault("metadata", {})
         if not meta.get("name"):
             if meta.get("generateName"):
@@ -514,6 +531,47 @@ class _Handler(BaseHTTPRequestHandler):
             self.state.objects[key] = obj
             self.state._event("ADDED", key, obj)
         self._send(201, obj)
+
+    def _instantiate(self, resource: Resource, namespace: str | None, name: str,
+                     request: dict[str, Any]) -> None:
+        """``buildconfigs/<name>/instantiate``: a new Build of the config's spec."""
+        if request.get("kind") != "BuildRequest" or \
+                (request.get("metadata") or {}).get("name") != name:
+            self._send(400, _status(400, "BadRequest", "expected a BuildRequest named "
+                                    f"{name!r}"))
+            return
+        key = self.state.key_of(resource, namespace, name)
+        with self.state.lock:
+            config = self.state.objects.get(key)
+            if config is None:
+                self._send(404, _status(404, "NotFound", f'buildconfigs "{name}" not found'))
+                return
+            version = int((config.get("status") or {}).get("lastVersion", 0)) + 1
+            updated = copy.deepcopy(config)
+            updated["status"] = {**(config.get("status") or {}), "lastVersion": version}
+            self.state._stamp(updated, config)
+            self.state.objects[key] = updated
+            self.state._event("MODIFIED", key, updated)
+            spec = config.get("spec") or {}
+            build = {"apiVersion": "build.openshift.io/v1", "kind": "Build",
+                     "metadata": {"name": f"{name}-{version}", "namespace": namespace,
+                                  "labels": {**(config["metadata"].get("labels") or {}),
+                                             "buildconfig": name,
+                                             "openshift.io/build-config.name": name},
+                                  "ownerReferences": [{
+                                      "apiVersion": "build.openshift.io/v1",
+                                      "kind": "BuildConfig", "name": name,
+                                      "uid": config["metadata"]["uid"]}]},
+                     "spec": {k: spec[k] for k in ("source", "strategy", "output")
+                              if k in spec},
+                     "status": {"phase": "New", "config": {"name": name,
+                                                           "namespace": namespace}}}
+            build_key = self.state.key_of(_BY_KIND[("build.openshift.io/v1", "Build")],
+                                          namespace, build["metadata"]["name"])
+            self.state._stamp(build, None)
+            self.state.objects[build_key] = build
+            self.state._event("ADDED", build_key, build)
+        self._send(201, build)
 
     def _write(self, update: Any) -> None:
         route = self._route()

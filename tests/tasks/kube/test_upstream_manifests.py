@@ -30,6 +30,20 @@ CLUSTER_VARS: dict[str, dict[str, Any]] = {
 }
 
 
+# nodes of their own for both roles (tainted) and the image built from a PR: every manifest
+# the plan then writes (MachineSets, ImageStream, BuildConfigs, placed pods) validates too
+COMPUTE_VARS: dict[str, Any] = {
+    "clusters.sutest.compute.machineset.enabled": True,
+    "clusters.sutest.compute.machineset.instance_type": "g5.2xlarge",
+    "clusters.sutest.compute.machineset.taint": {"key": "telltale.io/compute"},
+    "clusters.driver.compute.machineset.enabled": True,
+    "clusters.driver.compute.machineset.replicas": "auto",
+    "clusters.driver.compute.machineset.taint": {"effect": "NoExecute"},
+    "clusters.image_build.pr": 12,
+    "clusters.image_build.git_url": "https://github.com/org/telltale",
+}
+
+
 def _presets(name: str) -> list[list[str]]:
     presets = sorted(resolve(name, [], overrides={}, env={}).get("ci_presets") or {})
     return [[], *[[p] for p in presets]]
@@ -39,9 +53,11 @@ def _cases() -> list[tuple[str, list[str]]]:
     return [(name, presets) for name in registry.available() for presets in _presets(name)]
 
 
-def planned(name: str, presets: list[str], tmp_path: Path) -> list[dict[str, Any]]:
+def planned(name: str, presets: list[str], tmp_path: Path,
+            extra: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """The manifests a kubernetes plan writes; [] when the preset is refused as unsupported."""
-    config = resolve(name, presets, overrides=CLUSTER_VARS.get(name, {}), env={})
+    config = resolve(name, presets, overrides={**CLUSTER_VARS.get(name, {}), **(extra or {})},
+                     env={})
     try:
         plan_run(registry.load(name), config, "kubernetes", tmp_path)
     except ConfigError as exc:  # never silent: refused, with the key (test below)
@@ -50,12 +66,13 @@ def planned(name: str, presets: list[str], tmp_path: Path) -> list[dict[str, Any
     return [load_yaml(f)[0] for f in sorted((tmp_path / "manifests").rglob("*.yaml"))]
 
 
+@pytest.mark.parametrize("compute", [False, True], ids=["", "compute"])
 @pytest.mark.parametrize(("name", "presets"), _cases(),
                          ids=lambda v: v if isinstance(v, str) else "+".join(v) or "base")
 def test_every_planned_manifest_fits_its_upstream_schema_and_the_rbac(
-        name: str, presets: list[str], tmp_path: Path) -> None:
+        name: str, presets: list[str], compute: bool, tmp_path: Path) -> None:
     rules = rbac_documents()[1]["rules"]
-    for manifest in planned(name, presets, tmp_path):
+    for manifest in planned(name, presets, tmp_path, COMPUTE_VARS if compute else None):
         validate(manifest)
         kind = kind_of(manifest["apiVersion"], manifest["kind"])
         assert kind is not None, f"{manifest['kind']} is planned but declared nowhere"
@@ -118,3 +135,43 @@ def test_the_serving_fan_out_plans_the_server_then_the_clients(tmp_path: Path) -
     assert pod["initContainers"][0]["name"] == "storage-initializer"  # the tokenizer
     env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
     assert "{dir}" in json.loads(env["TELLTALE_COMMAND"])
+
+
+def test_each_role_s_pods_go_to_its_nodes_and_the_builds_are_planned(tmp_path: Path) -> None:
+    """Serving fan-out: the model server on the sutest's nodes, the load clients on the
+    driver's; the plan writes the MachineSets and one BuildConfig per target."""
+    manifests = planned("llm_serving", ["scale_test"], tmp_path, COMPUTE_VARS)
+    kinds = [m["kind"] for m in manifests]
+    assert kinds.count("MachineSet") == 2 and kinds.count("BuildConfig") == 2
+    runtime = next(m for m in manifests if m["kind"] == "ServingRuntime")
+    assert runtime["spec"]["nodeSelector"] == {"telltale.io/compute": "sutest"}
+    assert runtime["spec"]["tolerations"] == [{"key": "telltale.io/compute",
+                                               "operator": "Equal", "value": "sutest",
+                                               "effect": "NoSchedule"}]
+    clients = next(m for m in manifests if m["kind"] == "Job")["spec"]["template"]["spec"]
+    assert clients["nodeSelector"] == {"telltale.io/compute": "driver"}
+    assert clients["tolerations"][0]["effect"] == "NoExecute"
+    trainer = planned("fine_tuning", ["gpu"], tmp_path / "ft", COMPUTE_VARS)
+    job = next(m for m in trainer if m["kind"] == "PyTorchJob")
+    master = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    assert master["nodeSelector"] == {"telltale.io/compute": "sutest"}
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("clusters.sutest.compute.machineset.enabled", True),
+    ("clusters.driver.compute.machineset.enabled", True),
+    ("clusters.image_build.pr", 7)])
+def test_cluster_only_settings_are_refused_on_the_local_platform(
+        key: str, value: Any, tmp_path: Path) -> None:
+    config = resolve("fine_tuning", [], overrides={key: value}, env={})
+    with pytest.raises(ConfigError, match="needs a cluster") as info:
+        plan_run(registry.load("fine_tuning"), config, "local", tmp_path)
+    assert info.value.key == key
+
+
+def test_a_separate_driver_cluster_is_refused_naming_the_key(tmp_path: Path) -> None:
+    config = resolve("llm_serving", ["scale_test"], overrides={
+        **CLUSTER_VARS["llm_serving"], "clusters.driver.kubeconfig": "/tmp/driver"}, env={})
+    with pytest.raises(ConfigError, match="driver cluster is not supported") as info:
+        plan_run(registry.load("llm_serving"), config, "kubernetes", tmp_path)
+    assert info.value.key == "clusters.driver.kubeconfig"
