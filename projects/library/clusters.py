@@ -75,7 +75,7 @@ class MachineSetBlock(StrictSettings):
         default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$",
         description="Instance type of created machines (AWS instanceType, GCP machineType, "
         "Azure vmSize); None: the cloned MachineSet's.")
-    replicas: int | Literal["auto"] = Field(
+    replicas: Annotated[int, Field(ge=0, le=1000)] | Literal["auto"] = Field(
         default=1, description="Nodes wanted, or auto: the run's pods of this role over what "
         "one node of the instance type holds (its allocatable over the pods' requests).")
     users_per_node: int | None = Field(
@@ -91,12 +91,6 @@ class MachineSetBlock(StrictSettings):
                                 description="Namespace of the Machine API.")
     ready_minutes: int = Field(default=30, ge=1, le=24 * 60,
                                description="Deadline for the nodes to be Ready.")
-
-    @model_validator(mode="after")
-    def _replicas_in_range(self) -> MachineSetBlock:
-        if isinstance(self.replicas, int) and not 0 <= self.replicas <= 1000:
-            raise ValueError(f"replicas is {self.replicas}: a number 0..1000, or auto")
-        return self
 
 
 class ComputeBlock(StrictSettings):
@@ -124,7 +118,7 @@ class ImageBuildBlock(StrictSettings):
     targets: list[Literal["telltale", "user-pod"]] = Field(
         default_factory=lambda: ["telltale", "user-pod"], min_length=1,
         description="Containerfile targets to build.")
-    image_stream: DnsLabel = Field(default="telltale", description="ImageStream of the builds.")
+    stream: DnsLabel = Field(default="telltale", description="ImageStream of the builds.")
     deadline_minutes: int = Field(default=45, ge=1, le=24 * 60,
                                   description="Deadline of each build.")
 

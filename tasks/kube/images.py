@@ -119,7 +119,7 @@ def build_manifests(block: ImageBuildBlock, namespace: str, *, run_id: str | Non
         raise ConfigError("no PR to build: --pr N (or PULL_NUMBER with HOMELAB_CI=true)",
                           key="clusters.image_build.pr")
     stream = {"apiVersion": IMAGE_STREAM[0], "kind": IMAGE_STREAM[1],
-              "metadata": {"name": block.image_stream, "namespace": namespace},
+              "metadata": {"name": block.stream, "namespace": namespace},
               "spec": {"lookupPolicy": {"local": True}}}
     manifests: list[dict[str, Any]] = [stream]
     for target in block.targets:
@@ -135,9 +135,9 @@ def build_manifests(block: ImageBuildBlock, namespace: str, *, run_id: str | Non
                                                   "ref": block.ref.format(pr=block.pr)},
                            "dockerfile": cut_at_target(containerfile, target)},
                 "strategy": {"type": "Docker", "dockerStrategy": {"buildArgs": [
-                    {"name": "TELLTALE_IMAGE", "value": f"{block.image_stream}:{tag}"}]}},
+                    {"name": "TELLTALE_IMAGE", "value": f"{block.stream}:{tag}"}]}},
                 "output": {"to": {"kind": "ImageStreamTag",
-                                  "name": f"{block.image_stream}:{tag}"}},
+                                  "name": f"{block.stream}:{tag}"}},
                 "triggers": []}})
     return manifests
 

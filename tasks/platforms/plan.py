@@ -162,7 +162,7 @@ def plan_images(run: RunContext) -> dict[str, str]:
     block = run.model.clusters.image_build
     if block.pr is None:
         return {}
-    return {target: f"{REGISTRY}/{run.test.namespace}/{block.image_stream}:"
+    return {target: f"{REGISTRY}/{run.test.namespace}/{block.stream}:"
                     f"{tag_of(block, target, run.run_id)}" for target in block.targets}
 
 

@@ -55,7 +55,7 @@ def test_each_target_is_built_from_the_pr_and_pinned_by_digest(tmp_path: Path) -
         images = run_builds(Kube(api, "run-1"), Kube(api), BLOCK, NS, run_id="run-1",
                             here=tmp_path / "logs")
         assert set(images) == {"telltale", "user-pod"}
-        for target, image in images.items():
+        for image in images.values():
             assert re.fullmatch(r"image-registry\.openshift-image-registry\.svc:5000/"
                                 rf"{NS}/telltale@sha256:[0-9a-f]{{64}}", image), image
         configs = state.list("build.openshift.io/v1", "BuildConfig")
