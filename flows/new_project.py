@@ -123,6 +123,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for path in written:
         print(f"wrote {path.resolve().relative_to(root)}")
     print(f"\nnext: python -m flows.{args.name} --preset light")
+    print("then regenerate what the engine derives from every project (its deployments, the "
+          "runner's RBAC, the reference pages):\n"
+          "  python -m deployments.prefect_file > deployments/prefect.yaml\n"
+          "  python -m deployments.rbac > deployments/kubernetes-rbac.yaml\n"
+          "  python -m deployments.reference")
     return EXIT_OK
 
 

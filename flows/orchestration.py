@@ -59,7 +59,7 @@ from flows.cli import (
 from flows.events import emit_run_events
 from flows.outcome import CellOutcome, RunOutcome
 from projects import registry
-from projects.config import resolve, use_config
+from projects.config import resolve_once, use_config
 from projects.library import ClustersBlock, SecretsBlock
 from projects.library.runs import REPEAT_FILE
 from projects.matrix import Cell
@@ -602,7 +602,8 @@ def orchestrate(project_name: str, presets: Sequence[str], overrides: dict[str, 
             check_untrusted(key, value, policy, source="deployment form")
         if artifact_dir:
             _inside_runs_root(artifact_dir, runs_root(deployed=True))
-    config = resolve(project_name, presets=presets, overrides=overrides or {})
+    # the command line resolved it already (same request): not a second time
+    config = resolve_once(project_name, presets=presets, overrides=overrides or {})
     model = config.model
     clusters = model.clusters
     creates = clusters.create.type is not None

@@ -31,9 +31,9 @@ from flows.cli import (
     resolve_from_args,
 )
 from projects import registry
-from projects.config import json_schema, resolve
+from projects.config import json_schema, resolve, use_config
 from projects.plan import format_plan
-from tasks.platforms.select import select_platform
+from tasks.platforms.select import platform_type, select_platform
 
 __all__ = ["project_main"]
 
@@ -91,50 +91,6 @@ def _rebuild_image(project: str, config: Any, artifact_dir: Path) -> int:
     return EXIT_OK
 
 
-def _observe_ahead(block: Any, artifact_dir: Path | None) -> None:
-    """Start the run's Prometheus while Prefect's temporary API starts (see `start_ahead`)."""
-    from tasks.observe.prometheus import find_binaries, local_wanted, start_ahead
-
-    if not local_wanted(block) or find_binaries() is None:
-        return  # "on" without binaries: the platform says so, with the config key
-    try:
-        start_ahead(artifact_dir.parent if artifact_dir else Path("runs"),
-                    scrape_interval_s=block.scrape_interval_s,
-                    ready_timeout_s=block.ready_timeout_s)
-    except Exception as exc:  # the platform starts its own, and reports what goes wrong
-        print(f"note: prometheus not started ahead: {exc}", file=sys.stderr)
-
-
-def _service_ahead(project: str, config: Any, artifact_dir: Path | None) -> None:
-    """Start the first cell's server (a project's `LocalService`) while Prefect starts.
-
-    Best effort: the run takes it when its first cell asks for the same server, or starts
-    its own (and reports what goes wrong); a command that is not there yet (the serving
-    venv of a first run) is not tried.
-    """
-    from projects.contract import CellContext
-    from projects.plan import cells_of
-    from tasks.platforms.service import start_ahead
-
-    hooks = registry.load(project)
-    if hooks.local_service is None:
-        return
-    try:
-        cells = [c for c in cells_of(config, project) if not c.skip_reason]
-        if not cells:
-            return
-        context = CellContext(
-            settings=hooks.settings_model.model_validate(cells[0].settings),
-            test=hooks.test_block(config.model), index=cells[0].index, name=cells[0].name,
-            workdir=Path("."), data_dir=hooks.data_dir, run_id="ahead")
-        spec = hooks.local_service(context)
-        if not Path(str(spec.argv[0])).exists():
-            return
-        start_ahead(spec, artifact_dir.parent if artifact_dir else Path("runs"))
-    except Exception as exc:  # the platform starts its own, and reports what goes wrong
-        print(f"note: server not started ahead: {exc}", file=sys.stderr)
-
-
 def project_main(project: str, argv: Sequence[str] | None = None) -> int:
     """Run the command line of ``project``; returns the process exit code."""
 
@@ -179,18 +135,11 @@ def project_main(project: str, argv: Sequence[str] | None = None) -> int:
 
         module = importlib.import_module(f"flows.{project}.flow")
         artifact_dir = Path(args.artifact_dir) if args.artifact_dir else None
-        if platform == "local":
-            _observe_ahead(config.model.observe.prometheus, artifact_dir)
-            _service_ahead(project, config, artifact_dir)
-        try:
+        # what the platform starts while Prefect's temporary API starts (`Platform.ahead`)
+        with platform_type(platform).ahead(registry.load(project), config, artifact_dir), \
+                use_config(config):  # the flow takes it: resolved once (`resolve_once`)
             return run_from_cli(module.FLOW, presets=list(args.preset),
                                 overrides=overrides_from_args(args, policy_for(project)),
                                 platform=platform, artifact_dir=artifact_dir)
-        finally:
-            from tasks.observe.prometheus import stop_ahead
-            from tasks.platforms.service import stop_ahead as stop_service_ahead
-
-            stop_service_ahead()
-            stop_ahead()
 
     return main(argv)

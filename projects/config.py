@@ -54,6 +54,7 @@ __all__ = [
     "load_vars_file",
     "parse_override",
     "resolve",
+    "resolve_once",
     "use_config",
 ]
 
@@ -244,6 +245,7 @@ class Config:
         self.file = file
         self.presets_applied: tuple[str, ...] = tuple(presets_applied)
         self.overrides: dict[str, Any] = dict(overrides)
+        self.request: str | None = None  # what `resolve` was asked (`resolve_once`)
         self.sources: dict[str, str] = dict(sources)
         self._model = model
         self._lines = lines or {}
@@ -446,9 +448,40 @@ def resolve(
         _refuse_secret_values(key, value, resolver.sources.get(key, f"override {key}"))
     if model is None and project is not None:
         model = registry.config_model(project)
-    return Config(resolver.data, project=project, file=str(path),
-                  presets_applied=resolver.presets_applied, overrides=applied_overrides,
-                  sources=resolver.sources, model=model, lines=lines)
+    config = Config(resolver.data, project=project, file=str(path),
+                    presets_applied=resolver.presets_applied, overrides=applied_overrides,
+                    sources=resolver.sources, model=model, lines=lines)
+    config.request = _request(base, presets, overrides or {}, environ)
+    return config
+
+
+def _request(base: str | Path, presets: Sequence[str], overrides: Mapping[str, Any],
+             environ: Mapping[str, str]) -> str:
+    """What a resolution was asked for, as comparable text (base, presets, overrides, env)."""
+    import json
+
+    env = {k: v for k, v in environ.items() if k.startswith(ENV_PREFIX)}
+    return json.dumps([str(base), list(presets), dict(overrides), env], sort_keys=True,
+                      default=repr)
+
+
+def resolve_once(base: str | Path, presets: Sequence[str] = (),
+                 overrides: Mapping[str, Any] | None = None) -> Config:
+    """The active config (`use_config`) when resolved from this very request, else `resolve`.
+
+    A command line resolves its config once, and the flow it starts in the same process
+    takes that one instead of resolving (and validating) it a second time.
+
+    A deployment's run, or a request that differs in anything (presets, overrides, the
+    ``TELLTALE__*`` environment), resolves anew.
+    """
+    if isinstance(presets, str):
+        presets = [presets]
+    active = _CURRENT.get()
+    if active is not None and not active.frozen and active.request == _request(
+            base, presets, overrides or {}, os.environ):
+        return active
+    return resolve(base, presets=presets, overrides=overrides)
 
 
 def _refuse_secret_values(key: str, value: Any, source: str) -> None:

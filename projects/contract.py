@@ -24,14 +24,16 @@ and test block), never dotted strings. A project imports nothing from ``tasks`` 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field, create_model
 
 from analysis.project import AnalysisProject
+from analysis.strict import StrictSettings
 from analysis.yamlio import load_yaml
 from projects.library.kinds import Kind
 from projects.library.resources import resource_kpis, timeline_rows
@@ -252,6 +254,34 @@ class KubeUsers:
     role: Literal["sutest", "driver"] = "sutest"
 
 
+def settings_model_of(test_model: type[TestBlock]) -> type[BaseModel]:
+    """The cell settings model a test block types its ``test_settings`` with.
+
+    Raises:
+        TypeError: ``test_settings`` is not typed by a pydantic model.
+    """
+    annotation = test_model.model_fields["test_settings"].annotation
+    if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+        raise TypeError(f"{test_model.__name__}.test_settings must be typed by a settings "
+                        f"model, not {annotation!r}")
+    return annotation
+
+
+@functools.cache
+def config_model_for(name: str, test_model: type[TestBlock]) -> type[EngineConfig]:
+    """The model of a project's whole config file: the engine's blocks and ``tests.<name>``.
+
+    Every project's file has the same shape; only its test block differs, so the engine
+    writes the wrapper (``tests: {<name>: <test block>}``) instead of each project.
+    """
+    camel = "".join(part.title() for part in name.split("_"))
+    tests = create_model(f"{camel}Tests", __base__=StrictSettings,
+                         __doc__=f"``tests``: the {name} test block.",
+                         **{name: (test_model, Field(description=f"The {name} test."))})
+    return create_model(f"{camel}Config", __base__=EngineConfig,
+                        __doc__=f"The whole {name} config file.", tests=(tests, ...))
+
+
 def _resource_rows(result: Any) -> list[dict[str, Any]]:
     timeline = getattr(result, "resource_timeline", None)
     return timeline_rows(timeline) if timeline is not None else []
@@ -275,8 +305,11 @@ class Project(AnalysisProject):
         folder: The project's folder (``config.yaml``, ``plots.yaml``, ``data/``; the config
             is found through `projects.registry.locate`).
         flow_name: Prefect flow name (``fine-tuning``).
-        config_model: Validates the whole config file (an `EngineConfig`).
-        settings_model: Validates one cell's settings.
+        test_model: The project's ``tests.<name>`` block (a `TestBlock` whose
+            ``test_settings`` field is typed by the cell's settings model).
+        config_model: Validates the whole config file: built by the engine from
+            ``test_model`` (`config_model_for`), never written by a project.
+        settings_model: Validates one cell's settings (``test_model``'s ``test_settings``).
         workload_step: Name of the workload's step dir (``run_fine_tuning_job``); the group
             is the project's name, so dirs read ``NNN__<name>__<workload_step>``.
         local: Builds the local workload of a cell (None: no local platform).
@@ -292,8 +325,7 @@ class Project(AnalysisProject):
 
     folder: Path
     flow_name: str
-    config_model: type[EngineConfig]
-    settings_model: type[BaseModel]
+    test_model: type[TestBlock]
     workload_step: str
     local: LocalHook | None = None
     kubernetes: KubeHook | None = None
@@ -301,8 +333,12 @@ class Project(AnalysisProject):
     check_local: CheckHook | None = None
     local_service: ServiceHook | None = None
     kube_kinds: tuple[Kind, ...] = ()
+    config_model: type[EngineConfig] = field(init=False)
+    settings_model: type[BaseModel] = field(init=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "config_model", config_model_for(self.name, self.test_model))
+        object.__setattr__(self, "settings_model", settings_model_of(self.test_model))
         # Every project gets the engine's resource capture (`RunResult` parses it): its KPI
         # family (a project may list it itself, e.g. with its throughput for the efficiency
         # KPI), its report page, and the slimming of its timeline.

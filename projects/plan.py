@@ -42,21 +42,28 @@ def cells_of(config: Config, test: str) -> list[Cell]:
     override that leaves a cell invalid (a value list where the workload takes a list
     value) is a user error naming the cell and the setting, never a failure minutes later.
 
+    The matrix is read from the typed test block; only ``test_settings`` is expanded from
+    the values as written, because the history keys each cell by a hash of exactly those
+    (the model writes ``epochs: 1`` back as ``1.0``, which would start every series anew).
+
     Raises:
         ConfigError: An invalid matrix (see `expand`) or an invalid cell.
     """
+    block = _test_block(config, test)
     base = f"tests.{test}"
     cells = expand(
         config.get(f"{base}.test_settings"),
+        block.test_extra_settings if block is not None else
         config.get(f"{base}.test_extra_settings", []),
-        config.get(f"{base}.skip_if", []),
-        max_cells=config.get("matrix.max_cells", None),
+        block.skip_if if block is not None else config.get(f"{base}.skip_if", []),
+        max_cells=config.typed.matrix.max_cells if config.typed is not None else None,
     )
-    model = _settings_model(config)
-    if model is not None:
+    settings = type(block.test_settings) if block is not None and isinstance(
+        block.test_settings, BaseModel) else None
+    if settings is not None:
         for cell in cells:
             try:
-                model.model_validate(cell.settings)
+                settings.model_validate(cell.settings)
             except ValidationError as exc:
                 error = exc.errors()[0]
                 where = ".".join(str(p) for p in error["loc"])
@@ -66,47 +73,40 @@ def cells_of(config: Config, test: str) -> list[Cell]:
     return cells
 
 
-def _settings_model(config: Config) -> type[BaseModel] | None:
-    """The settings model of the config's project (None for a bare YAML file)."""
-    typed = config.typed
-    if typed is None:
-        return None
-    tests = getattr(typed, "tests", None)
-    blocks = list(type(tests).model_fields) if tests is not None else []
-    if len(blocks) != 1:
-        return None
-    block = getattr(tests, blocks[0])
-    return type(block.test_settings) if isinstance(block.test_settings, BaseModel) else None
+def _test_block(config: Config, test: str) -> Any:
+    """The typed ``tests.<test>`` block (None for a bare YAML file)."""
+    tests = getattr(config.typed, "tests", None)
+    return getattr(tests, test, None) if tests is not None else None
 
 
 def build_plan(config: Config, platform: str, *, test: str) -> Plan:
     """Resolve the plan of a run: its cells, platform, and (bare metal) the lease request."""
     extra: dict[str, Any] = {}
-    lab = config.get("clusters.sutest.lab", {})
-    if lab.get("enabled"):
+    clusters = config.model.clusters
+    lab = clusters.sutest.lab
+    if lab.enabled:
         extra["lease"] = {
             "service": "QUADS self-scheduling (/api/v3/assignments/self)",
-            "count": lab["count"], "filters": lab["filters"],
-            "description": lab["description"], "wipe": lab["wipe"], "ticket": lab["ticket"],
+            "count": lab.count, "filters": lab.filters,
+            "description": lab.description, "wipe": lab.wipe, "ticket": lab.ticket,
             "end": "set by QUADS (its default lifetime, at most the lab's weekly deadline); "
                    "lease.json records it",
-            "wait_hosts_minutes": lab["wait_hosts_minutes"],
-            "wait_delivery_minutes": lab["wait_delivery_minutes"],
-            "release": ("kept (clusters.keep)" if config.get("clusters.keep")
+            "wait_hosts_minutes": lab.wait_hosts_minutes,
+            "wait_delivery_minutes": lab.wait_delivery_minutes,
+            "release": ("kept (clusters.keep)" if clusters.keep
                         else "released at the end, in every outcome"),
         }
-    create = config.get("clusters.create.type", None)
-    if create:
+    create = clusters.create
+    if create.type:
         # said at plan time, not after hours of waiting for leased hosts to be delivered
-        if create in ("single", "ocp", "metal") and not config.get(
-                "clusters.create.base_domain", None):
-            raise ConfigError(f"clusters.create.type {create} needs a base domain (the "
+        if create.type in ("single", "ocp", "metal") and not create.base_domain:
+            raise ConfigError(f"clusters.create.type {create.type} needs a base domain (the "
                               "cluster's DNS domain)", file=config.file,
                               key="clusters.create.base_domain")
-        if create == "pool" and not config.get("clusters.create.pool", None):
+        if create.type == "pool" and not create.pool:
             raise ConfigError("clusters.create.type pool needs a ClusterPool name",
                               file=config.file, key="clusters.create.pool")
-        extra["cluster"] = {"create": create}
+        extra["cluster"] = {"create": create.type}
     return Plan(project=config.project, presets_applied=list(config.presets_applied),
                 platform=platform, cells=cells_of(config, test), extra=extra)
 

@@ -7,17 +7,15 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from analysis.strict import DnsLabel, ImageRef, Name, StrictSettings, Text
-from projects.library import EngineConfig, TestBlock
+from projects.library import TestBlock
 from projects.library.tiny_lm import LocalModelSpec
 
 __all__ = [
-    "ConfigModel",
     "FineTuningTest",
     "HyperParameters",
     "KubernetesWorkloadBlock",
     "LocalModelSpec",
     "TestSettings",
-    "TestsBlock",
 ]
 
 
@@ -115,15 +113,3 @@ class FineTuningTest(TestBlock):
         default_factory=dict, description="Tiny models for the local platform."
     )
     kubernetes: KubernetesWorkloadBlock = Field(default_factory=KubernetesWorkloadBlock)
-
-
-class TestsBlock(StrictSettings):
-    """``tests``: one entry per test of this project."""
-
-    fine_tuning: FineTuningTest
-
-
-class ConfigModel(EngineConfig):
-    """The whole fine_tuning config file."""
-
-    tests: TestsBlock

@@ -30,7 +30,7 @@ from projects.contract import (
 from projects.fine_tuning import validity
 from projects.fine_tuning.kpis import KPIS, labels, results_summary
 from projects.fine_tuning.manifests import DATA_SOURCE_LABEL, cell_manifests
-from projects.fine_tuning.models import ConfigModel, FineTuningTest, TestSettings
+from projects.fine_tuning.models import FineTuningTest
 from projects.fine_tuning.parser import FineTuningParser, FineTuningResult
 from projects.fine_tuning.trainer import trainer_config
 from projects.library.data import content_hash, data_file
@@ -164,8 +164,7 @@ PROJECT = Project(
                    "first_loss", "last_loss"),
     folder=_FOLDER,
     flow_name="fine-tuning",
-    config_model=ConfigModel,
-    settings_model=TestSettings,
+    test_model=FineTuningTest,
     workload_step="run_fine_tuning_job",
     local=local_workload,
     kubernetes=kube_workload,

@@ -32,6 +32,8 @@ class LocalModelSpec(StrictSettings):
     intermediate_size: int = Field(default=128, ge=8, le=16_384, description="MLP width.")
     seed: int = Field(default=42, ge=0, le=2**32 - 1,
                       description="Seed of the random initialisation.")
+    vocab_size: int = Field(default=512, ge=64, le=65_536,
+                            description="BPE vocabulary trained on the dataset.")
 
 
 def read_samples(path: Path, replication: int) -> list[str]:
@@ -69,19 +71,19 @@ def build_tokenizer(texts: list[str], vocab_size: int, max_len: int) -> Any:
                                    unk_token="<unk>", pad_token="<pad>", model_max_length=max_len)
 
 
-def build_model(spec: dict[str, Any], vocab_size: int, max_len: int, tokenizer: Any) -> Any:
+def build_model(spec: LocalModelSpec, vocab_size: int, max_len: int, tokenizer: Any) -> Any:
     """A randomly initialised (seeded) Llama of the spec's sizes (``hidden_size``, heads...)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(int(spec.get("seed", 42)))
+    torch.manual_seed(spec.seed)
     config = LlamaConfig(
         vocab_size=vocab_size,
-        hidden_size=int(spec["hidden_size"]),
-        intermediate_size=int(spec["intermediate_size"]),
-        num_hidden_layers=int(spec["num_hidden_layers"]),
-        num_attention_heads=int(spec["num_attention_heads"]),
-        num_key_value_heads=int(spec["num_attention_heads"]),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_attention_heads,
         max_position_embeddings=max_len,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,

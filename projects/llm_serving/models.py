@@ -12,10 +12,10 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from analysis.strict import ImageRef, Name, StrictSettings
-from projects.library import EngineConfig, TestBlock
+from projects.library import TestBlock
 from projects.library.tiny_lm import LocalModelSpec
 
-__all__ = ["ConfigModel", "KubeServingBlock", "LocalServingBlock", "ServingSettings",
+__all__ = ["KubeServingBlock", "LocalServingBlock", "ServingSettings",
            "ServingTest"]
 
 Concurrency = Annotated[int, Field(ge=1, le=1024)]
@@ -116,15 +116,3 @@ class ServingTest(TestBlock):
         "warnings are recorded only.")
     local: LocalServingBlock = Field(default_factory=LocalServingBlock)
     kubernetes: KubeServingBlock = Field(default_factory=KubeServingBlock)
-
-
-class Tests(StrictSettings):
-    """``tests``."""
-
-    llm_serving: ServingTest
-
-
-class ConfigModel(EngineConfig):
-    """The whole llm_serving config file."""
-
-    tests: Tests

@@ -44,7 +44,7 @@ from projects.library.runs import run_timestamps, run_uuid
 from projects.llm_serving import install, validity
 from projects.llm_serving.kpis import KPIS, as_serving, labels, results_summary
 from projects.llm_serving.manifests import JOB_NAME_LABEL, LOAD_SCRIPT, cell_manifests
-from projects.llm_serving.models import ConfigModel, ServingSettings, ServingTest
+from projects.llm_serving.models import ServingSettings, ServingTest
 from projects.llm_serving.parser import LOAD_STEP, ServingParser
 
 __all__ = ["PROJECT", "model_dir"]
@@ -263,8 +263,7 @@ PROJECT = Project(
     analysis_only=("ttft_ms", "itl_ms", "tpot_ms", "request_latency_s", "server_counters"),
     folder=FOLDER,
     flow_name="llm-serving",
-    config_model=ConfigModel,
-    settings_model=ServingSettings,
+    test_model=ServingTest,
     workload_step=LOAD_STEP,
     local=local_workload,
     kubernetes=kube_workload,

@@ -90,6 +90,14 @@ class Platform(Protocol):
 
     name: str
 
+    @classmethod
+    def ahead(cls, project: Project, config: Config,
+              artifact_dir: Path | None) -> AbstractContextManager[None]:
+        """What the platform starts before a command line's flow, stopped when it ends.
+
+        It overlaps Prefect's temporary API starting. Best effort: the run starts its own.
+        """
+
     def prepare(self, run: RunContext, cells: Sequence[Cell]) -> None:
         """Fail fast, before any cell runs, on what would fail every cell; install needs."""
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,8 @@ from typing import Any
 from analysis.errors import ConfigError
 from analysis.safeio import write_json, write_text
 from blocks.s3 import S3Target
+from projects.config import Config
+from projects.contract import Project
 from projects.matrix import Cell
 from tasks.artifacts import artifact_dir, step
 from tasks.kube import prepare as kube_prepare
@@ -131,6 +133,12 @@ class KubernetesPlatform:
     """A cluster reached through a kubeconfig (see the module docstring)."""
 
     name = "kubernetes"
+
+    @classmethod
+    def ahead(cls, project: Project, config: Config,
+              artifact_dir: Path | None) -> AbstractContextManager[None]:
+        """Nothing to start before the flow: the cluster is there, or the run creates it."""
+        return nullcontext()
 
     def prepare(self, run_ctx: RunContext, cells: Sequence[Cell]) -> None:
         """Check the API, deploy the fan-out's S3 when asked, install operators."""

@@ -10,7 +10,7 @@ from typing import Literal
 from analysis.errors import ConfigError
 from tasks.platforms.base import Platform
 
-__all__ = ["PlatformName", "find_kubeconfig", "make_platform", "select_platform"]
+__all__ = ["platform_type", "PlatformName", "find_kubeconfig", "make_platform", "select_platform"]
 
 PlatformName = Literal["local", "kubernetes"]
 
@@ -69,14 +69,19 @@ def select_platform(requested: str, kubeconfig: str | None = None,
     return "local", None
 
 
-def make_platform(name: str) -> Platform:
-    """The `Platform` implementation of a selected platform name."""
+def platform_type(name: str) -> type[Platform]:
+    """The `Platform` class of a selected platform name (imported only when chosen)."""
     if name == "local":
         from tasks.platforms.local import LocalPlatform
 
-        return LocalPlatform()
+        return LocalPlatform
     if name == "kubernetes":
         from tasks.platforms.kubernetes import KubernetesPlatform
 
-        return KubernetesPlatform()
+        return KubernetesPlatform
     raise ConfigError(f"unknown platform {name!r}; choose local or kubernetes")
+
+
+def make_platform(name: str) -> Platform:
+    """The `Platform` implementation of a selected platform name."""
+    return platform_type(name)()

@@ -425,3 +425,29 @@ def test_rebuild_image_builds_each_target_and_prints_its_digest(tmp_path: Path) 
     missing = cli("--rebuild-image", "--artifact-dir", str(tmp_path / "none"),
                   env={"HOMELAB_CI": ""})
     assert missing.returncode == 2 and "--pr N" in missing.stderr
+
+
+@pytest.mark.slow
+def test_a_command_line_run_resolves_its_config_once(tmp_path: Path, prefect_harness,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI resolves (and validates) the config; the flow it starts takes that one."""
+    import projects.config
+    from flows.project_cli import project_main
+
+    made: list[object] = []
+    real = projects.config.Config.__init__
+
+    def counted(self: object, *args: object, **kwargs: object) -> None:
+        made.append(self)
+        real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(projects.config.Config, "__init__", counted)
+    code = project_main("fine_tuning", ["--preset", "light", "--platform", "local",
+                                        "--artifact-dir", str(tmp_path / "run"),
+                                        "--var", "analysis.history_uri=" +
+                                        str(tmp_path / "history")])
+    assert code == 0
+    # the run's config was made once (the flow took the command line's); others made
+    # without presets are the PR-comment policy's reads of the base file
+    assert [c.presets_applied for c in made if c.presets_applied] == [("light", "not_metal")]
+    assert (tmp_path / "run" / "config.yaml").is_file()

@@ -29,6 +29,17 @@ def test_prefect_yaml_deployments_build_and_validate() -> None:
     assert props["platform"]["enum"] == ["auto", "local", "kubernetes"]
 
 
+def test_the_checked_in_prefect_file_is_the_generated_one() -> None:
+    """Every registered project's deployments, derived from its presets (a third project
+    gets its own without editing the file)."""
+    from deployments.prefect_file import main
+
+    assert main(["--check"]) == 0
+    names = {s["name"] for s in load_deployment_specs()}
+    assert {"llm-serving-manual", "llm-serving-nightly"} <= names
+    assert "llm-serving-gating" not in names  # no gating preset, no gating deployment
+
+
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "deployments" / "kubernetes-job-template.json"
 

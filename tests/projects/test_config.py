@@ -8,6 +8,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
+from projects import registry
 from projects.config import (
     Config,
     ConfigError,
@@ -296,10 +297,39 @@ def test_unknown_project() -> None:
 
 def test_json_schema_export() -> None:
     schema = json_schema("fine_tuning")
-    assert schema["title"] == "ConfigModel"
+    assert schema["title"] == "FineTuningConfig"  # the engine's wrapper of the test block
     assert "clusters" in schema["properties"]
+    assert schema["properties"]["tests"]["$ref"].endswith("/FineTuningTests")
+
+
+def test_a_project_declares_its_test_block_and_the_engine_builds_the_file_model() -> None:
+    from projects.contract import config_model_for, settings_model_of
+    from projects.library import EngineConfig
+
+    for name in registry.available():
+        project = registry.load(name)
+        assert issubclass(project.config_model, EngineConfig)
+        assert project.config_model is config_model_for(name, project.test_model)  # once
+        assert project.settings_model is settings_model_of(project.test_model)
+        tests = project.config_model.model_fields["tests"].annotation
+        assert list(tests.model_fields) == [name]
 
 
 def test_config_is_a_value_error() -> None:
     assert issubclass(ConfigError, ValueError)
     assert isinstance(resolve("fine_tuning", env={}), Config)
+
+
+def test_resolve_once_takes_the_active_config_only_for_the_same_request(
+        base: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from projects.config import resolve_once, use_config
+
+    monkeypatch.delenv("TELLTALE__x", raising=False)
+    first = resolve(base, ["b"], overrides={"x": 3})
+    with use_config(first):
+        assert resolve_once(base, ["b"], {"x": 3}) is first  # the CLI's, not a second one
+        assert resolve_once(base, ["b"], {"x": 4}) is not first
+        assert resolve_once(base, [], {"x": 3}) is not first
+        monkeypatch.setenv("TELLTALE__x", "5")  # the environment changed since
+        assert resolve_once(base, ["b"], {"x": 3}).get("x") == 5
+    assert resolve_once(base, ["b"], {"x": 3}) is not first  # none active

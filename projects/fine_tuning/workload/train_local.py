@@ -31,21 +31,22 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from projects.fine_tuning.trainer import TrainerConfig
 from projects.library.tiny_lm import build_model, build_tokenizer, read_samples
 
 
-def _apply_peft(model: Any, cfg: dict[str, Any]) -> Any:
-    method = str(cfg.get("peft_method") or "none").lower()
-    if method in ("none", "full", ""):
+def _apply_peft(model: Any, cfg: TrainerConfig) -> Any:
+    if cfg.peft_method in (None, "none"):
         return model
-    if method != "lora":
-        raise SystemExit(f"peft_method {method!r} is not supported locally (lora or none)")
+    if cfg.peft_method != "lora":
+        raise SystemExit(f"peft_method {cfg.peft_method!r} is not supported locally "
+                         "(lora or none)")
     from peft import LoraConfig, get_peft_model
 
-    lora = LoraConfig(r=int(cfg.get("r", 8)), lora_alpha=int(cfg.get("lora_alpha", 16)),
-                      lora_dropout=float(cfg.get("lora_dropout", 0.0)),
-                      target_modules=list(cfg.get("target_modules") or ["q_proj", "v_proj"]),
-                      task_type="CAUSAL_LM")
+    lora = LoraConfig(r=cfg.r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                      target_modules=list(cfg.target_modules), task_type="CAUSAL_LM")
     return get_peft_model(model, lora)
 
 
@@ -75,7 +76,16 @@ def main(argv: list[str]) -> int:
         print("usage: python -m projects.fine_tuning.workload.train_local CONFIG_JSON",
               file=sys.stderr)
         return 2
-    cfg = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+    try:
+        cfg = TrainerConfig.model_validate_json(Path(argv[0]).read_text(encoding="utf-8"))
+    except (OSError, ValidationError) as exc:
+        print(f"error: {argv[0]}: {exc}", file=sys.stderr)
+        return 2
+    if cfg.telltale_local_model is None:
+        print(f"error: {argv[0]}: telltale_local_model is missing (the local trainer builds "
+              "its model from it)", file=sys.stderr)
+        return 2
+    spec = cfg.telltale_local_model
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is ever downloaded
 
@@ -84,11 +94,10 @@ def main(argv: list[str]) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_warning()
-    torch.set_num_threads(max(1, int(cfg.get("torch_threads") or os.cpu_count() or 1)))
-    max_len = int(cfg.get("max_seq_length", 256))
-    texts = read_samples(Path(cfg["training_data_path"]), int(cfg.get("dataset_replication", 1)))
-    spec = cfg["telltale_local_model"]
-    tokenizer = build_tokenizer(texts, int(spec.get("vocab_size", 512)), max_len)
+    torch.set_num_threads(cfg.telltale_torch_threads or os.cpu_count() or 1)
+    max_len = cfg.max_seq_length
+    texts = read_samples(Path(cfg.training_data_path), cfg.dataset_replication)
+    tokenizer = build_tokenizer(texts, spec.vocab_size, max_len)
     encodings = [tokenizer(t, truncation=True, max_length=max_len)["input_ids"] +
                  [tokenizer.eos_token_id] for t in texts]
     encodings = [e[:max_len] for e in encodings]
@@ -99,20 +108,22 @@ def main(argv: list[str]) -> int:
     print(f"dataset stats: {json.dumps(stats)}", flush=True)
 
     model = _apply_peft(build_model(spec, len(tokenizer), max_len, tokenizer), cfg)
-    max_steps = cfg.get("max_steps")
     args = TrainingArguments(
-        output_dir=str(cfg.get("output_dir", "output")),
-        per_device_train_batch_size=int(cfg.get("per_device_train_batch_size", 4)),
-        gradient_accumulation_steps=int(cfg.get("gradient_accumulation_steps", 1)),
-        learning_rate=float(cfg.get("learning_rate", 3e-4)),
-        num_train_epochs=float(cfg.get("num_train_epochs", 1)),
-        max_steps=int(max_steps) if max_steps else -1,
-        logging_steps=int(cfg.get("logging_steps", 5)),
+        output_dir=cfg.output_dir,
+        per_device_train_batch_size=cfg.per_device_train_batch_size,
+        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+        learning_rate=cfg.learning_rate,
+        num_train_epochs=cfg.num_train_epochs,
+        max_steps=cfg.max_steps or -1,
+        logging_steps=cfg.logging_steps,
+        # transformers 5 reads a float below 1 as a share of the steps (1.0 would be 1 step)
+        warmup_steps=min(cfg.warmup_ratio, 0.999),
+        weight_decay=cfg.weight_decay,
         include_num_input_tokens_seen="all",
         save_strategy="no",
         report_to="none",
         use_cpu=True,
-        seed=int(spec.get("seed", 42)),
+        seed=spec.seed,
         dataloader_num_workers=0,
     )
     collator = DataCollatorForLanguageModeling(tokenizer=tokenizer, mlm=False)
