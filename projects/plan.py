@@ -12,6 +12,7 @@ from analysis.safeio import write_text
 from analysis.terminal import printable
 from analysis.yamlio import dump_yaml
 from projects.config import Config
+from projects.library.tests import TestBlock
 from projects.matrix import Cell, expand
 
 __all__ = ["Plan", "build_plan", "cells_of", "format_plan", "write_plan"]
@@ -42,24 +43,18 @@ def cells_of(config: Config, test: str) -> list[Cell]:
     override that leaves a cell invalid (a value list where the workload takes a list
     value) is a user error naming the cell and the setting, never a failure minutes later.
 
-    The matrix is read from the typed test block; only ``test_settings`` is expanded from
-    the values as written, because the history keys each cell by a hash of exactly those
-    (the model writes ``epochs: 1`` back as ``1.0``, which would start every series anew).
+    The matrix is read from the typed test block (its ``test_settings`` as written: see
+    `TestBlock.settings_as_written`).
 
     Raises:
         ConfigError: An invalid matrix (see `expand`) or an invalid cell.
     """
     block = _test_block(config, test)
     base = f"tests.{test}"
-    cells = expand(
-        config.get(f"{base}.test_settings"),
-        block.test_extra_settings if block is not None else
-        config.get(f"{base}.test_extra_settings", []),
-        block.skip_if if block is not None else config.get(f"{base}.skip_if", []),
-        max_cells=config.typed.matrix.max_cells if config.typed is not None else None,
-    )
-    settings = type(block.test_settings) if block is not None and isinstance(
-        block.test_settings, BaseModel) else None
+    cells = expand(block.settings_as_written, block.test_extra_settings, block.skip_if,
+                   max_cells=config.model.matrix.max_cells)
+    settings = type(block.test_settings) if isinstance(block.test_settings, BaseModel) \
+        else None
     if settings is not None:
         for cell in cells:
             try:
@@ -73,10 +68,17 @@ def cells_of(config: Config, test: str) -> list[Cell]:
     return cells
 
 
-def _test_block(config: Config, test: str) -> Any:
-    """The typed ``tests.<test>`` block (None for a bare YAML file)."""
-    tests = getattr(config.typed, "tests", None)
-    return getattr(tests, test, None) if tests is not None else None
+def _test_block(config: Config, test: str) -> TestBlock:
+    """The typed ``tests.<test>`` block.
+
+    Raises:
+        ConfigError: The config has no model, or no such test block.
+    """
+    block = getattr(getattr(config.model, "tests", None), test, None)
+    if not isinstance(block, TestBlock):
+        raise ConfigError(f"the config has no tests.{test} block", file=config.file,
+                          key=f"tests.{test}")
+    return block
 
 
 def build_plan(config: Config, platform: str, *, test: str) -> Plan:

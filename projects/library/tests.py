@@ -8,9 +8,10 @@ namespace, and the multi-user fan-out.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, PrivateAttr, ValidatorFunctionWrapHandler, model_validator
 
 from analysis.settings import AnalysisSettings
 from analysis.strict import DnsLabel, StrictSettings
@@ -65,6 +66,24 @@ class TestBlock(StrictSettings):
         default_factory=list, description="Experiment groups merged over test_settings."
     )
     multi_user: MultiUserBlock = Field(default_factory=MultiUserBlock)
+    _written: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _keep_as_written(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        block = handler(data)
+        if isinstance(data, dict) and isinstance(data.get("test_settings"), dict):
+            block._written = copy.deepcopy(data["test_settings"])
+        return block
+
+    @property
+    def settings_as_written(self) -> dict[str, Any]:
+        """``test_settings`` as the config wrote it, validated by the typed field.
+
+        The matrix expands these: the history keys each cell by a hash of its values as
+        written, and the model would write ``epochs: 1`` back as ``1.0``.
+        """
+        return copy.deepcopy(self._written)
 
 
 class PrCommentBlock(StrictSettings):

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from projects.config import ConfigError, resolve
 from projects.matrix import expand
@@ -47,3 +49,23 @@ def test_sweep_preset_expands() -> None:
     cells = cells_of(resolve("fine_tuning", ["sweep"], env={}), "fine_tuning")
     assert len(cells) == 4
     assert sum(c.skip_reason is not None for c in cells) == 1
+
+
+@settings(max_examples=25, deadline=None)
+@given(epochs=st.one_of(st.integers(1, 50), st.lists(st.integers(1, 50), min_size=1,
+                                                      max_size=3, unique=True)),
+       rate=st.sampled_from([1, 0.001, 2e-4]))
+def test_cells_keep_the_values_as_written(epochs: object, rate: object) -> None:
+    """The typed block validates the matrix, but each cell keeps the values as the config
+    wrote them (an int stays an int where the model takes a float): the history keys a
+    cell by the hash of exactly those, and a coerced ``1.0`` would start every series anew."""
+    import json
+
+    config = resolve("fine_tuning", ["light"], env={}, overrides={
+        "tests.fine_tuning.test_settings.hyper_parameters.num_train_epochs": epochs,
+        "tests.fine_tuning.test_settings.hyper_parameters.learning_rate": rate})
+    cells = cells_of(config, "fine_tuning")
+    wanted = epochs if isinstance(epochs, list) else [epochs]
+    assert [c.settings["hyper_parameters"]["num_train_epochs"] for c in cells] == wanted
+    assert all(json.dumps(c.settings["hyper_parameters"]["learning_rate"]) == json.dumps(rate)
+               for c in cells)
