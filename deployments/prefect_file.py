@@ -19,7 +19,6 @@ project (alphabetical order) so two projects' nights never share a machine's fir
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any
 
 import yaml
 
+from deployments.generated import generated_main
 from projects import registry
 from projects.config import resolve
 
@@ -135,21 +135,8 @@ def render() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Print the generated file, or with ``--check`` compare it with the checked-in one."""
-    parser = argparse.ArgumentParser(prog="python -m deployments.prefect_file",
-                                     description="Generate deployments/prefect.yaml.")
-    parser.add_argument("--check", action="store_true",
-                        help=f"exit 1 when {PREFECT_FILE.name} differs from the generated text")
-    args = parser.parse_args(argv)
-    text = render()
-    if args.check:
-        current = PREFECT_FILE.read_text(encoding="utf-8") if PREFECT_FILE.is_file() else ""
-        if current != text:
-            print(f"{PREFECT_FILE} is stale: run python -m deployments.prefect_file > "
-                  "deployments/prefect.yaml", file=sys.stderr)
-            return 1
-        return 0
-    sys.stdout.write(text)
-    return 0
+    return generated_main("deployments.prefect_file", PREFECT_FILE, render,
+                          "deployments/prefect.yaml", argv)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ and checks that every request the flows make against the test API server is gran
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from deployments.generated import generated_main
 from projects.library.kinds import Kind
 from tasks.kube.kinds import all_kinds
 
@@ -96,22 +96,8 @@ def grants(rules: Iterable[dict[str, Any]], group: str, resource: str, verb: str
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Print the generated RBAC, or with ``--check`` compare it with the checked-in file."""
-    parser = argparse.ArgumentParser(prog="python -m deployments.rbac",
-                                     description="Generate the runner's RBAC.")
-    parser.add_argument("--check", action="store_true",
-                        help=f"exit 1 when {RBAC_FILE.name} differs from the generated text")
-    args = parser.parse_args(argv)
-    text = render()
-    if args.check:
-        current = RBAC_FILE.read_text(encoding="utf-8") if RBAC_FILE.is_file() else ""
-        if current != text:
-            print(f"{RBAC_FILE} is stale: run python -m deployments.rbac > "
-                  "deployments/kubernetes-rbac.yaml", file=sys.stderr)
-            return 1
-        return 0
-    sys.stdout.write(text)
-    return 0
+    """Print the generated file, or with ``--check`` compare it with the checked-in one."""
+    return generated_main("deployments.rbac", RBAC_FILE, render, "the runner's RBAC", argv)
 
 
 if __name__ == "__main__":

@@ -83,16 +83,32 @@ def test_image_pull_backoff_fails_fast_and_cleans_up(tmp_path: Path, prefect_har
     assert (job_dir / "artifacts" / "pod.json").is_file()  # captured even though it failed
 
 
+# what each fan-out user's trainer prints: the summary line the parser reads
+USER_SUMMARY = ("{'train_runtime': 10.0, 'train_samples_per_second': 5.0, "
+                "'train_steps_per_second': 1.0, 'train_tokens_per_second': 1000.0, "
+                "'train_loss': 1.0, 'epoch': 1.0}")
+
+
+def _scale_test(tmp_path: Path, url: str, s3_server: str, s3_bucket: str,
+                overrides: dict) -> object:
+    """The scale_test preset on the API server, each user printing `USER_SUMMARY`."""
+    from flows.fine_tuning.flow import fine_tuning
+    from flows.orchestration import outcome_of
+
+    return outcome_of(fine_tuning(presets=["scale_test"], platform="kubernetes", overrides={
+        "clusters.kubeconfig": write_kubeconfig(tmp_path / "kc", url),
+        "analysis.history_uri": str(tmp_path / "history"),
+        "tests.fine_tuning.multi_user.s3_endpoint": s3_server,
+        "tests.fine_tuning.multi_user.s3_bucket": s3_bucket,
+        "tests.fine_tuning.multi_user.command": ["python3", "-c", f"print({USER_SUMMARY!r})"],
+        **overrides}, artifact_dir=str(tmp_path / "run"), return_state=True))
+
+
 def test_scale_test_on_the_cluster_fans_out_an_indexed_job(tmp_path: Path, prefect_harness,
                                                            s3_server: str,
                                                            s3_bucket: str) -> None:
-    from flows.fine_tuning.flow import fine_tuning
-    from flows.orchestration import outcome_of
     from tests.servers.fake_operators import IndexedJobController
 
-    summary = ("{'train_runtime': 10.0, 'train_samples_per_second': 5.0, "
-               "'train_steps_per_second': 1.0, 'train_tokens_per_second': 1000.0, "
-               "'train_loss': 1.0, 'epoch': 1.0}")
     with kube_server() as (url, state):
         seed_cluster(state, rhoai=None)
         mount = tmp_path / "mount"
@@ -100,16 +116,10 @@ def test_scale_test_on_the_cluster_fans_out_an_indexed_job(tmp_path: Path, prefe
         controller = IndexedJobController(state, str(mount))
         controller.start()
         try:
-            outcome = outcome_of(fine_tuning(presets=["scale_test"], platform="kubernetes", overrides={
-                "clusters.kubeconfig": write_kubeconfig(tmp_path / "kc", url),
-                "analysis.history_uri": str(tmp_path / "history"),
+            outcome = _scale_test(tmp_path, url, s3_server, s3_bucket, {
                 "tests.fine_tuning.multi_user.user_count": 5,
                 "tests.fine_tuning.multi_user.collect_batch": 2,
-                "tests.fine_tuning.multi_user.sleep_factor": 0.2,
-                "tests.fine_tuning.multi_user.s3_endpoint": s3_server,
-                "tests.fine_tuning.multi_user.s3_bucket": s3_bucket,
-                "tests.fine_tuning.multi_user.command": ["python3", "-c", f"print({summary!r})"]},
-                artifact_dir=str(tmp_path / "run"), return_state=True))
+                "tests.fine_tuning.multi_user.sleep_factor": 0.2})
         finally:
             controller.stop()
         assert outcome.exit_code == 0, outcome.failures
@@ -128,8 +138,6 @@ def test_a_pr_build_and_nodes_of_their_own_run_the_users_and_are_given_back(
     """``--pr`` with a tainted MachineSet: prepare builds Telltale's images from the PR and
     brings the nodes up; the user pods run the PR's program by digest, on those nodes; the
     cleanup deletes the clone, the builds and their image stream tags."""
-    from flows.fine_tuning.flow import fine_tuning
-    from flows.orchestration import outcome_of
     from tests.servers.fake_openshift import (
         BuildController,
         MachineController,
@@ -137,9 +145,6 @@ def test_a_pr_build_and_nodes_of_their_own_run_the_users_and_are_given_back(
     )
     from tests.servers.fake_operators import IndexedJobController
 
-    summary = ("{'train_runtime': 10.0, 'train_samples_per_second': 5.0, "
-               "'train_steps_per_second': 1.0, 'train_tokens_per_second': 1000.0, "
-               "'train_loss': 1.0, 'epoch': 1.0}")
     with kube_server() as (url, state):
         seed_cluster(state, rhoai=None)
         seed_machine_api(state)
@@ -150,19 +155,13 @@ def test_a_pr_build_and_nodes_of_their_own_run_the_users_and_are_given_back(
         for controller in controllers:
             controller.start()
         try:
-            outcome = outcome_of(fine_tuning(presets=["scale_test"], platform="kubernetes", overrides={
-                "clusters.kubeconfig": write_kubeconfig(tmp_path / "kc", url),
-                "analysis.history_uri": str(tmp_path / "history"),
+            outcome = _scale_test(tmp_path, url, s3_server, s3_bucket, {
                 "clusters.image_build.pr": 42,
                 "clusters.image_build.git_url": "https://github.com/org/telltale",
                 "clusters.sutest.compute.machineset.enabled": True,
                 "clusters.sutest.compute.machineset.replicas": 2,
                 "clusters.sutest.compute.machineset.taint": {"key": "telltale.io/compute"},
-                "tests.fine_tuning.multi_user.user_count": 3,
-                "tests.fine_tuning.multi_user.s3_endpoint": s3_server,
-                "tests.fine_tuning.multi_user.s3_bucket": s3_bucket,
-                "tests.fine_tuning.multi_user.command": ["python3", "-c", f"print({summary!r})"]},
-                artifact_dir=str(tmp_path / "run"), return_state=True))
+                "tests.fine_tuning.multi_user.user_count": 3})
             events = list(state.events)
         finally:
             for controller in controllers:
