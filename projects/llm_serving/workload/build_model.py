@@ -16,9 +16,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from projects.library.tiny_lm import build_model, build_tokenizer, read_samples
+from pydantic import ValidationError
 
-VOCAB = 512
+from projects.library.tiny_lm import LocalModelSpec, build_model, build_tokenizer, read_samples
 
 
 def main(argv: list[str]) -> int:
@@ -26,10 +26,14 @@ def main(argv: list[str]) -> int:
     if len(argv) != 4:
         print(__doc__, file=sys.stderr)
         return 2
-    spec, corpus, max_len, out = json.loads(argv[0]), Path(argv[1]), int(argv[2]), Path(argv[3])
+    try:  # the same model the config validated: its defaults, declared once
+        spec = LocalModelSpec.model_validate_json(argv[0])
+    except ValidationError as exc:
+        print(f"error: the model spec: {exc}", file=sys.stderr)
+        return 2
+    corpus, max_len, out = Path(argv[1]), int(argv[2]), Path(argv[3])
     staging = out.with_name(f"{out.name}.tmp-{os.getpid()}")
-    tokenizer = build_tokenizer(read_samples(corpus, 1), int(spec.get("vocab_size", VOCAB)),
-                                max_len)
+    tokenizer = build_tokenizer(read_samples(corpus, 1), spec.vocab_size, max_len)
     model = build_model(spec, len(tokenizer), max_len, tokenizer)
     model.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
