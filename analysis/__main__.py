@@ -177,7 +177,12 @@ def history_main(argv: Sequence[str]) -> int:
         env_settings()
         frame = HistoryStore(args.history).read()
         if frame.empty:
-            raise UserError(f"the history {args.history} holds no run")
+            # the data dir keeps one history per project: name the folders a root holds
+            inner = sorted(d.name for d in Path(args.history).glob("*/")
+                           if any(d.glob("*.parquet"))) if "://" not in args.history else []
+            raise UserError(f"the history {args.history} holds no run" + (
+                f"; its folders hold the histories of {', '.join(inner)}: give one, e.g. "
+                f"--history {Path(args.history) / inner[0]}" if inner else ""))
         chosen = filter_history(frame, args.select, args.kpi)
         if args.csv:
             writable_dir(str(Path(args.csv).parent), "--csv")

@@ -76,3 +76,9 @@ def test_the_command_lists_and_writes_csv(tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=300, check=False)
     assert bad.returncode == 2 and "no run in the history has a label 'nolabel'" in bad.stderr
     assert to_csv_frame(frame).shape[0] == len(frame)
+    # the data dir's history root holds one folder a project: it names them
+    root = subprocess.run([sys.executable, "-m", "analysis", "history", "--history",
+                           str(tmp_path)], capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert root.returncode == 2
+    assert f"the histories of hist: give one, e.g. --history {tmp_path / 'hist'}" in root.stderr
