@@ -86,3 +86,9 @@ def s3_bucket(s3_server: str, monkeypatch: pytest.MonkeyPatch) -> str:
     name = f"tt-{uuid.uuid4().hex[:12]}"
     boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1").create_bucket(Bucket=name)
     return name
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Whole-flow tests first: a minute-long test started last keeps one worker busy while
+    the others idle (the suite's tail); work stealing evens out the short ones after."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
