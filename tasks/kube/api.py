@@ -156,6 +156,27 @@ class Kube:
         body = self._call("GET", path, query=query, what=f"list {kind}")
         return list(body.get("items") or [])
 
+    def require(self, api_version: str, kind: str, namespace: str | None, *, what: str,
+                key: str) -> None:
+        """Refuse, naming the config key, a feature whose API the cluster does not serve.
+
+        A cluster without OpenShift's Machine or build API answers 404 for the kind's
+        collection: that is a user error (exit 2), not a failed step.
+
+        Raises:
+            ConfigError: The cluster does not serve ``api_version``/``kind``.
+        """
+        from analysis.errors import ConfigError
+
+        try:
+            self.list(api_version, kind, namespace)
+        except PermanentServiceError as exc:
+            if exc.status != 404:
+                raise
+            raise ConfigError(f"{what} needs {api_version} {kind}, which this cluster does "
+                              "not serve (OpenShift's API): unset it on this cluster",
+                              key=key) from None
+
     def _labelled(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
         obj = json.loads(json.dumps(manifest))
         labels = obj.setdefault("metadata", {}).setdefault("labels", {})

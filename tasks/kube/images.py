@@ -190,6 +190,9 @@ def run_builds(kube: Kube, shared: Kube, block: ImageBuildBlock, namespace: str,
     manifests = build_manifests(block, namespace, run_id=run_id,
                                 git_url=git_url or git_url_of(block), containerfile=text)
     shared.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    for api_version, kind in (BUILD_CONFIG, IMAGE_STREAM):
+        kube.require(api_version, kind, namespace, what="a PR build (clusters.image_build.pr)",
+                     key="clusters.image_build.pr")
     shared.apply(manifests[0])  # the ImageStream outlives the run, like the namespace
     started: dict[str, str] = {}
     for manifest, target in zip(manifests[1:], block.targets, strict=True):

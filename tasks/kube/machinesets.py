@@ -268,6 +268,8 @@ def bring_up(kube: Kube, block: MachineSetBlock, role: Role, run_id: str, *,
         ConfigError: Nothing to clone, or ``auto`` cannot be computed.
     """
     name = machineset_name(block, role)
+    kube.require(*MACHINESET, block.namespace, what=f"clusters.{role}.compute.machineset",
+                 key=f"clusters.{role}.compute.machineset.enabled")
     existing = kube.get(*MACHINESET, name, block.namespace)
     first = replicas if isinstance(replicas, int) else 1
     labels = (existing or {}).get("metadata", {}).get("labels") or {}

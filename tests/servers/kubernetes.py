@@ -214,6 +214,7 @@ class KubeState:
         self.logs: dict[tuple[str, str], str] = {}
         self.failures: list[tuple[int, str | None]] = []
         self.requests: list[tuple[str, str, int]] = []
+        self.unserved: set[str] = set()  # API groups this cluster lacks (plain Kubernetes)
         for name in ("default", "kube-system"):
             self.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
 
@@ -354,7 +355,7 @@ class _Handler(BaseHTTPRequestHandler):
         name = rest[1] if len(rest) > 1 else None
         sub = rest[2] if len(rest) > 2 else None
         resource = _BY_PATH.get((group, version, plural))
-        if resource is None:
+        if resource is None or group in self.state.unserved:
             self._send(404, _status(404, "NotFound", "the server could not find the requested "
                                     f"resource ({plural})"))
             return None

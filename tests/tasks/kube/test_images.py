@@ -152,3 +152,15 @@ def test_the_pr_comes_from_the_ci_only_when_it_says_so() -> None:
     with pytest.raises(ConfigError, match="no PR"):
         build_manifests(ImageBuildBlock(), NS, run_id=None, git_url="https://x/y",
                         containerfile=CONTAINERFILE.read_text())
+
+
+def test_a_cluster_without_the_build_api_is_a_user_error_naming_the_key(
+        tmp_path: Path) -> None:
+    with kube_server() as (url, state):
+        state.unserved.add("build.openshift.io")
+        api = api_client(write_kubeconfig(tmp_path / "kc", url))
+        with pytest.raises(ConfigError, match="does not serve") as info:
+            run_builds(Kube(api, "run-3"), Kube(api), BLOCK, NS, run_id="run-3",
+                       here=tmp_path / "logs")
+        assert info.value.key == "clusters.image_build.pr"
+        assert not state.list("image.openshift.io/v1", "ImageStream")  # nothing applied

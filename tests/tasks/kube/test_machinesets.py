@@ -194,3 +194,15 @@ def test_per_node_is_the_most_pods_a_node_holds(cpu_m: int, want_m: int, gpus: i
     # one more pod would not fit on some resource
     assert any((fits + 1) * want > (cpu_m / 1000 if r == "cpu" else gpus) + 1e-9
                for r, want in requests.items() if want > 0)
+
+
+def test_a_cluster_without_the_machine_api_is_a_user_error_naming_the_key(
+        tmp_path: Path) -> None:
+    """Plain Kubernetes serves no MachineSet: exit 2 naming the key, not a failed step."""
+    with kube_server() as (url, state):
+        state.unserved.add("machine.openshift.io")
+        kubeconfig = write_kubeconfig(tmp_path / "kc", url)
+        with pytest.raises(ConfigError, match="does not serve") as info:
+            bring_up(Kube(api_client(kubeconfig), "run-5"), MachineSetBlock(enabled=True),
+                     "driver", "run-5", replicas=1)
+        assert info.value.key == "clusters.driver.compute.machineset.enabled"
