@@ -156,6 +156,19 @@ class Kube:
         body = self._call("GET", path, query=query, what=f"list {kind}")
         return list(body.get("items") or [])
 
+    def list_served(self, api_version: str, kind: str, namespace: str | None = None, *,
+                    labels: str | None = None) -> list[dict[str, Any]]:
+        """`list`, but none when the cluster does not serve the kind.
+
+        No KServe, no OpenShift Machine API: nothing of that kind can be there.
+        """
+        try:
+            return self.list(api_version, kind, namespace, labels=labels)
+        except PermanentServiceError as exc:
+            if exc.status == 404:
+                return []
+            raise
+
     def require(self, api_version: str, kind: str, namespace: str | None, *, what: str,
                 key: str) -> None:
         """Refuse, naming the config key, a feature whose API the cluster does not serve.

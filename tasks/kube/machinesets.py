@@ -32,7 +32,7 @@ from pydantic import BaseModel
 from analysis.errors import ConfigError, StepError
 from projects.library.clusters import MachineSetBlock
 from tasks.kube.api import KEEP_LABEL, RUN_ID_LABEL, Kube
-from tasks.kube.placement import COMPUTE_LABEL, Role, machineset_name, quantity
+from tasks.kube.placement import COMPUTE_LABEL, Role, machineset_name, quantity, taint_of
 
 __all__ = ["MACHINESET", "SCALED_BY_LABEL", "MachineSetUp", "auto_replicas", "bring_up",
            "find_scaled_leaks", "give_back", "give_back_run", "machineset_manifest",
@@ -87,7 +87,7 @@ def machineset_manifest(block: MachineSetBlock, role: Role, replicas: int,
     node_meta = dict(machine_spec.get("metadata") or {})
     node_meta["labels"] = {**(node_meta.get("labels") or {}), COMPUTE_LABEL: role}
     machine_spec["metadata"] = node_meta
-    taint = _taint(block, role)
+    taint = taint_of(block, role)
     if taint is not None:
         machine_spec["taints"] = [t for t in machine_spec.get("taints") or []
                                   if t.get("key") != taint["key"]] + [taint]
@@ -178,18 +178,11 @@ def _node_patch(node: Mapping[str, Any], role: str, taint: Mapping[str, str] | N
             "spec": {"taints": taints}}
 
 
-def _taint(block: MachineSetBlock, role: str) -> dict[str, str] | None:
-    if block.taint is None:
-        return None
-    return {"key": block.taint.key, "value": block.taint.value or role,
-            "effect": block.taint.effect}
-
-
 def _mark_nodes(kube: Kube, nodes: Sequence[str], role: str, block: MachineSetBlock) -> None:
     for name in nodes:
         node = kube.get("v1", "Node", name)
         if node is not None:
-            kube.patch("v1", "Node", name, _node_patch(node, role, _taint(block, role), False))
+            kube.patch("v1", "Node", name, _node_patch(node, role, taint_of(block, role), False))
 
 
 def per_node(allocatable: Mapping[str, Any], requests: Mapping[str, float]) -> int:
@@ -339,7 +332,7 @@ def give_back(kube: Kube, machineset: Mapping[str, Any]) -> str:
 def give_back_run(kube: Kube, run_id: str, *, keep: bool = False) -> list[str]:
     """Cleanup of one run: every MachineSet it scaled, given back (or marked kept)."""
     done = []
-    for machineset in _list_served(kube, None, f"{SCALED_BY_LABEL}={run_id}"):
+    for machineset in kube.list_served(*MACHINESET, labels=f"{SCALED_BY_LABEL}={run_id}"):
         meta = machineset["metadata"]
         if keep:
             kube.patch(*MACHINESET, meta["name"], {"metadata": {"labels": {KEEP_LABEL: "true"}}},
@@ -350,23 +343,12 @@ def give_back_run(kube: Kube, run_id: str, *, keep: bool = False) -> list[str]:
     return done
 
 
-def _list_served(kube: Kube, namespace: str | None, selector: str) -> list[dict[str, Any]]:
-    from analysis.errors import PermanentServiceError
-
-    try:
-        return kube.list(*MACHINESET, namespace, labels=selector)
-    except PermanentServiceError as exc:
-        if exc.status == 404:  # no Machine API (not OpenShift): nothing was scaled
-            return []
-        raise
-
-
 def find_scaled_leaks(kube: Kube, older_than_s: float,
                       now: float | None = None) -> list[dict[str, Any]]:
     """MachineSets a run scaled (not kept) longer ago than ``older_than_s``."""
     now = time.time() if now is None else now
     leaks = []
-    for machineset in _list_served(kube, None, f"{SCALED_BY_LABEL},!{KEEP_LABEL}"):
+    for machineset in kube.list_served(*MACHINESET, labels=f"{SCALED_BY_LABEL},!{KEEP_LABEL}"):
         stamp = (machineset["metadata"].get("annotations") or {}).get(SCALED_AT_ANNOTATION)
         when = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp \
             else 0.0

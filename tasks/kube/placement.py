@@ -28,7 +28,7 @@ from projects.library.clusters import ClustersBlock, MachineSetBlock
 
 __all__ = ["COMPUTE_LABEL", "IMAGE_PREFIX", "Placement", "Role", "machineset_of",
            "machineset_name", "placements", "pod_demand", "pod_templates", "quantity",
-           "shape", "shape_all"]
+           "shape", "shape_all", "taint_of"]
 
 Role = Literal["sutest", "driver"]
 COMPUTE_LABEL = "telltale.io/compute"
@@ -55,6 +55,14 @@ def machineset_name(block: MachineSetBlock, role: Role) -> str:
     return block.name or f"telltale-{role}"
 
 
+def taint_of(block: MachineSetBlock, role: str) -> dict[str, str] | None:
+    """The taint a role's nodes carry (its value defaults to the role), or None."""
+    if block.taint is None:
+        return None
+    return {"key": block.taint.key, "value": block.taint.value or role,
+            "effect": block.taint.effect}
+
+
 def placements(clusters: ClustersBlock) -> dict[str, Placement]:
     """Role → `Placement`, from the config alone (a plan and a run place pods alike)."""
     result: dict[str, Placement] = {}
@@ -63,12 +71,9 @@ def placements(clusters: ClustersBlock) -> dict[str, Placement]:
         if not block.enabled:
             result[role] = Placement()
             continue
-        tolerations = []
-        if block.taint is not None:
-            tolerations.append({"key": block.taint.key, "operator": "Equal",
-                                "value": block.taint.value or role,
-                                "effect": block.taint.effect})
-        result[role] = Placement({COMPUTE_LABEL: role}, tuple(tolerations))
+        taint = taint_of(block, role)
+        tolerations = ({**taint, "operator": "Equal"},) if taint is not None else ()
+        result[role] = Placement({COMPUTE_LABEL: role}, tolerations)
     return result
 
 

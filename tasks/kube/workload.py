@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.environment import env_settings
-from analysis.errors import PermanentServiceError, StepError
+from analysis.errors import StepError
 from analysis.safeio import write_json, write_text
 from analysis.yamlio import dump_yaml
 from projects.contract import KubeGate, KubeService, KubeWorkload, Staging
@@ -333,7 +333,7 @@ def cleanup_cluster(kubeconfig: str | None, run_id: str, *, keep: bool = False,
     removed: list[str] = []
     for declared in cleanup_kinds():  # dependents first (`Kind.cleanup`)
         api_version, kind = declared.api_version, declared.kind
-        for obj in _list_if_served(kube, api_version, kind, f"{RUN_ID_LABEL}={run_id}"):
+        for obj in kube.list_served(api_version, kind, labels=f"{RUN_ID_LABEL}={run_id}"):
             meta = obj["metadata"]
             label = f"{kind}/{meta.get('namespace', '')}/{meta['name']}"
             if keep:
@@ -351,17 +351,6 @@ def cleanup_cluster(kubeconfig: str | None, run_id: str, *, keep: bool = False,
     return removed
 
 
-def _list_if_served(kube: Kube, api_version: str, kind: str,
-                    labels: str) -> list[dict[str, Any]]:
-    """Labelled objects of a kind; none when the cluster does not serve the kind (no KServe)."""
-    try:
-        return kube.list(api_version, kind, labels=labels)
-    except PermanentServiceError as exc:
-        if exc.status == 404:
-            return []
-        raise
-
-
 def find_leaks(kubeconfig: str | None, older_than_s: float,
                now: float | None = None) -> list[tuple[str, str, str, str | None, str]]:
     """Objects of any run (not kept) older than ``older_than_s``.
@@ -377,7 +366,7 @@ def find_leaks(kubeconfig: str | None, older_than_s: float,
     leaks = []
     for declared in cleanup_kinds():
         api_version, kind = declared.api_version, declared.kind
-        for obj in _list_if_served(kube, api_version, kind, selector):
+        for obj in kube.list_served(api_version, kind, labels=selector):
             meta = obj["metadata"]
             created = datetime.fromisoformat(meta["creationTimestamp"].replace("Z", "+00:00"))
             if now - created.timestamp() >= older_than_s:

@@ -178,15 +178,15 @@ class KubernetesPlatform:
             block = machineset_of(run_ctx.model.clusters, role)  # type: ignore[arg-type]
             if not block.enabled:
                 continue
-            pods, requests = 1, {}
+            pods, requests = 1, dict[str, float]()
             if block.replicas == "auto":  # the busiest cell of the run, its largest pod
                 counts = []
                 for cell in cells:
                     demand = role_demand(run_ctx, run_ctx.cell_context(cell, run_ctx.root))
                     counts.append(sum(n for n, _ in demand[role]))
                     for _, wanted in demand[role]:
-                        requests = {k: max(v, requests.get(k, 0.0)) for k, v in
-                                    {**requests, **wanted}.items()}
+                        for resource, amount in wanted.items():
+                            requests[resource] = max(amount, requests.get(resource, 0.0))
                 pods = max(counts or [1]) or 1
             futures.append(kube_prepare.scale_machineset.submit(
                 run_ctx.kubeconfig, block, role, run_ctx.run_id, pods, requests))
