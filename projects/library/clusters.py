@@ -113,7 +113,9 @@ class ImageBuildBlock(StrictSettings):
         default=None, pattern=r"^https://[A-Za-z0-9.-]+(:\d+)?/[A-Za-z0-9._~/-]+$",
         description="Repository the PR belongs to (https; default: "
         "https://github.com/$REPO_OWNER/$REPO_NAME as the field's CI exports them).")
-    ref: str = Field(default="refs/pull/{pr}/head", pattern=r"^[A-Za-z0-9._/{}-]{1,200}$",
+    # a brace only as the one placeholder: the ref is never a format string
+    ref: str = Field(default="refs/pull/{pr}/head", max_length=200,
+                     pattern=r"^(?:[A-Za-z0-9._/-]|\{pr\})+$",
                      description="Git ref built ({pr} is the PR number).")
     targets: list[Literal["telltale", "user-pod"]] = Field(
         default_factory=lambda: ["telltale", "user-pod"], min_length=1,

@@ -132,7 +132,7 @@ def build_manifests(block: ImageBuildBlock, namespace: str, *, run_id: str | Non
             "spec": {
                 "runPolicy": "Serial",
                 "source": {"type": "Git", "git": {"uri": git_url,
-                                                  "ref": block.ref.format(pr=block.pr)},
+                                                  "ref": block.ref.replace("{pr}", str(block.pr))},
                            "dockerfile": cut_at_target(containerfile, target)},
                 "strategy": {"type": "Docker", "dockerStrategy": {"buildArgs": [
                     {"name": "TELLTALE_IMAGE", "value": f"{block.stream}:{tag}"}]}},

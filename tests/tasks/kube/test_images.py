@@ -164,3 +164,20 @@ def test_a_cluster_without_the_build_api_is_a_user_error_naming_the_key(
                        here=tmp_path / "logs")
         assert info.value.key == "clusters.image_build.pr"
         assert not state.list("image.openshift.io/v1", "ImageStream")  # nothing applied
+
+
+@given(ref=st.text(alphabet="ab/.-_{}pr0", min_size=1, max_size=30), pr=st.integers(1, 10**7))
+def test_a_ref_is_refused_by_the_model_or_built_without_a_brace(ref: str, pr: int) -> None:
+    """The ref is never a format string: a brace other than ``{pr}`` is a config error (exit
+    2), never a KeyError or ValueError from formatting; ``{pr}`` becomes the number."""
+    from pydantic import ValidationError
+
+    try:
+        block = ImageBuildBlock(pr=pr, git_url="https://github.com/org/t", ref=ref)
+    except ValidationError:
+        return
+    built = build_manifests(block, NS, run_id=None, git_url=block.git_url or "",
+                            containerfile=CONTAINERFILE.read_text())[1]
+    git_ref = built["spec"]["source"]["git"]["ref"]
+    assert "{" not in git_ref and "}" not in git_ref
+    assert git_ref == ref.replace("{pr}", str(pr))
