@@ -178,6 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     kubeconfig = args.kubeconfig or find_kubeconfig()
     if kubeconfig is None:
         raise ConfigError("no kubeconfig: pass --kubeconfig or set KUBECONFIG")
+    api_client(kubeconfig)  # an unusable one too (empty, not YAML, no context)
     outcome = janitor(older_than=args.older_than, dry_run=args.dry_run,
                       kubeconfig=kubeconfig)
     verb = "would delete" if outcome.dry_run else "deleted"

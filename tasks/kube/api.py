@@ -74,13 +74,30 @@ def map_api_error(exc: BaseException, what: str) -> Exception:
 
 
 def api_client(kubeconfig: str | None) -> Any:
-    """An ``ApiClient`` for a kubeconfig path, ``"in-cluster"``, or the default kubeconfig."""
-    from kubernetes import client, config
+    """An ``ApiClient`` for a kubeconfig path, ``"in-cluster"``, or the default kubeconfig.
 
-    if kubeconfig == "in-cluster":
-        config.load_incluster_config()
-        return client.ApiClient()
-    return config.new_client_from_config(config_file=kubeconfig)
+    Raises:
+        ConfigError: The kubeconfig cannot be used (empty, not a kubeconfig, no current
+            context, not in a pod): a user error naming ``clusters.kubeconfig``, for every
+            caller (a run, the janitor, ``--rebuild-image``).
+    """
+    from kubernetes import client, config
+    from kubernetes.config.config_exception import ConfigException
+    from yaml import YAMLError
+
+    from analysis.errors import ConfigError
+
+    try:
+        if kubeconfig == "in-cluster":
+            config.load_incluster_config()
+            return client.ApiClient()
+        return config.new_client_from_config(config_file=kubeconfig)
+    except (ConfigException, YAMLError, TypeError, ValueError, AttributeError, KeyError,
+            OSError) as exc:  # the client reads the file as it finds it: any shape
+        where = kubeconfig or "the default kubeconfig"
+        reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise ConfigError(f"kubeconfig {where} cannot be used: {reason}",
+                          key="clusters.kubeconfig") from None
 
 
 class Kube:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from analysis.errors import PermanentServiceError, StepError
 from tasks.kube.api import RUN_ID_LABEL, Kube, api_client
@@ -204,3 +207,33 @@ def test_workload_stages_data_once(tmp_path: Path) -> None:
         assert (tmp_path / "run-a" / "artifacts" / "pytorchjob.json").is_file()
         staging_jobs = [j["metadata"]["name"] for j in state.list("batch/v1", "Job")]
         assert staging_jobs == ["ft-000-staging"]
+
+
+_KUBECONFIG_TEXTS = st.one_of(
+    st.text(max_size=200),
+    st.sampled_from(["", "a: [1\n", "- 1\n", "apiVersion: v1\nkind: Config\n",
+                     "current-context: x\ncontexts: []\n", "null\n", "42\n",
+                     "current-context: x\ncontexts: [{name: x, context: {cluster: c, "
+                     "user: u}}]\n"]),
+    st.dictionaries(st.sampled_from(["current-context", "contexts", "clusters", "users"]),
+                    st.one_of(st.none(), st.integers(), st.text(max_size=5),
+                              st.lists(st.integers(), max_size=2)), max_size=4)
+    .map(lambda d: json.dumps(d)))
+
+
+@given(text=_KUBECONFIG_TEXTS)
+def test_an_unusable_kubeconfig_is_a_config_error_naming_the_key(text: str) -> None:
+    """Whatever the file holds, an unusable kubeconfig is one user error (exit 2), never a
+    traceback from the client's reader (every caller goes through `api_client`)."""
+    import tempfile
+
+    from analysis.errors import ConfigError
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "kubeconfig"
+        path.write_text(text, encoding="utf-8")
+        try:
+            api_client(str(path))
+        except ConfigError as exc:
+            assert exc.key == "clusters.kubeconfig"
+            assert str(path) in str(exc)
