@@ -54,6 +54,9 @@ from analysis.errors import ResultsError, TelltaleError
 from analysis.kpi import BASE_COLUMNS
 from analysis.safeio import atomic_open
 
+READ_ATTEMPTS = 20
+"""Reads of a history a compaction races: listed again up to this many times."""
+
 __all__ = [
     "AUTO_COMPACT_PARTS",
     "FINGERPRINT",
@@ -459,15 +462,19 @@ class HistoryStore:
     def read(self, filter_expr: Any = None, *, files: list[str] | None = None,
              schema: pa.Schema | None = None) -> pd.DataFrame:
         """Read every row (optionally filtered by an Arrow expression), oldest first."""
-        for attempt in range(3):
+        # A concurrent compaction removes the parts it merged: list again. Each retry sees a
+        # listing a compaction made progress on, so the reader wins; on a machine loaded far
+        # past its cores three tries lost in a row, hence more, with a short growing pause.
+        for attempt in range(READ_ATTEMPTS):
             try:
                 frame = self._read_files(files if files is not None and attempt == 0
                                          else self._files(), filter_expr,
                                          schema=schema if attempt == 0 else None)
                 break
-            except FileNotFoundError:  # a concurrent compaction removed a part: list again
-                if attempt == 2:
+            except FileNotFoundError:
+                if attempt == READ_ATTEMPTS - 1:
                     raise
+                time.sleep(0.01 * (attempt + 1))
         if frame is None:
             return pd.DataFrame(columns=BASE_COLUMNS)
         frame = frame.drop(columns=[_WRITTEN_AT]).sort_values("timestamp", kind="stable")
