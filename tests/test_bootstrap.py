@@ -76,3 +76,26 @@ def test_a_changed_lock_reinstalls(tmp_path: Path) -> None:
     assert "installing into" in done.stderr
     assert "pip install --quiet --upgrade pip" in log.read_text()
     assert (venv / ".telltale-stamp").read_text() == "local 0000000000000000\n"  # not stamped
+
+
+def test_pyproject_alone_keeps_prefect_off_the_releases_that_break_its_server() -> None:
+    """`pip install .` without the lock must not resolve what the lock avoids (DESIGN §12):
+    fastapi 0.165 crashes the first flow run, SQLAlchemy 2.1 stops cron schedules firing."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    requirements = {Requirement(r).name.lower(): Requirement(r)
+                    for r in deps["project"]["dependencies"]}
+    for name, bad, good in [("fastapi", "0.165.0", "0.150.0"),
+                            ("sqlalchemy", "2.1.0", "2.0.58"),
+                            ("kubernetes", "37.0.2", "37.0.1")]:
+        spec = requirements[name].specifier
+        assert bad not in spec and good in spec, (name, str(spec))
+    lock = (ROOT / "requirements.lock").read_text(encoding="utf-8").lower()
+    for name, requirement in requirements.items():  # the lock satisfies the declared bounds
+        pinned = [line.split("==")[1] for line in lock.splitlines()
+                  if line.replace("_", "-").startswith(name.replace("_", "-") + "==")]
+        if pinned:
+            assert pinned[0] in requirement.specifier, (name, pinned[0])

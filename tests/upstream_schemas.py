@@ -1,6 +1,7 @@
 """Validate manifests as the API server would: built-in kinds with the Kubernetes OpenAPI
 (kubernetes-validate, strict), custom kinds with their real upstream CRDs and OpenShift's
-OpenAPI (read from ``../shared``, never copied into the repository).
+OpenAPI (found through `tests.schema_store`: pinned by sha256, never copied into the
+repository; a test that needs one is skipped with one stated reason when they are absent).
 
 The API server prunes fields a structural schema does not declare, so here an undeclared
 field is an error: every object schema with ``properties`` and neither
@@ -12,16 +13,15 @@ from __future__ import annotations
 import copy
 import functools
 import json
-from pathlib import Path
 from typing import Any
 
 import jsonschema
 import kubernetes_validate
 import yaml
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-CRDS = SHARED / "crds" / "upstream"
-OPENSHIFT_OPENAPI = CRDS / "openshift" / "openapi.json"
+from tests import schema_store
+
+OPENSHIFT_OPENAPI = "crds/upstream/openshift/openapi.json"
 KUBERNETES_VERSION = "1.30"
 
 # OpenShift kinds served by the platform's OpenAPI (not CRDs): apiVersion/kind -> definition
@@ -32,11 +32,6 @@ OPENSHIFT_DEFINITIONS = {
     ("image.openshift.io/v1", "ImageStreamTag"):
         "com.github.openshift.api.image.v1.ImageStreamTag",
 }
-
-
-def available() -> bool:
-    """Whether ../shared holds the schemas (tests skip, loudly, without them)."""
-    return CRDS.is_dir()
 
 
 def _closed(schema: Any) -> Any:
@@ -56,7 +51,10 @@ def _closed(schema: Any) -> Any:
 def crd_schemas() -> dict[tuple[str, str], dict[str, Any]]:
     """(apiVersion, kind) -> the closed openAPIV3Schema of every served version."""
     out: dict[tuple[str, str], dict[str, Any]] = {}
-    for path in sorted(CRDS.rglob("*.yaml")):
+    for pin in schema_store.pinned():
+        if not (pin.path.startswith("crds/") and pin.path.endswith(".yaml")):
+            continue
+        path = schema_store.require(pin.path)
         for crd in yaml.safe_load_all(path.read_text(encoding="utf-8")):
             if not crd or crd.get("kind") != "CustomResourceDefinition":
                 continue
@@ -70,7 +68,7 @@ def crd_schemas() -> dict[tuple[str, str], dict[str, Any]]:
 
 @functools.cache
 def _openshift() -> dict[str, Any]:
-    doc = json.loads(OPENSHIFT_OPENAPI.read_text(encoding="utf-8"))
+    doc = json.loads(schema_store.require(OPENSHIFT_OPENAPI).read_text(encoding="utf-8"))
     return {"definitions": _closed(doc.get("definitions") or doc["components"]["schemas"])}
 
 

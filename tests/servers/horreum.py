@@ -2,7 +2,9 @@
 
 The operations Telltale calls — ``getByNameOrId`` (``GET /api/test/byName/{name}``),
 ``listTestRuns`` (``GET /api/run/list/{testId}``) and ``addRunFromData``
-(``POST /api/run/data``) — are read from ``../shared/apis/horreum/openapi.yaml``: a request
+(``POST /api/run/data``) — are read from Horreum's published ``openapi.yaml`` (pinned in
+``tests/schemas.lock.json``, found by `tests.schema_store`; the server skips its test when
+the document is absent): a request
 with a query parameter the operation does not declare, without one it requires, or with a
 value outside its schema (``access`` is the ``Access`` enum, ``limit`` an int32...) gets
 400, and every JSON answer is validated against the response schema the document gives
@@ -26,22 +28,21 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 
 import yaml
 
+from tests import schema_store
 from tests.servers import serve
 
-OPENAPI = Path(__file__).resolve().parents[2].parent / "shared" / "apis" / "horreum" / \
-    "openapi.yaml"
+OPENAPI = "apis/horreum/openapi.yaml"
 
 
 @functools.cache
 def openapi() -> dict[str, Any]:
-    """Horreum's published OpenAPI document (read from ../shared, never copied; parsed once)."""
-    return yaml.safe_load(OPENAPI.read_text(encoding="utf-8"))
+    """Horreum's published OpenAPI document (pinned, never copied; parsed once)."""
+    return yaml.safe_load(schema_store.require(OPENAPI).read_text(encoding="utf-8"))
 
 
 @dataclass
@@ -294,6 +295,7 @@ def _handler(state: HorreumState, spec: _Spec) -> type[BaseHTTPRequestHandler]:
 def horreum_server(api_key: str = "HUSR_00000000_0000_0000_0000_000000000000",
                    ) -> Iterator[tuple[str, HorreumState]]:
     """Serve a Horreum API on 127.0.0.1; yields (base URL, state)."""
+    openapi()  # in the test's thread: skips (or fails when required) without the document
     state = HorreumState(api_key=api_key)
     with serve(_handler(state, _spec())) as port:
         yield f"http://127.0.0.1:{port}", state
