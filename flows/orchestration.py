@@ -700,15 +700,25 @@ def _write_outcome(root: Path, outcome: RunOutcome) -> None:
         logger.error("could not write %s/outcome.json: %s", root, exc)
 
 
-def cleanup_hook(project_name: str) -> Callable[[Any, Any, Any], None]:
+CRASH_CLEANUP_FILE = "crash_cleanup.json"
+
+
+def cleanup_hook(project_name: str) -> Callable[..., None]:
     """A crash/cancellation hook for a project's flow (Prefect runs it in another process).
+
+    Prefect calls hooks two ways: its flow engine positionally, ``hook(flow, flow_run,
+    state)``; a worker's or ``serve()``'s runner by keyword, ``hook(flow=..., flow_run=...,
+    state=...)`` (a deployed run that crashes or is cancelled). The parameters carry exactly
+    those names so both work (`tests/flows/test_hooks.py` checks every flow's hooks both ways).
 
     It finds the run's artifact dir from the flow run's parameters (or the default name),
     stops local leftovers, and destroys the cluster / releases the lease the run recorded
-    (``cluster.json``, ``lease.json``) with the run's *saved* ``config.yaml``.
+    (``cluster.json``, ``lease.json``) with the run's *saved* ``config.yaml``. What it did
+    (or could not do) is written to ``crash_cleanup.json`` in the run's dir.
     """
 
-    def hook(flow_obj: Any, flow_run: Any, state: Any) -> None:
+    def hook(flow: Any, flow_run: Any, state: Any) -> None:
+        del flow  # part of Prefect's hook signature; the run is found by its id
         params = getattr(flow_run, "parameters", {}) or {}
         target = params.get("artifact_dir")
         deployed = getattr(flow_run, "deployment_id", None) is not None
@@ -717,7 +727,9 @@ def cleanup_hook(project_name: str) -> Callable[[Any, Any, Any], None]:
         for root in roots:
             if not root.is_dir():
                 continue
-            cleanup_local(root)
+            record: dict[str, Any] = {"state": getattr(state, "name", str(state)),
+                                      "at": datetime.now(UTC).isoformat(),
+                                      "local": cleanup_local(root), "errors": []}
             if (root / "cluster.json").is_file() or (root / "lease.json").is_file():
                 try:
                     # only the blocks the teardown needs: the rest of a saved config (its
@@ -728,8 +740,14 @@ def cleanup_hook(project_name: str) -> Callable[[Any, Any, Any], None]:
                     with use_artifact_dir(root):
                         provision.teardown.fn(str(root), clusters.keep, secrets,
                                               clusters.kubeconfig)
+                    record["teardown"] = "done"
                 except Exception as exc:  # a hook must not raise; say what is left
                     logger.error("crash cleanup of %s incomplete: %s", root, exc)
+                    record["errors"].append(_leftover(exc, root, project_name))
+            try:
+                write_text(root / CRASH_CLEANUP_FILE, json.dumps(record, indent=2, default=str))
+            except OSError as exc:
+                logger.error("could not write %s/%s: %s", root, CRASH_CLEANUP_FILE, exc)
 
     return hook
 

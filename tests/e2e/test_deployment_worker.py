@@ -4,6 +4,10 @@ The README's work-pool path, end to end: a repository (a bare copy of this commi
 fresh clone that deploys ``deployments/prefect.yaml`` (both work pools, the Prefect variables
 its pull step reads), a process worker started in an empty dir with a minimal environment, and
 a run of the manual deployment. The run must complete from the worker's own git clone.
+
+And the deployed path's own behaviour: a run cancelled from the API is stopped by the worker,
+whose runner calls the flow's cancellation hooks *by keyword* — the hook must run to its end
+(its record ``crash_cleanup.json`` in the run's dir) instead of a TypeError in the worker's log.
 """
 
 from __future__ import annotations
@@ -11,6 +15,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -36,7 +43,10 @@ def _prefect(env: dict[str, str], cwd: Path, *args: str) -> str:
     return done.stdout
 
 
-def test_a_process_worker_runs_a_deployment_from_a_fresh_clone(tmp_path: Path) -> None:
+@contextmanager
+def _deployed(tmp_path: Path) -> Iterator[tuple[str, dict[str, str], Path, str]]:
+    """A bare origin of this commit, a user's clone that deployed prefect.yaml to a real
+    server; yields (API URL, the user's environment, the clone, the commit)."""
     if not (ROOT / ".git").exists():
         pytest.skip("needs a git checkout of Telltale")
     origin = tmp_path / "origin.git"
@@ -56,10 +66,19 @@ def test_a_process_worker_runs_a_deployment_from_a_fresh_clone(tmp_path: Path) -
         _prefect(user, clone, "variable", "set", "telltale_image", "example/telltale:test")
         _prefect(user, clone, "deploy", "--all", "--prefect-file",
                  "deployments/prefect.yaml")
-        started = _prefect(user, clone, "deployment", "run", "fine-tuning/fine-tuning-manual",
-                           "--params", json.dumps({"presets": ["light"], "overrides": FAST}))
-        run_id = next(word for line in started.splitlines() if "UUID" in line
-                      for word in line.split() if len(word) == 36 and word.count("-") == 4)
+        yield api, user, clone, commit
+
+
+def _start(user: dict[str, str], clone: Path, overrides: dict[str, object]) -> str:
+    started = _prefect(user, clone, "deployment", "run", "fine-tuning/fine-tuning-manual",
+                       "--params", json.dumps({"presets": ["light"], "overrides": overrides}))
+    return next(word for line in started.splitlines() if "UUID" in line
+                for word in line.split() if len(word) == 36 and word.count("-") == 4)
+
+
+def test_a_process_worker_runs_a_deployment_from_a_fresh_clone(tmp_path: Path) -> None:
+    with _deployed(tmp_path) as (api, user, clone, commit):
+        run_id = _start(user, clone, FAST)
 
         # the worker: an empty dir, a minimal environment (no TELLTALE_*, no checkout)
         worker_home = tmp_path / "worker"
@@ -84,3 +103,54 @@ def test_a_process_worker_runs_a_deployment_from_a_fresh_clone(tmp_path: Path) -
     assert outcome["code_commit"] == commit  # the code came from the pull step's clone
     assert not outcome["code_dir"].startswith(str(ROOT))
     assert "main" in Path(outcome["code_dir"]).name
+
+
+def _wait_for(what: str, predicate, worker: subprocess.Popen[str], limit_s: float = 900):
+    """Wait for an event (a file, a state), not for a time: the limit is a hang guard."""
+    deadline = time.monotonic() + limit_s
+    while not (found := predicate()):
+        if worker.poll() is not None:
+            raise AssertionError(f"the worker exited {worker.returncode} before {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} within {limit_s:.0f} s")
+        time.sleep(0.5)
+    return found
+
+
+def test_a_deployed_run_cancelled_from_the_api_runs_its_cleanup_hook(tmp_path: Path) -> None:
+    """The runner calls ``on_cancellation`` hooks by keyword: the hook must complete."""
+    worker_home = tmp_path / "worker"
+    workdir = worker_home / "empty"
+    workdir.mkdir(parents=True)
+    runs = worker_home / ".local" / "share" / "telltale" / "runs"
+    with _deployed(tmp_path) as (api, user, clone, _commit):
+        run_id = _start(user, clone, {"tests.fine_tuning.test_settings.max_steps": 1_000_000,
+                                      "tests.fine_tuning.test_settings.dataset_replication": 1})
+        log = (worker_home / "worker.log").open("w")
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "prefect", "worker", "start", "--pool", "telltale-local",
+             "--type", "process"], cwd=workdir, env=clean_env(worker_home, PREFECT_API_URL=api),
+            stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            # the workload is running once its pid file exists in the run's dir
+            _wait_for("running workload", lambda: list(runs.glob(
+                f"*-fine_tuning-{run_id[:8]}/**/workload.pid")), worker)
+            _prefect(user, clone, "flow-run", "cancel", run_id)
+            run_dir = next(runs.glob(f"*-fine_tuning-{run_id[:8]}"))
+            record = _wait_for("crash_cleanup.json", lambda: (
+                run_dir / "crash_cleanup.json").is_file(), worker)
+            assert record
+            state = _wait_for("a final state", lambda: next(
+                (s for s in ("CANCELLED", "COMPLETED", "FAILED", "CRASHED")
+                 if s in _prefect(user, clone, "flow-run", "inspect", run_id)), None), worker)
+            assert state == "CANCELLED"
+        finally:
+            worker.terminate()
+            worker.wait(timeout=120)
+            log.close()
+    output = (worker_home / "worker.log").read_text()
+    assert "An error was encountered while running hook" not in output, output[-4000:]
+    cleanup = json.loads((run_dir / "crash_cleanup.json").read_text())
+    assert cleanup["errors"] == []
+    assert cleanup["state"] in ("Cancelling", "Cancelled")
+    assert not list(run_dir.rglob("workload.pid"))  # the workload was stopped

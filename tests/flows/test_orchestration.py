@@ -342,8 +342,10 @@ def test_the_crash_hook_releases_a_lease_with_the_saved_configs_secret_reference
         hook = cleanup_hook("fine_tuning")
         run = types.SimpleNamespace(parameters={"artifact_dir": str(root)}, id="x",
                                     deployment_id=None)
-        hook(None, run, None)
+        hook(flow=None, flow_run=run, state=None)  # as Prefect's runner calls it
         assert not quads.assignments[lease.assignment_id]["active"]
+    record = json.loads((root / "crash_cleanup.json").read_text())
+    assert record["teardown"] == "done" and record["errors"] == []
 
 
 @pytest.mark.parametrize(("overrides", "artifact", "words"), [
