@@ -57,7 +57,7 @@ from flows.cli import (
     say,
 )
 from flows.events import emit_run_events
-from flows.outcome import CellOutcome, RunOutcome
+from flows.outcome import CellOutcome, RunOutcome, last_written, written
 from projects import registry
 from projects.config import resolve_once, use_config
 from projects.library import ClustersBlock, SecretsBlock
@@ -694,6 +694,7 @@ def _leftover(error: BaseException, root: Path, project: str) -> str:
 
 
 def _write_outcome(root: Path, outcome: RunOutcome) -> None:
+    written(outcome)
     try:
         write_text(root / "outcome.json", outcome.model_dump_json(indent=2))
     except OSError as exc:  # a full disk must not hide the run's real outcome
@@ -752,6 +753,21 @@ def cleanup_hook(project_name: str) -> Callable[..., None]:
     return hook
 
 
+def _leftovers_of(exc: BaseException) -> list[str]:
+    """What the interrupted or failed run left active.
+
+    From its exception, or else from the outcome this process wrote: Prefect may re-raise a
+    signal as an exception of its own, without the outcome we attached.
+    """
+    left = getattr(exc, "telltale_outcome", None) or last_written()
+    return list(left.leftovers) if left is not None else []
+
+
+def _say_leftovers(exc: BaseException) -> None:
+    for line in _leftovers_of(exc):
+        say(f"LEFT ACTIVE: {line}", error=True)
+
+
 def run_from_cli(flow_fn: Callable[..., RunOutcome], presets: list[str],
                  overrides: dict[str, Any], platform: str, artifact_dir: Path | None) -> int:
     """Run a project's flow for the command line and print where to look; returns the code."""
@@ -773,22 +789,22 @@ def run_from_cli(flow_fn: Callable[..., RunOutcome], presets: list[str],
                 artifact_dir=str(artifact_dir) if artifact_dir else None, return_state=True))
     except TelltaleError as exc:
         say(f"error: {exc}", error=True)
-        left = getattr(exc, "telltale_outcome", None)
-        for line in (left.leftovers if left is not None else []):
-            say(f"LEFT ACTIVE: {line}", error=True)
-        return exit_code_for(exc)
-    except KeyboardInterrupt as exc:
-        left = getattr(exc, "telltale_outcome", None)
-        say(f"{'terminated' if is_terminated(exc) else 'interrupted'}: the run's "
-            f"cleanup ran; partial results are kept ({artifact_dir or 'see runs/'})",
-            error=True)
-        for line in (left.leftovers if left is not None else []):
-            say(f"LEFT ACTIVE: {line}", error=True)  # the last lines a scheduler shows
+        _say_leftovers(exc)
         return exit_code_for(exc)
     except OSError as exc:  # e.g. a full artifact disk: outcome.json was attempted already
         say(f"error: {exc.strerror or exc} ({exc.filename or artifact_dir or 'runs/'})",
             error=True)
+        _say_leftovers(exc)
         return EXIT_FAILED
+    except BaseException as exc:  # Ctrl-C, or SIGTERM (ours or Prefect's TerminationSignal)
+        if not (isinstance(exc, KeyboardInterrupt) or is_terminated(exc)):
+            raise
+        left = _leftovers_of(exc)
+        say(f"{'terminated' if is_terminated(exc) else 'interrupted'}: the run's cleanup ran"
+            + (f" but left {len(left)} thing(s) active (below)" if left else "")
+            + f"; partial results are kept ({artifact_dir or 'see runs/'})", error=True)
+        _say_leftovers(exc)  # the last lines a scheduler shows
+        return exit_code_for(exc)
     print()
     say(f"artifacts : {outcome.artifact_dir}")
     for cell in outcome.cells:

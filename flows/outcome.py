@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-__all__ = ["CellOutcome", "RunOutcome"]
+__all__ = ["CellOutcome", "RunOutcome", "last_written", "written"]
 
 
 class CellOutcome(BaseModel):
@@ -52,3 +52,20 @@ class RunOutcome(BaseModel):
     leftovers: list[str] = Field(default_factory=list, description="What the cleanup could "
                                  "not remove and may still be active (a QUADS lease, a "
                                  "cluster), each with the command that removes it.")
+
+
+# The outcome this process wrote last. A command-line run is one run per process; when it is
+# interrupted, Prefect's engine may re-raise the signal as an exception of its own (its
+# SIGTERM handler's TerminationSignal), so the outcome attached to *our* exception can be
+# lost on the way up — the CLI then reads this record to print what was left active.
+_last: list[RunOutcome] = []
+
+
+def written(outcome: RunOutcome) -> None:
+    """Record ``outcome`` as the one this process wrote last (``outcome.json``)."""
+    _last[:] = [outcome]
+
+
+def last_written() -> RunOutcome | None:
+    """The outcome this process wrote last, if any."""
+    return _last[0] if _last else None

@@ -217,13 +217,14 @@ def test_rerun_into_same_dir_resumes_finished_cells(tmp_path: Path, prefect_harn
     assert len(list((tmp_path / "r").glob("*__cell"))) == 1
 
 
-def _start_long_run(tmp_path: Path) -> tuple[subprocess.Popen[str], Path, int]:
+def _start_long_run(tmp_path: Path, *extra: str, env: dict[str, str] | None = None,
+                    ) -> tuple[subprocess.Popen[str], Path, int]:
     """The CLI in its own session (like a terminal's job), up to its running trainer."""
     run_dir = tmp_path / "run"
     argv = [sys.executable, "-m", "flows.fine_tuning", "--preset", "light",
             "--var", "tests.fine_tuning.test_settings.dataset_replication=20",
-            "--artifact-dir", str(run_dir)]
-    proc = terminal_job(argv, cli_env(tmp_path))
+            "--artifact-dir", str(run_dir), *extra]
+    proc = terminal_job(argv, env or cli_env(tmp_path))
     pid_file = None
     deadline = time.monotonic() + 900
     while time.monotonic() < deadline and pid_file is None and proc.poll() is None:
@@ -300,6 +301,37 @@ def test_sigterm_is_taken_the_ctrl_c_way(tmp_path: Path) -> None:
     outcome = json.loads((run_dir / "outcome.json").read_text())
     assert outcome["exit_code"] == 143 and "terminated" in outcome["failures"][0]
     assert not _servers_of(tmp_path / "prefect-home")
+
+
+@pytest.mark.timeout(1800)
+def test_sigterm_while_quads_is_down_names_the_lease_left_active(tmp_path: Path) -> None:
+    """A leased run gets SIGTERM while QUADS is unreachable: the release fails, and the last
+    lines the scheduler shows are LEFT ACTIVE with the command that releases it."""
+    import httpx
+
+    from tests.servers.quads import quads_server
+
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    env = {**cli_env(tmp_path), "TELLTALE_SECRET_DIR": str(secrets)}
+    with quads_server() as (url, quads):
+        httpx.post(f"{url}/register", json={"email": "perf@example.com", "password": "pw"})
+        (secrets / "quads.yaml").write_text(yaml.safe_dump({
+            "url": url, "email": "perf@example.com", "password": "pw",
+            "patience_attempts": 2, "patience_backoff_max_s": 0}))
+        quads.auto_deliver_after = 1
+        proc, _run_dir, _pid = _start_long_run(
+            tmp_path, "--var", "clusters.sutest.lab.enabled=true",
+            "--var", "clusters.sutest.lab.poll_seconds=0.05", env=env)
+        quads.down = True
+        proc.send_signal(signal.SIGTERM)
+        output = _communicate_or_dump(proc)
+        assert any(a["active"] for a in quads.assignments.values())  # really left
+    assert proc.returncode == 143, output[-3000:]
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert lines[-1].startswith("LEFT ACTIVE: "), output[-3000:]
+    assert "python -m flows.cleanup --quads --project fine_tuning" in lines[-1]
+    assert "left 1 thing(s) active" in output
 
 
 def test_sigkill_of_the_cli_leaves_no_workload_and_no_server(tmp_path: Path) -> None:
