@@ -10,7 +10,9 @@ Two rules, applied in one place each sink goes through:
 - **by value**: every secret value Telltale reads (secret files, Prefect Secret blocks, a
   value given under a secret-named key) is registered (`register_secret`) and masked wherever
   it appears, whole or inside a longer text, in every file `analysis.safeio` writes and
-  every log line that passes `RedactingFilter`; passwords inside URLs are masked by shape.
+  every log line that passes `RedactingFilter`;
+- **by shape**: credentials inside URLs (user info, secret-named query and fragment
+  parameters) and ``Bearer``/``Basic`` authorization values, in any text (`url_secrets`).
 """
 
 from __future__ import annotations
@@ -24,31 +26,99 @@ from typing import Any
 from pydantic import SecretBytes, SecretStr
 
 __all__ = ["REDACTED", "REFERENCE_BLOCKS", "RedactingFilter", "is_secret_key",
-           "known_secrets", "redact", "redact_bytes", "redact_text", "register_secret",
-           "register_secrets_in", "url_password"]
+           "key_words", "known_secrets", "redact", "redact_bytes", "redact_text",
+           "register_secret", "register_secrets_in", "url_password", "url_secrets"]
 
 REDACTED = "***"
 
-# Key names whose values are credentials. Matched on the last dotted component, case-insensitive.
-_SECRET_KEY = re.compile(
-    r"(?i)(^|_)(password|passwd|secret|secret_key|token|auth_token|api_key|apikey|"
-    r"access_key|access_key_id|secret_access_key|private_key|credentials?|bearer)$"
+# Key names whose values are credentials: the *last words* of a key, whatever its style —
+# snake (``hf_token``), kebab (``X-Api-Key``), camel (``accessToken``), upper
+# (``AWS_SECRET_ACCESS_KEY``), dotted paths (``a.b.password``). Plural or longer words are
+# not credentials (``max_tokens``, ``tokenizer``; ``secret_name`` names a reference).
+_SECRET_SUFFIXES: tuple[tuple[str, ...], ...] = (
+    ("password",), ("passwd",), ("passphrase",), ("pwd",), ("secret",), ("token",),
+    ("apikey",), ("api", "key"), ("access", "key"), ("secret", "key"), ("private", "key"),
+    ("session", "key"), ("signing", "key"), ("credential",), ("credentials",), ("bearer",),
+    ("authorization",), ("auth",), ("cookie",), ("signature",), ("sig",), ("jwt",),
+    ("access", "key", "id"),
 )
+_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
+
+
+def key_words(key: str) -> tuple[str, ...]:
+    """The lower-case words of a key name in any style (``X-Api-Key`` → x, api, key)."""
+    return tuple(w.lower() for w in _WORD.findall(str(key)))
 
 
 def is_secret_key(key: str) -> bool:
-    """Tell whether a mapping key names a credential (``password``, ``aws_secret_access_key``...).
+    """Tell whether a mapping key names a credential (``password``, ``X-Api-Key``, ``hfToken``).
+
+    The one classifier of secret-looking key names: every sink (`redact`), the override
+    check and the URL query/fragment rule ask it. Only the last dotted component counts, and
+    in it the last words (`key_words`): ``hf-token``, ``HF_TOKEN``, ``hfToken`` and
+    ``hf_token`` are the same key.
 
     Args:
-        key: A mapping key or dotted path; only the last component is checked.
+        key: A mapping key, header or query parameter name, or dotted path.
 
     Returns:
         True when values under this key must never be written or logged.
     """
-    return bool(_SECRET_KEY.search(str(key).rsplit(".", 1)[-1]))
+    words = key_words(str(key).rsplit(".", 1)[-1])
+    return any(words[-len(suffix):] == suffix for suffix in _SECRET_SUFFIXES
+               if len(words) >= len(suffix))
 
 
-_URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)([^/\s@]+)@")
+# A URL's user info (``scheme://user:password@`` or a bare token ``scheme://token@``).
+_URL_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)([^/\s@?#]+)@")
+# A query or fragment parameter (``?access_token=…``, ``&X-Amz-Signature=…``, ``#token=…``).
+_URL_PARAM = re.compile(r"([?&#;])([^=&#;\s?]{1,100})=([^&#;\s]+)")
+# An HTTP authorization value (``Bearer eyJ…``, ``Basic dXNlcjpwdw==``).
+_AUTH_VALUE = re.compile(r"(?i)\b(bearer|basic)(\s+)([A-Za-z0-9._~+/=-]{8,})")
+
+
+def _userinfo_secret(userinfo: str) -> str:
+    """The secret part of a URL's user info: the password, or a bare user that is a token."""
+    user, sep, password = userinfo.partition(":")
+    return password if sep else user
+
+
+def url_secrets(text: str) -> list[str]:
+    """The credentials inside the URLs and authorization values of ``text``.
+
+    URL user info (``https://u:pw@h`` → ``pw``; ``https://TOKEN@h`` → ``TOKEN``), query and
+    fragment parameters with a secret name (``?access_token=…``, ``#id_token=…``), and
+    ``Bearer``/``Basic`` values.
+    """
+    found = [_userinfo_secret(m.group(2)) for m in _URL_USERINFO.finditer(text)]
+    found += [m.group(3) for m in _URL_PARAM.finditer(text) if is_secret_key(m.group(2))]
+    found += [m.group(3) for m in _AUTH_VALUE.finditer(text)]
+    return [f for f in found if f and f != REDACTED]
+
+
+def url_password(text: str) -> str | None:
+    """The first credential of ``text`` by shape (see `url_secrets`), or None."""
+    found = url_secrets(text)
+    return found[0] if found else None
+
+
+def _mask_userinfo(match: re.Match[str]) -> str:
+    user, sep, _ = match.group(2).partition(":")
+    return f"{match.group(1)}{user}:{REDACTED}@" if sep else f"{match.group(1)}{REDACTED}@"
+
+
+def _mask_param(match: re.Match[str]) -> str:
+    if not is_secret_key(match.group(2)):
+        return match.group(0)
+    return f"{match.group(1)}{match.group(2)}={REDACTED}"
+
+
+def _mask_by_shape(text: str) -> str:
+    text = _URL_USERINFO.sub(_mask_userinfo, text)
+    if "=" in text:
+        text = _URL_PARAM.sub(_mask_param, text)
+    return _AUTH_VALUE.sub(rf"\1\2{REDACTED}", text)
+
 
 REFERENCE_BLOCKS = frozenset({"secrets"})
 """Top-level config blocks whose values are references to secrets (file or block names)."""
@@ -96,17 +166,14 @@ def known_secrets() -> frozenset[str]:
 
 
 def redact_text(text: str) -> str:
-    """Mask registered secrets and URL passwords in ``text`` (``https://u:pw@host``)."""
+    """Mask credentials by shape (`url_secrets`) and registered secrets in ``text``.
+
+    Shape first: a registered value that happens to equal a parameter's *name* must not
+    hide the name the shape rule needs to see.
+    """
+    text = _mask_by_shape(text)
     pattern = _PATTERN
-    if pattern is not None:
-        text = pattern.sub(REDACTED, text)
-    return _URL_PASSWORD.sub(rf"\1{REDACTED}@", text)
-
-
-def url_password(text: str) -> str | None:
-    """The password of the first URL in ``text`` that carries one (``https://u:pw@host``)."""
-    found = _URL_PASSWORD.search(text)
-    return found.group(2) if found else None
+    return pattern.sub(REDACTED, text) if pattern is not None else text
 
 
 def redact_bytes(data: bytes) -> bytes:

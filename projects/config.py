@@ -495,7 +495,8 @@ def _refuse_secret_values(key: str, value: Any, source: str) -> None:
 
     Raises:
         ConfigError: A secret-named key (``hf_token``, ``api_key``, ``password``...) at any
-            depth of the override, or a URL with a password in it; the value is not shown.
+            depth of the override, or a credential by shape (`analysis.redact.url_secrets`)
+            in a value; the value is not shown.
     """
     if key.split(".", 1)[0] in REFERENCE_BLOCKS:
         return
@@ -512,9 +513,10 @@ def _refuse_secret_values(key: str, value: Any, source: str) -> None:
             stack += [(path, v) for v in item]
         elif isinstance(item, str) and (password := url_password(item)) is not None:
             register_secret(password)  # masked if it got out
-            raise ConfigError(f"a URL with a password ({source}): a credential never comes "
-                              "as an override; give the password in the secret dir (S3: "
-                              "secrets.s3_credentials) and the URL without it", key=path)
+            raise ConfigError(f"a credential inside a value ({source}: a URL's user info, a "
+                              "token query parameter or a Bearer value): a credential never "
+                              "comes as an override; give it in the secret dir (S3: "
+                              "secrets.s3_credentials) and the value without it", key=path)
 
 
 def json_schema(project: str) -> dict[str, Any]:

@@ -283,6 +283,9 @@ def test_no_config_field_shadows_a_mapping_method() -> None:
 
 @pytest.mark.parametrize(("key", "value"), [
     ("clusters.sutest.lab.filters", {"hf_token": "abcd-secret"}),
+    ("clusters.sutest.lab.filters", {"X-Api-Key": "abcd-secret"}),  # kebab, camel: one class
+    ("clusters.sutest.lab.filters", {"hf-token": "abcd-secret"}),
+    ("clusters.sutest.lab.filters", {"accessToken": "abcd-secret"}),
     ("clusters.sutest.lab.filters", {"nested": {"api_key": "abcd-secret"}}),
     ("prepare.gpu_operator.tolerations", [{"password": "abcd-secret"}]),
 ])
@@ -300,10 +303,17 @@ def test_secret_references_may_be_overridden_and_url_passwords_may_not(
     config = resolve("fine_tuning", presets=["light"], overrides={
         "secrets.s3_credentials": "other.env"}, env={})
     assert config.get("secrets.s3_credentials") == "other.env"
-    with pytest.raises(ConfigError, match="URL with a password") as info:
+    with pytest.raises(ConfigError, match="a credential inside a value") as info:
         resolve("fine_tuning", presets=["light"], overrides={
             "export_artifacts.s3.endpoint_url": "https://u:Url-pw-123@s3.example.com"}, env={})
     assert "Url-pw-123" not in str(info.value)
+    for url in ("https://s3.example.com/b?access_token=Tok-query-123",  # other shapes too
+                "https://s3.example.com/b#X-Api-Key=Tok-fragment-123",
+                "https://Tok-userinfo-123@s3.example.com"):
+        with pytest.raises(ConfigError, match="a credential inside a value") as info:
+            resolve("fine_tuning", presets=["light"], overrides={
+                "export_artifacts.s3.endpoint_url": url}, env={})
+        assert "Tok-" not in str(info.value)
     assert "Url-pw-123" in known_secrets()  # and masked wherever it would be written
     write_text(tmp_path / "log.txt", "connecting with Url-pw-123 now")
     assert (tmp_path / "log.txt").read_text() == "connecting with *** now"
