@@ -27,7 +27,6 @@ payload), with one line on stderr.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import logging
 import os
@@ -42,17 +41,12 @@ from analysis.paths import writable_dir
 from analysis.pipeline import postprocess, settings_for
 from analysis.progress import logger as progress_logger
 from analysis.project import load_project
-from analysis.terminal import printable
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message}\n")
+from analysis.terminal import ArgumentParser, printable, say
 
 
 def accept_main(argv: Sequence[str]) -> int:
     """``accept``: record an accepted baseline in the history; returns the exit code."""
-    parser = _Parser(prog="python -m analysis accept",
+    parser = ArgumentParser(prog="python -m analysis accept",
                      description="Accept a run's level as the new baseline of its KPIs.")
     parser.add_argument("run_uuid", metavar="RUN_UUID")
     parser.add_argument("--history", metavar="URI", required=True,
@@ -75,16 +69,16 @@ def accept_main(argv: Sequence[str]) -> int:
         path = store.accept(args.run_uuid, args.kpi or [ALL_KPIS], by=args.by,
                             note=args.note)
     except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        say(f"error: {exc}", error=True)
         return 2
-    print(f"accepted {args.run_uuid} as the baseline of "
+    say(f"accepted {args.run_uuid} as the baseline of "
           f"{', '.join(args.kpi) if args.kpi else 'every KPI'}: {path}")
     return 0
 
 
 def _failed(exc: TelltaleError) -> int:
     """One line on stderr; exit 2 for a user error, 1 for anything else."""
-    print(f"error: {exc}", file=sys.stderr)
+    say(f"error: {exc}", error=True)
     return 2 if isinstance(exc, UserError) else 1
 
 
@@ -94,7 +88,7 @@ def compare_main(argv: Sequence[str]) -> int:
     from analysis.report import PLOTLY_FILE, _write_plotlyjs
     from analysis.safeio import write_json, write_text
 
-    parser = _Parser(prog="python -m analysis compare",
+    parser = ArgumentParser(prog="python -m analysis compare",
                      description="Compare two selections of a history: runs (uuids), label "
                                  "selections (vllm=0.32.0) or time windows (START..END).")
     parser.add_argument("a", metavar="A", help="the reference selection")
@@ -131,7 +125,7 @@ def compare_main(argv: Sequence[str]) -> int:
     except TelltaleError as exc:
         return _failed(exc)
     for line in comparison_lines(rows, args.a, args.b):
-        print(printable(line))
+        say(line)
     return 0
 
 
@@ -160,7 +154,7 @@ def history_main(argv: Sequence[str]) -> int:
     from analysis.listing import filter_history, kpi_lines, run_lines, to_csv_frame
     from analysis.safeio import write_text
 
-    parser = _Parser(prog="python -m analysis history",
+    parser = ArgumentParser(prog="python -m analysis history",
                      description="List a history's runs (or KPI rows), filtered; write CSV.")
     parser.add_argument("--history", metavar="URI", required=True,
                         help="Parquet history: local dir or s3://bucket/prefix")
@@ -191,9 +185,9 @@ def history_main(argv: Sequence[str]) -> int:
     except TelltaleError as exc:
         return _failed(exc)
     for line in (kpi_lines(chosen) if args.kpis else run_lines(chosen)):
-        print(printable(line))
+        say(line)
     if args.csv:
-        print(f"{len(chosen)} row(s) written to {args.csv}", file=sys.stderr)
+        say(f"{len(chosen)} row(s) written to {args.csv}", error=True)
     return 0
 
 
@@ -203,14 +197,14 @@ def lts_schema_main(argv: Sequence[str]) -> int:
 
     from analysis.lts import SCHEMA_VERSION, lts_json_schema
 
-    parser = _Parser(prog="python -m analysis lts-schema",
+    parser = ArgumentParser(prog="python -m analysis lts-schema",
                      description="Print the JSON schema of the LTS document (for Horreum).")
     parser.add_argument("--uri", default=f"urn:telltale:lts:{SCHEMA_VERSION}",
                         help="the schema's $id (Horreum's schema URI)")
     args = parser.parse_args(argv)
     schema = {"$id": args.uri, "$schema": "https://json-schema.org/draft/2020-12/schema",
               **lts_json_schema()}
-    print(json.dumps(schema, indent=2))
+    say(json.dumps(schema, indent=2), keep_newlines=True)
     return 0
 
 
@@ -225,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return accept_main(argv[1:])
     if argv[:1] == ["compare"]:
         return compare_main(argv[1:])
-    parser = _Parser(prog="python -m analysis",
+    parser = ArgumentParser(prog="python -m analysis",
                      description="Post-process a results tree: KPIs, LTS payloads, "
                                  "history, regression verdicts and an HTML report.")
     parser.add_argument("results_dir", metavar="RESULTS_DIR")
@@ -271,21 +265,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TelltaleError as exc:
         return _failed(exc)
     except OSError as exc:  # a full disk mid-way: one line, not a traceback
-        print(f"error: {exc.strerror or exc} ({exc.filename or args.out})", file=sys.stderr)
+        say(f"error: {exc.strerror or exc} ({exc.filename or args.out})", error=True)
         return 1
     invalid = sum(v.status == "invalid" for v in outcome.validity.values())
-    print(f"{outcome.runs} run(s) parsed ({outcome.failed_runs} failed, {invalid} invalid, "
+    say(f"{outcome.runs} run(s) parsed ({outcome.failed_runs} failed, {invalid} invalid, "
           f"{outcome.problems} problem(s), {len(outcome.skipped)} dir(s) skipped); "
           f"{outcome.kpi_rows} KPI rows")
     for reason, count in _skip_reasons(outcome.skipped):
-        print(f"  skipped {count} dir(s): {printable(reason)}")
+        say(f"  skipped {count} dir(s): {printable(reason)}")
     if outcome.verdict_counts:
-        print("verdicts: " + ", ".join(f"{k}={v}" for k, v in
+        say("verdicts: " + ", ".join(f"{k}={v}" for k, v in
                                        sorted(outcome.verdict_counts.items())))
     for name, path in outcome.files.items():
-        print(f"  {name:<18} {path}")
+        say(f"  {name:<18} {path}")
     for failure in outcome.gate_failures:
-        print(f"GATE: {failure}", file=sys.stderr)
+        say(f"GATE: {failure}", error=True)
     return 1 if outcome.gate_failures else 0
 
 

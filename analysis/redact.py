@@ -17,6 +17,8 @@ Two rules, applied in one place each sink goes through:
 
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
 import re
 import threading
@@ -77,6 +79,20 @@ _URL_PARAM = re.compile(r"([?&#;])([^=&#;\s?]{1,100})=([^&#;\s]+)")
 _AUTH_VALUE = re.compile(r"(?i)\b(bearer|basic)(\s+)([A-Za-z0-9._~+/=-]{8,})")
 
 
+def _is_auth_value(scheme: str, value: str) -> bool:
+    """Whether ``value`` after ``Bearer``/``Basic`` is a credential, not a word of prose.
+
+    A Basic credential is base64 of ``user:password``; a bearer token has a digit or a
+    symbol in it (``Bearer authentication`` in a sentence is not one).
+    """
+    if scheme.lower() == "basic":
+        try:
+            return b":" in base64.b64decode(value, validate=True)
+        except (ValueError, binascii.Error):
+            return False
+    return any(not c.isalpha() for c in value)
+
+
 def _userinfo_secret(userinfo: str) -> str:
     """The secret part of a URL's user info: the password, or a bare user that is a token."""
     user, sep, password = userinfo.partition(":")
@@ -92,7 +108,8 @@ def url_secrets(text: str) -> list[str]:
     """
     found = [_userinfo_secret(m.group(2)) for m in _URL_USERINFO.finditer(text)]
     found += [m.group(3) for m in _URL_PARAM.finditer(text) if is_secret_key(m.group(2))]
-    found += [m.group(3) for m in _AUTH_VALUE.finditer(text)]
+    found += [m.group(3) for m in _AUTH_VALUE.finditer(text)
+              if _is_auth_value(m.group(1), m.group(3))]
     return [f for f in found if f and f != REDACTED]
 
 
@@ -117,7 +134,8 @@ def _mask_by_shape(text: str) -> str:
     text = _URL_USERINFO.sub(_mask_userinfo, text)
     if "=" in text:
         text = _URL_PARAM.sub(_mask_param, text)
-    return _AUTH_VALUE.sub(rf"\1\2{REDACTED}", text)
+    return _AUTH_VALUE.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}"
+                           if _is_auth_value(m.group(1), m.group(3)) else m.group(0), text)
 
 
 REFERENCE_BLOCKS = frozenset({"secrets"})

@@ -5,11 +5,20 @@ A PR comment, a results tree or a service answer can carry terminal escape seque
 bidirectional overrides (U+202E shows ``exe.txt`` for ``txt.exe``). Every line Telltale
 prints from such input goes through `printable`, which shows those characters as visible
 escapes (a backslash, ``x1b``; ``u202e``) instead of letting the terminal act on them.
+
+`say` is the one printer of every command-line entry point: secrets masked
+(`analysis.redact.redact_text`), then controls escaped. ``tests/test_terminal_audit.py``
+fails on any other ``print``/``sys.stdout.write`` in the package (workload programs, whose
+output is a log we parse, are listed there with their reason).
 """
 
 from __future__ import annotations
 
-__all__ = ["UNSAFE_CHARACTERS", "printable"]
+import argparse
+import sys
+from typing import IO, NoReturn
+
+__all__ = ["ArgumentParser", "UNSAFE_CHARACTERS", "printable", "say"]
 
 _BIDI = {0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)}
 UNSAFE_CHARACTERS: frozenset[str] = frozenset(
@@ -38,3 +47,40 @@ def printable(text: object, *, keep_newlines: bool = False) -> str:
     if not any(c in unsafe for c in value):
         return value
     return "".join(_ESCAPES[c] if c in unsafe else c for c in value)
+
+
+def say(text: object = "", *, error: bool = False, keep_newlines: bool = False) -> None:
+    """Print text that may carry input (a PR value, a results tree, a service's answer).
+
+    Registered secrets and credentials by shape are masked, and control and bidirectional
+    characters are shown as escapes, so nothing a user typed can drive the terminal.
+
+    Args:
+        text: What to print (converted with ``str``); one line unless ``keep_newlines``.
+        error: Print to standard error instead of standard output.
+        keep_newlines: A block (a YAML document, a plan, a log tail): keep its newlines
+            and tabs, still escaping every other control character.
+    """
+    from analysis.redact import redact_text  # the terminal module stays import-light
+
+    print(printable(redact_text(str(text)), keep_newlines=keep_newlines),
+          file=sys.stderr if error else sys.stdout, flush=error)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """The argument parser of every command: one-line usage errors (exit 2), escaped output.
+
+    Everything it prints (usage, help, errors that quote an argument) is escaped like `say`:
+    argparse echoes a bad argument in its error message (``unrecognized arguments: …``), so
+    a parser of its own would print input raw.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        """Say what is wrong in one line and exit 2."""
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+    def _print_message(self, message: str, file: IO[str] | None = None) -> None:
+        if message:
+            from analysis.redact import redact_text
+
+            (file or sys.stderr).write(printable(redact_text(message), keep_newlines=True))

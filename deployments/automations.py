@@ -25,13 +25,14 @@ path comes from the event (validated at the run's input). Any other saved notifi
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 from uuid import UUID
+
+from analysis.terminal import ArgumentParser, say
 
 __all__ = ["AUTOMATION_PREFIX", "apply_automations", "github_block", "slack_block",
            "telltale_automations", "webhook_block"]
@@ -205,7 +206,7 @@ def restricted_url(url: str) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     """Create the notification blocks and the automations; 2 on a usage error."""
-    parser = argparse.ArgumentParser(prog="python -m deployments.automations",
+    parser = ArgumentParser(prog="python -m deployments.automations",
                                      description=__doc__.split("\n\n")[0])
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--slack-url", help="Slack incoming-webhook URL.")
@@ -232,9 +233,9 @@ def main(argv: list[str] | None = None) -> int:
                       ("--github-api", args.github_api if args.github_token_env else None)):
         refusal = None if (url is None or private) else restricted_url(url)
         if refusal:
-            print(f"error: {flag}: {refusal}: Prefect would refuse every notification to it "
+            say(f"error: {flag}: {refusal}: Prefect would refuse every notification to it "
                   "at send time (and say so only in its server log); pass "
-                  "--allow-private-urls for an internal webhook", file=sys.stderr)
+                  "--allow-private-urls for an internal webhook", error=True)
             return 2
     notify_id: UUID | None = None
     if args.slack_url or args.webhook_url:
@@ -247,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.github_token_env:
         token = os.environ.get(args.github_token_env)
         if not token:
-            print(f"error: ${args.github_token_env} is empty or unset", file=sys.stderr)
+            say(f"error: ${args.github_token_env} is empty or unset", error=True)
             return 2
         gh = github_block(token, api_url=args.github_api, allow_private_urls=private)
         github_id = gh.save(gh.name, overwrite=True)
@@ -257,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         missing_after=timedelta(hours=args.missing_after_hours))
     apply_automations(automations)
     for automation in automations:
-        print(f"automation: {automation.name}")
+        say(f"automation: {automation.name}")
     return 0
 
 

@@ -6,10 +6,10 @@ python -m deployments.<module> --check                # exit 1 when stale
 
 from __future__ import annotations
 
-import argparse
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+from analysis.terminal import ArgumentParser, say
 
 __all__ = ["generated_main"]
 
@@ -17,7 +17,7 @@ __all__ = ["generated_main"]
 def generated_main(module: str, target: Path, render: Callable[[], str], what: str,
                    argv: Sequence[str] | None = None) -> int:
     """Print ``render()``, or with ``--check`` compare it with ``target`` (exit 1 if stale)."""
-    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=f"Generate {what}.")
+    parser = ArgumentParser(prog=f"python -m {module}", description=f"Generate {what}.")
     parser.add_argument("--check", action="store_true",
                         help=f"exit 1 when {target.name} differs from the generated text")
     args = parser.parse_args(argv)
@@ -25,9 +25,9 @@ def generated_main(module: str, target: Path, render: Callable[[], str], what: s
     if args.check:
         current = target.read_text(encoding="utf-8") if target.is_file() else ""
         if current != text:
-            print(f"{target} is stale: run python -m {module} > deployments/{target.name}",
-                  file=sys.stderr)
+            say(f"{target} is stale: run python -m {module} > deployments/{target.name}",
+                  error=True)
             return 1
         return 0
-    sys.stdout.write(text)
+    say(text.rstrip("\n"), keep_newlines=True)
     return 0

@@ -11,7 +11,6 @@ regenerating fails the suite, so the pages never drift from the code.
 
 from __future__ import annotations
 
-import argparse
 import subprocess
 import sys
 import types
@@ -22,6 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from analysis.terminal import ArgumentParser, say
 from projects import registry
 
 __all__ = ["CLI_COMMANDS", "DOCS", "cli_page", "config_page", "main"]
@@ -131,7 +131,7 @@ def cli_page(commands: Sequence[tuple[str, list[str]]] = CLI_COMMANDS) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Write the generated pages, or with ``--check`` say which are stale (exit 1)."""
-    parser = argparse.ArgumentParser(prog="python -m deployments.reference",
+    parser = ArgumentParser(prog="python -m deployments.reference",
                                      description="Write the docs' generated reference pages.")
     parser.add_argument("--check", action="store_true",
                         help="exit 1 when a generated page differs from what is written")
@@ -141,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
              if not path.is_file() or path.read_text(encoding="utf-8") != text]
     if args.check:
         for path in stale:
-            print(f"{path} is stale: run python -m deployments.reference", file=sys.stderr)
+            say(f"{path} is stale: run python -m deployments.reference", error=True)
         return 1 if stale else 0
     from analysis.safeio import write_text
 

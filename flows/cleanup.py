@@ -32,6 +32,7 @@ from prefect import flow
 from pydantic import BaseModel
 
 from analysis.errors import ConfigError
+from analysis.terminal import say
 from flows.cli import EXIT_OK, main_guard, make_parser, prefect_defaults
 from projects.config import resolve
 from projects.registry import available, project_of_run
@@ -85,7 +86,7 @@ def janitor(older_than: str = "6h", dry_run: bool = True,
     names = [f"{kind}/{ns + '/' if ns else ''}{name} (run {run})"
              for _, kind, name, ns, run in leaks]
     for line in names:
-        print(("would delete " if dry_run else "deleting ") + line)
+        say(("would delete " if dry_run else "deleting ") + line)
     kube = Kube(api_client(config))
     scaled = find_scaled_leaks(kube, seconds)
     for machineset in scaled:
@@ -93,13 +94,13 @@ def janitor(older_than: str = "6h", dry_run: bool = True,
         line = (f"MachineSet/{meta.get('namespace')}/{meta['name']} (scaled by run "
                 f"{meta['labels'].get(SCALED_BY_LABEL)})")
         names.append(line)
-        print(("would scale back " if dry_run else "scaling back ") + line)
+        say(("would scale back " if dry_run else "scaling back ") + line)
     deleted = 0
     if not dry_run:
         for api_version, kind, name, namespace, _ in leaks:
             deleted += remove_object(kube, api_version, kind, name, namespace)
         for machineset in scaled:
-            print(give_back(kube, machineset))
+            say(give_back(kube, machineset))
             deleted += 1
     return JanitorOutcome(leaks=names, deleted=deleted, dry_run=dry_run)
 
@@ -124,14 +125,14 @@ def quads_janitor(project: str, older_than: str = "6h", dry_run: bool = True,
         if artifact_dir is not None:
             released = not dry_run and release_from_file(client, Path(artifact_dir))
             line = f"lease of {artifact_dir}"
-            print(("would release " if dry_run else "released " if released
+            say(("would release " if dry_run else "released " if released
                    else "nothing to release: ") + line)
             return JanitorOutcome(leaks=[line], deleted=int(released), dry_run=dry_run)
         orphans = find_orphans(client, [Path(artifacts)], seconds)
         names = [f"assignment {o.assignment_id} ({o.cloud}, run {o.marker}): {o.reason}"
                  for o in orphans]
         for line in names:
-            print(("would release " if dry_run else "releasing ") + line)
+            say(("would release " if dry_run else "releasing ") + line)
         released = 0
         if not dry_run:
             for orphan in orphans:
@@ -171,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 artifacts=args.artifacts, project=str(project),
                                 presets=args.preset, artifact_dir=args.artifact_dir)
         verb = "would release" if outcome.dry_run else "released"
-        print(f"{len(outcome.leaks)} QUADS lease(s) of dead runs; {verb} "
+        say(f"{len(outcome.leaks)} QUADS lease(s) of dead runs; {verb} "
               f"{len(outcome.leaks) if outcome.dry_run else outcome.deleted}")
         return EXIT_OK
     # a missing kubeconfig is a usage error before Prefect starts (one line, exit 2)
@@ -182,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     outcome = janitor(older_than=args.older_than, dry_run=args.dry_run,
                       kubeconfig=kubeconfig)
     verb = "would delete" if outcome.dry_run else "deleted"
-    print(f"{len(outcome.leaks)} leak(s); {verb} "
+    say(f"{len(outcome.leaks)} leak(s); {verb} "
           f"{len(outcome.leaks) if outcome.dry_run else outcome.deleted}")
     return EXIT_OK
 

@@ -6,7 +6,6 @@ import argparse
 import faulthandler
 import os
 import signal
-import sys
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -16,9 +15,8 @@ from typing import Any
 from analysis.environment import env_settings
 from analysis.errors import ConfigError, TelltaleError, UserError
 from analysis.history import default_data_dir
-from analysis.redact import redact_text
 from analysis.safeio import UnreadableInputError, read_text_bounded
-from analysis.terminal import printable
+from analysis.terminal import ArgumentParser, say
 from projects.config import Config, load_vars_file, parse_override, resolve
 from projects.untrusted import MAX_PR_COMMENT, UntrustedPolicy, parse_pr_args, policy_for
 
@@ -78,18 +76,13 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise Terminated("terminated (SIGTERM)")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:  # one line, exit 2, like every other user error
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
-
-
 PR_KEY = "clusters.image_build.pr"
 """The config key of the PR under test (``--pr``, ``PULL_NUMBER``)."""
 
 
 def make_parser(prog: str, description: str) -> argparse.ArgumentParser:
     """Return an argument parser whose usage errors are one line with exit code 2."""
-    return _Parser(prog=prog, description=description)
+    return ArgumentParser(prog=prog, description=description)
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
@@ -193,16 +186,6 @@ def prefect_defaults() -> None:
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "60")
-
-
-def say(text: object, *, error: bool = False, keep_newlines: bool = False) -> None:
-    """Print a line that may carry input (a PR value, a log tail, a service's answer).
-
-    Registered secrets and URL passwords are masked, and control and bidirectional
-    characters are shown as escapes, so nothing a user typed can drive the terminal.
-    """
-    print(printable(redact_text(str(text)), keep_newlines=keep_newlines),
-          file=sys.stderr if error else sys.stdout)
 
 
 Main = Callable[[Sequence[str] | None], int]

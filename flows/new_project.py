@@ -23,6 +23,7 @@ from pathlib import Path
 
 from analysis.errors import ConfigError
 from analysis.safeio import copy_file, write_text
+from analysis.terminal import say
 from flows.cli import EXIT_OK, main_guard, make_parser
 
 __all__ = ["scaffold"]
@@ -121,13 +122,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     written = scaffold(args.name, args.template, args.repo)
     root = Path(args.repo).resolve()
     for path in written:
-        print(f"wrote {path.resolve().relative_to(root)}")
-    print(f"\nnext: python -m flows.{args.name} --preset light")
-    print("then regenerate what the engine derives from every project (its deployments, the "
+        say(f"wrote {path.resolve().relative_to(root)}")
+    say("")
+    say(f"next: python -m flows.{args.name} --preset light")
+    say("then regenerate what the engine derives from every project (its deployments, the "
           "runner's RBAC, the reference pages):\n"
           "  python -m deployments.prefect_file > deployments/prefect.yaml\n"
           "  python -m deployments.rbac > deployments/kubernetes-rbac.yaml\n"
-          "  python -m deployments.reference")
+          "  python -m deployments.reference", keep_newlines=True)
     return EXIT_OK
 
 

@@ -805,7 +805,7 @@ def run_from_cli(flow_fn: Callable[..., RunOutcome], presets: list[str],
             + f"; partial results are kept ({artifact_dir or 'see runs/'})", error=True)
         _say_leftovers(exc)  # the last lines a scheduler shows
         return exit_code_for(exc)
-    print()
+    say("")
     say(f"artifacts : {outcome.artifact_dir}")
     for cell in outcome.cells:
         say(f"  cell {cell.name:<40} {cell.status}"

@@ -13,12 +13,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from analysis.paths import writable_dir
+from analysis.terminal import say
 from flows.cli import (
     EXIT_OK,
     add_config_arguments,
@@ -83,11 +83,11 @@ def _rebuild_image(project: str, config: Any, artifact_dir: Path) -> int:
     namespace = registry.load(project).test_block(config.model).namespace
     kube = Kube(api_client(kubeconfig))
     images = run_builds(kube, kube, clusters.image_build, namespace, run_id=None,
-                        here=artifact_dir, progress=lambda target, phase: print(
-                            f"{target}: {phase}", file=sys.stderr))
+                        here=artifact_dir, progress=lambda target, phase: say(
+                            f"{target}: {phase}", error=True))
     for target, image in images.items():
-        print(f"{target}\t{image}")
-    print(f"build logs in {artifact_dir}", file=sys.stderr)
+        say(f"{target}\t{image}", keep_newlines=True)  # a tab-separated line
+    say(f"build logs in {artifact_dir}", error=True)
     return EXIT_OK
 
 
@@ -102,16 +102,16 @@ def project_main(project: str, argv: Sequence[str] | None = None) -> int:
             for name, body in presets.items():
                 parents = (body or {}).get("extends", [])
                 parents = [parents] if isinstance(parents, str) else parents
-                print(f"{name}" + (f"  (extends {', '.join(parents)})" if parents else ""))
+                say(f"{name}" + (f"  (extends {', '.join(parents)})" if parents else ""))
             return EXIT_OK
         if args.show_schema:
-            print(json.dumps(json_schema(project), indent=2))
+            say(json.dumps(json_schema(project), indent=2), keep_newlines=True)
             return EXIT_OK
         if args.artifact_dir:
             writable_dir(args.artifact_dir, "--artifact-dir")
         config = resolve_from_args(project, args)
         if args.show_config:
-            sys.stdout.write(config.to_yaml())
+            say(config.to_yaml().rstrip("\n"), keep_newlines=True)
             return EXIT_OK
         if args.rebuild_image:
             return _rebuild_image(project, config, Path(args.artifact_dir or default_artifact_dir(
@@ -125,8 +125,9 @@ def project_main(project: str, argv: Sequence[str] | None = None) -> int:
 
             artifact_dir = Path(args.artifact_dir or default_artifact_dir(project))
             plan = plan_run(registry.load(project), config, platform, artifact_dir)
-            print(format_plan(plan))
-            print(f"\nplan written to {artifact_dir}/plan.yaml")
+            say(format_plan(plan), keep_newlines=True)
+            say("")
+            say(f"plan written to {artifact_dir}/plan.yaml")
             return EXIT_OK
         platform, _ = select_platform(requested, clusters.kubeconfig,
                                       creates_cluster=clusters.create.type is not None)

@@ -27,6 +27,7 @@ from pydantic import BaseModel
 from analysis.errors import ConfigError
 from analysis.pipeline import postprocess
 from analysis.settings import AnalysisSettings
+from analysis.terminal import say
 from blocks.s3 import S3Target
 from flows.cli import (
     EXIT_FAILED,
@@ -176,11 +177,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                      history_uri=args.history, presets=args.preset,
                      overrides=overrides_from_args(args, policy_for(
                          args.project or source_project(args.source))))
-    print(f"outputs : {outcome.out_dir}")
+    say(f"outputs : {outcome.out_dir}")
     if outcome.report:
-        print(f"report  : {outcome.report}")
+        say(f"report  : {outcome.report}")
     if outcome.uploaded_to:
-        print(f"uploaded: {outcome.uploaded_to}")
+        say(f"uploaded: {outcome.uploaded_to}")
     return EXIT_OK if outcome.report or outcome.out_dir else EXIT_FAILED
 
 

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from analysis.terminal import say
 from flows.cli import EXIT_OK, main_guard, make_parser
 from tasks.observe.snapshot import requery_run
 
@@ -36,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"no such directory: {run_dir}")
     written = requery_run(run_dir, snapshot=Path(args.snapshot) if args.snapshot else None,
                           force=args.force, scrape_interval_s=args.scrape_interval)
-    print(f"{len(written)} cell(s) captured again from the snapshot"
+    say(f"{len(written)} cell(s) captured again from the snapshot"
           + (f": {', '.join(written)}" if written else ""))
     return EXIT_OK
 

@@ -7,12 +7,12 @@ declared once. Needs a Prefect API (``prefect server start`` and ``PREFECT_API_U
 schedules and the UI form have somewhere to live.
 """
 
-import argparse
 import importlib
 import sys
 from pathlib import Path
 from typing import Any
 
+from analysis.terminal import ArgumentParser
 from analysis.yamlio import load_yaml
 from flows.cli import prefect_defaults
 
@@ -50,7 +50,7 @@ def build_deployments(path: Path = DEFAULT_FILE) -> list[Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """Serve the deployments until interrupted."""
-    parser = argparse.ArgumentParser(prog="python -m flows.serve")
+    parser = ArgumentParser(prog="python -m flows.serve")
     parser.add_argument("--prefect-file", type=Path, default=DEFAULT_FILE)
     args = parser.parse_args(argv)
     prefect_defaults()

@@ -16,7 +16,6 @@ Idempotent: a venv with its marker is left alone. About 4 minutes and 3.7 GB her
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import subprocess
@@ -26,6 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from analysis.safeio import write_text
+from analysis.terminal import ArgumentParser, say
 from projects.llm_serving.settings import serving_environment
 
 __all__ = ["MARKER", "default_venv", "install", "installed", "venv_python"]
@@ -108,7 +108,7 @@ def install(venv: Path, *, force: bool = False,
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: build the serving venv; exit 1 with the failing step's output."""
-    parser = argparse.ArgumentParser(prog="python -m projects.llm_serving.install",
+    parser = ArgumentParser(prog="python -m projects.llm_serving.install",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--venv", type=Path, default=None,
                         help="where (default: .venvs/llm-serving, or TELLTALE_SERVING_VENV)")
@@ -117,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         install(args.venv or default_venv(), force=args.force)
     except RuntimeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        say(f"error: {exc}", error=True)
         return 1
     return 0
 

@@ -36,6 +36,7 @@ from typing import Any
 from analysis.environment import env_settings
 from analysis.errors import StepError
 from analysis.safeio import open_append, write_text
+from analysis.terminal import say
 from projects.config import Config
 from projects.contract import (
     SCRATCH_DIR,
@@ -387,7 +388,7 @@ def _observe_ahead(block: Any, artifact_dir: Path | None) -> None:
                     scrape_interval_s=block.scrape_interval_s,
                     ready_timeout_s=block.ready_timeout_s)
     except Exception as exc:  # the platform starts its own, and reports what goes wrong
-        print(f"note: prometheus not started ahead: {exc}", file=sys.stderr)
+        say(f"note: prometheus not started ahead: {exc}", error=True)
 
 
 def _service_ahead(hooks: Project, config: Config, artifact_dir: Path | None) -> None:
@@ -415,7 +416,7 @@ def _service_ahead(hooks: Project, config: Config, artifact_dir: Path | None) ->
             return
         start_ahead(spec, artifact_dir.parent if artifact_dir else Path("runs"))
     except Exception as exc:  # the platform starts its own, and reports what goes wrong
-        print(f"note: server not started ahead: {exc}", file=sys.stderr)
+        say(f"note: server not started ahead: {exc}", error=True)
 
 
 class LocalPlatform:

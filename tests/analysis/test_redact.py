@@ -8,6 +8,7 @@ benign names (``max_tokens``, ``tokenizer``, ``secret_name``) are left alone.
 
 from __future__ import annotations
 
+import base64
 import string
 
 from hypothesis import given, settings
@@ -82,8 +83,13 @@ def test_a_credential_inside_a_url_or_header_never_survives(
         "userinfo": f"https://someone:{secret}@h.example/x",
         "user": f"https://{secret}@github.com/org/repo.git",
         "bearer": f"Authorization: Bearer {secret}",
-        "basic": f"authorization: basic {secret}",
+        "basic": "authorization: basic " + base64.b64encode(f"u:{secret}".encode()).decode(),
     }[where]
+    if where == "basic":
+        secret = text.rsplit(" ", 1)[-1]
+    elif where == "bearer" and secret.isalpha():
+        secret += "1"  # a token has a digit or a symbol; 'Bearer authentication' is prose
+        text += "1"
     masked = redact_text(before + text + " trailing")
     assert secret not in masked, masked
     assert secret in url_secrets(text)
@@ -110,3 +116,9 @@ def test_saved_config_and_lts_payload_hold_no_token_by_other_names(tmp_path) -> 
     for secret in ("tok-aaaaaaaaaaaa", "key-bbbbbbbbbbbb", "hf-cccccccccccc",
                    "acc-dddddddddddd", "idt-eeeeeeeeeeee", "ghp-ffffffffffff"):
         assert secret not in text and secret not in document, secret
+
+
+def test_prose_about_authentication_is_left_alone() -> None:
+    for text in ("basic authentication is off", "Bearer authentication needs a token",
+                 "a basic configuration", "see the Basic Auth docs"):
+        assert redact_text(text) == text
