@@ -33,7 +33,11 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from analysis.errors import ConfigError, ResultsError
-from analysis.safeio import write_text
+from analysis.safeio import (
+    UnreadableInputError,
+    read_bounded,
+    write_text,
+)
 from analysis.yamlio import load_yaml
 
 __all__ = ["ENTRY_POINT_GROUP", "Discovery", "ResultDir", "SkippedDir", "available_projects",
@@ -103,7 +107,7 @@ class _SettingsIndex:
         try:
             st = os.lstat(self.path)
             if stat.S_ISREG(st.st_mode) and st.st_size <= _INDEX_MAX:
-                data = json.loads(self.path.read_bytes())
+                data = json.loads(read_bounded(self.path, _INDEX_MAX, what="settings index"))
                 if isinstance(data, dict) and data.get("version") == _INDEX_VERSION and \
                         isinstance(data.get("settings"), dict):
                     self.old = data["settings"]
@@ -142,13 +146,15 @@ def read_exit_code(path: str | Path) -> int | str:
     """Return the integer in ``path/exit_code``, or a reason string when it is unusable."""
     file = os.path.join(path, EXIT_CODE_FILE)
     try:
-        reason = _unsafe_stat(Path(file), os.lstat(file), _SMALL_FILE)
+        st = os.lstat(file)
+        reason = _unsafe_stat(Path(file), st, _SMALL_FILE)
         if reason:
             return reason
-        with open(file, encoding="utf-8") as stream:
-            text = stream.read(_SMALL_FILE).strip()
+        text = read_bounded(file, _SMALL_FILE, what="exit code").decode("utf-8").strip()
     except FileNotFoundError:
         return "no exit_code file"
+    except UnreadableInputError as exc:  # swapped for a FIFO or a link after the stat
+        return f"unreadable exit_code: {exc}"
     except (OSError, UnicodeDecodeError) as exc:
         return f"unreadable exit_code: {exc}"
     try:
@@ -173,13 +179,13 @@ def _merge(parent: Mapping[str, Any], child: Mapping[str, Any]) -> dict[str, Any
 def _owner(directory: str, names: set[str], projects: set[str]) -> str | None:
     """The project a result dir belongs to (see the module docstring), None: unknown."""
     if CELL_FILE in names:
-        try:
-            with open(os.path.join(directory, CELL_FILE), "rb") as stream:
-                data = json.loads(stream.read(64 * 1024))
+        try:  # the one reader: a FIFO or a link planted as cell.json is never opened
+            data = json.loads(read_bounded(os.path.join(directory, CELL_FILE), 64 * 1024,
+                                           what="cell file"))
             owner = data.get("project") if isinstance(data, dict) else None
             if isinstance(owner, str):
                 return owner
-        except (OSError, ValueError):
+        except (OSError, ValueError, UnreadableInputError):
             pass
     for name in names:
         parts = name.split("__")

@@ -37,7 +37,7 @@ from pydantic import BaseModel, Field, ValidationError
 from analysis.discovery import ResultDir
 from analysis.environment import env_settings
 from analysis.errors import ConfigError
-from analysis.safeio import RefusedInput, open_regular, write_bytes
+from analysis.safeio import RefusedInput, open_regular, open_stream, write_bytes
 from analysis.yamlio import load_yaml_text
 
 __all__ = [
@@ -491,9 +491,9 @@ def read_tail(path: str | Path, lines: int = 5, limit: int = 64 * 1024) -> str |
     lines do not hold it.
     """
     try:
-        with open(path, "rb") as stream:
+        with open_stream(path, follow_links=True) as stream:  # a FIFO would block the tail
             return _tail(stream, lines, limit)
-    except OSError:
+    except (OSError, RefusedInput):
         return None
 
 
@@ -578,8 +578,8 @@ def _load_cached(result: ResultDir, parser: ResultParser, trust: bool = False,
     not read and those fields keep their defaults: a warm post-processing of many runs
     validated each run's loss curve (three quarters of its validation time) to drop it.
     """
-    try:
-        with open(f"{result.path}/{CACHE_FILE}", "rb") as stream:
+    try:  # the one reader: a FIFO or a link planted as the cache is refused, not waited on
+        with open_stream(f"{result.path}/{CACHE_FILE}") as stream:
             header_line = stream.readline()
             header = json.loads(header_line)
             if not isinstance(header, dict) or header.get("parser") != parser.name or \
@@ -597,7 +597,7 @@ def _load_cached(result: ResultDir, parser: ResultParser, trust: bool = False,
             if not skip or not set(skip) <= apart:
                 body = _joined(body, stream.readline().rstrip(b"\n"))
             return parser.result_model.model_validate_json(body)
-    except (OSError, ValueError, ValidationError):
+    except (OSError, ValueError, ValidationError, RefusedInput):
         return None
 
 

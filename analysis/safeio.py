@@ -50,6 +50,7 @@ __all__ = [
     "link_file",
     "open_append",
     "open_regular",
+    "open_stream",
     "output_root",
     "read_bounded",
     "read_text_bounded",
@@ -394,6 +395,18 @@ def open_regular(path: str | Path, *, max_bytes: int | None = None,
         os.close(fd)
         raise RefusedInput("replaced while being read", "replaced")
     return fd
+
+
+def open_stream(path: str | Path, *, max_bytes: int | None = None,
+                follow_links: bool = False) -> IO[bytes]:
+    """`open_regular` as a binary stream; the caller closes it.
+
+    For a reader that reads part of a file (a tail, a header line).
+
+    Raises:
+        RefusedInput: As `open_regular` (a FIFO, a device, a link, over ``max_bytes``).
+    """
+    return os.fdopen(open_regular(path, max_bytes=max_bytes, follow_links=follow_links), "rb")
 
 
 def read_bounded(path: str | Path, max_bytes: int, *, what: str = "file",

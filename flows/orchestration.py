@@ -43,7 +43,7 @@ from analysis.fingerprint import FINGERPRINT_FILE
 from analysis.history import default_history_uri
 from analysis.pipeline import PostprocessOutcome
 from analysis.redact import RedactingFilter
-from analysis.safeio import write_text
+from analysis.safeio import UnreadableInputError, read_text_bounded, write_text
 from analysis.yamlio import dump_yaml, load_yaml
 from blocks.s3 import S3Target
 from flows.cli import (
@@ -215,6 +215,9 @@ def settings_hash(settings: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()
 
 
+_CELL_FILE_MAX = 1024 * 1024
+
+
 def finished_cells(root: Path) -> dict[str, Path]:
     """Cell dirs of an earlier run into the same artifact dir: settings hash → dir (passed).
 
@@ -224,9 +227,9 @@ def finished_cells(root: Path) -> dict[str, Path]:
     for meta_file in sorted(root.glob(f"*__cell/{CELL_FILE}")):
         cell_dir = meta_file.parent
         try:
-            meta = json.loads(meta_file.read_text(encoding="utf-8"))
-            code = int((cell_dir / "exit_code").read_text().strip())
-        except (OSError, ValueError):
+            meta = json.loads(read_text_bounded(meta_file, _CELL_FILE_MAX, what="cell file"))
+            code = int(read_text_bounded(cell_dir / "exit_code", 64, what="exit code").strip())
+        except (OSError, ValueError, UnreadableInputError):
             code = None
             meta = {}
         if (cell_dir / "skip").exists():
@@ -426,7 +429,7 @@ def confirm_phase(cells: Sequence[Cell], run: RunContext, platform: Platform,
         cell = by_name.get(original.name) if original else None
         if original is None or cell is None:
             continue
-        uuid_text = (Path(original.dir) / ".uuid").read_text(encoding="utf-8").strip()
+        uuid_text = read_text_bounded(Path(original.dir) / ".uuid", 256, what="run uuid").strip()
         _log().warning("cell %s looks like a regression (%s): re-running it %d time(s) to "
                        "confirm", cell.name, why, reruns)
         for attempt in range(1, reruns + 1):

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from analysis.errors import PermanentServiceError, StepError, TransientServiceError
@@ -73,28 +75,57 @@ def map_api_error(exc: BaseException, what: str) -> Exception:
     return exc if isinstance(exc, Exception) else RuntimeError(str(exc))
 
 
+KUBECONFIG_MAX_BYTES = 4 * 1024 * 1024
+"""The largest kubeconfig read (real ones with embedded certificates are a few KiB)."""
+
+
+def kubeconfig_path(kubeconfig: str | None) -> Path:
+    """The kubeconfig file a path, ``$KUBECONFIG`` (its first entry) or the default names."""
+    if kubeconfig:
+        return Path(kubeconfig).expanduser()
+    first = next((p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p), None)
+    return Path(first or "~/.kube/config").expanduser()
+
+
 def api_client(kubeconfig: str | None) -> Any:
     """An ``ApiClient`` for a kubeconfig path, ``"in-cluster"``, or the default kubeconfig.
 
+    The file is read through the one bounded reader (`analysis.safeio.read_text_bounded`: a
+    FIFO or a device is refused, never opened for a blocking read; a size cap) and parsed
+    with the one YAML loader, then handed to the client as a mapping (relative certificate
+    paths still resolve against the file's folder).
+
     Raises:
-        ConfigError: The kubeconfig cannot be used (empty, not a kubeconfig, no current
-            context, not in a pod): a user error naming ``clusters.kubeconfig``, for every
-            caller (a run, the janitor, ``--rebuild-image``).
+        ConfigError: The kubeconfig cannot be used (unreadable, empty, not a kubeconfig, no
+            current context, not in a pod): a user error naming ``clusters.kubeconfig``, for
+            every caller (a run, the janitor, ``--rebuild-image``).
     """
     from kubernetes import client, config
     from kubernetes.config.config_exception import ConfigException
+    from kubernetes.config.kube_config import KubeConfigLoader
     from yaml import YAMLError
 
-    from analysis.errors import ConfigError
+    from analysis.errors import ConfigError, TelltaleError
+    from analysis.safeio import read_text_bounded
+    from analysis.yamlio import load_yaml_text
 
+    where = kubeconfig or "the default kubeconfig"
     try:
         if kubeconfig == "in-cluster":
             config.load_incluster_config()
             return client.ApiClient()
-        return config.new_client_from_config(config_file=kubeconfig)
+        path = kubeconfig_path(kubeconfig)
+        text = read_text_bounded(path, KUBECONFIG_MAX_BYTES, what="kubeconfig",
+                                 follow_links=True)
+        data, _ = load_yaml_text(text, source=str(path))
+        if not isinstance(data, dict):
+            raise ConfigException("Invalid kube-config file. No configuration found.")
+        configuration = type.__call__(client.Configuration)
+        KubeConfigLoader(config_dict=data, config_base_path=str(path.parent)).load_and_set(
+            configuration)
+        return client.ApiClient(configuration=configuration)
     except (ConfigException, YAMLError, TypeError, ValueError, AttributeError, KeyError,
-            OSError) as exc:  # the client reads the file as it finds it: any shape
-        where = kubeconfig or "the default kubeconfig"
+            OSError, TelltaleError) as exc:  # the client reads the file as it finds it
         reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         raise ConfigError(f"kubeconfig {where} cannot be used: {reason}",
                           key="clusters.kubeconfig") from None

@@ -31,7 +31,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from analysis.errors import StepError, TransientServiceError
-from analysis.safeio import read_bounded, write_text
+from analysis.safeio import UnreadableInputError, read_bounded, read_text_bounded, write_text
 from tasks.lab.quads import Assignment, QuadsClient, QuadsError, server_time
 
 __all__ = ["LEASE_FILE", "MARKER_PREFIX", "Lease", "LeaseRequest", "NotOurLeaseError", "Orphan",
@@ -408,15 +408,19 @@ def _alive(lease: Lease) -> bool | None:
     return True
 
 
+_LEASE_MAX_BYTES = 64 * 1024  # a lease.json is a few hundred bytes
+
+
 def _local_leases(roots: list[Path]) -> dict[int, tuple[Path, Lease]]:
     """Assignment id → (artifact dir, lease) of the ``lease.json`` files under ``roots``."""
     found: dict[int, tuple[Path, Lease]] = {}
     for root in roots:
         for pattern in (LEASE_FILE, f"*/{LEASE_FILE}", f"*/*/{LEASE_FILE}"):
             for path in root.glob(pattern):
-                try:
-                    lease = Lease.model_validate(json.loads(path.read_text(encoding="utf-8")))
-                except (OSError, ValueError):
+                try:  # the one bounded reader: a FIFO planted as lease.json is not opened
+                    lease = Lease.model_validate(json.loads(read_text_bounded(
+                        path, _LEASE_MAX_BYTES, what="lease file")))
+                except (OSError, ValueError, UnreadableInputError):
                     continue
                 if lease.assignment_id is not None:
                     found[lease.assignment_id] = (path.parent, lease)

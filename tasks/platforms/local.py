@@ -35,7 +35,13 @@ from typing import Any
 
 from analysis.environment import env_settings
 from analysis.errors import StepError
-from analysis.safeio import open_append, write_text
+from analysis.safeio import (
+    UnreadableInputError,
+    open_append,
+    read_bounded,
+    read_text_bounded,
+    write_text,
+)
 from analysis.terminal import say
 from projects.config import Config
 from projects.contract import (
@@ -79,9 +85,14 @@ logger = logging.getLogger("telltale.local")
 
 
 def _read(path: str) -> str:
+    """A small text file (/proc, /etc, a cmdline file in a run dir), "" when unusable.
+
+    Through the one bounded reader: a FIFO planted as a run's cmdline file is refused.
+    """
     try:
-        return Path(path).read_text(encoding="utf-8", errors="replace")
-    except OSError:
+        return read_bounded(path, 1024 * 1024, what="file", follow_links=True).decode(
+            "utf-8", errors="replace")
+    except (OSError, UnreadableInputError):
         return ""
 
 
@@ -247,8 +258,8 @@ def count_users(root: Path, users: int) -> dict[str, int]:
         code_file = directory / "exit_code"
         if code_file.exists():
             try:
-                code = int(code_file.read_text().strip())
-            except ValueError:
+                code = int(read_text_bounded(code_file, 64, what="exit code").strip())
+            except (ValueError, UnreadableInputError):
                 code = 1
             counts["succeeded" if code == 0 else "failed"] += 1
         elif (directory / "pod.log").exists():
@@ -353,9 +364,9 @@ def cleanup_local(root: str | Path) -> dict[str, Any]:
     removed: list[str] = []
     base = Path(root)
     for pid_file in base.rglob(PID_FILE):
-        try:
-            pid = int(pid_file.read_text().strip())
-        except (OSError, ValueError):
+        try:  # the one reader: a FIFO planted as a pid file must not hang the crash hook
+            pid = int(read_text_bounded(pid_file, 64, what="pid file").strip())
+        except (OSError, ValueError, UnreadableInputError):
             continue
         if _is_ours(pid_file, pid) and _stop_group(pid):
             stopped.append(pid)
