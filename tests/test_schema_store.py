@@ -159,7 +159,7 @@ def test_without_schemas_a_test_is_skipped_with_one_reason_or_fails_when_require
     assert out.returncode == 0, out.stdout + out.stderr
     assert "2 skipped" in out.stdout
     # one stated reason for all of them (pytest groups identical skips into one line)
-    assert f"SKIPPED [2] tests/schema_store.py" in out.stdout, out.stdout
+    assert "SKIPPED [2] tests/schema_store.py" in out.stdout, out.stdout
     assert out.stdout.count(schema_store.MISSING_REASON) == 1, out.stdout
     out = subprocess.run(cmd, env={**env, schema_store.ENV_REQUIRE: "1"}, capture_output=True,
                          text=True, cwd=REPO, timeout=300)

@@ -307,19 +307,14 @@ def test_sigterm_is_taken_the_ctrl_c_way(tmp_path: Path) -> None:
 def test_sigterm_while_quads_is_down_names_the_lease_left_active(tmp_path: Path) -> None:
     """A leased run gets SIGTERM while QUADS is unreachable: the release fails, and the last
     lines the scheduler shows are LEFT ACTIVE with the command that releases it."""
-    import httpx
 
-    from tests.servers.quads import quads_server
+    from tests.servers.quads import impatient_tenant, quads_server
 
     secrets = tmp_path / "secrets"
     secrets.mkdir()
     env = {**cli_env(tmp_path), "TELLTALE_SECRET_DIR": str(secrets)}
     with quads_server() as (url, quads):
-        httpx.post(f"{url}/register", json={"email": "perf@example.com", "password": "pw"})
-        (secrets / "quads.yaml").write_text(yaml.safe_dump({
-            "url": url, "email": "perf@example.com", "password": "pw",
-            "patience_attempts": 2, "patience_backoff_max_s": 0}))
-        quads.auto_deliver_after = 1
+        impatient_tenant(url, quads, secrets)
         proc, _run_dir, _pid = _start_long_run(
             tmp_path, "--var", "clusters.sutest.lab.enabled=true",
             "--var", "clusters.sutest.lab.poll_seconds=0.05", env=env)

@@ -269,21 +269,15 @@ def test_a_lease_left_by_an_interrupted_run_is_named_with_its_command(
         run_fake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """SIGTERM while QUADS is down at release: outcome.json and the exception say what may
     still be active, with the command that releases it; the cell is in the outcome."""
-    import httpx
-    import yaml
 
     from flows.cli import Terminated
-    from tests.servers.quads import quads_server
+    from tests.servers.quads import impatient_tenant, quads_server
 
     secrets = tmp_path / "secrets"
     secrets.mkdir()
     monkeypatch.setenv("TELLTALE_SECRET_DIR", str(secrets))
     with quads_server() as (url, quads):
-        httpx.post(f"{url}/register", json={"email": "perf@example.com", "password": "pw"})
-        (secrets / "quads.yaml").write_text(yaml.safe_dump({
-            "url": url, "email": "perf@example.com", "password": "pw",
-            "patience_attempts": 2, "patience_backoff_max_s": 0}))
-        quads.auto_deliver_after = 1
+        impatient_tenant(url, quads, secrets)
 
         class Interrupting(FakePlatform):
             def run_cell(self, run, cell):

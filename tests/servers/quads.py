@@ -534,3 +534,17 @@ def quads_server(hosts: dict[str, dict[str, Any]] | None = None,
     handler = type("Handler", (_Handler,), {"state": state})
     with serve(handler) as port:
         yield f"http://127.0.0.1:{port}/api/v3", state
+
+
+def impatient_tenant(url: str, state: QuadsState, secret_dir: Any) -> None:
+    """Register perf@example.com and write its QUADS secret file with short patience (two
+    attempts, no backoff), deliveries after one poll: a run that leases and, when QUADS goes
+    down, gives up its release quickly (the leftovers path)."""
+    import httpx
+    import yaml
+
+    httpx.post(f"{url}/register", json={"email": "perf@example.com", "password": "pw"})
+    (secret_dir / "quads.yaml").write_text(yaml.safe_dump({
+        "url": url, "email": "perf@example.com", "password": "pw",
+        "patience_attempts": 2, "patience_backoff_max_s": 0}))
+    state.auto_deliver_after = 1
