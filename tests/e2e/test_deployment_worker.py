@@ -15,14 +15,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from tests.servers.prefect_server import clean_env, prefect_server
+from tests.servers.prefect_server import clean_env, prefect_server, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -105,18 +104,6 @@ def test_a_process_worker_runs_a_deployment_from_a_fresh_clone(tmp_path: Path) -
     assert "main" in Path(outcome["code_dir"]).name
 
 
-def _wait_for(what: str, predicate, worker: subprocess.Popen[str], limit_s: float = 900):
-    """Wait for an event (a file, a state), not for a time: the limit is a hang guard."""
-    deadline = time.monotonic() + limit_s
-    while not (found := predicate()):
-        if worker.poll() is not None:
-            raise AssertionError(f"the worker exited {worker.returncode} before {what}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} within {limit_s:.0f} s")
-        time.sleep(0.5)
-    return found
-
-
 def test_a_deployed_run_cancelled_from_the_api_runs_its_cleanup_hook(tmp_path: Path) -> None:
     """The runner calls ``on_cancellation`` hooks by keyword: the hook must complete."""
     worker_home = tmp_path / "worker"
@@ -133,16 +120,16 @@ def test_a_deployed_run_cancelled_from_the_api_runs_its_cleanup_hook(tmp_path: P
             stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
             # the workload is running once its pid file exists in the run's dir
-            _wait_for("running workload", lambda: list(runs.glob(
-                f"*-fine_tuning-{run_id[:8]}/**/workload.pid")), worker)
+            wait_for("running workload", lambda: list(runs.glob(
+                f"*-fine_tuning-{run_id[:8]}/**/workload.pid")), worker, 900)
             _prefect(user, clone, "flow-run", "cancel", run_id)
             run_dir = next(runs.glob(f"*-fine_tuning-{run_id[:8]}"))
-            record = _wait_for("crash_cleanup.json", lambda: (
-                run_dir / "crash_cleanup.json").is_file(), worker)
+            record = wait_for("crash_cleanup.json", lambda: (
+                run_dir / "crash_cleanup.json").is_file(), worker, 900)
             assert record
-            state = _wait_for("a final state", lambda: next(
+            state = wait_for("a final state", lambda: next(
                 (s for s in ("CANCELLED", "COMPLETED", "FAILED", "CRASHED")
-                 if s in _prefect(user, clone, "flow-run", "inspect", run_id)), None), worker)
+                 if s in _prefect(user, clone, "flow-run", "inspect", run_id)), None), worker, 900)
             assert state == "CANCELLED"
         finally:
             worker.terminate()

@@ -14,11 +14,14 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, TypeVar
 
-__all__ = ["clean_env", "prefect_server"]
+T = TypeVar("T")
+
+__all__ = ["clean_env", "prefect_server", "wait_for"]
 
 
 def _free_port() -> int:
@@ -34,6 +37,31 @@ def clean_env(home: Path, **extra: str) -> dict[str, str]:
             "LANG": "C.UTF-8", "DO_NOT_TRACK": "1",
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_HOME": str(home / ".prefect"),
             **extra}
+
+
+def wait_for(what: str, predicate: Callable[[], T], process: subprocess.Popen[Any],
+             limit_s: float, *, poll_s: float = 0.5) -> T:
+    """Wait for an event (an answer, a file, a state) while ``process`` lives; its value.
+
+    Not a sleep: the limit is a hang guard. Raises RuntimeError naming ``what`` when the
+    process exits first or the limit passes.
+    """
+    deadline = time.monotonic() + limit_s
+    while not (found := predicate()):
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args[2:4]} exited {process.returncode} before {what}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no {what} within {limit_s:.0f} s")
+        time.sleep(poll_s)
+    return found
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:
+            return bool(answer.status == 200)
+    except OSError:
+        return False
 
 
 @contextmanager
@@ -54,19 +82,8 @@ def prefect_server(home: Path, *, startup_s: float = 240.0,
                               start_new_session=True)
     url = f"http://127.0.0.1:{port}/api"
     try:
-        deadline = time.monotonic() + startup_s
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:
-                    if answer.status == 200:
-                        break
-            except OSError:
-                pass
-            if server.poll() is not None:
-                raise RuntimeError(f"prefect server exited {server.returncode}; see {out.name}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"prefect server did not answer in {startup_s:.0f} s")
-            time.sleep(0.25)
+        wait_for(f"prefect server answer (see {out.name})", lambda: _healthy(url), server,
+                 startup_s, poll_s=0.25)
         yield url
     finally:
         try:
