@@ -282,13 +282,18 @@ def _check_ours(client: QuadsClient, lease: Lease) -> None:
     """Refuse to release what this owner did not lease.
 
     A ``lease.json`` is a file in a results tree: one copied from another run (another
-    owner, another server, another assignment under a reused id) must never terminate
-    someone else's hosts. The file must name this owner and server, and the server's
-    assignment must be this owner's and carry the file's run marker.
+    owner, another server, another assignment under a reused id) or written by hand must
+    never terminate someone else's hosts. The file must carry Telltale's run marker and name
+    this owner and server, and the server's assignment must be this owner's and carry the
+    same marker — the marker is required on both sides.
 
     Raises:
-        NotOurLeaseError: Saying which of the three does not match.
+        NotOurLeaseError: Saying which of these does not match.
     """
+    marker = marker_of(lease.description)
+    if marker is None:
+        raise NotOurLeaseError("lease.json carries no Telltale run marker (its description "
+                               f"does not start with {MARKER_PREFIX!r}): not released")
     if lease.owner != client.owner:
         raise NotOurLeaseError(f"lease.json names owner {lease.owner!r}, not {client.owner!r} "
                                "(these credentials): not released")
@@ -298,12 +303,11 @@ def _check_ours(client: QuadsClient, lease: Lease) -> None:
     if lease.assignment_id is None:
         return
     current = client.assignment(lease.assignment_id, patient=True)
-    marker = marker_of(lease.description)
     if current.owner is not None and current.owner != client.owner:
         raise NotOurLeaseError(f"assignment {lease.assignment_id} belongs to "
                                f"{current.owner!r}, not {client.owner!r}: not released")
-    if marker is not None and marker_of(current.description) not in (None, marker):
-        raise NotOurLeaseError(f"assignment {lease.assignment_id} is another run's (its "
+    if marker_of(current.description) != marker:
+        raise NotOurLeaseError(f"assignment {lease.assignment_id} is not this run's (its "
                                f"description is not marked {marker!r}): not released")
 
 
@@ -372,10 +376,21 @@ def release_from_file(client: QuadsClient, root: Path) -> bool:
     For crash and cancellation hooks, the teardown and the janitor, which only know the
     run's artifact dir. A lease still ``requesting`` is looked up by its marker. Returns True
     when an assignment was terminated.
+
+    A lease file is bound to its run: while the process it names (pid on this host) is alive
+    and is not this process, the file is refused — a copy of a live run's ``lease.json``
+    must not release that run's hosts under it.
+
+    Raises:
+        NotOurLeaseError: Not this owner's (see `_check_ours`), or held by a live run.
     """
     lease = _load(root)
     if lease is None or lease.state in ("released", "kept"):
         return False
+    if lease.pid != os.getpid() and _alive(lease):
+        raise NotOurLeaseError(f"lease.json names a live run (pid {lease.pid} on "
+                               f"{lease.hostname}): not released; stop that run, whose "
+                               "cleanup releases it")
     return _release(client, lease, root)
 
 
@@ -405,7 +420,11 @@ def _alive(lease: Lease) -> bool | None:
         return False
     except PermissionError:  # someone else's process: alive
         return True
-    return True
+    try:  # a zombie (exited, not yet reaped: a runner's killed flow process) is not alive
+        stat_line = read_text_bounded(f"/proc/{lease.pid}/stat", 4096, what="process status")
+        return stat_line.rsplit(")", 1)[-1].split()[0] != "Z"
+    except (UnreadableInputError, IndexError):
+        return True
 
 
 _LEASE_MAX_BYTES = 64 * 1024  # a lease.json is a few hundred bytes

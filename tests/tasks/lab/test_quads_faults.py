@@ -16,10 +16,12 @@ from pydantic import SecretStr
 
 from tasks.lab.lease import (
     LeaseRequest,
+    NotOurLeaseError,
     acquire_lease,
     find_orphans,
     leased,
     marker_of,
+    release_from_file,
     release_orphan,
 )
 from tasks.lab.quads import QuadsClient, QuadsError
@@ -181,11 +183,24 @@ def test_the_janitor_releases_leases_of_dead_runs_only(lab, tmp_path: Path) -> N
     assert marker_of("[SSM] telltale:x-1 text") == "x-1" and marker_of("[SSM] mine") is None
 
 
+def _as_if_held_by(root: Path, pid: int) -> None:
+    saved = json.loads((root / "lease.json").read_text())
+    saved["pid"] = pid
+    (root / "lease.json").write_text(json.dumps(saved))
+
+
+def _dead_pid() -> int:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    return dead.pid
+
+
 def test_the_janitor_cli_releases_one_runs_lease(lab, tmp_path: Path) -> None:
     client, state = lab
     root = tmp_path / "run"
     root.mkdir()
     acquire_lease(client, LeaseRequest(count=1), root=root, **NO_SLEEP)
+    _as_if_held_by(root, _dead_pid())  # the run that leased is gone
     secrets = tmp_path / "secrets"
     secrets.mkdir()
     (secrets / "quads.yaml").write_text(f"url: {client.base_url}\nemail: perf@example.com\n"
@@ -248,3 +263,55 @@ def test_the_server_answers_like_2_2_6() -> None:
         first_poll = client.assignment(two.id)
         assert first_poll.provisioned and not first_poll.validated
         assert client.assignment(two.id).validated
+
+
+def test_a_live_runs_lease_file_is_refused_by_another_process(lab, tmp_path: Path) -> None:
+    """A copy of a live run's lease.json (pid alive on this host, not this process) must not
+    release that run's hosts; the run itself, and the same file once its run is dead, do."""
+    client, state = lab
+    root = tmp_path / "run"
+    root.mkdir()
+    acquire_lease(client, LeaseRequest(count=1, marker="live-1"), root=root, **NO_SLEEP)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                              stdin=subprocess.PIPE)
+    try:
+        _as_if_held_by(root, holder.pid)
+        with pytest.raises(NotOurLeaseError, match="names a live run"):
+            release_from_file(client, root)
+        assert _active(state)
+    finally:
+        holder.communicate(b"")
+    assert release_from_file(client, root)  # its holder exited: released
+    assert not _active(state)
+
+
+@pytest.mark.parametrize("description", ["", "my own hosts", "[SSM] run-1 cpt",
+                                         "telltale: no marker", "Telltale:x y"])
+def test_a_lease_file_without_the_marker_releases_nothing(lab, tmp_path: Path,
+                                                          description: str) -> None:
+    client, state = lab
+    root = tmp_path / "run"
+    root.mkdir()
+    acquire_lease(client, LeaseRequest(count=1, marker="m-9"), root=root, **NO_SLEEP)
+    saved = json.loads((root / "lease.json").read_text())
+    saved["description"] = description  # a hand-written file, or one of another tool
+    (root / "lease.json").write_text(json.dumps(saved))
+    with pytest.raises(NotOurLeaseError, match="marker"):
+        release_from_file(client, root)
+    assert _active(state)
+
+
+def test_an_unmarked_assignment_is_not_released_by_a_marked_file(lab, tmp_path: Path) -> None:
+    """The marker is required on the server's side too: a lease file pointing at a person's
+    own (unmarked) assignment of the same owner is refused."""
+    client, state = lab
+    root = tmp_path / "run"
+    root.mkdir()
+    acquire_lease(client, LeaseRequest(count=1, marker="m-3"), root=root, **NO_SLEEP)
+    mine = client.request_assignment(description="a person's own reservation")
+    saved = json.loads((root / "lease.json").read_text())
+    saved["assignment_id"] = mine.id
+    (root / "lease.json").write_text(json.dumps(saved))
+    with pytest.raises(NotOurLeaseError, match="not this run's"):
+        release_from_file(client, root)
+    assert mine.id in _active(state)
