@@ -48,6 +48,7 @@ __all__ = [
     "atomic_open",
     "copy_file",
     "link_file",
+    "make_dirs",
     "open_append",
     "open_regular",
     "open_stream",
@@ -131,6 +132,21 @@ def _check_parents(target: Path) -> None:
             if os.path.islink(current):
                 raise UnsafeOutputError(f"{current} on its way is a symbolic link; Telltale "
                                         "never writes through a link", path=target)
+
+
+def make_dirs(path: str | Path) -> Path:
+    """Create ``path`` and its missing parents, refusing a link on the way.
+
+    Under an active output root, ``mkdir -p`` would create the new dirs wherever a planted
+    link points; each dir between the root and ``path`` is checked first.
+
+    Raises:
+        UnsafeOutputError: A dir between the active output root and ``path`` is a link.
+    """
+    target = Path(path)
+    _check_parents(target / "_")  # every dir up to and including ``path``
+    target.mkdir(parents=True, exist_ok=True)
+    return target
 
 
 def _check_target(path: Path, *, parents: bool = True) -> None:

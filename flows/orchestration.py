@@ -603,8 +603,8 @@ def orchestrate(project_name: str, presets: Sequence[str], overrides: dict[str, 
         policy = policy_for(project_name)
         for key, value in (overrides or {}).items():
             check_untrusted(key, value, policy, source="deployment form")
-        if artifact_dir:
-            _inside_runs_root(artifact_dir, runs_root(deployed=True))
+        if artifact_dir:  # resolved once, against the runs root: written where checked
+            artifact_dir = str(_inside_runs_root(artifact_dir, runs_root(deployed=True)))
     # the command line resolved it already (same request): not a second time
     config = resolve_once(project_name, presets=presets, overrides=overrides or {})
     model = config.model
@@ -674,8 +674,14 @@ def orchestrate(project_name: str, presets: Sequence[str], overrides: dict[str, 
     return outcome
 
 
-def _inside_runs_root(artifact_dir: str, root: Path) -> None:
-    """Refuse a deployment form's artifact dir outside the deployed runs root.
+def _inside_runs_root(artifact_dir: str, root: Path) -> Path:
+    """A deployment form's artifact dir, resolved against the deployed runs root.
+
+    A relative dir is the runs root's (not the worker's working directory, which the worker
+    removes after the run); an absolute one must lie inside it.
+
+    Returns:
+        The resolved dir, the one the run writes to.
 
     Raises:
         ConfigError: The dir resolves elsewhere (``/etc``, ``../..``, a link out).
@@ -685,6 +691,7 @@ def _inside_runs_root(artifact_dir: str, root: Path) -> None:
     if wanted == base or not wanted.is_relative_to(base):
         raise ConfigError(f"artifact_dir {artifact_dir!r} from a deployment form must be a "
                           f"dir inside {base} (TELLTALE_RUNS_DIR)", key="artifact_dir")
+    return wanted
 
 
 def _leftover(error: BaseException, root: Path, project: str) -> str:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.errors import ConfigError
-from analysis.safeio import write_text
+from analysis.safeio import make_dirs, output_root, write_text
 from analysis.yamlio import dump_yaml
 from projects.config import Config
 from projects.contract import CellContext, KubeService, KubeUsers, KubeWorkload, Project
@@ -51,7 +51,7 @@ REGISTRY = "image-registry.openshift-image-registry.svc:5000"
 
 def write_manifests(directory: Path, manifests: Sequence[dict[str, Any]]) -> int:
     """Write ``<NN>-<kind>-<name>.yaml`` files; returns how many."""
-    directory.mkdir(parents=True, exist_ok=True)
+    make_dirs(directory)
     for index, manifest in enumerate(manifests):
         name = f"{index:02d}-{manifest['kind'].lower()}-{manifest['metadata']['name']}"
         write_text(directory / f"{name}.yaml", dump_yaml(manifest))
@@ -237,14 +237,24 @@ def check_supported(project: Project, test: TestBlock, platform: str,
 def plan_run(project: Project, config: Config, platform: str, artifact_dir: Path) -> Plan:
     """Resolve the plan of a run and write it (config, plan, manifests) into ``artifact_dir``.
 
+    Every file goes under ``artifact_dir`` as its output root: a link planted below it (a
+    ``manifests -> /elsewhere``) is refused, never written through.
+
     Returns:
         The plan; ``extra["manifests"]`` counts the manifests written (kubernetes only).
     """
     check_supported(project, project.test_block(config.model), platform, config.model)
     plan = build_plan(config, platform, test=project.name)
-    write_plan(plan, config, artifact_dir)
-    if platform != "kubernetes":
-        return plan
+    with output_root(artifact_dir):
+        write_plan(plan, config, artifact_dir)
+        if platform == "kubernetes":
+            plan.extra["manifests"] = _write_plan_manifests(project, config, plan, artifact_dir)
+    return plan
+
+
+def _write_plan_manifests(project: Project, config: Config, plan: Plan,
+                          artifact_dir: Path) -> int:
+    """Write every manifest the run would apply; returns how many."""
     model = config.model
     run = RunContext(project=project, config=config, model=model,
                      test=project.test_block(model), root=artifact_dir, run_id="plan")
@@ -258,5 +268,4 @@ def plan_run(project: Project, config: Config, platform: str, artifact_dir: Path
             written += write_manifests(target, users_manifests(run, cell, context))
         else:
             written += write_manifests(target, workload_of(run, context).all_manifests())
-    plan.extra["manifests"] = written
-    return plan
+    return written

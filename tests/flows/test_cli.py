@@ -247,6 +247,22 @@ def test_outputs_never_write_through_a_planted_link(tmp_path: Path, target: str)
     assert victim.read_text() == "precious\n"
 
 
+@pytest.mark.parametrize("planted", ["manifests", "manifests/prepare", "manifests/000__cell"])
+def test_a_plan_never_writes_through_a_planted_dir_link(tmp_path: Path, planted: str) -> None:
+    """--plan writes its manifests under its artifact dir as an output root: a link planted
+    on the way (``manifests -> elsewhere``) is refused, and nothing lands where it points."""
+    run = tmp_path / "run"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (run / planted).parent.mkdir(parents=True, exist_ok=True)
+    (run / planted).symlink_to(elsewhere, target_is_directory=True)
+    proc = cli("--preset", "gpu", "--plan", "--artifact-dir", str(run),
+               env={"KUBECONFIG": str(tmp_path / "none"), "HOME": str(tmp_path)})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "symbolic link" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert not any(elsewhere.rglob("*")), list(elsewhere.rglob("*"))
+
+
 def test_a_huge_matrix_from_three_lines_is_refused_at_once(tmp_path: Path) -> None:
     values = "[" + ", ".join(str(1e-4 * (i + 1)) for i in range(20)) + "]"
     comment = tmp_path / "comment.txt"

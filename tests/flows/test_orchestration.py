@@ -365,6 +365,24 @@ def test_a_deployment_forms_values_are_untrusted(run_fake, tmp_path: Path,
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 
+def test_a_deployment_forms_relative_artifact_dir_is_the_runs_roots(
+        run_fake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checked against the runs root and written there — not under the worker's working
+    directory (the worker removes its clone after the run)."""
+    from flows.orchestration import orchestrate
+
+    monkeypatch.setenv("PREFECT__RUNTIME__DEPLOYMENT__ID", "5f1d6a4e-0000-4000-8000-000000000001")
+    monkeypatch.setenv("TELLTALE_RUNS_DIR", str(tmp_path / "runs"))
+    worker_dir = tmp_path / "worker-clone"
+    worker_dir.mkdir()
+    monkeypatch.chdir(worker_dir)
+    outcome = orchestrate("fine_tuning", ["light"], {}, "local", "nightly/run-1",
+                          platform_factory=lambda name: FakePlatform())
+    assert outcome.artifact_dir == str((tmp_path / "runs" / "nightly" / "run-1").resolve())
+    assert (tmp_path / "runs" / "nightly" / "run-1" / "outcome.json").is_file()
+    assert not any(worker_dir.iterdir())
+
+
 @pytest.mark.parametrize(("waiting", "min_history", "expected"), [
     ([0], 3, "the 4th comparable run: 3 more"), ([1, 0], 3, "the 4th comparable run: 2 more"),
     ([2], 3, "the 4th comparable run: 1 more"), ([0], 20, "the 21st comparable run: 20 more"),
