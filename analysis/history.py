@@ -31,6 +31,7 @@ credentials from the usual AWS environment variables.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -51,6 +52,14 @@ import pyarrow.parquet as pq
 
 from analysis.environment import env_settings
 from analysis.errors import ResultsError, TelltaleError
+from analysis.history_lock import AppendLock, local_append_lock
+from analysis.history_schema import (
+    SCHEMA_VERSION,
+    VERSION_KEY,
+    WRITTEN_AT,
+    normalised,
+    part_problem,
+)
 from analysis.kpi import BASE_COLUMNS
 from analysis.safeio import atomic_open
 
@@ -64,6 +73,7 @@ __all__ = [
     "RUN_COLUMNS",
     "SCHEMA_VERSION",
     "VALIDITY",
+    "AppendLock",
     "HistoryConflictError",
     "HistorySource",
     "HistoryStore",
@@ -71,13 +81,13 @@ __all__ = [
     "default_history_uri",
     "matched_labels",
     "open_filesystem",
+    "local_append_lock",
     "run_identity",
     "usable_rows",
 ]
 
 AUTO_COMPACT_PARTS = 64
 logger = logging.getLogger("telltale.history")
-_WRITTEN_AT = "_written_at"
 _PART = "part-"
 _COMPACTED = "compacted-"
 _ACCEPT = "accept-"
@@ -94,25 +104,6 @@ FINGERPRINT = "fingerprint"
 """Column holding a run's environment fingerprint (JSON, `analysis.fingerprint`)."""
 RUN_COLUMNS = (IDENTITY, VALIDITY, FINGERPRINT)
 """Per-run columns that are not labels: never matched when selecting a history."""
-SCHEMA_VERSION = 3
-"""Version of the parts this code writes (1: before `IDENTITY`; 2: before `VALIDITY` and
-`FINGERPRINT`)."""
-_VERSION_KEY = b"telltale.history.schema"
-
-
-def _is_text(kind: pa.DataType) -> bool:
-    return bool(pa.types.is_string(kind) or pa.types.is_large_string(kind)
-                or getattr(pa.types, "is_string_view", lambda _: False)(kind))
-
-
-# The type each base column must have (a part with another is quarantined, never read).
-_BASE_TYPES: dict[str, Any] = {
-    "run_uuid": _is_text, "kpi": _is_text,
-    "value": lambda t: pa.types.is_floating(t) or pa.types.is_integer(t),
-    "timestamp": pa.types.is_timestamp, "unit": _is_text,
-    "lower_better": pa.types.is_boolean, "ignored_for_regression": pa.types.is_boolean,
-    _WRITTEN_AT: pa.types.is_integer,
-}
 
 
 class HistoryConflictError(TelltaleError):
@@ -192,18 +183,24 @@ def open_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
 class HistoryStore:
     """Append-only, run-idempotent KPI history."""
 
-    def __init__(self, uri: str, filesystem: pafs.FileSystem | None = None) -> None:
+    def __init__(self, uri: str, filesystem: pafs.FileSystem | None = None,
+                 lock: AppendLock | None = None) -> None:
         """Open the history at ``uri``.
 
         Args:
             uri: A local path or ``s3://bucket/prefix``.
             filesystem: The filesystem to use for an ``s3://`` URI (e.g. built by the S3
                 block with its credentials); default: one from the URI and environment.
+            lock: What an append holds while it checks and writes (default: a ``flock`` for
+                a local history; none for an ``s3://`` one given without its lock).
         """
         self.uri = uri
         self.fs, self.base = open_filesystem(uri)
         if filesystem is not None:
             self.fs = filesystem
+        if lock is None and isinstance(self.fs, pafs.LocalFileSystem):
+            lock = local_append_lock(self.base)
+        self._lock: AppendLock = lock or contextlib.nullcontext
 
     def __repr__(self) -> str:
         return f"HistoryStore({self.uri.split('?', 1)[0]!r})"
@@ -218,7 +215,7 @@ class HistoryStore:
         self._ensure_dir()
         target = f"{self.base}/{name}"
         table = table.replace_schema_metadata({**(table.schema.metadata or {}),
-                                               _VERSION_KEY: str(SCHEMA_VERSION).encode()})
+                                               VERSION_KEY: str(SCHEMA_VERSION).encode()})
         if isinstance(self.fs, pafs.LocalFileSystem):
             # temp file + fsync + rename, never through a link: readers never see half a
             # file, and a full disk names the history file that failed
@@ -244,7 +241,8 @@ class HistoryStore:
         Raises:
             ResultsError: Missing columns.
         """
-        written = self._write_rows(frame, compacted=False)
+        with self._lock():  # two writers never both pass the identity check for one run
+            written = self._write_rows(frame, compacted=False)
         if written and len(self._files(_PART)) > AUTO_COMPACT_PARTS:
             try:
                 self.compact()
@@ -261,7 +259,8 @@ class HistoryStore:
         Returns:
             The number of rows written.
         """
-        return self._write_rows(frame, compacted=True)
+        with self._lock():
+            return self._write_rows(frame, compacted=True)
 
     def _write_rows(self, frame: pd.DataFrame, *, compacted: bool) -> int:
         missing = [c for c in BASE_COLUMNS if c not in frame.columns]
@@ -269,12 +268,13 @@ class HistoryStore:
             raise ResultsError(f"history rows lack columns: {', '.join(missing)}")
         if frame.empty:
             return 0
+        frame = normalised(frame)
         self._check_append(frame)
         now = time.time_ns()
         # rows read back from a history (a re-import) carry their old write time: replaced
-        table = pa.Table.from_pandas(frame.drop(columns=[_WRITTEN_AT], errors="ignore"),
+        table = pa.Table.from_pandas(frame.drop(columns=[WRITTEN_AT], errors="ignore"),
                                      preserve_index=False)
-        table = table.append_column(_WRITTEN_AT, pa.array([now] * len(frame), pa.int64()))
+        table = table.append_column(WRITTEN_AT, pa.array([now] * len(frame), pa.int64()))
         if compacted:
             name = f"{_COMPACTED}{now}"
         else:  # readable: the (first) run's id, and how many more runs the file holds
@@ -419,7 +419,7 @@ class HistoryStore:
                 self._quarantine(path, str(exc)[:200])
                 files.remove(path)
                 continue
-            problem = _part_problem(schema)
+            problem = part_problem(schema)
             if problem is not None:
                 self._quarantine(path, problem)
                 files.remove(path)
@@ -455,8 +455,8 @@ class HistoryStore:
         if frame.empty:
             return frame
         # Newest write of each run wins: re-appends and overlapping compactions collapse.
-        newest = frame.groupby("run_uuid")[_WRITTEN_AT].transform("max")
-        frame = frame[frame[_WRITTEN_AT] == newest]
+        newest = frame.groupby("run_uuid")[WRITTEN_AT].transform("max")
+        frame = frame[frame[WRITTEN_AT] == newest]
         return frame.drop_duplicates(subset=["run_uuid", "kpi"], keep="last")
 
     def read(self, filter_expr: Any = None, *, files: list[str] | None = None,
@@ -477,7 +477,7 @@ class HistoryStore:
                 time.sleep(0.01 * (attempt + 1))
         if frame is None:
             return pd.DataFrame(columns=BASE_COLUMNS)
-        frame = frame.drop(columns=[_WRITTEN_AT]).sort_values("timestamp", kind="stable")
+        frame = frame.drop(columns=[WRITTEN_AT]).sort_values("timestamp", kind="stable")
         return frame.reset_index(drop=True)
 
     def query(
@@ -524,31 +524,6 @@ class HistoryStore:
         if excluded:
             frame = frame[~frame["run_uuid"].isin(excluded)]
         return frame.reset_index(drop=True)
-
-
-def _part_problem(schema: pa.Schema) -> str | None:
-    """Why a part cannot be read with the others (None: it can)."""
-    version_text = (schema.metadata or {}).get(_VERSION_KEY, b"1")
-    try:
-        version = int(version_text)
-    except ValueError:
-        return f"unreadable schema version {version_text[:20]!r}"
-    if version > SCHEMA_VERSION:
-        return (f"schema version {version} is newer than this Telltale reads "
-                f"({SCHEMA_VERSION}): upgrade Telltale to read it")
-    names = set(schema.names)
-    missing = [c for c in (*BASE_COLUMNS, _WRITTEN_AT) if c not in names]
-    if missing:
-        return f"not a Telltale history part: no {', '.join(missing)} column"
-    for name, is_ok in _BASE_TYPES.items():
-        kind = schema.field(name).type
-        if not is_ok(kind):
-            return f"column {name} is {kind}, not the type the history stores"
-    for item in schema:
-        if item.name not in _BASE_TYPES and item.name != _WRITTEN_AT and not (
-                _is_text(item.type) or pa.types.is_null(item.type)):
-            return f"label column {item.name} is {item.type}, not text"
-    return None
 
 
 def matched_labels(labels: Mapping[str, str | None], compared_label: str | None,

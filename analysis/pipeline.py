@@ -30,6 +30,7 @@ from analysis.history import (
     FINGERPRINT,
     IDENTITY,
     VALIDITY,
+    AppendLock,
     HistorySource,
     HistoryStore,
     matched_labels,
@@ -638,6 +639,7 @@ def postprocess(
     history: HistorySource | None = None,
     trust_cache: bool = False,
     history_filesystem: Any = None,
+    history_lock: AppendLock | None = None,
     shared_dir: str | Path | None = None,
 ) -> PostprocessOutcome:
     """Post-process a results tree and write every output into ``out``.
@@ -664,6 +666,8 @@ def postprocess(
         history_filesystem: The ``pyarrow`` filesystem of an ``s3://`` history (the run's
             S3 block builds it with the export's endpoint and credentials: one S3 identity);
             default: one from the URI and the AWS environment.
+        history_lock: The append lock of an ``s3://`` history (from the same S3 block;
+            `analysis.history.AppendLock`); a local history locks itself.
         shared_dir: Where files every report carries are kept once (a runs root's
             ``.telltale/``): plotly.js is hard-linked from there into the report.
 
@@ -707,7 +711,7 @@ def postprocess(
             outcome = _write_outputs(
                 out_dir, hooks, settings, found, runs, skipped, failed, problems,
                 spool, places, history_uri=history_uri, history=history,
-                history_filesystem=history_filesystem,
+                history_filesystem=history_filesystem, history_lock=history_lock,
                 shared_dir=Path(shared_dir) if shared_dir else None,
                 append_history=append_history, report=report)
     return outcome
@@ -718,6 +722,7 @@ def _write_outputs(out_dir: Path, hooks: AnalysisProject, settings: AnalysisSett
                    failed: int, problems: int, spool: Any, places: dict[int, tuple[int, int]],
                    *, history_uri: str | None, history: HistorySource | None,
                    append_history: bool, report: bool | None, history_filesystem: Any = None,
+                   history_lock: AppendLock | None = None,
                    shared_dir: Path | None = None) -> PostprocessOutcome:
     """Judge the analysed runs and write every output of `postprocess`."""
     frame = kpi_table((r.run_uuid, r.timestamp, r.kpis) for r in runs)
@@ -740,7 +745,8 @@ def _write_outputs(out_dir: Path, hooks: AnalysisProject, settings: AnalysisSett
     with atomic_open(files["runs"]) as stream:
         runs_table(runs).to_parquet(stream, index=False)
 
-    store = HistoryStore(history_uri, filesystem=history_filesystem) if history_uri else None
+    store = HistoryStore(history_uri, filesystem=history_filesystem,
+                         lock=history_lock) if history_uri else None
     source: HistorySource | None = history if history is not None else store
     verdicts = judge_runs(runs, source, settings) if settings.regression.enabled else []
     # From here on the KPI table holds every value (the report reads it): the runs' own

@@ -12,6 +12,7 @@ from blocks.opensearch import OpenSearchInstance
 from blocks.s3 import S3Target
 from tasks.artifacts import artifact_dir, step
 from tasks.publish.opensearch import OpenSearchHistory
+from tasks.publish.s3 import s3_append_lock
 
 __all__ = ["cell_validity", "find_suspects", "postprocess_results"]
 
@@ -51,7 +52,9 @@ def postprocess_results(results_dir: str, project: str, history_uri: str | None,
     return postprocess(results_dir, project, artifact_dir(), history_uri=history_uri,
                        settings=AnalysisSettings.model_validate(settings), presets=presets,
                        config_text=config_text, history=history,
-                       history_filesystem=_filesystem(history_target), shared_dir=shared_dir)
+                       history_filesystem=_filesystem(history_target),
+                       history_lock=s3_append_lock(history_target, project)
+                       if history_target is not None else None, shared_dir=shared_dir)
 
 
 def _filesystem(target: S3Target | None) -> Any:

@@ -26,7 +26,7 @@ from projects.library import ExportBlock, SecretsBlock
 from tasks.artifacts import step
 from tasks.publish.horreum import DEFAULT_SCHEMA_URI, HorreumUpload, upload_payloads
 from tasks.publish.opensearch import export_payloads
-from tasks.publish.s3 import ExportResult, upload_dir
+from tasks.publish.s3 import ExportResult, s3_append_lock, upload_dir
 from tasks.retry import RetryPolicy
 from tasks.secrets import from_secret_file, read_env_file, read_yaml_secret, secret_file
 
@@ -131,7 +131,8 @@ def append_history(target: S3Target, kpis_file: str, project: str) -> int:
     Returns:
         The rows appended.
     """
-    store = HistoryStore(target.history_uri(project), filesystem=target.filesystem())
+    store = HistoryStore(target.history_uri(project), filesystem=target.filesystem(),
+                         lock=s3_append_lock(target, project))
     return store.append(pd.read_parquet(kpis_file))
 
 

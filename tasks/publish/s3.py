@@ -13,12 +13,15 @@ retries 5xx, throttling and connection errors with backoff; what still fails bec
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
+import socket
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
@@ -36,6 +39,7 @@ __all__ = [
     "download_run",
     "iter_files",
     "map_s3_error",
+    "s3_append_lock",
     "safe_target",
     "upload_dir",
     "upload_tree",
@@ -319,3 +323,93 @@ def download_run(url: str, dest: str | Path, *, mode: Literal["cache", "importan
             fetched.append(rel)
     os.utime(root)
     return fetched
+
+
+LOCK_KEY = ".append.lock"
+LOCK_LEASE_S = 120.0
+"""A history lock object older than this is a crashed writer's: it may be taken over."""
+LOCK_WAIT_S = 600.0
+
+
+def s3_append_lock(target: S3Target, project: str, *, lease_s: float = LOCK_LEASE_S,
+                   wait_s: float = LOCK_WAIT_S, sleep: Callable[[float], None] = time.sleep,
+                   ) -> Callable[[], contextlib.AbstractContextManager[object]]:
+    """The append lock of an ``s3://`` history (`analysis.history.AppendLock`).
+
+    A lease object ``<history>/.append.lock`` created with a conditional put
+    (``If-None-Match: *``: exactly one writer's create succeeds), holding its owner and its
+    expiry; released by deleting it (``If-Match`` its own ETag, so a writer never deletes a
+    successor's lock). A lock past its expiry (a writer that died holding it) is removed the
+    same way — conditionally on the ETag that was seen expired — and the put tried again.
+
+    Args:
+        target: The export's S3 block (one identity for every S3 path).
+        project: Whose history.
+        lease_s: How long a held lock is honoured (an append takes seconds).
+        wait_s: How long to wait for another writer before giving up.
+        sleep: The pause between tries (tests pass a no-op).
+
+    Raises:
+        TransientServiceError: Still held by another writer after ``wait_s``.
+    """
+    key = f"{target.uri('history', project)[len(f's3://{target.bucket}/'):]}/{LOCK_KEY}"
+
+    @contextlib.contextmanager
+    def hold() -> Iterator[object]:
+        from botocore.exceptions import ClientError
+
+        owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        with target.client() as client:
+            deadline = time.monotonic() + wait_s
+            pause = 0.05
+            while True:
+                body = json.dumps({"owner": owner, "expires": time.time() + lease_s})
+                try:
+                    etag = client.put_object(Bucket=target.bucket, Key=key, Body=body.encode(),
+                                             IfNoneMatch="*")["ETag"]
+                    break
+                except ClientError as exc:
+                    if exc.response.get("Error", {}).get("Code") not in (
+                            "PreconditionFailed", "ConditionalRequestConflict"):
+                        raise map_s3_error(exc, f"lock {key}") from exc
+                if _remove_if_expired(client, target.bucket, key):
+                    continue  # a dead writer's: try again at once
+                if time.monotonic() > deadline:
+                    raise TransientServiceError(
+                        f"history lock s3://{target.bucket}/{key} still held by another "
+                        f"writer after {wait_s:.0f} s", service="s3")
+                sleep(pause)
+                pause = min(pause * 2, 2.0)
+            try:
+                yield owner
+            finally:
+                try:
+                    client.delete_object(Bucket=target.bucket, Key=key, IfMatch=etag)
+                except ClientError as exc:  # expired and taken over meanwhile: not ours
+                    logger.warning("history lock %s not released: %s", key, exc)
+
+    return hold
+
+
+def _remove_if_expired(client: Any, bucket: str, key: str) -> bool:
+    """Delete a lock object whose lease ran out, only if it is still the one read.
+
+    Returns:
+        True when the lock is gone (expired and removed, or released meanwhile).
+    """
+    from botocore.exceptions import ClientError
+
+    try:
+        answer = client.get_object(Bucket=bucket, Key=key)
+        expires = float(json.loads(answer["Body"].read(4096)).get("expires", 0))
+    except ClientError:
+        return True  # released meanwhile: the next put may win
+    except (ValueError, TypeError, AttributeError):
+        expires = 0.0  # not a lock we can read: treat it as a dead writer's
+    if expires >= time.time():
+        return False
+    try:
+        client.delete_object(Bucket=bucket, Key=key, IfMatch=answer["ETag"])
+    except ClientError:
+        return False  # another writer took it over first
+    return True

@@ -81,6 +81,8 @@ def _poison(frame: pd.DataFrame, **changes: object) -> pa.Table:
     ("newer version", lambda f: _poison(f).replace_schema_metadata(
         {b"telltale.history.schema": str(SCHEMA_VERSION + 1).encode()}), "newer than"),
     ("lost flag", lambda f: _poison(f, lower_better="no"), "column lower_better"),
+    ("timezone-naive time", lambda f: _poison(f, timestamp=pd.Timestamp("2026-01-03")),
+     "column timestamp is timestamp"),
 ])
 def test_a_poisoned_part_is_quarantined_named_and_the_rest_read(
         tmp_path: Path, caplog: pytest.LogCaptureFixture, label: str, table: object,
@@ -207,3 +209,83 @@ def test_exit_0_without_kpis_fails_the_analysis(tmp_path: Path) -> None:
                            "--quiet"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "exited 0 but yielded no KPI" in done.stderr
+
+
+def test_two_writers_never_both_pass_the_identity_check(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two analyses storing one .uuid with two identities at the same moment: the check and
+    the write are one step under the append lock, so the second sees the first and is
+    refused. The check is widened on purpose: each writer, once inside, waits for the other
+    to come in too — which, under the lock, it cannot (the wait ends by its limit)."""
+    import threading
+
+    original = HistoryStore._check_append
+    inside = threading.Semaphore(0)
+    overlaps: list[bool] = []
+
+    def widened(self: HistoryStore, frame: pd.DataFrame) -> None:
+        inside.release()
+        overlaps.append(inside.acquire(timeout=1.0) and inside.acquire(timeout=0))
+        original(self, frame)
+
+    monkeypatch.setattr(HistoryStore, "_check_append", widened)
+    results: dict[str, str] = {}
+
+    def write(identity: str) -> None:
+        try:
+            HistoryStore(str(tmp_path / "h")).append(rows("r1", 1, 1.0, identity=identity))
+            results[identity] = "stored"
+        except HistoryConflictError:
+            results[identity] = "refused"
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in ("aaa", "bbb")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(results.values()) == ["refused", "stored"], results
+    assert HistoryStore(str(tmp_path / "h")).read()[IDENTITY].nunique() == 1
+
+
+def _append_in_process(args: tuple[str, str, object]) -> str:
+    history, identity, barrier = args
+    barrier.wait()  # type: ignore[attr-defined]
+    try:
+        HistoryStore(history).append(rows("r1", 1, 1.0, identity=identity))
+        return "stored"
+    except HistoryConflictError:
+        return "refused"
+
+
+def test_concurrent_processes_store_one_identity_for_a_uuid(tmp_path: Path) -> None:
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    with context.Manager() as manager:
+        barrier = manager.Barrier(4)
+        with context.Pool(4) as pool:
+            outcomes = pool.map(_append_in_process, [
+                (str(tmp_path / "h"), f"id-{n}", barrier) for n in range(4)])
+    assert outcomes.count("stored") == 1, outcomes
+    assert HistoryStore(str(tmp_path / "h")).read()[IDENTITY].nunique() == 1
+
+
+@settings(max_examples=25, deadline=None)
+@given(naive=st.booleans(), label=st.one_of(st.integers(-5, 5), st.floats(allow_nan=True),
+                                            st.none(), st.text(max_size=5), st.booleans()),
+       value=st.one_of(st.integers(0, 10**6), st.floats(0, 1e6), st.integers(0, 9).map(str)))
+def test_any_column_types_are_normalised_and_every_read_works(
+        tmp_path_factory: pytest.TempPathFactory, naive: bool, label: object,
+        value: object) -> None:
+    store = HistoryStore(str(tmp_path_factory.mktemp("h")))
+    store.append(rows("base", 1, 1.0))
+    odd = rows("odd", 2, 1.0)
+    odd["model"] = [label] * len(odd)
+    odd["value"] = [value] * len(odd)
+    if naive:
+        odd["timestamp"] = pd.to_datetime(odd["timestamp"]).dt.tz_localize(None)
+    store.append(odd)
+    frame = store.read()
+    assert sorted(frame["run_uuid"].unique()) == ["base", "odd"]
+    assert str(frame["timestamp"].dtype).endswith("UTC]")
+    assert not list((Path(store.base) / QUARANTINE).glob("*"))

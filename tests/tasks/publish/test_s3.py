@@ -165,3 +165,79 @@ def test_replot_downloads_are_verified_against_the_manifest(tmp_path: Path, s3_s
     s3.put_object(Bucket=s3_bucket, Key=f"{base}/000__cell/artifacts/pod.log", Body=b"altered")
     with pytest.raises(ResultsError, match="does not match the export's manifest"):
         download_run(result.url.rstrip("/"), tmp_path / "bad", mode="all", target=block)
+
+
+def test_the_s3_append_lock_is_exclusive_and_taken_over_when_expired(
+        s3_server: str, s3_bucket: str) -> None:
+    """A lease object created with a conditional put: one holder at a time; a dead holder's
+    lock is taken over once it expires; a release never deletes a successor's lock."""
+    from tasks.publish.s3 import LOCK_KEY, s3_append_lock
+
+    block = target(s3_server, s3_bucket)
+    key = f"telltale/history/fine_tuning/{LOCK_KEY}"
+    first = s3_append_lock(block, "fine_tuning", sleep=lambda s: None)
+    second = s3_append_lock(block, "fine_tuning", wait_s=0, sleep=lambda s: None)
+    s3 = boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1")
+    with first():
+        assert json.loads(s3.get_object(Bucket=s3_bucket, Key=key)["Body"].read())["owner"]
+        with pytest.raises(TransientServiceError, match="still held by another writer"):
+            with second():
+                pass
+    assert "Contents" not in s3.list_objects_v2(Bucket=s3_bucket, Prefix=key)  # released
+    # a writer that died holding it: its lease ran out, the next one takes over
+    s3.put_object(Bucket=s3_bucket, Key=key, Body=b'{"owner": "dead", "expires": 0}',
+                  IfNoneMatch="*")
+    with second() as owner:
+        assert json.loads(s3.get_object(Bucket=s3_bucket, Key=key)["Body"].read())[
+            "owner"] == owner
+    # and one that is not a lock at all (unreadable) counts as a dead writer's too
+    s3.put_object(Bucket=s3_bucket, Key=key, Body=b"garbage")
+    with second():
+        pass
+
+
+def test_s3_history_appends_of_one_uuid_store_one_identity(s3_server: str, s3_bucket: str,
+                                                           monkeypatch: pytest.MonkeyPatch,
+                                                           tmp_path: Path) -> None:
+    """Two exports appending the same run uuid with two identities at once, through the
+    block's lock: one is stored, the other refused (widened check, as the local test)."""
+    import threading
+
+    import pandas as pd
+
+    from analysis.history import IDENTITY, HistoryConflictError, HistoryStore
+    from tasks.publish.s3 import s3_append_lock
+
+    block = target(s3_server, s3_bucket)
+    original = HistoryStore._check_append
+    inside = threading.Semaphore(0)
+
+    def widened(self: HistoryStore, frame: pd.DataFrame) -> None:
+        inside.release()
+        inside.acquire(timeout=1.0)
+        original(self, frame)
+
+    monkeypatch.setattr(HistoryStore, "_check_append", widened)
+    results: list[str] = []
+
+    def write(identity: str) -> None:
+        frame = pd.DataFrame({"run_uuid": ["u1"], "kpi": ["k"], "value": [1.0], "unit": ["s"],
+                              "lower_better": [True], "ignored_for_regression": [False],
+                              "timestamp": [pd.Timestamp("2026-11-23", tz="UTC")],
+                              IDENTITY: [identity]})
+        store = HistoryStore(block.history_uri("fine_tuning"), filesystem=block.filesystem(),
+                             lock=s3_append_lock(block, "fine_tuning"))
+        try:
+            store.append(frame)
+            results.append("stored")
+        except HistoryConflictError:
+            results.append("refused")
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in ("aaa", "bbb")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(results) == ["refused", "stored"]
+    stored = HistoryStore(block.history_uri("fine_tuning"), filesystem=block.filesystem()).read()
+    assert stored[IDENTITY].nunique() == 1
