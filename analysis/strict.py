@@ -19,7 +19,10 @@ Value types with a meaning beyond their Python type:
 - `ImageRef`: a container image reference; an untrusted source may set it only to an image of
   a registry the project allows (``pr_comment.image_registries``), see `projects.untrusted`;
 - `Text`: one line of free text (at most 128 characters, no control characters);
-- `DnsLabel`: a Kubernetes namespace or object name (RFC 1123 label, at most 63 characters).
+- `DnsLabel`: a Kubernetes namespace or object name (RFC 1123 label, at most 63 characters);
+- `DnsSubdomain`: a Kubernetes object name of the kinds that take one (a PVC, a
+  StorageClass, a ConfigMap: RFC 1123 subdomain, at most 253 characters);
+- `Quantity`: a Kubernetes resource quantity (``200Gi``, ``500m``, ``1.5``).
 """
 
 from __future__ import annotations
@@ -31,8 +34,10 @@ from pydantic import BaseModel, ConfigDict, StringConstraints
 __all__ = [
     "IMAGE",
     "DnsLabel",
+    "DnsSubdomain",
     "ImageRef",
     "Name",
+    "Quantity",
     "StrictSettings",
     "Text",
     "image_registry",
@@ -75,6 +80,15 @@ Text = Annotated[str, StringConstraints(pattern=r"^[^\x00-\x1f\x7f]{1,128}$")]
 
 DnsLabel = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]
 """An RFC 1123 label: what Kubernetes accepts as a namespace (at most 63 characters)."""
+
+DnsSubdomain = Annotated[str, StringConstraints(
+    pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+    max_length=253)]
+"""An RFC 1123 subdomain: the name of a PVC, a StorageClass, a ConfigMap."""
+
+Quantity = Annotated[str, StringConstraints(
+    pattern=r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$", max_length=32)]
+"""A Kubernetes resource quantity (``200Gi``, ``500m``): what a request or a size takes."""
 
 
 def image_registry(reference: str) -> str:

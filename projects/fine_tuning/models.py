@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from analysis.strict import DnsLabel, ImageRef, Name, StrictSettings, Text
+from analysis.strict import DnsLabel, DnsSubdomain, ImageRef, Name, Quantity, StrictSettings, Text
 from projects.library import TestBlock
 from projects.library.tiny_lm import LocalModelSpec
 
@@ -90,10 +90,11 @@ class TestSettings(StrictSettings):
 class KubernetesWorkloadBlock(StrictSettings):
     """How the workload runs on a cluster (``tests.fine_tuning.kubernetes``)."""
 
-    pvc_name: str = Field(default="fine-tuning-storage", description="Data/model volume.")
-    pvc_size: str = Field(default="200Gi", description="Volume size.")
-    storage_class: str | None = Field(default=None, description="StorageClass (default: the "
-                                                                "cluster's).")
+    pvc_name: DnsSubdomain = Field(default="fine-tuning-storage",
+                                   description="Data/model volume.")
+    pvc_size: Quantity = Field(default="200Gi", description="Volume size.")
+    storage_class: DnsSubdomain | None = Field(default=None, description="StorageClass "
+                                               "(default: the cluster's).")
     staging_image: ImageRef = Field(default="registry.access.redhat.com/ubi9/python-311:latest",
                                description="Image of the data/model staging job.")
     dataset_url: str | None = Field(default=None, description="Where staging fetches the "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from analysis.strict import ImageRef, StrictSettings
+from analysis.strict import DnsSubdomain, ImageRef, StrictSettings
 
 __all__ = ["GpuOperatorBlock", "NfdBlock", "PrepareBlock", "RhoaiBlock"]
 
@@ -14,7 +14,9 @@ class RhoaiBlock(StrictSettings):
 
     enabled: bool = Field(default=False, description="Install RHOAI and a DataScienceCluster.")
     channel: str = Field(default="stable", description="OLM channel.")
-    version: str | None = Field(default=None, description="Pinned CSV version (manual approval).")
+    version: DnsSubdomain | None = Field(
+        default=None, description="Pinned CSV (its name, e.g. rhods-operator.2.25.0; manual "
+        "approval).")
     catalog_image: ImageRef | None = Field(default=None, description="Custom CatalogSource image.")
     components: list[str] = Field(
         default_factory=lambda: ["trainingoperator", "dashboard"],
@@ -35,7 +37,8 @@ class GpuOperatorBlock(StrictSettings):
 
     enabled: bool = Field(default=False, description="Install the GPU operator + ClusterPolicy.")
     channel: str = Field(default="stable", description="OLM channel.")
-    version: str | None = Field(default=None, description="Pinned CSV version.")
+    version: DnsSubdomain | None = Field(
+        default=None, description="Pinned CSV (its name, e.g. gpu-operator-certified.v25.3.0).")
     time_sharing_replicas: int | None = Field(
         default=None, ge=2, le=128, description="GPU time-sharing replicas per GPU."
     )
