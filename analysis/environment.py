@@ -18,7 +18,7 @@ import functools
 import os
 from pathlib import Path
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from analysis.errors import ConfigError
@@ -42,6 +42,20 @@ class TelltaleEnv(BaseSettings):
                                   "dir is given (default ./runs; <data dir>/runs for a "
                                   "deployment run, whose working dir a worker deletes).")
     force_reparse: bool = Field(default=False, description="Ignore the parse caches.")
+
+    @field_validator("data_dir", "runs_dir")
+    @classmethod
+    def _a_directory(cls, value: Path | None) -> Path | None:
+        """A directory, or a path a directory can be made at (not a file, nor under one)."""
+        if value is None:
+            return None
+        probe = value.expanduser()
+        while not os.path.lexists(probe) and probe != probe.parent:
+            probe = probe.parent
+        if os.path.lexists(probe) and not probe.is_dir():
+            where = "is" if probe == value.expanduser() else f"is under {probe}, which is"
+            raise ValueError(f"{value} {where} not a directory")
+        return value.expanduser()
     image: str | None = Field(default=None, description="The container image this runs in "
                               "(set by the Containerfile); recorded as a label.")
     ci_engine: str = Field(default="prefect", description="Recorded in each cell's "
@@ -67,4 +81,5 @@ def _settings_for(variables: tuple[tuple[str, str], ...]) -> TelltaleEnv:
     except ValidationError as exc:  # one line naming the variable, never a traceback
         error = exc.errors()[0]
         name = "TELLTALE_" + str(error["loc"][0]).upper() if error["loc"] else "TELLTALE_*"
-        raise ConfigError(f"environment variable {name}: {error['msg']}") from None
+        message = str(error["msg"]).removeprefix("Value error, ")
+        raise ConfigError(f"environment variable {name}: {message}") from None

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -45,3 +48,34 @@ def test_a_malformed_value_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> 
     with pytest.raises(ConfigError, match="TELLTALE_FORCE_REPARSE") as info:
         env_settings()
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("variable", ["TELLTALE_RUNS_DIR", "TELLTALE_DATA_DIR"])
+@pytest.mark.parametrize("shape", ["file", "under a file", "fifo"])
+def test_a_directory_setting_that_cannot_be_one_names_its_variable(
+        variable: str, shape: str, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    thing = tmp_path / "thing"
+    if shape == "fifo":
+        os.mkfifo(thing)
+    else:
+        thing.write_text("x")
+    value = thing / "runs" if shape == "under a file" else thing
+    monkeypatch.setenv(variable, str(value))
+    with pytest.raises(ConfigError, match=f"environment variable {variable}: .*not a "
+                                          "directory") as info:
+        env_settings()
+    assert "Value error" not in str(info.value) and "\n" not in str(info.value)
+    monkeypatch.setenv(variable, str(tmp_path / "new" / "dir"))  # may be made: fine
+    assert env_settings()
+
+
+def test_the_cli_says_which_variable_names_a_file(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("")
+    env = {**os.environ, "TELLTALE_RUNS_DIR": str(tmp_path / "afile")}
+    proc = subprocess.run([sys.executable, "-m", "flows.fine_tuning", "--preset", "light",
+                           "--plan"], capture_output=True, text=True, env=env, timeout=300,
+                          cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"error: environment variable TELLTALE_RUNS_DIR: {tmp_path / 'afile'} is not a "
+        "directory"]
