@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 
 from pydantic import Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from analysis.errors import ConfigError
 
@@ -78,6 +78,8 @@ def _settings_for(variables: tuple[tuple[str, str], ...]) -> TelltaleEnv:
     # the key is what the model reads; the model still reads os.environ itself
     try:
         return TelltaleEnv()
+    except SettingsError as exc:  # a value pydantic-settings cannot even parse
+        raise ConfigError(f"environment variable TELLTALE_*: {exc}") from None
     except ValidationError as exc:  # one line naming the variable, never a traceback
         error = exc.errors()[0]
         name = "TELLTALE_" + str(error["loc"][0]).upper() if error["loc"] else "TELLTALE_*"

@@ -452,6 +452,10 @@ def resolve(
                     presets_applied=resolver.presets_applied, overrides=applied_overrides,
                     sources=resolver.sources, model=model, lines=lines)
     config.request = _request(base, presets, overrides or {}, environ)
+    if env is None and project is not None:  # the real environment: the project's own too
+        hooks = registry.load(project)
+        if hooks.environment is not None:
+            hooks.environment()
     return config
 
 

@@ -321,6 +321,10 @@ class Project(AnalysisProject):
         kube_kinds: The Kubernetes kinds the project brings (a PyTorchJob, an
             InferenceService...): their REST mapping, the verbs used (the runner's RBAC is
             generated from them) and their place in the run's cleanup.
+        environment: Reads the project's own machine settings from the environment (a
+            serving venv's place...); the resolver calls it with every config it resolves
+            from the real environment, so a malformed variable is a user error (exit 2)
+            before anything runs, not a traceback in the middle of prepare.
     """
 
     folder: Path
@@ -333,6 +337,7 @@ class Project(AnalysisProject):
     check_local: CheckHook | None = None
     local_service: ServiceHook | None = None
     kube_kinds: tuple[Kind, ...] = ()
+    environment: Callable[[], object] | None = None
     config_model: type[EngineConfig] = field(init=False)
     settings_model: type[BaseModel] = field(init=False)
 

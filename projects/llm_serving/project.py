@@ -46,6 +46,7 @@ from projects.llm_serving.kpis import KPIS, as_serving, labels, results_summary
 from projects.llm_serving.manifests import JOB_NAME_LABEL, LOAD_SCRIPT, cell_manifests
 from projects.llm_serving.models import ServingSettings, ServingTest
 from projects.llm_serving.parser import LOAD_STEP, ServingParser
+from projects.llm_serving.settings import serving_environment
 
 __all__ = ["PROJECT", "model_dir"]
 
@@ -270,6 +271,7 @@ PROJECT = Project(
     kube_users=kube_users,
     check_local=check_local,
     local_service=local_service,
+    environment=serving_environment,
     # KServe: the model server, then the runtime it uses (after the load Job and its pods)
     kube_kinds=(Kind("serving.kserve.io/v1beta1", "InferenceService", "inferenceservices",
                      True, MANAGE, cleanup=50),

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from analysis.errors import ConfigError
 
@@ -46,6 +46,8 @@ def serving_environment() -> ServingEnvironment:
     """
     try:
         return ServingEnvironment()
+    except SettingsError as exc:  # a nested variable that is not JSON (TELLTALE_SERVING=x)
+        raise ConfigError(f"environment variable TELLTALE_SERVING: {exc}") from None
     except ValidationError as exc:
         error = exc.errors()[0]
         name = "TELLTALE_" + "__".join(str(p).upper() for p in error["loc"])

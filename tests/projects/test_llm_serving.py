@@ -314,3 +314,25 @@ def test_a_failed_cell_says_why_in_its_own_words(tmp_path: Path) -> None:
     quiet, _ = _result(tmp_path / "q", {"artifacts/pod.log": "Traceback...\nKeyError: 'x'\n"},
                        exit_code=1)
     assert quiet.failure == "KeyError: 'x'"
+
+
+@pytest.mark.parametrize("value", ["not json", '{"venv": [1]}', "[1, 2]", '{"venv": {}}'])
+def test_a_malformed_serving_variable_is_refused_when_the_config_is_resolved(
+        value: str, monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """The project's own environment settings are read with the config, before prepare: one
+    line naming the variable, exit 2 — not a SettingsError traceback mid-run."""
+    import subprocess
+    import sys
+
+    from analysis.errors import ConfigError
+    from projects.config import resolve
+
+    monkeypatch.setenv("TELLTALE_SERVING", value)
+    with pytest.raises(ConfigError, match="environment variable TELLTALE_SERVING"):
+        resolve("llm_serving", presets=["light"])
+    proc = subprocess.run([sys.executable, "-m", "flows.llm_serving", "--preset", "light",
+                           "--plan", "--artifact-dir", str(tmp_path / "p")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert "TELLTALE_SERVING" in proc.stderr and "Traceback" not in proc.stderr
