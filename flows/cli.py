@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import logging
 import os
 import signal
 import uuid
@@ -188,6 +189,34 @@ def prefect_defaults() -> None:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "60")
 
 
+class _NoTracebackForOurErrors(logging.Filter):
+    """Drop the traceback Prefect's engine logs with a Telltale error.
+
+    Ours (`TelltaleError`: a user error, a service that is down) already say what is wrong
+    in one line, which the command prints last; their tracebacks are noise on a terminal.
+    Any other exception (a bug) keeps its traceback.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Drop the traceback of a Telltale error; keep the record's one line."""
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, TelltaleError) or (
+                error is not None and isinstance(error.__cause__, TelltaleError)):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+_ENGINE_LOGGERS = ("prefect.flow_runs", "prefect.task_runs", "prefect.flow_engine",
+                   "prefect.task_engine")
+
+
+def _quiet_engine_tracebacks() -> None:
+    for name in _ENGINE_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _NoTracebackForOurErrors) for f in logger.filters):
+            logger.addFilter(_NoTracebackForOurErrors())
+
+
 Main = Callable[[Sequence[str] | None], int]
 
 
@@ -200,6 +229,7 @@ def main_guard(main: Main) -> Main:
             faulthandler.register(signal.SIGUSR1, all_threads=True)
         if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
             signal.signal(signal.SIGTERM, _on_sigterm)
+        _quiet_engine_tracebacks()
         try:
             env_settings()  # a bad TELLTALE_* variable is a usage error before any work
             return main(argv)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -86,3 +87,26 @@ def test_second_run_on_a_cluster_queues(prefect_harness) -> None:
     first.join(120)
     second.join(120)
     assert order == ["first-in", "first-out", "second-in", "second-out"]
+
+
+def test_the_janitor_against_an_unreachable_api_server_says_it_in_one_line(
+        tmp_path: Path) -> None:
+    """No traceback from Prefect's engine log: our error says what is wrong, once, last."""
+    import subprocess
+    import sys
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: k, cluster: {server: 'https://127.0.0.1:9'}}]\n"
+        "users: [{name: u, user: {token: abcdefgh12345678}}]\n"
+        "contexts: [{name: c, context: {cluster: k, user: u}}]\n")
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect")}
+    proc = subprocess.run([sys.executable, "-m", "flows.cleanup", "--kubeconfig",
+                           str(kubeconfig), "--older-than", "1h"], capture_output=True,
+                          text=True, env=env, timeout=600)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 1, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "127.0.0.1" in errors[0] and "refused" in errors[0]
