@@ -116,3 +116,20 @@ def test_entry_points_that_echo_input_escape_it(entry: list[str], tmp_path: Path
                          timeout=300)
     both = out.stdout + out.stderr
     assert "\x1b" not in both and "\u202e" not in both and "\x07" not in both, both[-2000:]
+
+
+def test_an_analysis_error_naming_a_hostile_uuid_is_escaped(tmp_path: Path) -> None:
+    """Two result dirs sharing a .uuid are refused, naming it: a uuid written by anyone
+    who can write the results tree, so it is printed escaped."""
+    from tests.factories import make_result_dir
+
+    evil = "run\x1b]52;c;ZXZpbA==\x07\u202eid"
+    results = tmp_path / "results"
+    for name in ("000__cell", "001__cell"):
+        make_result_dir(results, name, run_uuid=evil)
+    proc = subprocess.run([sys.executable, "-m", "analysis", str(results), "--project",
+                           "fine_tuning", "--out", str(tmp_path / "out"), "--quiet"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    both = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "run" in both, both[-2000:]
+    assert "\x1b" not in both and "\u202e" not in both and "\x07" not in both, both[-2000:]
