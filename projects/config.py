@@ -251,6 +251,9 @@ class Config:
         self._lines = lines or {}
         self._frozen = False
         self.typed: BaseModel | None = self._validate(data)
+        if self.typed is not None:
+            _refuse_settings_of_disabled_features(self.typed, self.sources, self.file,
+                                                  self._lines)
 
     def __repr__(self) -> str:
         return (f"Config(project={self.project!r}, presets={list(self.presets_applied)!r}, "
@@ -457,6 +460,46 @@ def resolve(
         if hooks.environment is not None:
             hooks.environment()
     return config
+
+
+def _disabled_blocks(model: BaseModel, path: str = "") -> list[str]:
+    """Dotted paths of every block of ``model`` that has ``enabled: false``."""
+    out: list[str] = []
+    fields = type(model).model_fields
+    if "enabled" in fields and model.enabled is False:  # type: ignore[attr-defined]
+        out.append(path)
+    for name in fields:
+        value = getattr(model, name)
+        items = value.items() if isinstance(value, dict) else [(None, value)]
+        for key, item in items:
+            if isinstance(item, BaseModel):
+                sub = ".".join(p for p in (path, name, key) if p)
+                out += _disabled_blocks(item, sub)
+    return out
+
+
+def _refuse_settings_of_disabled_features(model: BaseModel, sources: Mapping[str, str],
+                                          file: str, lines: LineMap) -> None:
+    """Refuse a key set under a disabled feature, naming the feature's ``enabled``.
+
+    Set by a preset, an override or the environment, it would do nothing; it is never
+    ignored silently.
+
+    The project's own ``config.yaml`` may hold values of a disabled feature (ready for a
+    preset that enables it); what a caller *sets* there is refused. Decision: refused, not
+    enabled implicitly — turning on a MachineSet or a lease is a choice to write down.
+
+    Raises:
+        ConfigError: Naming the key, who set it and the ``enabled`` key to set.
+    """
+    disabled = _disabled_blocks(model)
+    for key, source in sources.items():
+        for block in disabled:
+            if block and key.startswith(block + ".") and key != f"{block}.enabled":
+                del lines  # the base file's lines: this key was set elsewhere (the source)
+                raise ConfigError(f"set by {source} while {block}.enabled is false, so it "
+                                  f"would do nothing: set {block}.enabled: true to use it",
+                                  file=file, key=key)
 
 
 def _request(base: str | Path, presets: Sequence[str], overrides: Mapping[str, Any],

@@ -152,15 +152,39 @@ def test_gpu_plan_writes_every_manifest_without_a_cluster(tmp_path: Path) -> Non
 
 def test_var_text_is_parsed_once_and_a_ticket_may_be_a_number() -> None:
     proc = cli("--var", 'tests.fine_tuning.test_settings.name="run #5 nightly"',
+               "--var", "clusters.sutest.lab.enabled=true",  # a lab setting needs its lab
                "--var", "clusters.sutest.lab.ticket=8001", "--show-config")
     assert proc.returncode == 0, proc.stderr
     config = yaml.safe_load(proc.stdout)
     assert config["tests"]["fine_tuning"]["test_settings"]["name"] == "run #5 nightly"
     from projects.config import parse_override, resolve
 
-    lab = resolve("fine_tuning", overrides={"clusters.sutest.lab.ticket": parse_override(
+    lab = resolve("fine_tuning", overrides={"clusters.sutest.lab.enabled": True,
+                                            "clusters.sutest.lab.ticket": parse_override(
         "t", "8001")}, env={}).model.clusters.sutest.lab
     assert lab.ticket == "8001"
+
+
+@pytest.mark.parametrize(("key", "switches"), [
+    ("clusters.sutest.compute.machineset.instance_type=g5.xlarge",
+     ["clusters.sutest.compute.machineset"]),
+    ("clusters.sutest.compute.machineset.replicas=3", ["clusters.sutest.compute.machineset"]),
+    ("clusters.sutest.lab.ticket=CPT-1", ["clusters.sutest.lab"]),
+    ("export_artifacts.opensearch.index=runs",  # the outer switch is named first
+     ["export_artifacts", "export_artifacts.opensearch"]),
+    ("prepare.gpu_operator.time_sharing_replicas=4", ["prepare.gpu_operator"]),
+    ("tests.fine_tuning.multi_user.user_count=4", ["tests.fine_tuning.multi_user"]),
+])
+def test_a_setting_of_a_disabled_feature_is_refused_naming_enabled(
+        key: str, switches: list[str]) -> None:
+    """It would do nothing: refused (exit 2, one line), never ignored."""
+    proc = cli("--preset", "light", "--var", key, "--show-config")
+    assert proc.returncode == 2, proc.stdout[-500:]
+    assert f"set {switches[0]}.enabled: true" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    enabled = cli("--preset", "light", *[a for s in switches for a in (
+        "--var", f"{s}.enabled=true")], "--var", key, "--show-config")
+    assert "enabled is false" not in enabled.stderr
 
 
 def test_alias_bomb_in_a_pr_comment_is_refused_at_once(tmp_path: Path) -> None:
