@@ -27,6 +27,7 @@ payload), with one line on stderr.
 
 from __future__ import annotations
 
+import argparse
 import gc
 import logging
 import os
@@ -208,6 +209,13 @@ def lts_schema_main(argv: Sequence[str]) -> int:
     return 0
 
 
+SUBCOMMANDS = """subcommands (each with its own --help):
+  python -m analysis history     list the runs (or KPI rows) a history holds; CSV
+  python -m analysis accept      record a run as the new baseline of its KPIs
+  python -m analysis compare     compare two selections of runs (releases, windows)
+  python -m analysis lts-schema  print the JSON schema of the LTS document (Horreum)"""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run post-processing from the command line; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -220,13 +228,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["compare"]:
         return compare_main(argv[1:])
     parser = ArgumentParser(prog="python -m analysis",
-                     description="Post-process a results tree: KPIs, LTS payloads, "
-                                 "history, regression verdicts and an HTML report.")
+                            description="Post-process a results tree: KPIs, LTS payloads, "
+                                        "history, regression verdicts and an HTML report.",
+                            epilog=SUBCOMMANDS,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results_dir", metavar="RESULTS_DIR")
     parser.add_argument("--project", required=True, help="a registered project's name")
     parser.add_argument("--out", required=True, help="output dir")
     parser.add_argument("--history", metavar="URI",
-                        help="Parquet history: local dir or s3://bucket/prefix")
+                        help="Parquet history: local dir or s3://bucket/prefix (none by "
+                             "default: nothing judged, nothing appended; a project's runs "
+                             "append to <data dir>/history/<project>)")
     parser.add_argument("--no-append", action="store_true",
                         help="judge against the history without adding these runs to it")
     parser.add_argument("--strict", action="store_true",

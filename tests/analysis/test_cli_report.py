@@ -433,3 +433,13 @@ def test_reports_name_configurations_by_what_differs_and_say_the_rest_once(
     html_text = _draw_resources(ReportContext(serving_like, runs, pd.DataFrame(), None, [],
                                               found), {})
     assert "loss per logging step" not in html_text and "resources:" in html_text
+
+
+def test_help_lists_every_subcommand() -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "analysis", "--help"], capture_output=True,
+                         text=True, timeout=120).stdout
+    for sub in ("history", "accept", "compare", "lts-schema"):
+        assert f"python -m analysis {sub} " in out, out
