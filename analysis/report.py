@@ -907,6 +907,25 @@ def shape_triage(ctx: ReportContext) -> pd.DataFrame:
     return pd.DataFrame(rows[:MAX_HEADLINES], columns=columns)
 
 
+JUDGED = ("regression", "improvement", "no_change")
+"""The verdicts that mean a KPI was judged (not `insufficient_history`, not unjudged)."""
+
+
+def triage_headline(ctx: ReportContext) -> str:
+    """What an empty triage means: nothing moved, or nothing was judged — and why."""
+    if any(v.verdict in JUDGED for v in ctx.verdicts):
+        return "no regression, no improvement"
+    invalid = [r for r in ctx.runs if getattr(r, "validity", None) is not None
+               and r.validity.status != "valid"]
+    if invalid and len(invalid) == len(ctx.runs):
+        return (f"nothing judged: the {len(invalid)} run(s) are invalid measurements "
+                "(listed below), never judged nor a baseline; run on a quieter machine")
+    if ctx.history_uri is None:
+        return "nothing judged: no history given"
+    return ("nothing judged: not enough comparable valid runs in the history yet "
+            "(verdicts start after analysis.regression.min_history of them)")
+
+
 def _triage_html(ctx: ReportContext) -> str:
     """The index's first section: the triage table, the runs not judged, the noisy KPIs.
 
@@ -915,7 +934,7 @@ def _triage_html(ctx: ReportContext) -> str:
     frame = shape_triage(ctx)
     parts = ["<h2>Triage</h2>"]
     if frame.empty:
-        parts.append("<p class='empty'>no regression, no improvement</p>")
+        parts.append(f"<p class='empty'>{html.escape(triage_headline(ctx))}</p>")
     else:
         rows = []
         for r in frame.itertuples(index=False):

@@ -835,6 +835,11 @@ def run_from_cli(flow_fn: Callable[..., RunOutcome], presets: list[str],
     for line in outcome.inconclusive:
         say(("INCONCLUSIVE: " if outcome.exit_code == EXIT_INCONCLUSIVE else "INVALID   : ")
             + line + (" (not judged)" if outcome.exit_code != EXIT_INCONCLUSIVE else ""))
+    if outcome.inconclusive:
+        say("what to do: an invalid measurement is never judged nor a baseline, so verdicts "
+            "wait for valid runs — run on a quieter machine (the reasons above say what was "
+            "busy); for a demo only, --var analysis.validity.mode=off judges without the "
+            "checks")
     for cell in outcome.cells:
         if cell.log_tail:
             say(f"--- last lines of {cell.name}'s workload log ---\n{cell.log_tail}",

@@ -443,3 +443,23 @@ def test_help_lists_every_subcommand() -> None:
                          text=True, timeout=120).stdout
     for sub in ("history", "accept", "compare", "lts-schema"):
         assert f"python -m analysis {sub} " in out, out
+
+
+def test_an_empty_triage_says_whether_anything_was_judged_and_why() -> None:
+    from types import SimpleNamespace as NS
+
+    from analysis.report import triage_headline
+
+    def run(status: str) -> NS:
+        return NS(validity=NS(status=status, reasons=["busy machine"]))
+
+    def ctx(verdicts: list[str], runs: list[NS], history: str | None = "h") -> NS:
+        return NS(verdicts=[NS(verdict=v) for v in verdicts], runs=runs, history_uri=history)
+
+    assert triage_headline(ctx(["no_change"], [run("valid")])) == \
+        "no regression, no improvement"
+    assert "invalid measurements" in triage_headline(
+        ctx([], [run("invalid"), run("invalid")]))
+    assert "no history given" in triage_headline(ctx([], [run("valid")], history=None))
+    assert "not enough comparable valid runs" in triage_headline(
+        ctx(["insufficient_history"], [run("valid")]))

@@ -393,3 +393,25 @@ def test_the_history_note_says_when_verdicts_start(waiting: list[int], min_histo
 
     note = history_note(waiting, min_history)
     assert (note is None) if expected is None else (expected in (note or ""))
+
+
+def test_an_all_invalid_run_says_what_to_do(capsys: pytest.CaptureFixture[str],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first hour on a busy machine: the terminal says why nothing is judged and how to
+    get valid runs, after the INVALID lines."""
+    import contextlib
+
+    from flows import api_server
+    from flows.orchestration import run_from_cli
+    from flows.outcome import CellOutcome, RunOutcome
+
+    monkeypatch.setattr(api_server, "prefect_api", contextlib.nullcontext)
+    outcome = RunOutcome(artifact_dir="runs/x", exit_code=0, platform="local",
+                         cells=[CellOutcome(name="base", status="passed", validity="invalid",
+                                            validity_reasons=["busy machine: 41 % of CPU"])],
+                         inconclusive=["base: busy machine: 41 % of CPU"])
+    assert run_from_cli(lambda **_: outcome, ["light"], {}, "local", None) == 0
+    out = capsys.readouterr().out
+    assert "INVALID   : base: busy machine" in out
+    assert "what to do:" in out and "quieter machine" in out
+    assert "analysis.validity.mode=off" in out
