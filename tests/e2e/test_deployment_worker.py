@@ -141,3 +141,29 @@ def test_a_deployed_run_cancelled_from_the_api_runs_its_cleanup_hook(tmp_path: P
     assert cleanup["errors"] == []
     assert cleanup["state"] in ("Cancelling", "Cancelled")
     assert not list(run_dir.rglob("workload.pid"))  # the workload was stopped
+
+
+def test_deploy_deploys_what_its_pools_allow_and_names_what_it_skipped(tmp_path: Path) -> None:
+    """Only the process pool exists: `prefect deploy --all` would exit 1 on the Kubernetes
+    deployments; `python -m deployments.deploy` deploys the rest and says what it skipped."""
+    from deployments.deploy import deployable
+    from deployments.prefect_file import PREFECT_FILE
+
+    with prefect_server(tmp_path / "server") as api:
+        user = clean_env(tmp_path / "user", PREFECT_API_URL=api)
+        _prefect(user, ROOT, "work-pool", "create", "telltale-local", "--type", "process")
+        for name in ("telltale_repository", "telltale_ref", "telltale_image"):
+            _prefect(user, ROOT, "variable", "set", name, "x")
+        done = subprocess.run([sys.executable, "-m", "deployments.deploy"], cwd=ROOT,
+                              env={**user, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                              text=True, timeout=1200)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        listed = _prefect(user, ROOT, "deployment", "ls")
+    wanted, skipped = deployable(PREFECT_FILE, {"telltale-local"})
+    assert skipped and all(pool == "telltale-kubernetes" for _, pool in skipped)
+    for name, _ in skipped:
+        assert f"skipped {name}: work pool 'telltale-kubernetes' does not exist" in done.stdout
+    assert "prefect work-pool create telltale-kubernetes" in done.stdout
+    rows = [line for line in listed.splitlines() if "telltale-loca" in line]  # a table
+    assert len(rows) == len(wanted) and "telltale-kube" not in listed, listed
+    assert f"deployed {len(wanted)}, skipped {len(skipped)}" in done.stdout

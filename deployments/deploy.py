@@ -1,0 +1,94 @@
+"""Deploy what can be deployed: every deployment of ``prefect.yaml`` whose work pool exists.
+
+    python -m deployments.deploy [--prefect-file deployments/prefect.yaml]
+
+``prefect --no-prompt deploy --all`` exits 1 as soon as one deployment names a work pool the
+server lacks (a team with only the process pool has no ``telltale-kubernetes``), having
+deployed some and not others. This asks the API which pools exist, deploys the deployments
+of those pools in one ``prefect deploy`` call, and says which were skipped, why, and the
+command that creates the missing pool. Exit 0 when every deployment that could be deployed
+was; 1 when ``prefect deploy`` failed; 2 when no pool of the file exists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from analysis.errors import UserError
+from analysis.terminal import ArgumentParser, say
+from analysis.yamlio import load_yaml
+from deployments.prefect_file import PREFECT_FILE
+
+__all__ = ["deployable", "main"]
+
+POOL_HINTS = {
+    "telltale-local": "prefect work-pool create telltale-local --type process",
+    "telltale-kubernetes": "prefect work-pool create telltale-kubernetes --type kubernetes "
+                           "--base-job-template deployments/kubernetes-job-template.json",
+}
+
+
+def deployable(prefect_file: Path, pools: set[str]) -> tuple[list[str], list[tuple[str, str]]]:
+    """Split the file's deployments by whether their work pool exists.
+
+    Returns:
+        The names to deploy (``<flow name>/<deployment>``, as ``prefect deploy --name``
+        takes them), and (name, work pool) of those skipped.
+    """
+    data, _ = load_yaml(prefect_file)
+    wanted: list[str] = []
+    skipped: list[tuple[str, str]] = []
+    for spec in (data or {}).get("deployments") or []:
+        pool = ((spec.get("work_pool") or {}).get("name")) or ""
+        name = str(spec["name"])
+        if pool in pools:
+            wanted.append(name)
+        else:
+            skipped.append((name, pool))
+    return wanted, skipped
+
+
+async def _pools() -> set[str]:
+    from prefect.client.orchestration import get_client
+
+    async with get_client() as client:
+        return {pool.name for pool in await client.read_work_pools()}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Deploy the deployments whose work pool exists; say what was skipped and why."""
+    parser = ArgumentParser(prog="python -m deployments.deploy",
+                            description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prefect-file", type=Path, default=PREFECT_FILE)
+    args = parser.parse_args(argv)
+    try:
+        pools = asyncio.run(_pools())
+    except Exception as exc:  # no API: one line, the setting to check
+        say(f"error: cannot list work pools ({type(exc).__name__}: {str(exc)[:200]}); is "
+            "PREFECT_API_URL set and the server up?", error=True)
+        return 1
+    wanted, skipped = deployable(args.prefect_file, pools)
+    for name, pool in skipped:
+        say(f"skipped {name}: work pool {pool!r} does not exist"
+            + (f" (create it: {POOL_HINTS[pool]})" if pool in POOL_HINTS else ""))
+    if not wanted:
+        raise UserError(f"none of the deployments of {args.prefect_file} has an existing "
+                        "work pool: create one first")
+    command = [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--prefect-file",
+               str(args.prefect_file)]
+    for name in wanted:
+        command += ["--name", name]
+    done = subprocess.run(command, check=False)
+    if done.returncode == 0:
+        say(f"deployed {len(wanted)}, skipped {len(skipped)}")
+    return 0 if done.returncode == 0 else 1
+
+
+if __name__ == "__main__":
+    from flows.cli import main_guard
+
+    sys.exit(main_guard(main)())
