@@ -13,6 +13,8 @@ whose runner calls the flow's cancellation hooks *by keyword* — the hook must 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -104,8 +106,16 @@ def test_a_process_worker_runs_a_deployment_from_a_fresh_clone(tmp_path: Path) -
     assert "main" in Path(outcome["code_dir"]).name
 
 
-def test_a_deployed_run_cancelled_from_the_api_runs_its_cleanup_hook(tmp_path: Path) -> None:
-    """The runner calls ``on_cancellation`` hooks by keyword: the hook must complete."""
+def _parent_of(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+@pytest.mark.parametrize("how", ["cancel", "crash"])
+def test_a_deployed_run_cancelled_or_crashed_runs_its_cleanup_hook(tmp_path: Path,
+                                                                   how: str) -> None:
+    """The runner calls ``on_cancellation``/``on_crashed`` hooks by keyword: the hook must
+    complete. Cancelled from the API, or crashed: its flow process SIGKILLed."""
     worker_home = tmp_path / "worker"
     workdir = worker_home / "empty"
     workdir.mkdir(parents=True)
@@ -120,9 +130,12 @@ def test_a_deployed_run_cancelled_from_the_api_runs_its_cleanup_hook(tmp_path: P
             stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
             # the workload is running once its pid file exists in the run's dir
-            wait_for("running workload", lambda: list(runs.glob(
-                f"*-fine_tuning-{run_id[:8]}/**/workload.pid")), worker, 900)
-            _prefect(user, clone, "flow-run", "cancel", run_id)
+            pid_file = wait_for("running workload", lambda: next(runs.glob(
+                f"*-fine_tuning-{run_id[:8]}/**/workload.pid"), None), worker, 900)
+            if how == "cancel":
+                _prefect(user, clone, "flow-run", "cancel", run_id)
+            else:  # the flow process (the workload's parent) dies at once
+                os.kill(_parent_of(int(pid_file.read_text())), signal.SIGKILL)
             run_dir = next(runs.glob(f"*-fine_tuning-{run_id[:8]}"))
             record = wait_for("crash_cleanup.json", lambda: (
                 run_dir / "crash_cleanup.json").is_file(), worker, 900)
@@ -130,7 +143,7 @@ def test_a_deployed_run_cancelled_from_the_api_runs_its_cleanup_hook(tmp_path: P
             state = wait_for("a final state", lambda: next(
                 (s for s in ("CANCELLED", "COMPLETED", "FAILED", "CRASHED")
                  if s in _prefect(user, clone, "flow-run", "inspect", run_id)), None), worker, 900)
-            assert state == "CANCELLED"
+            assert state == ("CANCELLED" if how == "cancel" else "CRASHED")
         finally:
             worker.terminate()
             worker.wait(timeout=120)
@@ -139,7 +152,8 @@ def test_a_deployed_run_cancelled_from_the_api_runs_its_cleanup_hook(tmp_path: P
     assert "An error was encountered while running hook" not in output, output[-4000:]
     cleanup = json.loads((run_dir / "crash_cleanup.json").read_text())
     assert cleanup["errors"] == []
-    assert cleanup["state"] in ("Cancelling", "Cancelled")
+    assert cleanup["state"] in (("Cancelling", "Cancelled") if how == "cancel" else
+                                ("Crashed",))
     assert not list(run_dir.rglob("workload.pid"))  # the workload was stopped
 
 
