@@ -40,8 +40,12 @@ class OpenSearchExportBlock(StrictSettings):
     """One document per run (and optionally one per KPI)."""
 
     enabled: bool = Field(default=False, description="Publish to OpenSearch.")
-    instance: str | None = Field(default=None, description="Instance name in the secret file.")
-    index: str = Field(default="fine-tuning", description="Run index (prefix added by block).")
+    # instance and index are also what `analysis.history_source: opensearch` judges against,
+    # published to or not
+    instance: str | None = Field(default=None, description="Instance name in the secret file.",
+                                 json_schema_extra={"used_when_disabled": True})
+    index: str = Field(default="fine-tuning", description="Run index (prefix added by block).",
+                       json_schema_extra={"used_when_disabled": True})
     kpi_index: str | None = Field(default=None, description="Per-KPI index for dashboards.")
     retry: ExportRetryBlock = Field(default_factory=ExportRetryBlock,
                                     description="Retries of each OpenSearch request.")
@@ -74,6 +78,9 @@ class ExportBlock(StrictSettings):
 
     enabled: bool = Field(default=False, description="Publish results at the end of the run.")
     fail_on_error: bool = Field(default=False, description="An export failure fails the run.")
-    s3: S3ExportBlock = Field(default_factory=S3ExportBlock)
+    # the run's S3 identity: also what an s3:// history and `flows.replot` use, whether or not
+    # the run publishes (so setting it with publishing off is not "a setting that does nothing")
+    s3: S3ExportBlock = Field(default_factory=S3ExportBlock,
+                              json_schema_extra={"used_when_disabled": True})
     opensearch: OpenSearchExportBlock = Field(default_factory=OpenSearchExportBlock)
     horreum: HorreumExportBlock = Field(default_factory=HorreumExportBlock)

@@ -22,7 +22,9 @@ class RhoaiBlock(StrictSettings):
         default_factory=lambda: ["trainingoperator", "dashboard"],
         description="DataScienceCluster components set to Managed.",
     )
-    uninstall: bool = Field(default=False, description="Uninstall in cleanup.")
+    # cleanup reads it whether or not this run installs RHOAI (remove an earlier install)
+    uninstall: bool = Field(default=False, description="Uninstall in cleanup.",
+                            json_schema_extra={"used_when_disabled": True})
 
 
 class NfdBlock(StrictSettings):

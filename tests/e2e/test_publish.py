@@ -32,17 +32,20 @@ def secret_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return directory
 
 
-def _overrides(tmp_path: Path, s3_server: str, bucket: str, **extra: object) -> dict:
+def _overrides(tmp_path: Path, s3_server: str, bucket: str, *, opensearch: bool = True,
+               **extra: object) -> dict:
     # validity off: the suite's other workers make the machine busy (validity has its tests)
+    # (a disabled OpenSearch gets none of its keys: setting them would be refused)
+    searching = {"export_artifacts.opensearch.enabled": True,
+                 "export_artifacts.opensearch.instance": "test",
+                 "export_artifacts.opensearch.kpi_index": "fine-tuning-kpis"}
     return {**FAST, "analysis.history_uri": str(tmp_path / "history"),
             "analysis.validity.mode": "off",
             "export_artifacts.enabled": True,
             "export_artifacts.s3.bucket": bucket,
             "export_artifacts.s3.endpoint_url": s3_server,
             "export_artifacts.s3.region": "us-east-1",
-            "export_artifacts.opensearch.enabled": True,
-            "export_artifacts.opensearch.instance": "test",
-            "export_artifacts.opensearch.kpi_index": "fine-tuning-kpis", **extra}
+            **(searching if opensearch else {}), **extra}
 
 
 def test_run_is_exported_to_s3_and_opensearch(tmp_path: Path, prefect_harness, secret_dir: Path,
@@ -136,8 +139,7 @@ def test_replot_from_s3_and_from_local(tmp_path: Path, prefect_harness, secret_d
     from flows.orchestration import outcome_of
     from flows.replot import replot
 
-    overrides = _overrides(tmp_path, s3_server, s3_bucket,
-                           **{"export_artifacts.opensearch.enabled": False})
+    overrides = _overrides(tmp_path, s3_server, s3_bucket, opensearch=False)
     outcome = outcome_of(fine_tuning(presets=["light"], overrides=overrides,
                           artifact_dir=str(tmp_path / "run"), return_state=True))
     monkeypatch.chdir(tmp_path)
@@ -167,8 +169,8 @@ def test_an_s3_history_goes_through_the_export_block_not_the_environment(
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:9")
     uri = f"s3://{s3_bucket}/judged-history"
-    overrides = {**_overrides(tmp_path, s3_server, s3_bucket),
-                 "analysis.history_uri": uri, "export_artifacts.opensearch.enabled": False}
+    overrides = {**_overrides(tmp_path, s3_server, s3_bucket, opensearch=False),
+                 "analysis.history_uri": uri}
     outcome = outcome_of(fine_tuning(presets=["light"], overrides=overrides,
                                      artifact_dir=str(tmp_path / "run"), return_state=True))
     assert outcome.exit_code == 0, outcome.failures

@@ -170,7 +170,7 @@ def test_var_text_is_parsed_once_and_a_ticket_may_be_a_number() -> None:
      ["clusters.sutest.compute.machineset"]),
     ("clusters.sutest.compute.machineset.replicas=3", ["clusters.sutest.compute.machineset"]),
     ("clusters.sutest.lab.ticket=CPT-1", ["clusters.sutest.lab"]),
-    ("export_artifacts.opensearch.index=runs",  # the outer switch is named first
+    ("export_artifacts.opensearch.kpi_index=runs",  # the outer switch is named first
      ["export_artifacts", "export_artifacts.opensearch"]),
     ("prepare.gpu_operator.time_sharing_replicas=4", ["prepare.gpu_operator"]),
     ("tests.fine_tuning.multi_user.user_count=4", ["tests.fine_tuning.multi_user"]),
@@ -185,6 +185,18 @@ def test_a_setting_of_a_disabled_feature_is_refused_naming_enabled(
     enabled = cli("--preset", "light", *[a for s in switches for a in (
         "--var", f"{s}.enabled=true")], "--var", key, "--show-config")
     assert "enabled is false" not in enabled.stderr
+
+
+@pytest.mark.parametrize("key", ["export_artifacts.s3.bucket=results",
+                                 "export_artifacts.opensearch.instance=lab",
+                                 "export_artifacts.opensearch.index=runs",
+                                 "prepare.rhoai.uninstall=true"])
+def test_a_setting_other_paths_read_is_not_refused_with_its_feature_off(key: str) -> None:
+    """The export's S3 block is the run's S3 identity (an s3:// history, replot), and the
+    OpenSearch instance and index are an OpenSearch history source's: used when publishing
+    is off, so setting them then does something."""
+    proc = cli("--preset", "light", "--var", key, "--show-config")
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_alias_bomb_in_a_pr_comment_is_refused_at_once(tmp_path: Path) -> None:
