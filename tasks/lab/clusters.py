@@ -29,7 +29,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from analysis.errors import ConfigError, StepError
-from analysis.safeio import write_text
+from analysis.safeio import read_text_bounded, write_text
 from analysis.yamlio import dump_yaml
 from tasks.kube.api import Kube
 from tasks.runner import run
@@ -127,10 +127,12 @@ def create_with_installer(root: Path, install_dir: Path, name: str, create: dict
     kubeconfig = install_dir / "auth" / "kubeconfig"
     if not kubeconfig.is_file():
         raise StepError(f"{installer} succeeded but wrote no {kubeconfig}")
-    _write_private(root / KUBECONFIG_FILE, kubeconfig.read_text(encoding="utf-8"))
+    _write_private(root / KUBECONFIG_FILE, read_text_bounded(
+        kubeconfig, 4 * 1024 * 1024, what="installer kubeconfig"))
     metadata = install_dir / "metadata.json"
     if metadata.is_file():
-        record.api_url = json.loads(metadata.read_text()).get("apiURL")
+        record.api_url = json.loads(read_text_bounded(
+            metadata, 1024 * 1024, what="installer metadata")).get("apiURL")
     _save(root, record)
     logger.info("cluster %s created", name)
     return record
@@ -298,7 +300,8 @@ def destroy(root: Path, *, keep: bool = False, hub: Kube | None = None,
     path = root / CLUSTER_FILE
     if not path.is_file():
         return False
-    record = ClusterRecord.model_validate_json(path.read_text(encoding="utf-8"))
+    record = ClusterRecord.model_validate_json(read_text_bounded(
+        path, 1024 * 1024, what="cluster record"))
     if record.kept:
         return False
     if keep:

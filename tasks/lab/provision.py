@@ -14,6 +14,7 @@ from pydantic import SecretStr
 
 from analysis.errors import ConfigError
 from analysis.history import default_data_dir
+from analysis.safeio import read_text_bounded
 from projects.library import CreateBlock, QuadsLabBlock, SecretsBlock
 from tasks.artifacts import step
 from tasks.kube.api import Kube, api_client
@@ -114,14 +115,13 @@ def create_cluster(root: str, block: CreateBlock, secrets: SecretsBlock, run_id:
         if not lease_file.is_file():
             raise ConfigError("type metal needs leased hosts: enable clusters.sutest.lab",
                               key="clusters.sutest.lab.enabled")
-        lease = Lease.model_validate_json(lease_file.read_text(encoding="utf-8"))
+        lease = Lease.model_validate_json(read_text_bounded(lease_file, 64 * 1024,
+                                                             what="lease file"))
         return create_on_bastion(Path(root), name, create, lease.hosts,
-                                 pull_secret=pull.read_text().strip(),
-                                 ssh_key=ssh.read_text().strip())
+                                 pull_secret=_secret_text(pull), ssh_key=_secret_text(ssh))
     private = default_data_dir() / "clusters" / name  # holds credentials: never exported
     return create_with_installer(Path(root), private, name, create,
-                                 pull_secret=pull.read_text().strip(),
-                                 ssh_key=ssh.read_text().strip())
+                                 pull_secret=_secret_text(pull), ssh_key=_secret_text(ssh))
 
 
 @step("cleanup", timeout_seconds=None)
@@ -137,3 +137,8 @@ def teardown(root: str, keep: bool, secrets: SecretsBlock,
         with quads_client(secrets) as client:
             done["released"] = release_from_file(client, base)
     return done
+
+
+def _secret_text(path: Path) -> str:
+    """A secret file's text (a mounted secret may be a link: followed), bounded."""
+    return read_text_bounded(path, 1024 * 1024, what="secret file", follow_links=True).strip()

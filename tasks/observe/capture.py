@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from analysis.errors import ConfigError
+from analysis.safeio import read_text_bounded
 from projects.library.observe import PrometheusBlock
 from projects.library.secrets import SecretsBlock
 from tasks.artifacts import artifact_dir, step
@@ -54,7 +55,8 @@ def cluster_prometheus(block: PrometheusBlock, secrets: SecretsBlock) -> Prometh
     token = None
     path = secret_file(secrets.dir.env_key, secrets.prometheus_token)
     if path is not None:
-        token = path.read_text(encoding="utf-8").strip()
+        token = read_text_bounded(path, 64 * 1024, what="secret file",
+                                  follow_links=True).strip()  # a mounted secret: a link
         if not token:
             raise ConfigError(f"secret file {secrets.prometheus_token!r} is empty",
                               key="secrets.prometheus_token")

@@ -19,6 +19,7 @@ from datetime import datetime
 from pathlib import Path
 
 from analysis.errors import ResultsError
+from analysis.safeio import UnreadableInputError, read_text_bounded
 from tasks.artifacts import allocate_dir
 from tasks.observe.prometheus import LOCAL_QUERIES, PrometheusServer, capture_window
 
@@ -45,9 +46,10 @@ def latest_snapshot(run_dir: Path) -> Path:
 
 def _window(cell: Path) -> tuple[datetime, datetime] | None:
     try:
-        times = json.loads((cell / "test_start_end.json").read_text(encoding="utf-8"))
+        times = json.loads(read_text_bounded(cell / "test_start_end.json", 64 * 1024,
+                                             what="test window"))
         return datetime.fromisoformat(times["start"]), datetime.fromisoformat(times["end"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, UnreadableInputError):
         return None
 
 

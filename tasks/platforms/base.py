@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, Field
 
 from analysis.parsing import read_tail
+from analysis.safeio import UnreadableInputError, read_text_bounded
 from projects.config import Config
 from projects.contract import CellContext, Project
 from projects.library.tests import EngineConfig, TestBlock
@@ -148,9 +149,9 @@ def read_users(users_dir: Path, users: int) -> list[CellResult]:
     for index in range(users):
         directory = users_dir / f"user-{index:03d}"
         try:
-            code = int((directory / "exit_code").read_text(encoding="utf-8").strip())
+            code = int(read_text_bounded(directory / "exit_code", 64, what="exit code").strip())
             reason = "Completed" if code == 0 else "Error"
-        except (OSError, ValueError):
+        except (OSError, ValueError, UnreadableInputError):
             code, reason = 1, "no result"
         results.append(CellResult(exit_code=code, reason=reason, user=index,
                                   log_tail=None if code == 0 else

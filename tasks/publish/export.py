@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-from pathlib import Path
 from typing import Any, TypeVar
 
 import pandas as pd
@@ -19,6 +18,7 @@ from prefect.blocks.core import Block
 from analysis.errors import ConfigError
 from analysis.history import HistoryStore
 from analysis.lts import LtsPayload
+from analysis.safeio import read_text_bounded
 from blocks.horreum import HorreumInstance
 from blocks.opensearch import OpenSearchInstance
 from blocks.s3 import S3Target
@@ -136,6 +136,16 @@ def append_history(target: S3Target, kpis_file: str, project: str) -> int:
     return store.append(pd.read_parquet(kpis_file))
 
 
+LTS_MAX_BYTES = 1024 * 1024 * 1024
+"""The largest ``lts_payload.json`` read back for publication (one payload a cell)."""
+
+
+def _lts_payloads(lts_file: str) -> list[LtsPayload]:
+    """The post-process step's LTS payloads, read through the bounded reader."""
+    return [LtsPayload.model_validate(p) for p in json.loads(read_text_bounded(
+        lts_file, LTS_MAX_BYTES, what="LTS payloads"))]
+
+
 @step("export", timeout_seconds=600)
 def publish_opensearch(instance: OpenSearchInstance, lts_file: str, index: str,
                        kpi_index: str | None, valid: bool,
@@ -144,8 +154,7 @@ def publish_opensearch(instance: OpenSearchInstance, lts_file: str, index: str,
 
     ``policy``: the retries of each request (``export_artifacts.opensearch.retry``).
     """
-    payloads = [LtsPayload.model_validate(p) for p in
-                json.loads(Path(lts_file).read_text(encoding="utf-8"))]
+    payloads = _lts_payloads(lts_file)
     return export_payloads(instance, payloads, index=index, kpi_index=kpi_index, valid=valid,
                            policy=policy or RetryPolicy())
 
@@ -162,8 +171,7 @@ def publish_horreum(instance: HorreumInstance, lts_file: str, export: ExportBloc
     if not block.test_name:
         raise ConfigError("Horreum export needs the test's name",
                           key="export_artifacts.horreum.test_name")
-    payloads = [LtsPayload.model_validate(p) for p in
-                json.loads(Path(lts_file).read_text(encoding="utf-8"))]
+    payloads = _lts_payloads(lts_file)
     where = HorreumUpload(test=block.test_name, owner=block.owner, access=block.access,
                           schema_uri=block.schema_uri or DEFAULT_SCHEMA_URI)
     return upload_payloads(instance, payloads, where, valid=valid,

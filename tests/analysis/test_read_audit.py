@@ -66,13 +66,8 @@ ALLOWED = {
     "tasks/publish/s3.py::_sha256": "a file of this run it is about to upload",
     "tasks/hostwatch.py::_read": "/proc files of this machine",
 }
-# Sites still reading run-dir files without the bounded reader: named, to convert next.
-NOT_YET = {
-    "tasks/lab/clusters.py::create_with_installer", "tasks/lab/clusters.py::destroy",
-    "tasks/lab/provision.py::create_cluster", "tasks/observe/capture.py::cluster_prometheus",
-    "tasks/observe/snapshot.py::_window", "tasks/platforms/base.py::read_users",
-    "tasks/publish/export.py::publish_horreum", "tasks/publish/export.py::publish_opensearch",
-}
+# Sites still reading run-dir files without the bounded reader: none left.
+NOT_YET: set[str] = set()
 
 
 def _sites(path: Path) -> list[tuple[int, str]]:
