@@ -111,11 +111,12 @@ def _parent_of(pid: int) -> int:
     return int(stat.rsplit(")", 1)[1].split()[1])
 
 
-@pytest.mark.parametrize("how", ["cancel", "crash"])
+@pytest.mark.parametrize("how", ["cancel", "crash", "sigterm"])
 def test_a_deployed_run_cancelled_or_crashed_runs_its_cleanup_hook(tmp_path: Path,
                                                                    how: str) -> None:
     """The runner calls ``on_cancellation``/``on_crashed`` hooks by keyword: the hook must
-    complete. Cancelled from the API, or crashed: its flow process SIGKILLed."""
+    complete. Cancelled from the API, crashed (its flow process SIGKILLed), or terminated
+    (SIGTERM to the flow process: its own cleanup runs, then the hook)."""
     worker_home = tmp_path / "worker"
     workdir = worker_home / "empty"
     workdir.mkdir(parents=True)
@@ -134,8 +135,9 @@ def test_a_deployed_run_cancelled_or_crashed_runs_its_cleanup_hook(tmp_path: Pat
                 f"*-fine_tuning-{run_id[:8]}/**/workload.pid"), None), worker, 900)
             if how == "cancel":
                 _prefect(user, clone, "flow-run", "cancel", run_id)
-            else:  # the flow process (the workload's parent) dies at once
-                os.kill(_parent_of(int(pid_file.read_text())), signal.SIGKILL)
+            else:  # the flow process (the workload's parent): killed, or terminated
+                os.kill(_parent_of(int(pid_file.read_text())),
+                        signal.SIGKILL if how == "crash" else signal.SIGTERM)
             run_dir = next(runs.glob(f"*-fine_tuning-{run_id[:8]}"))
             record = wait_for("crash_cleanup.json", lambda: (
                 run_dir / "crash_cleanup.json").is_file(), worker, 900)
@@ -154,6 +156,9 @@ def test_a_deployed_run_cancelled_or_crashed_runs_its_cleanup_hook(tmp_path: Pat
     assert cleanup["errors"] == []
     assert cleanup["state"] in (("Cancelling", "Cancelled") if how == "cancel" else
                                 ("Crashed",))
+    if how == "sigterm":  # the run's own cleanup ran first and said so
+        outcome = json.loads((run_dir / "outcome.json").read_text())
+        assert outcome["exit_code"] == 143 and "terminated" in outcome["failures"][-1]
     assert not list(run_dir.rglob("workload.pid"))  # the workload was stopped
 
 
