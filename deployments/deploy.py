@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from analysis.errors import UserError
+from analysis.errors import ConfigError, UserError
 from analysis.terminal import ArgumentParser, say
 from analysis.yamlio import load_yaml
 from deployments.prefect_file import PREFECT_FILE
@@ -42,9 +42,17 @@ def deployable(prefect_file: Path, pools: set[str]) -> tuple[list[str], list[tup
     data, _ = load_yaml(prefect_file)
     wanted: list[str] = []
     skipped: list[tuple[str, str]] = []
-    for spec in (data or {}).get("deployments") or []:
-        pool = ((spec.get("work_pool") or {}).get("name")) or ""
-        name = str(spec["name"])
+    specs = data.get("deployments") if isinstance(data, dict) else None
+    if not isinstance(specs, list) or not specs:
+        raise ConfigError("holds no deployments list", file=str(prefect_file),
+                          key="deployments")
+    for index, spec in enumerate(specs):
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or not \
+                isinstance(spec.get("work_pool") or {}, dict):
+            raise ConfigError("a deployment needs a name and a work_pool mapping",
+                              file=str(prefect_file), key=f"deployments[{index}]")
+        pool = str((spec.get("work_pool") or {}).get("name") or "")
+        name = spec["name"]
         if pool in pools:
             wanted.append(name)
         else:
@@ -65,6 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             description=__doc__.split("\n\n")[0])
     parser.add_argument("--prefect-file", type=Path, default=PREFECT_FILE)
     args = parser.parse_args(argv)
+    deployable(args.prefect_file, set())  # a bad file is a user error before the API is asked
     try:
         pools = asyncio.run(_pools())
     except Exception as exc:  # no API: one line, the setting to check

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import uuid
 from pathlib import Path
 from typing import Any
@@ -171,3 +172,20 @@ def test_a_webhook_prefect_would_refuse_is_refused_when_the_automation_is_made(
     assert main(["--slack-url", url]) == 2
     assert restricted_url(url) is not None
     assert restricted_url("https://93.184.216.34/hook") is None  # a public address passes
+
+
+@pytest.mark.parametrize("text", ["deployments:\n- {work_pool: 3}\n", "deployments:\n- 7\n",
+                                  "deployments:\n- {name: [x]}\n", "- a list\n", "",
+                                  "deployments: {}\n"])
+def test_deploy_refuses_a_malformed_prefect_file_before_asking_the_api(
+        tmp_path: Path, text: str) -> None:
+    import subprocess
+    import sys
+
+    bad = tmp_path / "prefect.yaml"
+    bad.write_text(text)
+    env = {**os.environ, "PREFECT_API_URL": "http://127.0.0.1:9/api"}
+    proc = subprocess.run([sys.executable, "-m", "deployments.deploy", "--prefect-file",
+                           str(bad)], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
