@@ -1,6 +1,7 @@
 """``python -m analysis RESULTS_DIR --project fine_tuning --out OUT [--history URI] [--strict]``.
 
-``python -m analysis accept --history URI RUN_UUID [--kpi NAME]... [--by WHO] [--note TEXT]``
+``python -m analysis accept [--history URI | --project NAME] RUN [--kpi NAME]... [--by WHO]
+[--note TEXT]``
 records that a run's level is the new baseline (all its KPIs, or the named ones): later
 verdicts compare with it, and the shift it carries stops being reported.
 
@@ -9,13 +10,18 @@ verdicts compare with it, and the shift it carries stops being reported.
 selections such as ``vllm=0.32.0``, or time windows ``2026-11-01..2026-11-08``) KPI by KPI:
 change, 95 % interval, effect size and a verdict (`analysis.compare`).
 
-``python -m analysis history --history URI [--select SPEC]... [--kpi NAME]... [--kpis]
-[--csv PATH]`` lists what a history holds — one line per run, or per KPI with ``--kpis`` —
+``python -m analysis history [--history URI | --project NAME] [--select SPEC]... [--kpi NAME]...
+[--kpis] [--csv PATH]`` lists what a history holds — one line per run, or per KPI with ``--kpis`` —
 filtered by compare's selections (all applied), and writes the rows as CSV
 (`analysis.listing`).
 
 ``python -m analysis lts-schema [--uri URI]`` prints the LTS document's JSON schema, with its
 ``$id`` — what a Horreum admin registers as the schema of Telltale's uploads.
+
+The subcommands' ``--history`` defaults to the history the project's runs append to
+(``<data dir>/history/<project>``; with one project there, ``--project`` is not needed
+either). A run is named by its uuid or by the id its run folder ends with (``25f0bdb0``):
+``analysis history`` lists both.
 
 Progress lines (``parse: 4,000/10,000 run(s) (40 %), 1,250/s``, judging, the report) go to
 stderr; ``--quiet`` leaves them out.
@@ -37,7 +43,7 @@ from pathlib import Path
 
 from analysis.environment import env_settings
 from analysis.errors import TelltaleError, UserError
-from analysis.history import ALL_KPIS, HistoryStore
+from analysis.history import ALL_KPIS, HistoryStore, default_data_dir, default_history_uri
 from analysis.paths import writable_dir
 from analysis.pipeline import postprocess, settings_for
 from analysis.progress import logger as progress_logger
@@ -45,35 +51,76 @@ from analysis.project import load_project
 from analysis.terminal import ArgumentParser, printable, say
 
 
+HISTORY_HELP = ("Parquet history: local dir or s3://bucket/prefix (default: the history "
+                "the project's runs append to, <data dir>/history/<project>)")
+
+
+def _history_option(parser: argparse.ArgumentParser, *, project: bool = True) -> None:
+    """``--history`` (and ``--project``, which picks its default) of a subcommand."""
+    parser.add_argument("--history", metavar="URI", help=HISTORY_HELP)
+    if project:
+        parser.add_argument("--project", help="the project whose history to use (needed "
+                            "only when the data dir holds several)")
+
+
+def history_of(given: str | None, project: str | None) -> str:
+    """The history a subcommand reads: ``--history``, else the project's own (where its runs
+    append), else the data dir's only one.
+
+    Raises:
+        UserError: No ``--history`` and no way to choose one (none or several exist).
+    """
+    if given:
+        return given
+    if project:
+        load_project(project)  # an unknown name: one line naming the known ones
+        return default_history_uri(project)
+    root = default_data_dir() / "history"
+    found = sorted(d.name for d in root.glob("*/") if any(d.glob("*.parquet"))) \
+        if root.is_dir() else []
+    if len(found) == 1:
+        return str(root / found[0])
+    if not found:
+        raise UserError(f"no history under {root} yet (a run appends to "
+                        f"{root}/<project>): give --history URI")
+    raise UserError(f"{root} holds the histories of {', '.join(found)}: give --project NAME "
+                    "or --history URI")
+
+
 def accept_main(argv: Sequence[str]) -> int:
     """``accept``: record an accepted baseline in the history; returns the exit code."""
+    from analysis.compare import runs_named
+
     parser = ArgumentParser(prog="python -m analysis accept",
                      description="Accept a run's level as the new baseline of its KPIs.")
-    parser.add_argument("run_uuid", metavar="RUN_UUID")
-    parser.add_argument("--history", metavar="URI", required=True,
-                        help="Parquet history: local dir or s3://bucket/prefix")
+    parser.add_argument("run_uuid", metavar="RUN", help="a run uuid, or a run folder's id "
+                        "or name (every cell of that run), as `analysis history` lists them")
+    _history_option(parser)
     parser.add_argument("--kpi", action="append", default=[],
                         help="only this KPI (repeatable; default: every KPI of the run)")
     parser.add_argument("--by", default="", help="who accepted it (recorded)")
     parser.add_argument("--note", default="", help="why (recorded)")
     args = parser.parse_args(argv)
     try:
-        store = HistoryStore(args.history)
+        store = HistoryStore(history_of(args.history, args.project))
         known = store.query({}, exclude_runs=())
-        if known.empty or args.run_uuid not in set(known["run_uuid"]):
+        named = runs_named(known, args.run_uuid) if not known.empty else None
+        if named is None or not named.any():
             raise UserError(f"run {args.run_uuid!r} is not in the history {store!r}")
-        kpis = set(known.loc[known["run_uuid"] == args.run_uuid, "kpi"])
+        uuids = sorted(set(known.loc[named, "run_uuid"]))
+        kpis = set(known.loc[named, "kpi"])
         unknown = sorted(set(args.kpi) - kpis)
         if unknown:
             raise UserError(f"run {args.run_uuid!r} has no KPI {', '.join(unknown)} "
                             f"(it has: {', '.join(sorted(kpis))})")
-        path = store.accept(args.run_uuid, args.kpi or [ALL_KPIS], by=args.by,
-                            note=args.note)
+        paths = [store.accept(run_uuid, args.kpi or [ALL_KPIS], by=args.by, note=args.note)
+                 for run_uuid in uuids]
     except UserError as exc:
         say(f"error: {exc}", error=True)
         return 2
-    say(f"accepted {args.run_uuid} as the baseline of "
-          f"{', '.join(args.kpi) if args.kpi else 'every KPI'}: {path}")
+    for run_uuid, path in zip(uuids, paths, strict=True):
+        say(f"accepted {run_uuid} as the baseline of "
+            f"{', '.join(args.kpi) if args.kpi else 'every KPI'}: {path}")
     return 0
 
 
@@ -94,9 +141,9 @@ def compare_main(argv: Sequence[str]) -> int:
                                  "selections (vllm=0.32.0) or time windows (START..END).")
     parser.add_argument("a", metavar="A", help="the reference selection")
     parser.add_argument("b", metavar="B", help="the selection compared with it")
-    parser.add_argument("--history", metavar="URI", required=True,
-                        help="Parquet history: local dir or s3://bucket/prefix")
-    parser.add_argument("--project", help="use this project's ignored labels")
+    parser.add_argument("--history", metavar="URI", help=HISTORY_HELP)
+    parser.add_argument("--project", help="use this project's ignored labels (and its "
+                        "history when --history is not given)")
     parser.add_argument("--kpi", action="append", default=[], help="only this KPI "
                         "(repeatable)")
     parser.add_argument("--same-within", type=float, default=2.0, metavar="PCT",
@@ -112,7 +159,8 @@ def compare_main(argv: Sequence[str]) -> int:
         if args.project:
             ignored = list(settings_for(load_project(args.project), ".")
                            .comparison.ignored_labels)
-        rows = compare_frames(HistoryStore(args.history).read(), args.a, args.b,
+        rows = compare_frames(HistoryStore(history_of(args.history, args.project)).read(),
+                              args.a, args.b,
                               kpis=args.kpi, ignored_labels=ignored,
                               same_within_pct=args.same_within)
         for path in (args.html, args.json):
@@ -157,10 +205,10 @@ def history_main(argv: Sequence[str]) -> int:
 
     parser = ArgumentParser(prog="python -m analysis history",
                      description="List a history's runs (or KPI rows), filtered; write CSV.")
-    parser.add_argument("--history", metavar="URI", required=True,
-                        help="Parquet history: local dir or s3://bucket/prefix")
+    _history_option(parser)
     parser.add_argument("--select", action="append", default=[], metavar="SPEC",
-                        help="runs (uuids), label=value[,label=value] or START..END "
+                        help="runs (uuids or run folder ids), label=value[,label=value] or "
+                             "START..END "
                              "(repeatable: all apply)")
     parser.add_argument("--kpi", action="append", default=[], help="only this KPI "
                         "(repeatable)")
@@ -170,14 +218,15 @@ def history_main(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     try:
         env_settings()
-        frame = HistoryStore(args.history).read()
+        history = history_of(args.history, args.project)
+        frame = HistoryStore(history).read()
         if frame.empty:
             # the data dir keeps one history per project: name the folders a root holds
-            inner = sorted(d.name for d in Path(args.history).glob("*/")
-                           if any(d.glob("*.parquet"))) if "://" not in args.history else []
-            raise UserError(f"the history {args.history} holds no run" + (
+            inner = sorted(d.name for d in Path(history).glob("*/")
+                           if any(d.glob("*.parquet"))) if "://" not in history else []
+            raise UserError(f"the history {history} holds no run" + (
                 f"; its folders hold the histories of {', '.join(inner)}: give one, e.g. "
-                f"--history {Path(args.history) / inner[0]}" if inner else ""))
+                f"--history {Path(history) / inner[0]}" if inner else ""))
         chosen = filter_history(frame, args.select, args.kpi)
         if args.csv:
             writable_dir(str(Path(args.csv).parent), "--csv")
@@ -236,9 +285,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--project", required=True, help="a registered project's name")
     parser.add_argument("--out", required=True, help="output dir")
     parser.add_argument("--history", metavar="URI",
-                        help="Parquet history: local dir or s3://bucket/prefix (none by "
-                             "default: nothing judged, nothing appended; a project's runs "
-                             "append to <data dir>/history/<project>)")
+                        help="Parquet history: local dir or s3://bucket/prefix, judged "
+                             "against and appended to (default: the project's own, "
+                             "<data dir>/history/<project>, when it exists: judged against, "
+                             "read only)")
     parser.add_argument("--no-append", action="store_true",
                         help="judge against the history without adding these runs to it")
     parser.add_argument("--strict", action="store_true",
@@ -270,9 +320,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             "regression": base.regression.model_copy(update={
                 "fail_on_regression": args.fail_on_regression})})
         writable_dir(args.out, "--out")
+        history, append = args.history, not args.no_append
+        if history is None:
+            # the history this project's runs append to: judged against, never appended
+            # to unless named (a results tree from elsewhere must not join it by default)
+            own = Path(default_history_uri(args.project))
+            if own.is_dir() and any(own.glob("*.parquet")):
+                history, append = str(own), False
+                say(f"judging against {own} (read only; --history URI appends)",
+                    error=True)
         outcome = postprocess(args.results_dir, args.project, args.out,
-                              history_uri=args.history, settings=settings,
-                              append_history=not args.no_append, force=args.force,
+                              history_uri=history, settings=settings,
+                              append_history=append, force=args.force,
                               report=not args.no_report)
     except TelltaleError as exc:
         return _failed(exc)

@@ -4,7 +4,8 @@
 
 ``A`` and ``B`` each select runs of the history:
 
-- a run uuid (or several, comma-separated; ``run:`` may prefix them);
+- a run uuid (or several, comma-separated; ``run:`` may prefix them), or a run folder's id
+  (``25f0bdb0``: the end of its name) or name: every cell of that run;
 - a label selection, ``label=value[,label=value...]`` (``vllm=0.32.0``);
 - a time window, ``START..END`` in ISO form (``2026-11-01..2026-11-08``; either side may be
   left open), start included, end excluded.
@@ -40,7 +41,7 @@ from analysis.history import RUN_COLUMNS, usable_rows
 from analysis.kpi import BASE_COLUMNS
 
 __all__ = ["Comparison", "CompareVerdict", "compare_frames", "comparison_html",
-           "comparison_lines", "select_runs"]
+           "comparison_lines", "runs_named", "select_runs"]
 
 CompareVerdict = Literal["better", "worse", "same", "inconclusive"]
 _Z975 = 1.959963984540054
@@ -102,6 +103,24 @@ def _label_terms(spec: str) -> dict[str, str] | None:
     return terms
 
 
+_FOLDER = re.compile(r"^\d{8}-\d{6}-.+-(?P<id>[0-9a-f]{8})/?$")
+"""A run folder's name (`flows.cli.default_artifact_dir`): its last part is the run's id."""
+
+
+def runs_named(frame: pd.DataFrame, token: str) -> pd.Series:
+    """The rows of the run(s) ``token`` names: a run uuid; the id a run folder's name ends
+    with (8+ characters of the flow run id: every cell of that run); or the folder's name.
+
+    What ``analysis history`` lists in its ``run`` and ``uuid`` columns both work here.
+    """
+    by_uuid = frame["run_uuid"] == token
+    folder = _FOLDER.match(token.rstrip("/").rsplit("/", 1)[-1])
+    prefix = folder["id"] if folder else token
+    if by_uuid.any() or len(prefix) < 8 or "run_id" not in frame.columns:
+        return by_uuid
+    return frame["run_id"].fillna("").astype(str).str.startswith(prefix)
+
+
 def select_runs(frame: pd.DataFrame, spec: str) -> tuple[pd.DataFrame, set[str]]:
     """The history rows ``spec`` selects, and the labels it names (not configuration).
 
@@ -132,9 +151,15 @@ def select_runs(frame: pd.DataFrame, spec: str) -> tuple[pd.DataFrame, set[str]]
         chosen = frame[keep]
         named = set(terms)
     else:
-        uuids = {u.strip() for u in spec.removeprefix("run:").split(",") if u.strip()}
-        chosen = frame[frame["run_uuid"].isin(uuids)]
-        missing = uuids - set(chosen["run_uuid"])
+        tokens = {u.strip() for u in spec.removeprefix("run:").split(",") if u.strip()}
+        keep = pd.Series(False, index=frame.index)
+        missing = set()
+        for token in tokens:
+            named_rows = runs_named(frame, token)
+            if not named_rows.any():
+                missing.add(token)
+            keep |= named_rows
+        chosen = frame[keep]
         if missing:
             raise UserError(f"selection {spec!r}: run(s) {', '.join(sorted(missing))} not in "
                             "the history (or not valid measurements)")

@@ -67,6 +67,14 @@ class ResultDir(BaseModel):
     rel_path: str = Field(description="Path relative to the discovery root ('.' for the root).")
     settings: dict[str, Any] = Field(description="Settings merged from the parents (deeper wins).")
     exit_code: int = Field(description="The run's exit code (0: success).")
+    cell: str | None = Field(default=None, description="The cell's name as its flow named it "
+                             "(``cell.json``; None: a dir without one).")
+
+    @property
+    def name(self) -> str:
+        """The name a person reads everywhere (terminal, report, gate lines, artifacts):
+        the cell's own name, else the dir's relative path."""
+        return self.cell or self.rel_path
 
 
 class SkippedDir(BaseModel):
@@ -176,17 +184,31 @@ def _merge(parent: Mapping[str, Any], child: Mapping[str, Any]) -> dict[str, Any
     return merged
 
 
-def _owner(directory: str, names: set[str], projects: set[str]) -> str | None:
+def _cell_file(directory: str, names: set[str]) -> dict[str, Any]:
+    """The dir's ``cell.json`` as a mapping ({} when absent or unreadable)."""
+    if CELL_FILE not in names:
+        return {}
+    try:  # the one reader: a FIFO or a link planted as cell.json is never opened
+        data = json.loads(read_bounded(os.path.join(directory, CELL_FILE), 64 * 1024,
+                                       what="cell file"))
+    except (OSError, ValueError, UnreadableInputError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _cell_name(cell: Mapping[str, Any]) -> str | None:
+    """The cell's printable name, at most 128 characters (None: none given)."""
+    name = cell.get("name")
+    if isinstance(name, str) and name and len(name) <= 128 and name.isprintable():
+        return name
+    return None
+
+
+def _owner(cell: Mapping[str, Any], names: set[str], projects: set[str]) -> str | None:
     """The project a result dir belongs to (see the module docstring), None: unknown."""
-    if CELL_FILE in names:
-        try:  # the one reader: a FIFO or a link planted as cell.json is never opened
-            data = json.loads(read_bounded(os.path.join(directory, CELL_FILE), 64 * 1024,
-                                           what="cell file"))
-            owner = data.get("project") if isinstance(data, dict) else None
-            if isinstance(owner, str):
-                return owner
-        except (OSError, ValueError, UnreadableInputError):
-            pass
+    owner = cell.get("project")
+    if isinstance(owner, str):
+        return owner
     for name in names:
         parts = name.split("__")
         if len(parts) >= 3 and parts[0].isdigit() and parts[1] in projects:
@@ -241,7 +263,8 @@ def discover(root: str | Path, project: str | None = None,
             data = _read_settings(Path(directory), found, index, rel)
             if isinstance(data, Mapping):
                 settings = _merge(inherited, data)
-                owner = _owner(directory, names, projects) if project else None
+                cell = _cell_file(directory, names)
+                owner = _owner(cell, names, projects) if project else None
                 if owner is not None and owner != project:
                     found.skipped.append(SkippedDir(
                         path=directory, reason=f"a run of project {owner}, not {project}"))
@@ -251,7 +274,8 @@ def discover(root: str | Path, project: str | None = None,
                         # built here from checked values: validating a nested settings
                         # dict again cost ~40 µs a run
                         found.results.append(ResultDir.model_construct(
-                            path=directory, rel_path=rel, settings=settings, exit_code=code))
+                            path=directory, rel_path=rel, settings=settings, exit_code=code,
+                            cell=_cell_name(cell)))
                     else:
                         found.skipped.append(SkippedDir(path=directory, reason=code))
         stack.extend((entry.path, name if rel == "." else f"{rel}/{name}", settings)

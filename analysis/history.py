@@ -73,6 +73,7 @@ __all__ = [
     "RUN_COLUMNS",
     "SCHEMA_VERSION",
     "VALIDITY",
+    "CELL",
     "AppendLock",
     "HistoryConflictError",
     "HistorySource",
@@ -102,7 +103,9 @@ VALIDITY = "validity"
 Only valid rows are a baseline (`usable_rows`)."""
 FINGERPRINT = "fingerprint"
 """Column holding a run's environment fingerprint (JSON, `analysis.fingerprint`)."""
-RUN_COLUMNS = (IDENTITY, VALIDITY, FINGERPRINT)
+CELL = "cell"
+"""Column holding the cell's name (what the terminal and report call it; null before)."""
+RUN_COLUMNS = (IDENTITY, VALIDITY, FINGERPRINT, CELL)
 """Per-run columns that are not labels: never matched when selecting a history."""
 
 

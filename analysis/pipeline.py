@@ -27,6 +27,7 @@ from analysis.errors import ConfigError, ResultsError
 from analysis.fingerprint import Fingerprint, decode, encode, fingerprint_of, what_changed
 from analysis.history import (
     ALL_KPIS,
+    CELL,
     FINGERPRINT,
     IDENTITY,
     VALIDITY,
@@ -69,6 +70,8 @@ class VerdictRow(BaseModel):
 
     run_uuid: str
     test_path: str
+    cell: str = Field(default="", description="The cell's name (its dir when it has none): "
+                      "what the terminal, report and artifacts call the run.")
     kpi: str
     unit: str
     latest: float | None = Field(description="The run's value (median of its repeats).")
@@ -121,6 +124,12 @@ class RunAnalysis(BaseModel):
                           "another run under this uuid).")
     validity: Validity = Field(default_factory=Validity)
     fingerprint: Fingerprint = Field(default_factory=dict)
+    cell: str | None = Field(default=None, description="The cell's name (its ``cell.json``).")
+
+    @property
+    def name(self) -> str:
+        """The run as every output names it: its cell's name, else its dir (relative)."""
+        return self.cell or self.result.rel_path
 
 
 class PostprocessOutcome(BaseModel):
@@ -197,8 +206,12 @@ def result_validity(project: AnalysisProject, result: ParsedResult,
 
 def analyse_run(project: AnalysisProject, result: ParsedResult,
                 presets: Sequence[str] | None = None, config_text: str | None = None,
-                policy: ValidityPolicy | None = None) -> RunAnalysis:
-    """Compute labels, KPIs, validity, fingerprint and the LTS payload of one result."""
+                policy: ValidityPolicy | None = None, *, cell: str | None = None
+                ) -> RunAnalysis:
+    """Compute labels, KPIs, validity, fingerprint and the LTS payload of one result.
+
+    ``cell`` is the cell's name from discovery (`ResultDir.cell`): what outputs call it.
+    """
     labels = label_strings(project.labels(result))
     kpis = compute_kpis(project.kpis, result, labels)  # its KPIs share this dict
     start, end = (_usable_time(t) for t in project.timestamps(result))
@@ -226,7 +239,7 @@ def analyse_run(project: AnalysisProject, result: ParsedResult,
     return RunAnalysis.model_construct(
         result=result, run_uuid=run_uuid, timestamp=_timestamp(start, result), labels=labels,
         kpis=kpis, payload=payload, identity=run_identity(result.settings, start),
-        validity=validity, fingerprint=fingerprint)
+        validity=validity, fingerprint=fingerprint, cell=cell)
 
 
 def settings_for(project: AnalysisProject, results_dir: str | Path) -> AnalysisSettings:
@@ -301,7 +314,8 @@ def judge_runs(runs: Sequence[RunAnalysis], store: HistorySource | None,
                 # 115 MB, 51 MB this way)
                 rows.append(_new_verdict_row(
                     run_uuid=run.run_uuid,
-                    test_path=run.result.rel_path, kpi=kpi_name, unit=kpi.unit,
+                    test_path=run.result.rel_path, cell=run.name, kpi=kpi_name,
+                    unit=kpi.unit,
                     latest=judged.latest, repeats=repeats, baseline=judged.baseline,
                     change_pct=round(judged.magnitude * 100, 3) if judged.baseline is not None
                     else None,
@@ -316,7 +330,8 @@ def judge_runs(runs: Sequence[RunAnalysis], store: HistorySource | None,
 def _not_judged(run: RunAnalysis) -> VerdictRow:
     """The row of an invalid or failed run: shown with its reasons, never judged."""
     return _new_verdict_row(
-        run_uuid=run.run_uuid, test_path=run.result.rel_path, kpi="*", unit="",
+        run_uuid=run.run_uuid, test_path=run.result.rel_path, cell=run.name, kpi="*",
+        unit="",
         latest=None, repeats=[], baseline=None, change_pct=None, verdict=NOT_JUDGED,
         confidence=0.0, suspect=False, history_used=0,
         explanation=f"not judged: {run.validity.summary()}", validity=run.validity.status,
@@ -458,7 +473,7 @@ def runs_table(runs: Sequence[RunAnalysis]) -> pd.DataFrame:
     return pd.DataFrame([{
         "run_uuid": r.run_uuid, "start": r.payload.metadata.start,
         "end": r.payload.metadata.end, "status": r.payload.metadata.status,
-        "exit_code": r.result.exit_code, "test_path": r.result.rel_path,
+        "exit_code": r.result.exit_code, "test_path": r.result.rel_path, "cell": r.name,
         "presets": ",".join(r.payload.metadata.presets or []),
         "problems": len(r.result.problems), **r.labels} for r in runs])
 
@@ -467,9 +482,11 @@ def _gate(rows: Sequence[VerdictRow], settings: AnalysisSettings) -> list[str]:
     failures = []
     for row in rows:
         if row.verdict == "regression" and settings.regression.fail_on_regression:
-            failures.append(f"{row.test_path}: {row.kpi} regressed ({row.explanation})")
+            failures.append(f"{row.cell or row.test_path}: {row.kpi} regressed "
+                            f"({row.explanation})")
         if row.verdict == "improvement" and settings.regression.fail_on_improvement:
-            failures.append(f"{row.test_path}: {row.kpi} improved ({row.explanation})")
+            failures.append(f"{row.cell or row.test_path}: {row.kpi} improved "
+                            f"({row.explanation})")
     return failures
 
 
@@ -504,7 +521,8 @@ def _analyse_tree(results_dir: str | Path, hooks: AnalysisProject,
         counts[0] += result.exit_code != 0
         counts[1] += len(result.problems)
         try:
-            run = analyse_run(hooks, result, presets, config_text, policy)
+            run = analyse_run(hooks, result, presets, config_text, policy,
+                              cell=found.results[index].cell)
         except (TypeError, ValueError, AttributeError, KeyError) as exc:
             # Result trees are untrusted: a badly typed field (numbers for strings, a
             # scalar for a mapping) is this run's problem, never the whole analysis's.
@@ -728,7 +746,8 @@ def _write_outputs(out_dir: Path, hooks: AnalysisProject, settings: AnalysisSett
     frame = kpi_table((r.run_uuid, r.timestamp, r.kpis) for r in runs)
     for column, per_run in ((IDENTITY, {r.run_uuid: r.identity for r in runs}),
                             (VALIDITY, {r.run_uuid: r.validity.status for r in runs}),
-                            (FINGERPRINT, {r.run_uuid: encode(r.fingerprint) for r in runs})):
+                            (FINGERPRINT, {r.run_uuid: encode(r.fingerprint) for r in runs}),
+                            (CELL, {r.run_uuid: r.name for r in runs})):
         frame[column] = pd.array(frame["run_uuid"].map(per_run), dtype="string")
     # A workload that exited 0 and yielded no KPI measured nothing: never a green run.
     empty = [r for r in runs if r.result.exit_code == 0 and not r.kpis

@@ -31,7 +31,7 @@ import math
 import os
 import shlex
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -93,16 +93,19 @@ class ReportContext:
 
 
 def run_name(run: Any) -> str:
-    """A run as a person reads it: its start (UTC, to the minute) and the uuid's first 8.
-
-    ``001__cell`` named every first cell of every run alike; the dir is in the tables.
+    """A run as a person reads it: its cell's name (as the terminal says it), its start
+    (UTC, to the minute) and the id its run folder ends with (``base · 2026-11-26 23:10 ·
+    25f0bdb0``); a run without a flow's run id shows its uuid's first 8 instead.
     """
     stamp = getattr(run, "timestamp", None)
     try:
         when = pd.Timestamp(stamp).strftime("%Y-%m-%d %H:%M") if stamp else "?"
     except (ValueError, TypeError, OverflowError):
         when = "?"
-    return f"{when} · {str(run.run_uuid)[:8]}"
+    labels = getattr(run, "labels", None) or {}
+    short = str(labels.get("run_id") or run.run_uuid)[:8]
+    cell = getattr(run, "name", None)
+    return f"{cell} · {when} · {short}" if cell else f"{when} · {short}"
 
 
 def _varying_settings(flat: Sequence[dict[str, Any]]) -> list[str]:
@@ -263,12 +266,14 @@ def shape_resources(ctx: ReportContext) -> pd.DataFrame:
 
 def shape_regression(ctx: ReportContext) -> pd.DataFrame:
     """The verdict table: run, KPI, baseline, latest, change %, verdict, confidence."""
-    columns = ["test_path", "kpi", "unit", "baseline", "latest", "change_pct", "verdict",
+    columns = ["cell", "kpi", "unit", "baseline", "latest", "change_pct", "verdict",
                "validity", "confidence", "history_used", "mde_pct", "explanation",
                "what_changed", "suspects"]
     # column by column: a dict per verdict held ~30 MB over 80 000 verdicts
-    return pd.DataFrame({c: [_listed(getattr(v, c, None)) for v in ctx.verdicts]
-                         for c in columns}, columns=columns)
+    table = {c: [_listed(getattr(v, c, None)) for v in ctx.verdicts] for c in columns}
+    # a verdict made before cells had names: its dir
+    table["cell"] = [getattr(v, "cell", "") or v.test_path for v in ctx.verdicts]
+    return pd.DataFrame(table, columns=columns)
 
 
 def _listed(value: Any) -> Any:
@@ -392,8 +397,12 @@ def _cell_text(value: Any, digits: int) -> str:
 
 
 def _table_html(frame: pd.DataFrame, empty: str, *, digits: int = 6,
-                row_styles: Sequence[str] | None = None) -> str:
+                row_styles: Sequence[str] | None = None,
+                markup: Collection[str] = ()) -> str:
     """An HTML table of ``frame``, every cell escaped (result trees are untrusted).
+
+    ``markup`` names the columns whose cells are HTML this module built from escaped text
+    (`_details`, `_change_html`): they go in as they are.
 
     Written directly: ``DataFrame.to_html`` took 70 ms for the report's 1 000-row KPI table
     (a tenth of that here), ``Styler`` 8 s for 8 000 verdict rows and escaped nothing.
@@ -405,9 +414,11 @@ def _table_html(frame: pd.DataFrame, empty: str, *, digits: int = 6,
         is not None else ("<tr>" for _ in range(len(frame)))
     # columns as lists, zipped: itertuples walks Arrow-backed columns element by element
     columns = [frame.iloc[:, i].tolist() for i in range(frame.shape[1])]
-    rows = "".join(opener + "".join(f"<td>{_cell_text(v, digits)}</td>" for v in values)
-                   + "</tr>" for opener, values in zip(opens, zip(*columns, strict=True),
-                                                      strict=True))
+    raw = [str(c) in markup for c in frame.columns]
+    rows = "".join(opener + "".join(
+        f"<td>{v if is_raw else _cell_text(v, digits)}</td>"
+        for v, is_raw in zip(values, raw, strict=True))
+        + "</tr>" for opener, values in zip(opens, zip(*columns, strict=True), strict=True))
     # in a scrolling box: a wide table scrolls instead of being cut at the page's edge
     return (f"<div class='scroll'><table class='data'><thead><tr>{head}</tr></thead>"
             f"<tbody>{rows}</tbody></table></div>")
@@ -605,10 +616,11 @@ def _draw_resources(ctx: ReportContext, options: dict[str, Any]) -> str:
                         vertical_spacing=min(0.08, 0.5 / len(runs)),
                         specs=[[*([{}] if loss is not None else []), {"secondary_y": True}]
                                for _ in runs],
-                        column_titles=[*(["workload: loss per logging step"]
-                                         if loss is not None else []),
-                                       "resources: seconds into the test window"],
-                        row_titles=[html.escape(str(r))[-40:] for r in runs])
+                        # each panel titled above it: row titles sat on the right axis's
+                        # labels (the GB axis) at every width
+                        subplot_titles=[title for r in runs for title in (
+                            [f"{_short(r)}: loss per logging step"] if loss is not None
+                            else []) + [f"{_short(r)}: resources, s into the test window"]])
     for row, run in enumerate(runs, start=1):
         if loss is not None:
             own = loss[loss["run"] == run]
@@ -638,6 +650,50 @@ _VERDICT_MARKS = {"regression": "#c0392b", "improvement": "#1e8449", "no_change"
                   "insufficient_history": "#bbbbbb"}
 
 
+VERDICT_TITLES = {
+    "cell": "cell", "kpi": "KPI", "unit": "unit", "baseline": "baseline",
+    "latest": "this run", "change_pct": "change", "verdict": "verdict",
+    "validity": "validity", "confidence": "confidence", "history_used": "runs in baseline",
+    "mde_pct": "smallest detectable change (%)", "explanation": "why",
+    "what_changed": "what changed in the environment", "suspects": "KPIs that moved with it",
+}
+"""The verdict table's column titles: what a person reads (the JSON keeps the field names)."""
+SEVERITY = {"regression": 0, "suspect": 1, "noisier": 2, "drift": 3, "improvement": 4,
+            "outlier": 5, "periodic": 6, "no_change": 7, "insufficient_history": 8,
+            "not_judged": 9}
+"""The verdict table's order: what needs a person first."""
+_NEWS = ("regression", "improvement")
+
+
+def _details(text: Any, limit: int = 90) -> str:
+    """A long text as its first ``limit`` characters, the whole on demand (escaped)."""
+    full = "" if text is None or text is pd.NA else str(text)
+    if len(full) <= limit:
+        return html.escape(full)
+    return (f"<details><summary>{html.escape(full[:limit].rstrip())}…</summary>"
+            f"{html.escape(full)}</details>")
+
+
+def _change_html(verdict: str, change: Any, mde: Any) -> str:
+    """The change in %: coloured by direction only when it is a verdict; a move inside the
+    noise is grey and says so."""
+    if change is None or change is pd.NA or (isinstance(change, float) and math.isnan(change)):
+        return ""
+    text = f"{float(change):+.1f} %"
+    if verdict in _NEWS:
+        colour = _VERDICT_MARKS[verdict]
+        return f"<b style='color:{colour}'>{html.escape(text)}</b>"
+    noise = "" if mde is None or mde is pd.NA or (isinstance(mde, float) and math.isnan(mde)) \
+        else f" (MDE {float(mde):.3g} %)"
+    return f"<span style='color:#888'>{html.escape(text)} · within noise{noise}</span>"
+
+
+def _short(name: Any, limit: int = 48) -> str:
+    """A run's name for a chart title: escaped, at most ``limit`` characters."""
+    text = str(name)
+    return html.escape(text if len(text) <= limit else text[:limit - 1] + "…")
+
+
 def _draw_regression(ctx: ReportContext, options: dict[str, Any]) -> str:
     if not ctx.verdicts:
         return "<p class='empty'>no verdicts (no history configured?)</p>"
@@ -646,17 +702,26 @@ def _draw_regression(ctx: ReportContext, options: dict[str, Any]) -> str:
     if len(ctx.verdicts) <= MAX_TABLE_ROWS:
         shown, note = list(ctx.verdicts), ""
     else:
-        news = [i for i, v in enumerate(ctx.verdicts)
-                if v.verdict in ("regression", "improvement")]
+        news = [i for i, v in enumerate(ctx.verdicts) if v.verdict in _NEWS]
         shown = [ctx.verdicts[i] for i in _shown_positions(len(ctx.verdicts), news)]
         note = _cap_note(len(shown), len(ctx.verdicts), "regression.json", important=True)
+    # by severity (a stable sort: the runs' own order within a kind)
+    shown.sort(key=lambda v: SEVERITY.get(str(v.verdict), len(SEVERITY)))
     frame = shape_regression(replace(ctx, verdicts=shown, shaped={}))
     # every cell escaped: result dir names and labels are untrusted (a dir named
     # <img src=x onerror=...> reached the page through Styler, which escapes nothing by
     # default), and Styler took 8 s for 8 000 rows
     styles = [f"background-color: {_VERDICT_COLOURS.get(str(v), '#fff')}"
               for v in frame["verdict"]]
-    return note + _table_html(frame, "", digits=4, row_styles=styles)
+    frame["change_pct"] = [_change_html(str(v), c, m) for v, c, m in
+                           zip(frame["verdict"], frame["change_pct"], frame["mde_pct"],
+                               strict=True)]
+    for column in ("explanation", "what_changed", "suspects"):
+        frame[column] = [_details(t) for t in frame[column]]
+    frame = frame.rename(columns=VERDICT_TITLES)
+    markup = {VERDICT_TITLES[c] for c in ("change_pct", "explanation", "what_changed",
+                                          "suspects")}
+    return note + _table_html(frame, "", digits=4, row_styles=styles, markup=markup)
 
 
 def _draw_users(ctx: ReportContext, options: dict[str, Any]) -> str:
@@ -894,7 +959,7 @@ def shape_triage(ctx: ReportContext) -> pd.DataFrame:
             continue
         since = getattr(v, "since_runs", None)
         rows.append({
-            "kpi": v.kpi, "run": names.get(str(v.run_uuid), v.test_path),
+            "kpi": v.kpi, "run": names.get(str(v.run_uuid), v.cell or v.test_path),
             "verdict": v.verdict,
             "validity": getattr(v, "validity", "valid"), "change_pct": v.change_pct,
             "since": "this run" if since in (None, 1) else f"{since - 1} run(s) before it",

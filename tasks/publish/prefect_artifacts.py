@@ -50,7 +50,7 @@ def publish_results(flow: str, outcome: PostprocessOutcome, cells: Sequence[dict
         create_table_artifact,
     )
 
-    rows = [{"run": v.test_path, "kpi": v.kpi, "value": _fmt(v.latest), "unit": v.unit,
+    rows = [{"run": v.cell or v.test_path, "kpi": v.kpi, "value": _fmt(v.latest), "unit": v.unit,
              "baseline": _fmt(v.baseline), "change %": _fmt(v.change_pct, 3),
              "verdict": v.verdict, "validity": v.validity, "MDE %": _fmt(v.mde_pct, 2),
              "what changed": "; ".join(v.what_changed[:3]),

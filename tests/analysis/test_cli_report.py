@@ -163,9 +163,13 @@ def test_report_shapes(tmp_path: Path) -> None:
     expected = {k.name: k.display() for k in runs[0].kpis}
     assert table.loc[0, "train_tokens_per_second [tokens/s]"] == \
         expected["train_tokens_per_second"]
-    # runs named by start and id, not by their dirs (every first cell is 000__cell)
+    # runs named by cell, start and run id, not by their dirs alone (every first cell is
+    # 000__cell): these dirs have no cell.json, so their dir stands for the cell's name
     assert set(shape_loss_curve(ctx)["run"]) == {run_name(r) for r in runs}
-    assert all(name.startswith("2026-01-01 00:00 · ") for name in shape_loss_curve(ctx)["run"])
+    assert all(name.split(" · ")[1] == "2026-01-01 00:00"
+               for name in shape_loss_curve(ctx)["run"])
+    named = runs[0].model_copy(update={"cell": "base", "labels": {"run_id": "25f0bdb0-4c4f"}})
+    assert run_name(named) == "base · 2026-01-01 00:00 · 25f0bdb0"
     errors = shape_errors(ctx)
     assert set(errors["kind"]) == {"failed run", "parse problem"}
 
@@ -342,7 +346,37 @@ def test_resource_capture_gives_kpis_and_a_report_page(tmp_path: Path) -> None:
     assert "gpu_utilization_mean" not in kpis  # not measured: no KPI, not a zero
     page = next((out / "report").glob("*_resources.html")).read_text()
     assert "CPU cores in use" in page and "memory in use (GB)" in page
-    assert "workload: loss per logging step" in page  # the cell's own timeline next to it
+    assert ": loss per logging step" in page  # the cell's own timeline next to it
+
+
+def test_the_verdict_table_reads_like_prose(tmp_path: Path) -> None:
+    """Human titles, worst first, a move inside the noise grey and saying so, the long
+    explanation one line with the rest on demand, cells by their names."""
+    from analysis.pipeline import VerdictRow
+    from analysis.report import REPORT_KINDS, VERDICT_TITLES
+
+    long_why = "the newest 2 run(s) are 12 % below the baseline " + "and more " * 30
+    rows = [VerdictRow(run_uuid=f"run-{i}", test_path="001__cell", cell=name, kpi=f"k{i}",
+                       unit="tokens/s", latest=1.0, baseline=1.0, change_pct=change,
+                       verdict=kind, confidence=0.5, history_used=5, explanation=why,
+                       mde_pct=356.0)
+            for i, (name, kind, change, why) in enumerate([
+                ("base", "no_change", 163.1, "inside the noise"),
+                ("lora-r16", "improvement", 8.0, "better"),
+                ("base", "regression", -12.0, long_why)])]
+    make_result_dir(tmp_path, "001__cell")
+    ctx = ReportContext(load_project("fine_tuning"), [], pd.DataFrame(), None, rows,
+                        discover(tmp_path))
+    page = REPORT_KINDS["regression"](ctx, {})
+    head = re.findall(r"<th>(.*?)</th>", page)
+    assert head[:2] == ["cell", "KPI"] and set(VERDICT_TITLES.values()) >= set(head)
+    assert not [h for h in head if "_" in h]  # no snake_case title
+    order = re.findall(r"<td>(k\d)</td>", page)
+    assert order == ["k2", "k1", "k0"]  # regression, improvement, then no change
+    assert "+163.1 % · within noise (MDE 356 %)" in page and "color:#888" in page
+    assert "<b style='color:#c0392b'>-12.0 %</b>" in page
+    assert "<details><summary>the newest 2 run(s) are 12 % below" in page
+    assert "001__cell" not in page and "<td>lora-r16</td>" in page
 
 
 def test_regression_page_shows_every_regression_then_the_newest_rows(tmp_path: Path) -> None:
@@ -432,7 +466,7 @@ def test_reports_name_configurations_by_what_differs_and_say_the_rest_once(
                            resource_rows=lambda r: [{"t_s": 0.0, "metric": "cpu", "value": 1.0}])
     html_text = _draw_resources(ReportContext(serving_like, runs, pd.DataFrame(), None, [],
                                               found), {})
-    assert "loss per logging step" not in html_text and "resources:" in html_text
+    assert "loss per logging step" not in html_text and ": resources, s into the test window" in html_text
 
 
 def test_help_lists_every_subcommand() -> None:

@@ -114,3 +114,26 @@ def test_only_the_named_projects_runs_are_taken_from_a_mixed_tree(tmp_path: Path
     assert done.returncode == 0, done.stderr
     assert "3 run(s) parsed" in done.stdout
     assert "skipped 2 dir(s): a run of project llm_serving, not fine_tuning" in done.stdout
+
+
+@pytest.mark.parametrize(("written", "name"), [
+    ({"name": "base", "project": "fine_tuning"}, "base"),
+    ({"name": "lora-r16 · 2 gpus", "project": "fine_tuning"}, "lora-r16 · 2 gpus"),
+    ({"name": "a\x1b[2Jb"}, None),  # a control character: never a name to print
+    ({"name": "x" * 129}, None),
+    ({"name": 7}, None),
+    (["base"], None),
+    ("{not json", None),
+])
+def test_a_cell_is_named_as_its_flow_named_it(tmp_path: Path, written: object,
+                                               name: str | None) -> None:
+    """``ResultDir.name`` is what every output calls the run: the terminal's ``cell base``,
+    not ``001__cell``; a dir without a usable ``cell.json`` is its relative path."""
+    import json
+
+    cell = _dir(tmp_path, "run/001__cell")
+    (cell / "cell.json").write_text(written if isinstance(written, str)
+                                    else json.dumps(written))
+    (result,) = discover(tmp_path).results
+    assert result.cell == name
+    assert result.name == (name or "run/001__cell")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -82,3 +83,73 @@ def test_the_command_lists_and_writes_csv(tmp_path: Path) -> None:
                           check=False)
     assert root.returncode == 2
     assert f"the histories of hist: give one, e.g. --history {tmp_path / 'hist'}" in root.stderr
+
+
+# -- a run is named as its folder and the terminal name it -------------------------------
+
+def _with_runs(frame: pd.DataFrame, run_ids: list[str]) -> pd.DataFrame:
+    """Two cells (the two models) per flow run: ``run_id`` is the flow run's, ``cell`` the
+    name its flow gave the cell."""
+    by_uuid = {u: run_ids[int(u[1:4]) % len(run_ids)] for u in frame["run_uuid"]}
+    return frame.assign(run_id=frame["run_uuid"].map(by_uuid),
+                        cell=frame["model"].map({"m1": "base", "m2": "bigger"}))
+
+
+@settings(max_examples=25, deadline=None)
+@given(ids=st.lists(st.text("0123456789abcdef", min_size=32, max_size=32), min_size=2,
+                    max_size=4, unique_by=lambda t: t[:8]))
+def test_a_run_folder_id_or_name_selects_every_cell_of_that_run(ids: list[str]) -> None:
+    from analysis.compare import runs_named
+
+    frame = _with_runs(_runs([True] * 6), ids)
+    for run_id in ids:
+        mine = frame["run_id"] == run_id
+        folder = f"runs/20261126-231016-fine_tuning-{run_id[:8]}/"
+        for token in (run_id[:8], run_id, folder, folder.strip("/").split("/")[-1]):
+            assert runs_named(frame, token).equals(mine), token
+        assert set(filter_history(frame, [run_id[:8]])["run_uuid"]) == set(
+            frame.loc[mine, "run_uuid"])
+    # a uuid still names exactly its own rows; a short or unknown token names none
+    uuid = frame["run_uuid"].iloc[0]
+    assert runs_named(frame, uuid).equals(frame["run_uuid"] == uuid)
+    assert not runs_named(frame, ids[0][:7]).any()
+    with pytest.raises(UserError, match="not in the history"):
+        filter_history(frame, ["ffffffffff"])
+
+
+def test_the_listing_shows_the_run_folder_id_and_the_cell_name() -> None:
+    frame = _with_runs(_runs([True, True]), ["25f0bdb0" + "0" * 24])
+    lines = run_lines(frame)
+    assert lines[0].split()[:5] == ["start", "(UTC)", "run", "cell", "uuid"]
+    assert all(" 25f0bdb0 " in line for line in lines[1:])
+    assert {line.split()[3] for line in lines[1:]} == {"base", "bigger"}
+    assert all(" 25f0bdb0 " in line for line in kpi_lines(frame)[1:])
+    # an older history: no run id, no cell name — the uuid's start and the dir instead
+    old = _runs([True]).assign(test_path="001__cell")
+    assert run_lines(old)[1].split()[2:4] == ["r000-m1", "001__cell"]
+
+
+def test_the_subcommands_default_to_the_projects_own_history(tmp_path: Path) -> None:
+    frame = _runs([True, True, True])
+    for column in ("run_uuid", "kpi", "unit", "model", "vllm", "validity", "run_identity"):
+        frame[column] = frame[column].astype("string")
+    env = {**os.environ, "TELLTALE_DATA_DIR": str(tmp_path)}
+
+    def history(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "analysis", "history", *args],
+                              capture_output=True, text=True, timeout=300, env=env,
+                              check=False)
+
+    none = history()
+    assert none.returncode == 2 and "no history under" in none.stderr
+    HistoryStore(str(tmp_path / "history" / "fine_tuning")).bulk_append(frame)
+    alone = history()  # the only one there
+    assert alone.returncode == 0 and len(alone.stdout.splitlines()) == 1 + 6, alone.stderr
+    HistoryStore(str(tmp_path / "history" / "llm_serving")).bulk_append(frame)
+    several = history()
+    assert several.returncode == 2
+    assert "the histories of fine_tuning, llm_serving: give --project" in several.stderr
+    named = history("--project", "llm_serving")
+    assert named.returncode == 0 and named.stdout == alone.stdout
+    unknown = history("--project", "nope")
+    assert unknown.returncode == 2 and "nope" in unknown.stderr

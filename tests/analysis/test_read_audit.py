@@ -142,7 +142,7 @@ def test_a_fifo_as_kubeconfig_is_one_error_not_a_hang(tmp_path: Path) -> None:
 @needs_fifo
 def test_fifos_in_a_results_tree_and_run_dir_are_refused(tmp_path: Path) -> None:
     """The parse cache, cell.json, exit_code, a pid file, a lease file: planted FIFOs."""
-    from analysis.discovery import _owner, read_exit_code
+    from analysis.discovery import _cell_file, read_exit_code
     from analysis.parsing import CACHE_FILE, read_tail
     from tasks.lab.lease import _local_leases
     from tasks.platforms.local import cleanup_local
@@ -153,7 +153,7 @@ def test_fifos_in_a_results_tree_and_run_dir_are_refused(tmp_path: Path) -> None
     cell.mkdir(parents=True)
     for name in ("cell.json", "exit_code", CACHE_FILE, PID_FILE, "lease.json", "log.txt"):
         os.mkfifo(cell / name)
-    assert _owner(str(cell), {"cell.json"}, {"fine_tuning"}) is None
+    assert _cell_file(str(cell), {"cell.json"}) == {}
     assert "exit_code" in str(read_exit_code(cell))
     assert read_tail(cell / "log.txt") is None
     assert cleanup_local(run) == {"stopped_pids": [], "removed": []}

@@ -115,6 +115,12 @@ def test_successive_runs_build_history_and_verdicts(tmp_path: Path, prefect_harn
     assert last.get("insufficient_history", 0) == 0 and sum(last.values()) == judged
     history = pd.read_parquet(tmp_path / "history")
     assert history["run_uuid"].nunique() == 4
+    # each run as the terminal named it: its cell ("base") and its flow run's id
+    from analysis.listing import run_lines
+
+    assert set(history["cell"]) == {"base"}
+    assert all(f" {str(run_id)[:8]} base " in "\n".join(run_lines(history))
+               for run_id in history["run_id"].unique())
     verdicts = json.loads(next((tmp_path / "run3").glob("*__analysis__*/regression.json"))
                           .read_text())
     assert all(v["history_used"] >= 3 for v in verdicts)
