@@ -104,13 +104,17 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, Field
 
+from analysis.seasonality import Seasonality, deseasonalised, seasonality
+
 __all__ = [
     "DEFAULTS",
     "Direction",
     "DetectorSettings",
     "Verdict",
+    "NEWS",
     "VerdictKind",
     "change_points",
+    "spread_change_points",
     "minimum_detectable_effect",
     "noise_scale",
     "repeats_for",
@@ -119,7 +123,23 @@ __all__ = [
 ]
 
 Direction = Literal["higher_better", "lower_better"]
-VerdictKind = Literal["regression", "improvement", "no_change", "insufficient_history"]
+VerdictKind = Literal["regression", "improvement", "suspect", "outlier", "noisier", "periodic",
+                      "drift", "no_change", "insufficient_history"]
+"""What a verdict says of the newest run:
+
+- ``regression`` / ``improvement``: a new level, confirmed (two runs or more agree: the
+  newest and earlier ones, or the newest and its re-runs);
+- ``suspect``: the newest run alone is out of line with the current level (as likely the
+  first run of a new level as an outlier): a re-run decides;
+- ``outlier``: a suspect its re-runs did not confirm (kept and shown, never a baseline);
+- ``noisier``: the spread of the recent runs grew (at least ``spread_ratio`` x) while the
+  level did not move;
+- ``periodic`` / ``drift``: no news, in a series that is a wave (its period) or that drifts
+  (its slope): judged against the wave or the drift line;
+- ``no_change``; ``insufficient_history``.
+"""
+NEWS = ("regression", "improvement")
+"""The kinds that are a confirmed change of level."""
 
 
 @dataclass(frozen=True)
@@ -158,15 +178,23 @@ class DetectorSettings:
             most this many runs ago.
         verdict_drift_z: The verdict's baseline follows the history's drift beyond this
             many standard errors.
-        single_run_z: The newest run alone (no repeats) is a *suspect* regression or
-            improvement beyond this many standard errors (inf: never; a re-run confirms or
-            withdraws it, see ``analysis.confirm_reruns``).
         edge_z: A level that began in the last (or first) ``min_size - 1`` runs of a series,
             too short a segment for the segmentation, counts as a change point beyond this
             many standard errors (inf: never).
         edge_short_factor: Series shorter than ``short_length`` lower ``edge_z`` like the
             other thresholds, but by at most this factor: the edge test looks at a few tail
             lengths, not at every place of the series.
+        suspect_z: The newest run alone (no repeats) is a ``suspect`` beyond this many
+            standard errors from the current level, either way (inf: never). Chosen for at
+            most 3 % of stable runs suspected (docs/performance.md).
+        spread_ratio: A change of spread is reported (a change point; ``noisier`` when it
+            grew) when the noise's standard deviation changed by this factor or more.
+        spread_z: Validation threshold (and segmentation penalty) of a spread change, in
+            standard errors of its ``|diff| ** SPREAD_POWER`` level.
+        spread_recent: ``noisier`` is the verdict while the spread's change began at most
+            this many runs ago.
+        periodic: Test each series for a periodic component (`analysis.seasonality`) and
+            segment it without that component.
     """
 
     min_size: int = 5
@@ -187,9 +215,13 @@ class DetectorSettings:
     confirm_factor: float = 0.5
     recent_runs: int = 5
     verdict_drift_z: float = 4.0
-    single_run_z: float = 5.5
     edge_z: float = 4.5
     edge_short_factor: float = 0.7
+    suspect_z: float = 2.7
+    spread_ratio: float = 1.5
+    spread_z: float = 3.0
+    spread_recent: int = 20
+    periodic: bool = True
 
 
 DEFAULTS = DetectorSettings()
@@ -198,8 +230,9 @@ DEFAULTS = DetectorSettings()
 class Verdict(BaseModel):
     """The judgement of the newest run against its history."""
 
-    kind: VerdictKind = Field(description="regression, improvement, no_change or "
-                                          "insufficient_history.")
+    kind: VerdictKind = Field(description="regression, improvement, suspect, outlier, "
+                                          "noisier, periodic, drift, no_change or "
+                                          "insufficient_history (see VerdictKind).")
     magnitude: float = Field(description="Relative change of the newest run vs the baseline "
                                          "(0.05 = +5%).")
     confidence: float = Field(ge=0, le=1, description="0-1 confidence in the kind.")
@@ -207,10 +240,16 @@ class Verdict(BaseModel):
     latest: float | None = Field(default=None, description="The newest run's value "
                                                             "(median of repeats).")
     history_used: int = Field(default=0, description="Historical points in the baseline.")
-    suspect: bool = Field(default=False, description="The newest run alone (no repeats) "
-                          "deviates like a regression: a re-run would confirm or withdraw it.")
+    suspect: bool = Field(default=False, description="kind is suspect: the newest run alone "
+                          "(no repeats) is out of line; a re-run would confirm or withdraw it.")
     start_runs: int | None = Field(default=None, description="A regression or improvement: "
                                    "its new level began this many runs back (1: the newest).")
+    spread_before: float | None = Field(default=None, description="noisier: the noise's "
+                                        "standard deviation before the change (relative to "
+                                        "the level for positive series).")
+    spread_after: float | None = Field(default=None, description="noisier: the same, since.")
+    period: int | None = Field(default=None, description="periodic: runs per cycle.")
+    slope_pct: float | None = Field(default=None, description="drift: % of the level per run.")
     explanation: str = Field(description="One sentence a human can check.")
 
 
@@ -371,6 +410,27 @@ def _segment(y: np.ndarray, sigma: float, s: DetectorSettings) -> list[int]:
     return out[::-1]
 
 
+COARSE_FROM = 500
+"""Series longer than this are segmented on block means first (`_candidates`)."""
+
+
+def _candidates(y: np.ndarray, sigma: float, s: DetectorSettings) -> list[int]:
+    """`_segment`'s change points, found on means of blocks of up to 4 runs in a series
+    longer than ``COARSE_FROM`` (one block per ~250 runs' worth: the segmentation's cost
+    grows with the square of its length, 20 ms at 1 000 runs on a 2-core machine).
+
+    Block boundaries are only candidates: `_refine` then places each change run by run
+    within its window, and validation measures it on the runs themselves.
+    """
+    block = min(4, len(y) // 250) if len(y) > COARSE_FROM else 1
+    if block <= 1:
+        return _segment(y, sigma, s)
+    usable = len(y) - len(y) % block
+    means = y[:usable].reshape(-1, block).mean(axis=1)
+    coarse = replace(s, min_size=max(2, -(-s.min_size // block)))
+    return [c * block for c in _segment(means, sigma / math.sqrt(block), coarse)]
+
+
 def _slope_sxx(y: np.ndarray, a: int, b: int) -> tuple[float, float]:
     """OLS slope numerator/denominator pieces of y[a:b] (sum xy, sum xx), centred."""
     n = b - a
@@ -501,7 +561,7 @@ def _residual_noise(y: np.ndarray, cps: Sequence[int], sigma: float,
 
 def _detect(y: np.ndarray, sigma: float, s: DetectorSettings, log_scale: bool) -> list[int]:
     """Steps 3-5 of the method on a shielded series: candidates, location, validation."""
-    candidates = _refine(y, _segment(y, sigma, s), sigma, s)
+    candidates = _refine(y, _candidates(y, sigma, s), sigma, s)
     kept = _validate(y, candidates, sigma, s, log_scale)
     slope, sxx = _drift_slope(y, [0, *kept, len(y)])
     if _is_drift(slope, sxx, sigma, s.drift_z):
@@ -509,7 +569,7 @@ def _detect(y: np.ndarray, sigma: float, s: DetectorSettings, log_scale: bool) -
         # where drift and noise add up, not at the real step: look for candidates again
         # on the series without the drift (validation still measures the drift itself).
         flat = y - slope * np.arange(len(y))
-        candidates = _refine(y, _segment(flat, sigma, s), sigma, s)
+        candidates = _refine(y, _candidates(flat, sigma, s), sigma, s)
         kept = _validate(y, candidates, sigma, s, log_scale)
     elif kept:
         # A staircase of steps can absorb a drift whole (no slope is left within its
@@ -518,7 +578,7 @@ def _detect(y: np.ndarray, sigma: float, s: DetectorSettings, log_scale: bool) -
         slope, sxx = _drift_slope(y, [0, len(y)])
         if _is_drift(slope, sxx, sigma, s.drift_z):
             flat = y - slope * np.arange(len(y))
-            other = _validate(y, _refine(y, _segment(flat, sigma, s), sigma, s), sigma, s,
+            other = _validate(y, _refine(y, _candidates(flat, sigma, s), sigma, s), sigma, s,
                               log_scale)
             if len(other) < len(kept) and _model_cost(y, other, sigma, s, True) < _model_cost(
                     y, kept, sigma, s, False):
@@ -539,7 +599,7 @@ def _curved_alternative(y: np.ndarray, kept: list[int], sigma: float, s: Detecto
     """
     t = np.arange(len(y)) / len(y)
     bent = y - np.polyval(np.polyfit(t, y, 2), t)
-    other = _validate(bent, _refine(bent, _segment(bent, sigma, s), sigma, s), sigma, s,
+    other = _validate(bent, _refine(bent, _candidates(bent, sigma, s), sigma, s), sigma, s,
                       log_scale)
     if len(other) >= len(kept):
         return kept
@@ -571,7 +631,12 @@ def _for_length(s: DetectorSettings, n: int) -> DetectorSettings:
 
 def change_points(values: Sequence[float], direction: Direction = "higher_better", *,
                   settings: DetectorSettings = DEFAULTS) -> list[int]:
-    """Return the indices where a new level starts (both directions of change).
+    """Return the indices where a new level or a new spread starts (both directions).
+
+    A periodic series is segmented without its wave (`analysis.seasonality`): a pure wave
+    has no change point. A spread change (the noise's standard deviation moved by
+    ``spread_ratio`` or more at a steady level) is the first run of the new spread
+    (`spread_change_points`).
 
     Args:
         values: The series, oldest first. NaN/inf entries are ignored (indices refer to
@@ -587,20 +652,70 @@ def change_points(values: Sequence[float], direction: Direction = "higher_better
         >>> change_points([10.0] * 20 + [12.0] * 20)
         [20]
     """
+    shapes = _shapes(values, direction, settings)
+    if shapes is None:
+        return []
+    index, levels, spreads, _ = shapes
+    return sorted({int(index[t]) for t in (*levels, *spreads)})
+
+
+def spread_change_points(values: Sequence[float], direction: Direction = "higher_better", *,
+                         settings: DetectorSettings = DEFAULTS) -> list[int]:
+    """The indices where a new spread starts (a subset of `change_points`')."""
+    shapes = _shapes(values, direction, settings)
+    return [int(shapes[0][t]) for t in shapes[2]] if shapes is not None else []
+
+
+def _shapes(values: Sequence[float], direction: Direction, settings: DetectorSettings
+            ) -> tuple[np.ndarray, list[int], list[int], Seasonality | None] | None:
+    """(finite positions, level changes, spread changes, the wave) of a series; None: too
+    short or constant. Changes are positions in the finite values."""
     if direction not in ("higher_better", "lower_better"):
         raise ValueError(f"direction must be higher_better or lower_better, not {direction!r}")
     y, index = _finite(values)
     edges = math.isfinite(settings.edge_z)
     shortest = settings.min_history + 2 if edges else 2 * settings.min_size
     if len(y) < shortest or float(np.ptp(y)) == 0.0:
-        return []
+        return None
     log_scale = settings.log_scale and bool(np.all(y > 0))
     if log_scale:  # multiplicative noise becomes additive: one noise scale for all levels
         y = np.log(y)
+    season = seasonality(y) if settings.periodic else None
+    levels, sigma = _levels(deseasonalised(y, season), settings, log_scale)
+    if season is not None:
+        # An evenly spaced staircase looks periodic too (steps less a moving average are a
+        # sawtooth): the wave must explain the series better than the steps alone do, its
+        # phases costing what BIC charges a parameter
+        steps, _ = _levels(y, settings, log_scale)
+        if _explains_better(y, steps, levels, season, sigma, settings):
+            y = deseasonalised(y, season)
+        else:
+            levels, season = steps, None
+    spreads = _spread_changes(y, levels, settings, sigma)
+    return index, levels, spreads, season
+
+
+def _explains_better(y: np.ndarray, steps: list[int], levels: list[int], season: Seasonality,
+                     sigma: float, s: DetectorSettings) -> bool:
+    """Whether the wave and ``levels`` explain ``y`` at a lower penalised cost than the
+    ``steps`` found on ``y`` as it is (costs in `_model_cost`'s units)."""
+    def drifts(series: np.ndarray, cps: Sequence[int]) -> bool:
+        return _is_drift(*_drift_slope(series, [0, *cps, len(series)]), sigma, s.drift_z)
+
+    flat = deseasonalised(y, season)
+    waved = _model_cost(flat, levels, sigma, s, drifts(flat, levels)) + (
+        season.period - 1) * math.log(len(y))
+    return waved < _model_cost(y, steps, sigma, s, drifts(y, steps))
+
+
+def _levels(y: np.ndarray, settings: DetectorSettings, log_scale: bool
+            ) -> tuple[list[int], float]:
+    """The level changes of ``y`` (analysis units, without its wave) and its noise scale."""
 
     def floor(sigma: float) -> float:
         return max(sigma, 1e-4) if log_scale else _sigma_floor(y, sigma)
 
+    full = settings
     settings = _for_length(settings, len(y))
     shielded, sigma = _shielded_noise(y, settings, floor)
     segmentable = len(y) >= 2 * settings.min_size
@@ -610,9 +725,99 @@ def change_points(values: Sequence[float], direction: Direction = "higher_better
         sigma = floor(_residual_noise(shielded, kept, sigma, settings))
         shielded = _shield(y, sigma, settings.outlier_z)
         kept = _detect(shielded, sigma, settings, log_scale)
-    if edges:
+    if math.isfinite(full.edge_z):
         kept = _edge_changes(y, kept, settings, log_scale)
-    return [int(index[t]) for t in kept]
+    return kept, sigma
+
+
+def _spread_changes(y: np.ndarray, levels: Sequence[int], s: DetectorSettings,
+                    sigma: float) -> list[int]:
+    """Where the noise's spread changed by ``spread_ratio`` or more (positions in ``y``).
+
+    The spread is read from the first differences (levels, drift and the wave cancel out of
+    them) as ``t = sqrt(|diff|)``: for normal noise its mean is proportional to
+    ``sqrt(sigma)`` and its distribution nearly symmetric, so a spread change is a level
+    change of ``t`` (found by the same segmentation and validation, outliers shielded), about
+    as detectable as by the normal likelihood ratio and far less fooled by heavy tails. A
+    change within ``min_size`` runs of a level change is that level change's.
+    """
+    if not math.isfinite(s.spread_ratio) or len(y) < 4 * s.min_size or sigma <= 0:
+        return []
+    size = np.abs(np.diff(y))
+    t = _rank_scores(size)
+    # a spread needs more runs than a level to be measured: steps weighed over 200 runs
+    # (not lowered for short series like the level's: a spread read from few runs is the
+    # first to mislead)
+    tuned = replace(s, log_scale=False, min_magnitude=0.0, window=SPREAD_WINDOW,
+                    drift_floor_z=0.0, candidate_z=s.spread_z, z_threshold=s.spread_z)
+    # the scores' spread is known (logistic: pi / sqrt(3)), whatever the noise's tails
+    scale = math.pi / math.sqrt(3) * _correlation_factor(t)
+    shielded = _shield(t, scale, tuned.outlier_z)
+    candidates = _candidates(shielded, scale, tuned)
+    found = _validate(shielded, _refine(shielded, candidates, scale, tuned), scale, tuned,
+                      False)
+    out = []
+    for c in found:  # t[c] = |y[c + 1] - y[c]|: the first difference wholly after run c
+        if any(abs(c - level) < s.min_size for level in levels):
+            continue
+        ratio = _spread_ratio(size, c, SPREAD_WINDOW)
+        if ratio >= s.spread_ratio or ratio <= 1 / s.spread_ratio:
+            out.append(c)
+    return out
+
+
+SPREAD_POWER = 0.5
+SPREAD_WINDOW = 200
+"""The spread is read from ``|diff| ** SPREAD_POWER`` (see `_spread_changes`)."""
+
+
+def _correlation_factor(t: np.ndarray, block: int = 20) -> float:
+    """The factor from ``t``'s difference-based noise scale to the one its means vary by.
+
+    Neighbouring differences share a run, so their sizes are correlated (``rho`` about +0.18
+    for normal noise, +0.37 for Student-t noise of 2 degrees of freedom: one extreme run
+    makes two large differences). The difference-based scale reads ``sqrt(1 - rho)`` of the
+    noise, and a mean of ``n`` varies as if it had ``n / (1 + 2 rho)`` points. ``rho`` is
+    measured within blocks of ``block`` runs less their means, so a change of spread (a
+    level change of ``t``) does not count as correlation.
+    """
+    usable = len(t) - len(t) % block
+    if usable < 2 * block:
+        rho = 0.2
+    else:
+        within = t[:usable].reshape(-1, block)
+        within = within - within.mean(axis=1, keepdims=True)
+        denominator = float(np.sum(within * within))
+        rho = float(np.sum(within[:, 1:] * within[:, :-1])) / denominator if denominator \
+            else 0.0
+        rho += 1 / block  # removing each block's mean biases rho down by about 1 / block
+    rho = min(max(rho, 0.0), 0.6)
+    return math.sqrt((1 + 2 * rho) / (1 - rho))
+
+
+def _spread_ratio(size: np.ndarray, c: int, window: int) -> float:
+    """The noise's standard deviation after ``c`` over before it: the ratio of the median
+    sizes of the differences (proportional to the standard deviation for any scale family).
+    """
+    before = float(np.median(size[max(0, c - window):c])) if c > 0 else 0.0
+    after = float(np.median(size[c:c + window]))
+    if not before > 0:
+        return math.inf if after > 0 else 1.0
+    return after / before
+
+
+def _rank_scores(size: np.ndarray) -> np.ndarray:
+    """Logistic scores of the ranks of ``size`` (ties share their mean rank): a spread
+    change is a level change of these, and their noise does not depend on the noise's
+    tails (a rank test)."""
+    order = np.argsort(size, kind="stable")
+    ranks = np.empty(len(size))
+    ranks[order] = np.arange(1, len(size) + 1)
+    _, inverse, counts = np.unique(size, return_inverse=True, return_counts=True)
+    if len(counts) < len(size):  # ties (a quantised series): their mean rank
+        ranks = (np.bincount(inverse, weights=ranks) / counts)[inverse]
+    u = (ranks - 0.5) / len(size)
+    return np.log(u / (1 - u))
 
 
 def _edge_change(y: np.ndarray, cps: list[int], s: DetectorSettings,
@@ -684,6 +889,8 @@ class _Shift:
     z: float
     history_used: int
     fit: float  # |z| of the tail's plain mean: how well this start explains the data
+    unit_se: float = 0.0  # the standard error of one run against this baseline
+    slope: float = 0.0  # the history's drift per run the baseline follows (0: none)
 
 
 def _tail_shifts(h: np.ndarray, repeats: np.ndarray, s: DetectorSettings,
@@ -713,7 +920,10 @@ def _tail_shifts(h: np.ndarray, repeats: np.ndarray, s: DetectorSettings,
     # keeps its meaning, as Student's t widens the normal quantile (first order of the
     # Cornish-Fisher expansion, with the runs' differences as degrees of freedom). Without
     # it, histories of 3-15 runs spent most of the false-alarm budget.
-    sigma *= 1 + (s.verdict_z ** 2 + 1) / (4 * max(len(measured) - 2, 1))
+    dof = 4 * max(len(measured) - 2, 1)
+    # a lone run is judged at suspect_z: its quantile widened for its own threshold
+    lone = sigma * (1 + (s.suspect_z ** 2 + 1) / dof) if math.isfinite(s.suspect_z) else sigma
+    sigma *= 1 + (s.verdict_z ** 2 + 1) / dof
     # Extrapolate along the history's drift only when it is clear, and measure it before the
     # runs under test: at the end of a series a fresh step (or an outlier) and a drift look
     # alike, and a doubtful slope costs more than it saves.
@@ -741,9 +951,12 @@ def _tail_shifts(h: np.ndarray, repeats: np.ndarray, s: DetectorSettings,
             var += (distance * sigma) ** 2 / sxx
         level = _conservative_level(tail, baseline)
         scale = math.sqrt(var)  # > 0: sigma is floored and base has min_history points
+        unit = lone ** 2 * (1.1 / len(base) + 1.0) + (
+            (distance * lone) ** 2 / sxx if sxx > 0 else 0.0)
         out.append(_Shift(runs=k, level=level, baseline=baseline, z=(level - baseline) / scale,
                           history_used=len(base),
-                          fit=abs(float(np.mean(tail)) - baseline) / scale))
+                          fit=abs(float(np.mean(tail)) - baseline) / scale,
+                          unit_se=math.sqrt(unit), slope=slope))
     return out
 
 
@@ -818,15 +1031,76 @@ def verdict(history: Sequence[float], latest: float | Sequence[float],
     if len(repeats) == 0 or len(h) - first < settings.min_history:
         return _too_short(repeats, len(h) - first, bool(first), settings)
     value = float(repeats[0]) if len(repeats) == 1 else float(np.median(repeats))
-    cps = change_points(h, settings=settings)
+    shapes = _shapes(h, direction, settings)
+    levels, season = (shapes[1], shapes[3]) if shapes is not None else ([], None)
     # Positive series are judged in log space, like `change_points` analyses them: noise
     # proportional to the level has one scale, and mirror KPIs (a runtime and its
     # throughput) are exact negatives of each other there, so they get the same verdict.
-    log_scale = settings.log_scale and bool(np.all(h > 0) and np.all(repeats > 0))
+    shapes_in_logs = settings.log_scale and bool(np.all(h > 0))
+    log_scale = shapes_in_logs and bool(np.all(repeats > 0))
     if log_scale:
         h, repeats = np.log(h), np.log(repeats)
-    shifts = _tail_shifts(h, repeats, settings, cps, first, log_scale)
-    return _judge(shifts, repeats, value, direction, settings, log_scale)
+    if season is not None and log_scale == shapes_in_logs:
+        # judged against the wave: the history and the newest run less their phase of it
+        h = deseasonalised(h, season)
+        repeats = repeats - season.at(len(h))
+    else:
+        season = None
+    shifts = _tail_shifts(h, repeats, settings, levels, first, log_scale)
+    judged = _judge(shifts, repeats, value, direction, settings, log_scale)
+    if judged.kind != "no_change":
+        return judged
+    return _shape_verdict(judged, h, repeats, levels, season, shifts[0], settings, log_scale)
+
+
+def _shape_verdict(judged: Verdict, h: np.ndarray, repeats: np.ndarray,
+                   levels: Sequence[int], season: Seasonality | None, newest: _Shift,
+                   s: DetectorSettings, log_scale: bool) -> Verdict:
+    """A level verdict of no change, told apart: ``noisier`` (the spread grew),
+    ``periodic`` (a wave), ``drift`` (a slope), else ``no_change`` as it is."""
+    y = np.concatenate([h, repeats[:1]])
+    spreads = _spread_changes(y, levels, s, noise_scale(y))
+    if spreads and spreads[-1] >= len(y) - s.spread_recent:
+        c = spreads[-1]
+        size = np.abs(np.diff(y))
+        before = float(np.median(size[max(0, c - SPREAD_WINDOW):c])) / HALF_NORMAL_MEDIAN
+        after = float(np.median(size[c:])) / HALF_NORMAL_MEDIAN
+        if before > 0 and after / before >= s.spread_ratio:
+            n1, n2 = min(c, SPREAD_WINDOW), len(size) - c
+            z = math.log(after / before) / math.sqrt(LOG_SIZE_VARIANCE * (1 / n1 + 1 / n2))
+            unit = "of the level" if log_scale else ""
+            return judged.model_copy(update={
+                "kind": "noisier", "spread_before": before, "spread_after": after,
+                "confidence": round(_normal_confidence(z - 2.0), 4),
+                "explanation": (f"{judged.explanation}; noisier: the run-to-run spread "
+                                f"grew {after / before:.1f}x ({_spread_text(before, log_scale)}"
+                                f" -> {_spread_text(after, log_scale)} {unit}".rstrip()
+                                + f") {len(y) - c} run(s) ago, at a steady level")})
+    if season is not None:
+        amplitude = math.expm1(season.amplitude) * 100 if log_scale else (
+            _relative(season.amplitude, abs(newest.baseline)) * 100)
+        return judged.model_copy(update={
+            "kind": "periodic", "period": season.period,
+            "explanation": (f"{judged.explanation}; periodic: a wave of {season.period} runs "
+                            f"(±{amplitude:.2g}%), judged against it")})
+    if newest.slope:
+        per_run = math.expm1(newest.slope) * 100 if log_scale else (
+            _relative(newest.slope, abs(newest.baseline)) * 100)
+        return judged.model_copy(update={
+            "kind": "drift", "slope_pct": round(per_run, 4),
+            "explanation": (f"{judged.explanation}; drift: {per_run:+.2g}% per run, judged "
+                            "against the drift line")})
+    return judged
+
+
+HALF_NORMAL_MEDIAN = 0.6745 * math.sqrt(2)
+"""Median of ``|a - b|`` for two runs of unit normal noise: difference sizes to a spread."""
+LOG_SIZE_VARIANCE = math.pi ** 2 / 8
+"""Variance of ``log |x|`` for normal ``x``: how precisely a spread ratio is known."""
+
+
+def _spread_text(spread: float, log_scale: bool) -> str:
+    return f"{math.expm1(spread) * 100:.2g}%" if log_scale else f"{spread:.3g}"
 
 
 def _too_short(latest: float | Sequence[float] | np.ndarray, used: int, since_accepted: bool,
@@ -870,21 +1144,13 @@ def _judge(shifts: list[_Shift], repeats: np.ndarray, value: float, direction: D
     big = abs(magnitude) >= s.min_magnitude
     significant = bool(testable) and abs(shift.z) >= s.verdict_z and big and same_side
     fresh = shift.runs <= s.recent_runs
-    suspect = False
-    if not (significant and fresh) and not testable:
-        # One run, no repeats: a suspect only far beyond the noise (a re-run decides).
-        newest_mag = change(newest.level, newest.baseline)
-        if abs(newest.z) >= s.single_run_z and abs(newest_mag) >= s.min_magnitude:
-            shift, magnitude, significant, fresh, suspect = newest, newest_mag, True, True, True
     worse = (shift.z < 0) == (direction == "higher_better")
     z = abs(shift.z)
     if significant and fresh:
         kind: VerdictKind = "regression" if worse else "improvement"
-        threshold = s.single_run_z if suspect else s.verdict_z
+        threshold = s.verdict_z
         confidence = min(1.0, _normal_confidence(z - threshold + 2.0))
-        if suspect:
-            span = "the newest run alone (a single run: confirm it by a re-run)"
-        elif shift.runs == 1:
+        if shift.runs == 1:
             span = "in the newest run" + (f" ({len(repeats)} repeats)" if len(repeats) > 1
                                           else "")
         else:
@@ -896,19 +1162,44 @@ def _judge(shifts: list[_Shift], repeats: np.ndarray, value: float, direction: D
         return Verdict(kind=kind, magnitude=float(magnitude), confidence=round(confidence, 4),
                        baseline=shown(shift.baseline), latest=value,
                        history_used=shift.history_used, explanation=explanation,
-                       suspect=suspect and kind == "regression", start_runs=shift.runs)
+                       start_runs=shift.runs)
     confidence = 1.0 - min(1.0, _normal_confidence(z - s.verdict_z + 2.0)) * 0.5
-    suspect = False
     # The explanation shows the newest run's own numbers, so its reason is about them too
     # (an earlier "-36.8%: below the 2% threshold" read as a contradiction).
     magnitude = change(math.log(value) if log_scale else value, newest.baseline)
+    first = float(repeats[0])
+    # the current level: the older shift's when the level changed before the alert window
+    reference = shift.level if significant else newest.baseline
+    first_z = (first - reference) / newest.unit_se if newest.unit_se > 0 else 0.0
+    first_mag = change(first, reference)
+    if abs(first_z) >= s.suspect_z and abs(first_mag) >= s.min_magnitude:
+        side = "worse" if (first_z < 0) == (direction == "higher_better") else "better"
+        if len(repeats) == 1:
+            # One run out of line, as likely the first of a new level as an outlier: a
+            # re-run (or the next run) decides.
+            return Verdict(
+                kind="suspect", magnitude=float(first_mag),
+                confidence=round(min(1.0, _normal_confidence(abs(first_z) - s.suspect_z
+                                                             + 2.0)), 4),
+                baseline=shown(reference), latest=value,
+                history_used=newest.history_used, suspect=True, start_runs=1,
+                explanation=(f"{first_mag * 100:+.1f}%: suspect ({side}): {value:.4g} vs "
+                             f"baseline {shown(reference):.4g} "
+                             f"({_above(abs(first_z))} SE for one run; {s.suspect_z:g} "
+                             "needed); a re-run of this configuration confirms it "
+                             "(analysis.confirm_reruns) or the next run will"))
+        listed = ", ".join(f"{shown(x):.4g}" for x in repeats[1:6])
+        return Verdict(
+            kind="outlier", magnitude=float(first_mag),
+            confidence=round(confidence, 4), baseline=shown(reference),
+            latest=value, history_used=newest.history_used,
+            explanation=(f"{first_mag * 100:+.1f}%: outlier ({side}): the run alone; its "
+                         f"{len(repeats) - 1} re-run(s) ({listed}) are not: no change "
+                         f"({_below(abs(newest.z))} SE for the repeats together; "
+                         f"{s.verdict_z:g} needed)"))
     if significant:
         reason = (f"the level changed {shift.runs - 1} runs ago, before the "
                   f"{s.recent_runs}-run alert window: that is the current level")
-    elif abs(newest.z) >= s.verdict_z and abs(magnitude) >= s.min_magnitude:
-        reason = ("one run alone is not a shift (an outlier?); a re-run or the next run will "
-                  "tell")
-        suspect = len(repeats) == 1 and (newest.z < 0) == (direction == "higher_better")
     elif testable and abs(shift.z) >= s.verdict_z and big:
         earlier = change(shift.level, shift.baseline)
         reason = f"the earlier runs' shift ({earlier * 100:+.1f}%) is not shared by the newest run"
@@ -927,7 +1218,7 @@ def _judge(shifts: list[_Shift], repeats: np.ndarray, value: float, direction: D
     return Verdict(kind="no_change", magnitude=float(magnitude),
                    confidence=round(confidence, 4), baseline=shown(newest.baseline),
                    latest=value,
-                   history_used=newest.history_used, explanation=explanation, suspect=suspect)
+                   history_used=newest.history_used, explanation=explanation)
 
 
 # -- noise budget and suspects ---------------------------------------------------------------
