@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 import pandas as pd
@@ -44,7 +44,13 @@ from analysis.parsing import ParsedResult, parse_dirs
 from analysis.progress import StageProgress
 from analysis.project import AnalysisProject, load_project
 from analysis.redact import redact, redact_bytes
-from analysis.regression import DetectorSettings, minimum_detectable_effect, shift_at, verdict
+from analysis.regression import (
+    DetectorSettings,
+    VerdictKind,
+    minimum_detectable_effect,
+    shift_at,
+    verdict,
+)
 from analysis.safeio import atomic_open, output_root, write_text
 from analysis.settings import AnalysisSettings, ValidityPolicy
 from analysis.validity import Validity, judge_validity
@@ -100,7 +106,8 @@ class VerdictRow(BaseModel):
 
 NOT_JUDGED = "not_judged"
 """The verdict of an invalid or failed run: kept and shown, never judged."""
-VERDICT_KINDS = ("regression", "improvement", "no_change", "insufficient_history", NOT_JUDGED)
+VERDICT_KINDS = (*get_args(VerdictKind), NOT_JUDGED)
+"""Every verdict a row can carry (`analysis.regression.VerdictKind`, then `NOT_JUDGED`)."""
 _LTS_VERDICT = {"verdict", "baseline", "change_pct", "confidence", "history_used",
                 "explanation", "validity", "what_changed", "suspects",
                 "mde_pct"}  # what an LTS payload's regression block keeps of a verdict

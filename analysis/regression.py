@@ -256,9 +256,16 @@ class Verdict(BaseModel):
 # -- helpers -------------------------------------------------------------------------------
 
 
+MAX_ABS = 1e150
+"""Values beyond this (either sign) are not measurements: left out like NaN (their squares
+and differences overflow)."""
+MAX_CHANGE = 1e12
+"""The largest relative change a verdict reports (a level from ~0 is 'infinitely' larger)."""
+
+
 def _finite(values: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
     array = np.asarray(values, dtype=float).ravel()
-    index = np.flatnonzero(np.isfinite(array))
+    index = np.flatnonzero(np.isfinite(array) & (np.abs(array) <= MAX_ABS))
     return array[index], index
 
 
@@ -528,7 +535,7 @@ def _validate(y: np.ndarray, cps: list[int], sigma: float, s: DetectorSettings,
         for i in range(len(cps)):
             step, z, before = _step_stats(y, i, bounds, sigma, s, drift)
             if log_scale:
-                rel = abs(math.expm1(step))
+                rel = abs(_expm1(step))
             else:
                 rel = abs(step) / abs(before) if before != 0 else (math.inf if step else 0.0)
             ok = z >= s.z_threshold and rel >= s.min_magnitude
@@ -841,7 +848,7 @@ def _edge_change(y: np.ndarray, cps: list[int], s: DetectorSettings,
         return None
     best = max(edge, key=lambda x: x.fit)
     step = best.level - best.baseline
-    rel = abs(math.expm1(step)) if log_scale else abs(_relative(step, best.baseline))
+    rel = abs(_expm1(step)) if log_scale else abs(_relative(step, best.baseline))
     if (abs(best.z) >= s.edge_z and rel >= s.min_magnitude and np.sign(newest.z) ==
             np.sign(best.z) and abs(newest.z) >= s.edge_z * s.confirm_factor):
         return n - best.runs
@@ -983,18 +990,28 @@ def _tail_efficiency(n: int) -> float:
 
 def _below(z: float) -> str:
     """``z`` for a text saying it is under a threshold: rounded down, never up to it."""
-    return f"{math.floor(z * 100) / 100:.2f}"
+    return f"{math.floor(z * 100) / 100:.2f}" if math.isfinite(z) else f"{z}"
 
 
 def _above(z: float) -> str:
     """``z`` for a text saying it passed a threshold: rounded down to one decimal is safe."""
-    return f"{math.floor(z * 10) / 10:.1f}"
+    return f"{math.floor(z * 10) / 10:.1f}" if math.isfinite(z) else f"{z}"
 
 
 def _relative(delta: float, baseline: float) -> float:
     if baseline != 0:
-        return delta / abs(baseline)
+        return _bounded(delta / abs(baseline))
     return 0.0 if delta == 0 else math.copysign(1.0, delta)
+
+
+def _bounded(change: float) -> float:
+    """A relative change within ±``MAX_CHANGE`` (finite)."""
+    return math.copysign(min(abs(change), MAX_CHANGE), change) if change == change else 0.0
+
+
+def _expm1(log_change: float) -> float:
+    """``expm1`` of a change in logs, bounded (`_bounded`): never an overflow."""
+    return _bounded(math.expm1(min(max(log_change, -700.0), 700.0)))
 
 
 def verdict(history: Sequence[float], latest: float | Sequence[float],
@@ -1077,14 +1094,14 @@ def _shape_verdict(judged: Verdict, h: np.ndarray, repeats: np.ndarray,
                                 f" -> {_spread_text(after, log_scale)} {unit}".rstrip()
                                 + f") {len(y) - c} run(s) ago, at a steady level")})
     if season is not None:
-        amplitude = math.expm1(season.amplitude) * 100 if log_scale else (
+        amplitude = _expm1(season.amplitude) * 100 if log_scale else (
             _relative(season.amplitude, abs(newest.baseline)) * 100)
         return judged.model_copy(update={
             "kind": "periodic", "period": season.period,
             "explanation": (f"{judged.explanation}; periodic: a wave of {season.period} runs "
                             f"(±{amplitude:.2g}%), judged against it")})
     if newest.slope:
-        per_run = math.expm1(newest.slope) * 100 if log_scale else (
+        per_run = _expm1(newest.slope) * 100 if log_scale else (
             _relative(newest.slope, abs(newest.baseline)) * 100)
         return judged.model_copy(update={
             "kind": "drift", "slope_pct": round(per_run, 4),
@@ -1100,7 +1117,7 @@ LOG_SIZE_VARIANCE = math.pi ** 2 / 8
 
 
 def _spread_text(spread: float, log_scale: bool) -> str:
-    return f"{math.expm1(spread) * 100:.2g}%" if log_scale else f"{spread:.3g}"
+    return f"{_expm1(spread) * 100:.2g}%" if log_scale else f"{spread:.3g}"
 
 
 def _too_short(latest: float | Sequence[float] | np.ndarray, used: int, since_accepted: bool,
@@ -1131,8 +1148,8 @@ def _judge(shifts: list[_Shift], repeats: np.ndarray, value: float, direction: D
         return math.exp(x) if log_scale else x
 
     def change(level: float, baseline: float) -> float:
-        return math.expm1(level - baseline) if log_scale else _relative(level - baseline,
-                                                                        baseline)
+        return _expm1(level - baseline) if log_scale else _relative(level - baseline,
+                                                                    baseline)
 
     newest = shifts[0]  # the newest run alone against the current level
     # A shift needs two measurements: several repeats, or the newest run plus earlier ones.
@@ -1243,8 +1260,8 @@ def minimum_detectable_effect(history: Sequence[float], repeats: int = 1, *,
 
     The verdict calls a shift when it is ``verdict_z`` standard errors from the baseline
     (its false-alarm budget); a real shift of ``(verdict_z + power_z) * se`` passes that
-    threshold 80 % of the time. ``se`` is the verdict's own: the noise of the history's
-    current segment (widened for short histories as the verdict widens it), a baseline of
+    threshold 80 % of the time. ``se`` is the verdict's own: the noise pooled within every
+    level of the history (widened for short histories as the verdict widens it), a baseline of
     up to ``baseline_window`` runs and ``repeats`` runs of the newest configuration
     (confirmation re-runs). Relative to the level (positive series are judged in logs).
 
@@ -1255,12 +1272,16 @@ def minimum_detectable_effect(history: Sequence[float], repeats: int = 1, *,
     if found is None:
         return None
     y, log_scale = found
-    cps = change_points(np.exp(y) if log_scale else y, settings=settings)
+    shapes = _shapes(np.exp(y) if log_scale else y, "higher_better", settings)
+    cps = shapes[1] if shapes is not None else []
+    if shapes is not None and shapes[3] is not None:
+        y = deseasonalised(y, shapes[3])
     current = y[cps[-1]:] if cps else y
-    measured = current if len(current) >= 10 else y
-    sigma = noise_scale(measured)
+    # The noise pooled within every level (around each level and the drift line), not the
+    # newest level's alone: three runs after a step read an MDE in the thousands of %
+    sigma = _pooled_noise(y, cps) if len(y) > len(cps) + 2 else noise_scale(y)
     sigma = max(sigma, 1e-4) if log_scale else _sigma_floor(y, sigma)
-    sigma *= 1 + (settings.verdict_z ** 2 + 1) / (4 * max(len(measured) - 2, 1))
+    sigma *= 1 + (settings.verdict_z ** 2 + 1) / (4 * max(len(y) - len(cps) - 2, 1))
     base = min(len(current), settings.baseline_window)
     if base < settings.min_history:
         base = min(len(y), settings.baseline_window)
@@ -1268,9 +1289,20 @@ def minimum_detectable_effect(history: Sequence[float], repeats: int = 1, *,
     se = sigma * math.sqrt(1.1 / base + _tail_efficiency(runs) / runs)
     delta = (settings.verdict_z + power_z) * se
     if log_scale:
-        return math.expm1(delta)
+        return _expm1(delta)
     level = abs(_trimmed_mean(current))
     return delta / level if level > 0 else None
+
+
+def _pooled_noise(y: np.ndarray, cps: Sequence[int]) -> float:
+    """The noise within every level of ``y``: `noise_scale`'s estimate from the first
+    differences that do not straddle a change (a step is no noise)."""
+    bounds = [0, *cps, len(y)]
+    d = np.concatenate([np.diff(y[a:b]) for a, b in itertools.pairwise(bounds)])
+    if len(d) < 2:
+        return noise_scale(y)
+    mad = 1.4826 * float(np.median(np.abs(d - np.median(d))))
+    return max(mad, _winsorised_std(d)) / math.sqrt(2)
 
 
 def repeats_for(mde_one_run: float, baseline_runs: int, target: float, *,
@@ -1316,6 +1348,6 @@ def shift_at(history: Sequence[float], latest: float | Sequence[float], start_ru
     if not shifts:
         return None
     best = max(shifts, key=lambda x: abs(x.z))
-    change = math.expm1(best.level - best.baseline) if log_scale else _relative(
+    change = _expm1(best.level - best.baseline) if log_scale else _relative(
         best.level - best.baseline, best.baseline)
     return change, best.z, best.runs

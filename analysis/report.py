@@ -644,9 +644,13 @@ def _draw_resources(ctx: ReportContext, options: dict[str, Any]) -> str:
     return note + _figure_html(fig)
 
 
-_VERDICT_COLOURS = {"regression": "#f8d7da", "improvement": "#d1e7dd",
-                    "no_change": "#ffffff", "insufficient_history": "#eeeeee"}
-_VERDICT_MARKS = {"regression": "#c0392b", "improvement": "#1e8449", "no_change": "#7f8c8d",
+_VERDICT_COLOURS = {"regression": "#f8d7da", "improvement": "#d1e7dd", "suspect": "#fff3cd",
+                    "noisier": "#fde2c8", "outlier": "#f2f2f2", "drift": "#e8e4f3",
+                    "periodic": "#ffffff", "no_change": "#ffffff",
+                    "insufficient_history": "#eeeeee"}
+_VERDICT_MARKS = {"regression": "#c0392b", "improvement": "#1e8449", "suspect": "#b7950b",
+                  "noisier": "#ca6f1e", "outlier": "#7f8c8d", "drift": "#6c3483",
+                  "periodic": "#7f8c8d", "no_change": "#7f8c8d",
                   "insufficient_history": "#bbbbbb"}
 
 
@@ -938,8 +942,8 @@ def shape_headlines(ctx: ReportContext) -> pd.DataFrame:
                      "change_pct": judged.change_pct if judged else None,
                      "series": group["value"].tolist(),
                      "explanation": judged.explanation if judged else ""})
-    order = {"regression": 0, "improvement": 1, "no_change": 2}
-    rows.sort(key=lambda r: (order.get(r["verdict"], 3), r["kpi"], r["configuration"]))
+    rows.sort(key=lambda r: (SEVERITY.get(r["verdict"], len(SEVERITY)), r["kpi"],
+                             r["configuration"]))
     return pd.DataFrame(rows[:MAX_HEADLINES], columns=columns)
 
 
@@ -955,7 +959,7 @@ def shape_triage(ctx: ReportContext) -> pd.DataFrame:
     names = {str(r.run_uuid): run_name(r) for r in ctx.runs}
     rows = []
     for v in ctx.verdicts:
-        if v.verdict not in ("regression", "improvement"):
+        if v.verdict not in TRIAGED:
             continue
         since = getattr(v, "since_runs", None)
         rows.append({
@@ -968,18 +972,42 @@ def shape_triage(ctx: ReportContext) -> pd.DataFrame:
             "mde_pct": getattr(v, "mde_pct", None), "explanation": v.explanation,
             "accept": f"python -m analysis accept --history {history} "
                       f"{shlex.quote(v.run_uuid)} --kpi {shlex.quote(v.kpi)}"})
-    rows.sort(key=lambda r: (r["verdict"] != "regression", -abs(r["change_pct"] or 0)))
+    rows.sort(key=lambda r: (SEVERITY.get(r["verdict"], len(SEVERITY)),
+                             -abs(r["change_pct"] or 0)))
     return pd.DataFrame(rows[:MAX_HEADLINES], columns=columns)
 
 
-JUDGED = ("regression", "improvement", "no_change")
+TRIAGED = ("regression", "suspect", "noisier", "drift", "outlier", "improvement")
+"""The verdicts the triage lists: what a person should look at (and what was dismissed)."""
+JUDGED = ("regression", "improvement", "suspect", "outlier", "noisier", "periodic", "drift",
+          "no_change")
 """The verdicts that mean a KPI was judged (not `insufficient_history`, not unjudged)."""
+_SAID = {"regression": ("regression", "regressions"), "suspect": ("suspect", "suspects"),
+         "noisier": ("noisier KPI", "noisier KPIs"), "drift": ("drifting KPI", "drifting KPIs"),
+         "outlier": ("outlier dismissed", "outliers dismissed"),
+         "improvement": ("improvement", "improvements"),
+         "periodic": ("periodic KPI", "periodic KPIs"), "no_change": ("unchanged", "unchanged")}
+
+
+def triage_line(ctx: ReportContext) -> str:
+    """The first screen's one line: ``2 regressions, 1 suspect, 9 unchanged, 1 not judged:
+    busy machine`` (KPI verdicts of the newest runs, worst first)."""
+    counts: dict[str, int] = {}
+    for v in ctx.verdicts:
+        counts[v.verdict] = counts.get(v.verdict, 0) + 1
+    parts = [f"{n} {_SAID[kind][n != 1]}" for kind, n in sorted(
+        counts.items(), key=lambda kv: SEVERITY.get(kv[0], len(SEVERITY))) if kind in _SAID]
+    unjudged = counts.get("not_judged", 0) + counts.get("insufficient_history", 0)
+    if unjudged or not parts:
+        parts.append(f"{unjudged} not judged: {triage_headline(ctx).removeprefix('nothing judged: ')}"
+                     if not parts else f"{unjudged} not judged")
+    return ", ".join(parts)
 
 
 def triage_headline(ctx: ReportContext) -> str:
     """What an empty triage means: nothing moved, or nothing was judged — and why."""
     if any(v.verdict in JUDGED for v in ctx.verdicts):
-        return "no regression, no improvement"
+        return "nothing to look at: no regression, suspect or noisier KPI"
     invalid = [r for r in ctx.runs if getattr(r, "validity", None) is not None
                and r.validity.status != "valid"]
     if invalid and len(invalid) == len(ctx.runs):
@@ -997,7 +1025,8 @@ def _triage_html(ctx: ReportContext) -> str:
     Noisy: their minimum detectable effect is larger than ``target_mde_pct``.
     """
     frame = shape_triage(ctx)
-    parts = ["<h2>Triage</h2>"]
+    parts = ["<h2>Triage</h2>", f"<p class='verdict-line'><b>"
+             f"{html.escape(triage_line(ctx))}</b></p>"]
     if frame.empty:
         parts.append(f"<p class='empty'>{html.escape(triage_headline(ctx))}</p>")
     else:

@@ -104,11 +104,15 @@ class AnalysisSettings(StrictSettings):
     report: bool = Field(default=True, description="Render the Plotly HTML report.")
     confirm_reruns: Annotated[int, Field(ge=0, le=5)] | Literal["auto"] = Field(
         default=0,
-        description=("Re-run a cell this many times when its newest run alone looks like a "
-                     "regression, and judge the repeats together (0: never; auto: as many "
-                     "as bring the KPI's minimum detectable effect under target_mde_pct, "
-                     "at most 5)."),
+        description=("Re-run a cell this many times right away when a KPI of its newest run "
+                     "is a suspect (alone out of line with its level), and judge the repeats "
+                     "together: confirmed, a regression (or improvement) at that run; not, "
+                     "an outlier (0: never; auto: as many as bring the KPI's minimum "
+                     "detectable effect under target_mde_pct, 1 to 5)."),
     )
+    confirm_budget: int = Field(
+        default=3, ge=0, le=20, description="At most this many confirmation re-runs in one "
+        "run, every cell together (the suspects with the largest changes first).")
     validity: ValidityPolicy = Field(default_factory=ValidityPolicy, description="Whether "
                                      "each cell's result is a valid measurement.")
     invalid_reruns: int = Field(

@@ -424,17 +424,30 @@ def confirm_phase(cells: Sequence[Cell], run: RunContext, platform: Platform,
         _log().warning("could not look for regressions to confirm: %s", exc)
         return
     by_name = {c.name: c for c in cells}
+    budget = settings.confirm_budget
     for rel, (why, reruns) in found.items():
         original = passed.get((run.root / rel).resolve())
         cell = by_name.get(original.name) if original else None
         if original is None or cell is None:
             continue
+        if budget <= 0:
+            _log().warning("cell %s has a suspect (%s), not re-run: the run's %d "
+                           "confirmation re-run(s) (analysis.confirm_budget) are spent",
+                           cell.name, why, settings.confirm_budget)
+            continue
+        reruns = min(reruns, budget)
+        budget -= reruns
         uuid_text = read_text_bounded(Path(original.dir) / ".uuid", 256, what="run uuid").strip()
-        _log().warning("cell %s looks like a regression (%s): re-running it %d time(s) to "
-                       "confirm", cell.name, why, reruns)
+        _log().warning("cell %s has a suspect (%s): re-running it %d time(s) to confirm "
+                       "or dismiss it", cell.name, why, reruns)
         for attempt in range(1, reruns + 1):
             rerun = _run_cell(cell, run, platform, repeat_of=uuid_text)
             results.append(rerun.model_copy(update={"name": f"{cell.name}~rerun{attempt}"}))
+
+
+FINDINGS = ("regression", "suspect", "noisier", "drift", "outlier", "improvement")
+"""The verdicts the terminal and ``outcome.json`` list one line each, in this order."""
+MAX_FINDINGS = 10
 
 
 SHARED_DIR = ".telltale"
@@ -485,6 +498,11 @@ def _postprocess_phase(outcome: RunOutcome, run: RunContext) -> None:
         f"{v.kpi} ({v.cell or v.test_path}): " + (f"{v.change_pct:+.1f} %" if v.change_pct is not None
                                         else "changed") + f" — {v.explanation}"
         for v in post.verdicts if v.verdict == "regression"]
+    outcome.findings = [
+        f"{v.verdict:<11} {v.kpi} ({v.cell or v.test_path}): {v.explanation}"
+        for v in sorted(post.verdicts, key=lambda v: FINDINGS.index(v.verdict)
+                        if v.verdict in FINDINGS else len(FINDINGS))
+        if v.verdict in FINDINGS]
     outcome.failures.extend(post.gate_failures)
     if post.report:
         index = Path(post.report).relative_to(run.root)
@@ -826,6 +844,10 @@ def run_from_cli(flow_fn: Callable[..., RunOutcome], presets: list[str],
         say("verdicts  : " + ", ".join(f"{k}={v}" for k, v in
                                        sorted(outcome.verdict_counts.items()))
             + (f" ({outcome.history_note})" if outcome.history_note else ""))
+    for line in outcome.findings[:MAX_FINDINGS]:
+        say(f"  {line}")
+    if len(outcome.findings) > MAX_FINDINGS:
+        say(f"  ... {len(outcome.findings) - MAX_FINDINGS} more in the report")
     if outcome.report:
         say(f"report    : {outcome.report}")
     if outcome.export_url:

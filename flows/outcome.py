@@ -45,6 +45,10 @@ class RunOutcome(BaseModel):
                                     "measurement stayed invalid, with the reasons.")
     regressions: list[str] = Field(default_factory=list, description="One line per KPI "
                                    "judged a regression: KPI, change, explanation.")
+    findings: list[str] = Field(default_factory=list, description="One line per KPI to look "
+                                "at, worst first: regression, suspect (not confirmed), "
+                                "noisier, drift, outlier (a suspect its re-runs dismissed), "
+                                "improvement.")
     code_dir: str | None = Field(default=None, description="The Telltale checkout that ran "
                                  "(a deployment's run: its pull step's clone).")
     code_commit: str | None = Field(default=None, description="Its git commit, when a git "

@@ -74,8 +74,9 @@ def find_suspects(results_dir: str, project: str, history_uri: str,
     """
     analysis = AnalysisSettings.model_validate(settings)
     found: dict[str, tuple[str, int]] = {}
-    for row in suspects(results_dir, project, history_uri, analysis,
-                        history_filesystem=_filesystem(history_target)):
+    rows = suspects(results_dir, project, history_uri, analysis,
+                    history_filesystem=_filesystem(history_target))
+    for row in rows:
         if analysis.confirm_reruns == "auto":
             runs = repeats_for((row.mde_pct or 0.0) / 100, row.history_used,
                                analysis.target_mde_pct / 100)
@@ -84,7 +85,10 @@ def find_suspects(results_dir: str, project: str, history_uri: str,
             reruns = analysis.confirm_reruns
         why, most = found.get(row.test_path, (f"{row.kpi}: {row.explanation}", 0))
         found[row.test_path] = (why, max(most, reruns))
-    return found
+    # the budget goes to the largest suspects first
+    largest = {row.test_path: abs(row.change_pct or 0.0) for row in sorted(
+        rows, key=lambda r: abs(r.change_pct or 0.0))}
+    return dict(sorted(found.items(), key=lambda kv: -largest.get(kv[0], 0.0)))
 
 
 # its own group: ``*__analysis__*`` is the post-processing's dir, ``*__cell*`` a cell's

@@ -26,6 +26,14 @@ Families (``FAMILIES``):
 - ``quiet``        stable benchmarks (CPU-bound microbenchmarks, counters): noise 0.1-1 % of
                    the level, half of them quantised to a timer's resolution of 0.5-2 σ,
                    steps 1-8 σ, so most steps are under 2 % of the level.
+- ``spread``       the noise's SD doubles or more (x2-x4) at a steady level, or falls as
+                   much (a noisy neighbour arrives or leaves): each is a change point,
+                   labelled ``spread``; no level change;
+- ``wave``         a pure wave (sine or a repeating pattern, period 4-40, amplitude 1-4 σ)
+                   with no level change, or with one step of 3-8 σ;
+- ``staircase``    three steps of 1-2 σ each in the same direction, 25-80 runs apart;
+- ``fixed``        a regression of 3-8 σ fixed 2-6 runs later (a bad commit and its revert),
+                   its start and its fix both labelled.
 
 Every family mixes no-change series (about a third) with changed ones, so each family scores
 both recall and false alarms. Deterministic per (family, seed).
@@ -76,8 +84,10 @@ def _levels(rng: Rng, n: int, cps: list[int], sizes_sigma: tuple[float, float],
 
 
 def _kinds(direction: str, signs: list[float]) -> list[str]:
+    """Each change's kind from its sign (0: a spread change, labelled ``spread``)."""
     up_is_good = direction == "higher_better"
-    return ["improvement" if (s > 0) == up_is_good else "regression" for s in signs]
+    return ["spread" if s == 0 else "improvement" if (s > 0) == up_is_good else "regression"
+            for s in signs]
 
 
 def _finish(name: str, family: str, rng: Rng, values: np.ndarray, cps: list[int],
@@ -228,10 +238,66 @@ def quiet(rng: Rng, name: str) -> Series:
     return _finish(name, "quiet", rng, values, cps, signs)
 
 
+def spread(rng: Rng, name: str) -> Series:
+    n, sigma, base = _length(rng, 60, 600), rng.uniform(0.005, 0.04), 100.0
+    cps = [] if rng.random() < 0.3 else [int(rng.integers(n // 5, 4 * n // 5))]
+    scale = np.ones(n)
+    if cps:
+        factor = rng.uniform(2.0, 4.0)
+        scale[cps[0]:] = factor if rng.random() < 0.6 else 1 / factor
+    values = base * (1 + rng.normal(0, sigma, n) * scale)
+    return _finish(name, "spread", rng, values, cps, [0.0] * len(cps))
+
+
+def wave(rng: Rng, name: str) -> Series:
+    n, sigma, base = _length(rng, 60, 600), rng.uniform(0.005, 0.04), 300.0
+    period = int(rng.integers(4, 41))
+    amplitude = rng.uniform(1.0, 4.0) * sigma * base
+    if rng.random() < 0.5:
+        shape = np.sin(2 * np.pi * (np.arange(n) / period + rng.random()))
+    else:  # any repeating pattern: a batch job's load on some weekdays
+        pattern = rng.normal(0, 1, period)
+        shape = (pattern / (np.abs(pattern).max() or 1.0))[np.arange(n) % period]
+    cps = [] if rng.random() < 0.6 else [int(rng.integers(n // 4, 3 * n // 4))]
+    level, signs = _levels(rng, n, cps, (3.0, 8.0), sigma, base)
+    values = level + amplitude * shape + rng.normal(0, sigma * base, n)
+    return _finish(name, "wave", rng, values, cps, signs)
+
+
+def staircase(rng: Rng, name: str) -> Series:
+    sigma, base = rng.uniform(0.005, 0.04), 60.0
+    gaps = [int(rng.integers(25, 81)) for _ in range(4)]
+    n = sum(gaps)
+    cps = list(np.cumsum(gaps[:3]).astype(int))
+    sign = 1.0 if rng.random() < 0.5 else -1.0
+    level = np.full(n, base)
+    for c in cps:
+        level[c:] += sign * rng.uniform(1.0, 2.0) * sigma * base
+    values = level + rng.normal(0, sigma * base, n)
+    return _finish(name, "staircase", rng, values, [int(c) for c in cps], [sign] * 3)
+
+
+def fixed(rng: Rng, name: str) -> Series:
+    n, sigma, base = _length(rng, 40, 300), rng.uniform(0.005, 0.04), 150.0
+    if rng.random() < 0.3:
+        return _finish(name, "fixed", rng, base * (1 + rng.normal(0, sigma, n)), [], [])
+    start = int(rng.integers(10, n - 10))
+    end = start + int(rng.integers(2, 7))
+    size = rng.uniform(3.0, 8.0) * sigma * base
+    direction = "higher_better" if rng.random() < 0.5 else "lower_better"
+    worse = -1.0 if direction == "higher_better" else 1.0
+    level = np.full(n, base)
+    level[start:end] += worse * size
+    values = level + rng.normal(0, sigma * base, n)
+    return Series(name=name, category="fixed", direction=direction,
+                  values=[float(v) for v in values], change_points=[start, end],
+                  outliers=[], cp_kinds=["regression", "improvement"])
+
+
 FAMILIES: dict[str, Callable[[Rng, str], Series]] = {
     "heavy": heavy, "hetero": hetero, "multimodal": multimodal, "seasonal": seasonal,
     "drift": drift, "small_steps": small_steps, "close": close, "short": short, "tail": tail,
-    "quiet": quiet,
+    "quiet": quiet, "spread": spread, "wave": wave, "staircase": staircase, "fixed": fixed,
 }
 
 

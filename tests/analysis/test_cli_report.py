@@ -491,9 +491,28 @@ def test_an_empty_triage_says_whether_anything_was_judged_and_why() -> None:
         return NS(verdicts=[NS(verdict=v) for v in verdicts], runs=runs, history_uri=history)
 
     assert triage_headline(ctx(["no_change"], [run("valid")])) == \
-        "no regression, no improvement"
+        "nothing to look at: no regression, suspect or noisier KPI"
     assert "invalid measurements" in triage_headline(
         ctx([], [run("invalid"), run("invalid")]))
     assert "no history given" in triage_headline(ctx([], [run("valid")], history=None))
     assert "not enough comparable valid runs" in triage_headline(
         ctx(["insufficient_history"], [run("valid")]))
+
+
+def test_the_first_screen_is_one_line_worst_first() -> None:
+    from types import SimpleNamespace as NS
+
+    from analysis.report import triage_line
+
+    def run(status: str) -> NS:
+        return NS(validity=NS(status=status, reasons=["busy machine"]))
+
+    def ctx(verdicts: list[str], runs: list[NS]) -> NS:
+        return NS(verdicts=[NS(verdict=v) for v in verdicts], runs=runs, history_uri="h")
+
+    kinds = ["no_change"] * 9 + ["suspect", "regression", "not_judged", "regression",
+                                 "noisier"]
+    assert triage_line(ctx(kinds, [run("valid")])) == (
+        "2 regressions, 1 suspect, 1 noisier KPI, 9 unchanged, 1 not judged")
+    line = triage_line(ctx(["not_judged"] * 3, [run("invalid")]))
+    assert line.startswith("3 not judged: the 1 run(s) are invalid measurements")

@@ -164,3 +164,15 @@ def test_commits_and_digests_are_shown_by_their_first_12(digest: str, prefix: st
     line = changes({"telltale_commit": prefix + digest}, {"telltale_commit": "v2"})[0]
     assert line == f"telltale_commit {prefix}{digest[:12]}… → v2"
     assert shown("0.32.0") == "0.32.0" and shown(None) == "(none)"
+
+
+@pytest.mark.parametrize("before", [8, 30])
+def test_the_mde_after_a_step_is_the_pooled_noise_not_the_new_levels(before: int) -> None:
+    """Three runs after a -20 % step: the MDE is read from the noise within both levels, as
+    it was before the step (it read in the thousands of % from the new three runs)."""
+    rng = np.random.default_rng(before)
+    history = list(100 * (1 + rng.normal(0, 0.01, before)))
+    stepped = history + list(80 * (1 + rng.normal(0, 0.01, 3)))
+    after, plain = minimum_detectable_effect(stepped), minimum_detectable_effect(history)
+    assert after is not None and plain is not None
+    assert after < 2 * plain and after < 0.1, (after, plain)

@@ -1,0 +1,94 @@
+"""Generated series: the verdict and the change points never crash, and never contradict
+themselves over time (issue #41's property tests)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from analysis.regression import (
+    NEWS,
+    VerdictKind,
+    change_points,
+    minimum_detectable_effect,
+    verdict,
+)
+from analysis.seasonality import seasonality
+
+KINDS = set(VerdictKind.__args__)  # type: ignore[attr-defined]
+
+# values a result tree can carry: constant, tiny, huge, negative, zero, NaN and inf holes
+_value = st.one_of(
+    st.floats(min_value=-1e12, max_value=1e12, allow_nan=False, allow_infinity=False),
+    st.sampled_from([0.0, 1e-300, -1e-300, 1e300, math.nan, math.inf, -math.inf, 5.0]),
+)
+_series = st.one_of(
+    st.lists(_value, min_size=0, max_size=120),
+    st.builds(lambda v, n: [v] * n, _value, st.integers(0, 80)),  # constant
+    st.builds(lambda seed, n, scale: list(scale * (1 + np.random.default_rng(seed)
+                                                   .normal(0, 0.02, n))),
+              st.integers(0, 10_000), st.integers(1, 300),
+              st.sampled_from([1e-9, 1.0, 1e9])),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(history=_series, latest=st.one_of(_value, st.lists(_value, min_size=0, max_size=4)),
+       direction=st.sampled_from(["higher_better", "lower_better"]))
+def test_a_verdict_never_crashes_and_always_explains(history: list[float],
+                                                     latest: float | list[float],
+                                                     direction: str) -> None:
+    judged = verdict(history, latest, direction)  # type: ignore[arg-type]
+    assert judged.kind in KINDS
+    assert 0.0 <= judged.confidence <= 1.0 and judged.explanation
+    assert math.isfinite(judged.magnitude)
+    assert judged.suspect == (judged.kind == "suspect")
+    for found in (change_points(history, direction),  # type: ignore[arg-type]
+                  sorted(change_points(history, direction))):  # type: ignore[arg-type]
+        assert all(0 <= c < len(history) for c in found)
+    mde = minimum_detectable_effect(history)
+    assert mde is None or mde >= 0 or math.isnan(mde)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 100_000), n=st.integers(8, 80),
+       noise=st.floats(0.002, 0.05), drop=st.floats(0.2, 0.5),
+       direction=st.sampled_from(["higher_better", "lower_better"]))
+def test_a_confirmed_regression_stays_reported_when_a_run_at_its_level_follows(
+        seed: int, n: int, noise: float, drop: float, direction: str) -> None:
+    """Confirmed at its first run (the run and its re-run agree), a regression is still a
+    regression when the next run lands at the new level: adding a run never un-reports it
+    while it is news."""
+    rng = np.random.default_rng(seed)
+    history = list(100 * np.exp(rng.normal(0, noise, n)))
+    worse = 1 - drop if direction == "higher_better" else 1 / (1 - drop)
+    bad = [100 * worse * float(np.exp(rng.normal(0, noise))) for _ in range(3)]
+    confirmed = verdict(history, bad[:2], direction)  # type: ignore[arg-type]
+    assume(confirmed.kind == "regression")  # a short, noisy history may not confirm it
+    assert confirmed.start_runs == 1
+    later = verdict(history + [float(np.median(bad[:2]))], bad[2],
+                    direction)  # type: ignore[arg-type]
+    assert later.kind == "regression", later.explanation
+    assert later.start_runs == 2
+
+
+def test_pure_waves_are_called_periodic_and_rarely_news() -> None:
+    """A wave (period 3-20, amplitude 1.5-4 noise SDs, at least 6 cycles) is found and named;
+    a news verdict on its newest run is as rare as on a flat series (a few %)."""
+    rng = np.random.default_rng(41)
+    news = periodic = 0
+    for _ in range(100):
+        period = int(rng.integers(3, 21))
+        n = int(rng.integers(6 * period, 400))
+        t = np.arange(n + 1)
+        values = (100 + rng.uniform(1.5, 4.0) * np.sin(2 * np.pi * t / period)
+                  + rng.normal(0, 1, n + 1))
+        found = seasonality(np.log(values[:n]))
+        assert found is not None and found.period % period == 0, (n, period)
+        judged = verdict(list(values[:n]), float(values[n]), "higher_better")
+        news += judged.kind in NEWS
+        periodic += judged.kind == "periodic"
+    assert news <= 3 and periodic >= 85, (news, periodic)
