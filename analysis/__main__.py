@@ -50,7 +50,6 @@ from analysis.progress import logger as progress_logger
 from analysis.project import load_project
 from analysis.terminal import ArgumentParser, printable, say
 
-
 HISTORY_HELP = ("Parquet history: local dir or s3://bucket/prefix (default: the history "
                 "the project's runs append to, <data dir>/history/<project>)")
 
@@ -64,8 +63,10 @@ def _history_option(parser: argparse.ArgumentParser, *, project: bool = True) ->
 
 
 def history_of(given: str | None, project: str | None) -> str:
-    """The history a subcommand reads: ``--history``, else the project's own (where its runs
-    append), else the data dir's only one.
+    """The history a subcommand reads.
+
+    ``--history``, else the project's own (where its runs append), else the data dir's only
+    one.
 
     Raises:
         UserError: No ``--history`` and no way to choose one (none or several exist).

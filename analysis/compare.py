@@ -108,8 +108,10 @@ _FOLDER = re.compile(r"^\d{8}-\d{6}-.+-(?P<id>[0-9a-f]{8})/?$")
 
 
 def runs_named(frame: pd.DataFrame, token: str) -> pd.Series:
-    """The rows of the run(s) ``token`` names: a run uuid; the id a run folder's name ends
-    with (8+ characters of the flow run id: every cell of that run); or the folder's name.
+    """The rows of the run(s) ``token`` names.
+
+    A run uuid; the id a run folder's name ends with (8+ characters of the flow run id:
+    every cell of that run); or the folder's name.
 
     What ``analysis history`` lists in its ``run`` and ``uuid`` columns both work here.
     """

@@ -72,8 +72,10 @@ class ResultDir(BaseModel):
 
     @property
     def name(self) -> str:
-        """The name a person reads everywhere (terminal, report, gate lines, artifacts):
-        the cell's own name, else the dir's relative path."""
+        """The name a person reads everywhere (terminal, report, gate lines, artifacts).
+
+        The cell's own name, else the dir's relative path.
+        """
         return self.cell or self.rel_path
 
 

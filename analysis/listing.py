@@ -68,8 +68,11 @@ def _cells(frame: pd.DataFrame) -> pd.Series:
 
 
 def run_folder_id(run_id: object, run_uuid: object) -> str:
-    """The id a run's folder name ends with (``…-fine_tuning-25f0bdb0``): its flow run id's
-    first 8 characters; a run without one (imported results) shows its uuid's first 8."""
+    """The id a run's folder name ends with (``…-fine_tuning-25f0bdb0``).
+
+    Its flow run id's first 8 characters; a run without one (imported results) shows its
+    uuid's first 8.
+    """
     text = str(run_id) if run_id not in (None, "") and not pd.isna(run_id) else str(run_uuid)
     return text[:8]
 

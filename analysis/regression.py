@@ -47,8 +47,11 @@ Method (`change_points`)
    either way, so after a first pass (steps 2-5) ``sigma`` is measured again from the
    residuals around the levels found (about twice as efficient) and steps 2-5 run again.
 
-Cost: ``O(n^2)`` at worst (PELT prunes little in a stable series): about 8 ms for 1 000
-points, 100 ms for 5 000.
+Cost: ``O(n^2)`` at worst (PELT prunes little in a stable series), so series longer than
+``COARSE_FROM`` (250) are segmented on block means first and each change placed run by run
+after: with the periodic test and the spread changes, about 13 ms for 1 000 stable points
+and 27 ms for one with steps and a wave on this project's 2-core machine
+(benchmarks/regression/speed.py).
 
 Edges (``edge_z``)
 ------------------
@@ -76,18 +79,29 @@ drift when that drift, measured on the outlier-shielded history before the last 
 ``recent_runs`` runs, is beyond ``verdict_drift_z`` (4) standard errors. The newest run is a
 regression when the start is within ``recent_runs``, ``|z| >= verdict_z``, the shift is at
 least ``min_magnitude``, against the KPI's direction, and the newest run itself deviates
-the same way by ``confirm_factor`` x ``verdict_z``. A single run without repeats is a shift
-only beyond ``single_run_z``; below it, a run that alone deviates beyond ``verdict_z``
-against the KPI's direction is a *suspect* (``Verdict.suspect``): the flow re-runs its cell
-(``analysis.confirm_reruns``) and judges the repeats together. A start further back than the
-alert window is the current level, not news. Improvements are reported, never called
-regressions.
+the same way by ``confirm_factor`` x ``verdict_z``. A single run without repeats is never a
+shift: when it alone deviates beyond ``suspect_z`` standard errors of one run (either way)
+it is a ``suspect``; the flow re-runs its cell (``analysis.confirm_reruns``) and judges the
+repeats together: confirmed, a regression (or improvement) at that run; not, an
+``outlier``. A start further back than the alert window is the current level, not news.
+Improvements are reported, never called regressions.
+
+Shapes
+------
+A no-change verdict is told apart further: ``noisier`` when the spread of the recent runs
+grew (`spread_change_points`: a spread change is found as a level change of the logistic
+scores of the ranks of the first differences' sizes, at ``spread_z``, and kept when the
+spread moved by ``spread_ratio``), ``periodic`` when the series is a wave
+(`analysis.seasonality`; the wave is taken out of the series before everything else when it
+and fewer steps explain the series better than steps alone), ``drift`` when the baseline
+follows a significant drift.
 
 Operating point: chosen on the independently designed generator families of
 ``benchmarks/regression/families.py`` by the false-alarm budget (at most 1 % false alarms
 per stable run), spent on recall: ``verdict_z`` 2.4 (with the small-sample widening of the
-noise scale), ``confirm_factor`` 0.5, ``single_run_z`` 5.5, ``edge_z`` 4.5 (down to 0.7 x in
-short series), ``z_threshold`` and ``candidate_z`` 4.5, no minimum change. docs/performance.md
+noise scale), ``confirm_factor`` 0.5, ``suspect_z`` 2.7 (at most 3 % of stable runs
+suspected), ``edge_z`` 4.5 (down to 0.7 x in short series), ``z_threshold`` and
+``candidate_z`` 4.5, no minimum change. docs/performance.md
 has the leave-one-family-out table.
 
 Parameters are keyword arguments with documented defaults; results are deterministic.
@@ -417,19 +431,21 @@ def _segment(y: np.ndarray, sigma: float, s: DetectorSettings) -> list[int]:
     return out[::-1]
 
 
-COARSE_FROM = 500
+COARSE_FROM = 250
 """Series longer than this are segmented on block means first (`_candidates`)."""
 
 
 def _candidates(y: np.ndarray, sigma: float, s: DetectorSettings) -> list[int]:
-    """`_segment`'s change points, found on means of blocks of up to 4 runs in a series
-    longer than ``COARSE_FROM`` (one block per ~250 runs' worth: the segmentation's cost
-    grows with the square of its length, 20 ms at 1 000 runs on a 2-core machine).
+    """`_segment`'s change points, on block means in a long series.
+
+    Blocks of 2 to 4 runs in a series longer than ``COARSE_FROM`` (at most ~250 blocks: the
+    segmentation's cost grows with the square of its length, 20 ms at 1 000 runs on a
+    2-core machine).
 
     Block boundaries are only candidates: `_refine` then places each change run by run
     within its window, and validation measures it on the runs themselves.
     """
-    block = min(4, len(y) // 250) if len(y) > COARSE_FROM else 1
+    block = min(4, max(2, len(y) // 125)) if len(y) > COARSE_FROM else 1
     if block <= 1:
         return _segment(y, sigma, s)
     usable = len(y) - len(y) % block
@@ -673,10 +689,13 @@ def spread_change_points(values: Sequence[float], direction: Direction = "higher
     return [int(shapes[0][t]) for t in shapes[2]] if shapes is not None else []
 
 
-def _shapes(values: Sequence[float], direction: Direction, settings: DetectorSettings
+def _shapes(values: Sequence[float], direction: Direction, settings: DetectorSettings,
+            *, spreads: bool = True
             ) -> tuple[np.ndarray, list[int], list[int], Seasonality | None] | None:
-    """(finite positions, level changes, spread changes, the wave) of a series; None: too
-    short or constant. Changes are positions in the finite values."""
+    """(finite positions, level changes, spread changes, the wave) of a series.
+
+    None: too short or constant. Changes are positions in the finite values.
+    """
     if direction not in ("higher_better", "lower_better"):
         raise ValueError(f"direction must be higher_better or lower_better, not {direction!r}")
     y, index = _finite(values)
@@ -693,19 +712,37 @@ def _shapes(values: Sequence[float], direction: Direction, settings: DetectorSet
         # An evenly spaced staircase looks periodic too (steps less a moving average are a
         # sawtooth): the wave must explain the series better than the steps alone do, its
         # phases costing what BIC charges a parameter
-        steps, _ = _levels(y, settings, log_scale)
+        steps = _steps(y, settings, log_scale)
         if _explains_better(y, steps, levels, season, sigma, settings):
             y = deseasonalised(y, season)
         else:
             levels, season = steps, None
-    spreads = _spread_changes(y, levels, settings, sigma)
-    return index, levels, spreads, season
+    found = _spread_changes(y, levels, settings, sigma) if spreads else []
+    return index, levels, found, season
+
+
+def _steps(y: np.ndarray, settings: DetectorSettings, log_scale: bool) -> list[int]:
+    """The steps the segmentation reads in ``y`` as it is (candidates, placed, validated).
+
+    What a wave would be cut into, for `_explains_better` (cheaper than `_levels`).
+    """
+    tuned = _for_length(settings, len(y))
+    if len(y) < 2 * tuned.min_size:
+        return []
+    floor: Callable[[float], float] = (lambda x: max(x, 1e-4)) if log_scale else (
+        lambda x: _sigma_floor(y, x))
+    shielded, sigma = _shielded_noise(y, tuned, floor)
+    return _validate(shielded, _refine(shielded, _candidates(shielded, sigma, tuned), sigma,
+                                       tuned), sigma, tuned, log_scale)
 
 
 def _explains_better(y: np.ndarray, steps: list[int], levels: list[int], season: Seasonality,
                      sigma: float, s: DetectorSettings) -> bool:
-    """Whether the wave and ``levels`` explain ``y`` at a lower penalised cost than the
-    ``steps`` found on ``y`` as it is (costs in `_model_cost`'s units)."""
+    """Whether the wave and ``levels`` explain ``y`` better than ``steps`` alone.
+
+    Penalised costs in `_model_cost`'s units; ``steps`` were found on ``y`` as it is.
+    """
+
     def drifts(series: np.ndarray, cps: Sequence[int]) -> bool:
         return _is_drift(*_drift_slope(series, [0, *cps, len(series)]), sigma, s.drift_z)
 
@@ -746,7 +783,8 @@ def _spread_changes(y: np.ndarray, levels: Sequence[int], s: DetectorSettings,
     ``sqrt(sigma)`` and its distribution nearly symmetric, so a spread change is a level
     change of ``t`` (found by the same segmentation and validation, outliers shielded), about
     as detectable as by the normal likelihood ratio and far less fooled by heavy tails. A
-    change within ``min_size`` runs of a level change is that level change's.
+    change within ``2 x min_size`` runs of a level change is that level change's, and one
+    needs as many runs on each side.
     """
     if not math.isfinite(s.spread_ratio) or len(y) < 4 * s.min_size or sigma <= 0:
         return []
@@ -764,8 +802,9 @@ def _spread_changes(y: np.ndarray, levels: Sequence[int], s: DetectorSettings,
     found = _validate(shielded, _refine(shielded, candidates, scale, tuned), scale, tuned,
                       False)
     out = []
+    near = 2 * s.min_size  # a spread is read from more runs than a level
     for c in found:  # t[c] = |y[c + 1] - y[c]|: the first difference wholly after run c
-        if any(abs(c - level) < s.min_size for level in levels):
+        if c < near or c > len(t) - near or any(abs(c - level) < near for level in levels):
             continue
         ratio = _spread_ratio(size, c, SPREAD_WINDOW)
         if ratio >= s.spread_ratio or ratio <= 1 / s.spread_ratio:
@@ -803,8 +842,10 @@ def _correlation_factor(t: np.ndarray, block: int = 20) -> float:
 
 
 def _spread_ratio(size: np.ndarray, c: int, window: int) -> float:
-    """The noise's standard deviation after ``c`` over before it: the ratio of the median
-    sizes of the differences (proportional to the standard deviation for any scale family).
+    """The noise's standard deviation after ``c`` over before it.
+
+    The ratio of the median sizes of the differences (proportional to the standard deviation
+    for any scale family).
     """
     before = float(np.median(size[max(0, c - window):c])) if c > 0 else 0.0
     after = float(np.median(size[c:c + window]))
@@ -814,9 +855,11 @@ def _spread_ratio(size: np.ndarray, c: int, window: int) -> float:
 
 
 def _rank_scores(size: np.ndarray) -> np.ndarray:
-    """Logistic scores of the ranks of ``size`` (ties share their mean rank): a spread
-    change is a level change of these, and their noise does not depend on the noise's
-    tails (a rank test)."""
+    """Logistic scores of the ranks of ``size`` (ties share their mean rank).
+
+    A spread change is a level change of these, and their noise does not depend on the
+    noise's tails (a rank test).
+    """
     order = np.argsort(size, kind="stable")
     ranks = np.empty(len(size))
     ranks[order] = np.arange(1, len(size) + 1)
@@ -1048,7 +1091,8 @@ def verdict(history: Sequence[float], latest: float | Sequence[float],
     if len(repeats) == 0 or len(h) - first < settings.min_history:
         return _too_short(repeats, len(h) - first, bool(first), settings)
     value = float(repeats[0]) if len(repeats) == 1 else float(np.median(repeats))
-    shapes = _shapes(h, direction, settings)
+    # (the spread is judged with the newest run, in `_shape_verdict`)
+    shapes = _shapes(h, direction, settings, spreads=False)
     levels, season = (shapes[1], shapes[3]) if shapes is not None else ([], None)
     # Positive series are judged in log space, like `change_points` analyses them: noise
     # proportional to the level has one scale, and mirror KPIs (a runtime and its
@@ -1073,8 +1117,11 @@ def verdict(history: Sequence[float], latest: float | Sequence[float],
 def _shape_verdict(judged: Verdict, h: np.ndarray, repeats: np.ndarray,
                    levels: Sequence[int], season: Seasonality | None, newest: _Shift,
                    s: DetectorSettings, log_scale: bool) -> Verdict:
-    """A level verdict of no change, told apart: ``noisier`` (the spread grew),
-    ``periodic`` (a wave), ``drift`` (a slope), else ``no_change`` as it is."""
+    """A level verdict of no change, told apart.
+
+    ``noisier`` (the spread grew), ``periodic`` (a wave), ``drift`` (a slope), else
+    ``no_change`` as it is.
+    """
     y = np.concatenate([h, repeats[:1]])
     spreads = _spread_changes(y, levels, s, noise_scale(y))
     if spreads and spreads[-1] >= len(y) - s.spread_recent:
@@ -1272,7 +1319,7 @@ def minimum_detectable_effect(history: Sequence[float], repeats: int = 1, *,
     if found is None:
         return None
     y, log_scale = found
-    shapes = _shapes(np.exp(y) if log_scale else y, "higher_better", settings)
+    shapes = _shapes(np.exp(y) if log_scale else y, "higher_better", settings, spreads=False)
     cps = shapes[1] if shapes is not None else []
     if shapes is not None and shapes[3] is not None:
         y = deseasonalised(y, shapes[3])
@@ -1295,8 +1342,11 @@ def minimum_detectable_effect(history: Sequence[float], repeats: int = 1, *,
 
 
 def _pooled_noise(y: np.ndarray, cps: Sequence[int]) -> float:
-    """The noise within every level of ``y``: `noise_scale`'s estimate from the first
-    differences that do not straddle a change (a step is no noise)."""
+    """The noise within every level of ``y``.
+
+    `noise_scale`'s estimate from the first differences that do not straddle a change (a
+    step is no noise).
+    """
     bounds = [0, *cps, len(y)]
     d = np.concatenate([np.diff(y[a:b]) for a, b in itertools.pairwise(bounds)])
     if len(d) < 2:

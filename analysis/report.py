@@ -93,9 +93,10 @@ class ReportContext:
 
 
 def run_name(run: Any) -> str:
-    """A run as a person reads it: its cell's name (as the terminal says it), its start
-    (UTC, to the minute) and the id its run folder ends with (``base · 2026-11-26 23:10 ·
-    25f0bdb0``); a run without a flow's run id shows its uuid's first 8 instead.
+    """A run as a person reads it: ``base · 2026-11-26 23:10 · 25f0bdb0``.
+
+    Its cell's name (as the terminal says it), its start (UTC, to the minute) and the id its
+    run folder ends with; a run without a flow's run id shows its uuid's first 8 instead.
     """
     stamp = getattr(run, "timestamp", None)
     try:
@@ -679,8 +680,10 @@ def _details(text: Any, limit: int = 90) -> str:
 
 
 def _change_html(verdict: str, change: Any, mde: Any) -> str:
-    """The change in %: coloured by direction only when it is a verdict; a move inside the
-    noise is grey and says so."""
+    """The change in %, coloured by direction only when it is a verdict.
+
+    A move inside the noise is grey and says so.
+    """
     if change is None or change is pd.NA or (isinstance(change, float) and math.isnan(change)):
         return ""
     text = f"{float(change):+.1f} %"
@@ -990,8 +993,11 @@ _SAID = {"regression": ("regression", "regressions"), "suspect": ("suspect", "su
 
 
 def triage_line(ctx: ReportContext) -> str:
-    """The first screen's one line: ``2 regressions, 1 suspect, 9 unchanged, 1 not judged:
-    busy machine`` (KPI verdicts of the newest runs, worst first)."""
+    """The first screen's one line, worst first.
+
+    ``2 regressions, 1 suspect, 9 unchanged, 1 not judged: busy machine`` (the KPI verdicts
+    of the newest runs).
+    """
     counts: dict[str, int] = {}
     for v in ctx.verdicts:
         counts[v.verdict] = counts.get(v.verdict, 0) + 1
@@ -999,8 +1005,8 @@ def triage_line(ctx: ReportContext) -> str:
         counts.items(), key=lambda kv: SEVERITY.get(kv[0], len(SEVERITY))) if kind in _SAID]
     unjudged = counts.get("not_judged", 0) + counts.get("insufficient_history", 0)
     if unjudged or not parts:
-        parts.append(f"{unjudged} not judged: {triage_headline(ctx).removeprefix('nothing judged: ')}"
-                     if not parts else f"{unjudged} not judged")
+        why = triage_headline(ctx).removeprefix("nothing judged: ")
+        parts.append(f"{unjudged} not judged" + ("" if parts else f": {why}"))
     return ", ".join(parts)
 
 

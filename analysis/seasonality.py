@@ -70,8 +70,10 @@ class Seasonality:
 
 
 def _centred_average(cums: np.ndarray, p: int) -> tuple[np.ndarray, int]:
-    """The centred moving average of period ``p`` (a 2 x p average for an even ``p``) from
-    the series' cumulative sums (``cums[0] = 0``), and the index of its first run."""
+    """The centred moving average of period ``p``, and the index of its first run.
+
+    A 2 x p average for an even ``p``, from the series' cumulative sums (``cums[0] = 0``).
+    """
     plain = (cums[p:] - cums[:-p]) / p  # mean of runs i .. i + p - 1
     if p % 2:
         return plain, p // 2
@@ -80,8 +82,10 @@ def _centred_average(cums: np.ndarray, p: int) -> tuple[np.ndarray, int]:
 
 def _score(residuals: np.ndarray, phases: np.ndarray, p: int
            ) -> tuple[float, np.ndarray, float]:
-    """(normal score of the phase means' differences, the phase means, the BIC of the
-    pattern's model: smaller is a better period)."""
+    """(normal score of the phase means' differences, the phase means, the pattern's BIC).
+
+    A smaller BIC is a better period.
+    """
     n = len(residuals)
     low, high = int(0.05 * (n - 1)), int(math.ceil(0.95 * (n - 1)))
     part = np.partition(residuals, (low, high))
@@ -110,8 +114,10 @@ def _score(residuals: np.ndarray, phases: np.ndarray, p: int
 
 def seasonality(values: np.ndarray, *, max_period: int = MAX_PERIOD,
                 z_threshold: float = Z_THRESHOLD) -> Seasonality | None:
-    """The periodic component of ``values`` (finite, oldest first), or None when none is
-    clear (see the module docstring)."""
+    """The periodic component of ``values`` (finite, oldest first), or None.
+
+    None when no period is clear (see the module docstring).
+    """
     y = np.asarray(values, dtype=float)
     n = len(y)
     if n < MIN_POINTS or float(np.ptp(y)) == 0.0:
@@ -148,7 +154,9 @@ def seasonality(values: np.ndarray, *, max_period: int = MAX_PERIOD,
 def _test(y: np.ndarray, p: int, start: int = 0
           ) -> tuple[float, np.ndarray, float, np.ndarray | None]:
     """(score, phase means, BIC, residuals) of period ``p``; residuals None: too few runs.
-    ``start`` is the index of ``y[0]`` in the series (its phase)."""
+
+    ``start`` is the index of ``y[0]`` in the series (its phase).
+    """
     centred = y - y.mean()
     trend, offset = _centred_average(np.concatenate([[0.0], np.cumsum(centred)]), p)
     residuals = centred[offset:offset + len(trend)] - trend
@@ -172,8 +180,10 @@ def _lag_one(y: np.ndarray, p: int, means: np.ndarray) -> float:
 
 def deseasonalised(values: np.ndarray, season: Seasonality | None,
                    start: int = 0) -> np.ndarray:
-    """``values`` less the periodic component (unchanged without one); ``start`` is the
-    index of ``values[0]`` in the series the component was found in."""
+    """``values`` less the periodic component (unchanged without one).
+
+    ``start`` is the index of ``values[0]`` in the series the component was found in.
+    """
     y = np.asarray(values, dtype=float)
     if season is None:
         return y

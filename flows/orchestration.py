@@ -495,8 +495,9 @@ def _postprocess_phase(outcome: RunOutcome, run: RunContext) -> None:
         [v.history_used for v in post.verdicts if v.verdict == "insufficient_history"],
         settings.regression.min_history)
     outcome.regressions = [
-        f"{v.kpi} ({v.cell or v.test_path}): " + (f"{v.change_pct:+.1f} %" if v.change_pct is not None
-                                        else "changed") + f" — {v.explanation}"
+        f"{v.kpi} ({v.cell or v.test_path}): "
+        + (f"{v.change_pct:+.1f} %" if v.change_pct is not None else "changed")
+        + f" — {v.explanation}"
         for v in post.verdicts if v.verdict == "regression"]
     outcome.findings = [
         f"{v.verdict:<11} {v.kpi} ({v.cell or v.test_path}): {v.explanation}"

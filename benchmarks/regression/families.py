@@ -9,8 +9,9 @@ noise is additive around the level here and multiplicative there; lengths run fr
 Families (``FAMILIES``):
 
 - ``heavy``        Student-t (df 1.5-3) or log-normal noise, steps 1-8 σ;
-- ``hetero``       the noise level itself wanders (x0.4 .. x2.5 over the series, smooth or
-                   in jumps: a variance change is not a level change), steps 1-8 σ;
+- ``hetero``       the noise level itself wanders (x0.4 .. x2.5 over the series, smooth, or
+                   in a jump: a jump is a spread change point, labelled ``spread``), steps
+                   1-8 σ;
 - ``multimodal``   every run lands in one of 2-3 modes (cache warm/cold, NUMA placement),
                    a step moves all modes, steps 1.5-8 σ of the within-mode noise;
 - ``seasonal``     a weekly-like periodic pattern (period 5-9, amplitude 0.3-1.5 σ) plus
@@ -125,10 +126,14 @@ def hetero(rng: Rng, name: str) -> Series:
     level, signs = _levels(rng, n, cps, (1.5, 8.0), sigma, base)
     if rng.random() < 0.5:
         scale = np.exp(np.linspace(0, rng.uniform(-0.9, 0.9), n))
-    else:
+    else:  # a jump of the spread: a change point of its own (a spread change), 10+ runs
+        # from any step
         scale = np.ones(n)
         at = int(rng.integers(n // 4, 3 * n // 4))
         scale[at:] = rng.choice([0.4, 2.5])
+        if all(abs(at - c) >= 10 for c in cps):
+            order = sorted([*zip(cps, signs, strict=True), (at, 0.0)])
+            cps, signs = [c for c, _ in order], [g for _, g in order]
     return _finish(name, "hetero", rng, level + rng.normal(0, 1, n) * sigma * base * scale,
                    cps, signs)
 

@@ -38,11 +38,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent))
 sys.path.insert(0, str(HERE))
 
+import numpy as np  # noqa: E402
 from families import FAMILIES, draw  # noqa: E402
 from generate import Series, generate  # noqa: E402
 from run import WINDOW, load_real, score_whole  # noqa: E402
-
-import numpy as np  # noqa: E402
 
 from analysis.regression import DEFAULTS, DetectorSettings, change_points, verdict  # noqa: E402
 
@@ -151,8 +150,12 @@ def score(series: Sequence[Series], settings: DetectorSettings) -> FamilyScore:
             if not any(q in w for w in spread_windows):
                 noisier_false += judged[q - START] == "noisier"
     return FamilyScore(whole.precision, whole.recall, whole.f1, whole.false_cp_share,
-                       whole.outliers_marked, flagged / max(events, 1), first / max(events, 1),
-                       in_window / max(window_runs, 1), alarms / max(stable, 1),
+                       whole.outliers_marked,
+                       # a family without regressions has no recall of them (not zero)
+                       flagged / events if events else math.nan,
+                       first / events if events else math.nan,
+                       in_window / window_runs if window_runs else math.nan,
+                       alarms / max(stable, 1),
                        suspected / max(stable, 1), spreads_found / max(spreads, 1)
                        if spreads else math.nan, noisier_false / max(stable, 1))
 
@@ -174,10 +177,13 @@ HEADER = (f"{'family':<12} {'prec':>6} {'recall':>6} {'F1':>6} {'noCP>0':>7} {'o
 
 
 def row(name: str, x: FamilyScore) -> str:
-    noisy = "     -" if math.isnan(x.spread_found) else f"{x.spread_found:6.3f}"
+    def shown(value: float) -> str:
+        return "     -" if math.isnan(value) else f"{value:6.3f}"
+
+    noisy = shown(x.spread_found)
     return (f"{name:<12} {x.precision:6.3f} {x.recall:6.3f} {x.f1:6.3f} "
-            f"{x.false_cp_share:7.1%} {x.outliers_marked:6.1%} | {x.event_recall:6.3f} "
-            f"{x.first_run:6.3f} {x.window_recall:6.3f} {x.false_alarms:7.2%} "
+            f"{x.false_cp_share:7.1%} {x.outliers_marked:6.1%} | {shown(x.event_recall)} "
+            f"{shown(x.first_run)} {shown(x.window_recall)} {x.false_alarms:7.2%} "
             f"{x.suspected:6.2%} | {noisy} {x.false_noisier:7.2%}")
 
 

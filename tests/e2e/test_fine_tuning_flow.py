@@ -127,6 +127,30 @@ def test_successive_runs_build_history_and_verdicts(tmp_path: Path, prefect_harn
     assert all(v["history_used"] >= 3 for v in verdicts)
 
 
+def _earlier_runs(tmp_path: Path, count: int, *, better: float, spread: float,
+                  seed: int) -> None:
+    """A real light run (``run0``), then ``count`` earlier runs of its configuration in
+    ``tmp_path/history``: its KPIs ``better`` times better, ``spread`` apart (log-normal)."""
+    from flows.fine_tuning.flow import fine_tuning
+    from flows.orchestration import outcome_of
+
+    first = outcome_of(fine_tuning(presets=["light"], overrides={
+        **JUDGED, "analysis.history_uri": str(tmp_path / "first")},
+        artifact_dir=str(tmp_path / "run0"), return_state=True))
+    assert first.exit_code == 0, first.failures
+    rows = pd.read_parquet(tmp_path / "first")
+    rng = np.random.default_rng(seed)
+    fakes = []
+    for i in range(count):
+        fake = rows.copy()
+        factor = np.where(fake["lower_better"], 1 / better, better)
+        fake["value"] = fake["value"] * factor * np.exp(rng.normal(0, spread, len(fake)))
+        fake["run_uuid"] = f"earlier-{i}"
+        fake["timestamp"] = fake["timestamp"] - pd.Timedelta(days=10 - i)
+        fakes.append(fake)
+    HistoryStore(str(tmp_path / "history")).bulk_append(pd.concat(fakes, ignore_index=True))
+
+
 def test_a_suspected_regression_is_rerun_and_judged_with_its_repeat(
         tmp_path: Path, prefect_harness) -> None:
     """``analysis.confirm_reruns``: the newest run (the 9th of its configuration) alone is
@@ -135,26 +159,12 @@ def test_a_suspected_regression_is_rerun_and_judged_with_its_repeat(
     from flows.fine_tuning.flow import fine_tuning
     from flows.orchestration import outcome_of
 
-    first = outcome_of(fine_tuning(presets=["light"], overrides={
-        **JUDGED, "analysis.history_uri": str(tmp_path / "first")},
-        artifact_dir=str(tmp_path / "run0"), return_state=True))
-    assert first.exit_code == 0, first.failures
     # Eight earlier runs of the same configuration, 1000x better than this machine does:
     # beyond anything load can do to a run. Load moves these short trainings a lot: a loaded
     # CI slowed run0 ~1.5x against the re-run (a 1.5x history then hid the regression), and
     # in another, run0 ran 10x slower than the runs after it, so a 6x history was *worse*
     # than them and the verdict an improvement.
-    rows = pd.read_parquet(tmp_path / "first")
-    rng = np.random.default_rng(0)
-    fakes = []
-    for i in range(8):
-        fake = rows.copy()
-        better = np.where(fake["lower_better"], 1 / 1000, 1000)
-        fake["value"] = fake["value"] * better * (1 + rng.normal(0, 0.01, len(fake)))
-        fake["run_uuid"] = f"earlier-{i}"
-        fake["timestamp"] = fake["timestamp"] - pd.Timedelta(days=10 - i)
-        fakes.append(fake)
-    HistoryStore(str(tmp_path / "history")).bulk_append(pd.concat(fakes, ignore_index=True))
+    _earlier_runs(tmp_path, 8, better=1000, spread=0.01, seed=0)
 
     outcome = outcome_of(fine_tuning(presets=["light"], overrides={
         **JUDGED, "analysis.history_uri": str(tmp_path / "history"),
@@ -209,23 +219,10 @@ def test_a_one_off_slow_run_is_rerun_and_dismissed_as_an_outlier(
     from flows.fine_tuning.flow import fine_tuning
     from flows.orchestration import outcome_of
 
-    first = outcome_of(fine_tuning(presets=["light"], overrides={
-        **JUDGED, "analysis.history_uri": str(tmp_path / "first")},
-        artifact_dir=str(tmp_path / "run0"), return_state=True))
-    assert first.exit_code == 0, first.failures
     # Five earlier runs at this machine's own level, 15 % apart (a loaded CI machine moves
     # these short trainings that much): the re-run lands among them, the slowed run ~4x
     # below them (six busy processes on the cores)
-    rows = pd.read_parquet(tmp_path / "first")
-    rng = np.random.default_rng(1)
-    fakes = []
-    for i in range(5):
-        fake = rows.copy()
-        fake["value"] = fake["value"] * np.exp(rng.normal(0, 0.15, len(fake)))
-        fake["run_uuid"] = f"earlier-{i}"
-        fake["timestamp"] = fake["timestamp"] - pd.Timedelta(days=10 - i)
-        fakes.append(fake)
-    HistoryStore(str(tmp_path / "history")).bulk_append(pd.concat(fakes, ignore_index=True))
+    _earlier_runs(tmp_path, 5, better=1, spread=0.15, seed=1)
     run = tmp_path / "run"
     stop = threading.Event()
     # the neighbour arrives with the first cell's dir and leaves when its exit code is written
