@@ -131,6 +131,7 @@ __all__ = [
     "spread_change_points",
     "minimum_detectable_effect",
     "noise_scale",
+    "pooled_noise",
     "repeats_for",
     "shift_at",
     "verdict",
@@ -1326,7 +1327,7 @@ def minimum_detectable_effect(history: Sequence[float], repeats: int = 1, *,
     current = y[cps[-1]:] if cps else y
     # The noise pooled within every level (around each level and the drift line), not the
     # newest level's alone: three runs after a step read an MDE in the thousands of %
-    sigma = _pooled_noise(y, cps) if len(y) > len(cps) + 2 else noise_scale(y)
+    sigma = pooled_noise(y, cps) if len(y) > len(cps) + 2 else noise_scale(y)
     sigma = max(sigma, 1e-4) if log_scale else _sigma_floor(y, sigma)
     sigma *= 1 + (settings.verdict_z ** 2 + 1) / (4 * max(len(y) - len(cps) - 2, 1))
     base = min(len(current), settings.baseline_window)
@@ -1341,7 +1342,7 @@ def minimum_detectable_effect(history: Sequence[float], repeats: int = 1, *,
     return delta / level if level > 0 else None
 
 
-def _pooled_noise(y: np.ndarray, cps: Sequence[int]) -> float:
+def pooled_noise(y: np.ndarray, cps: Sequence[int]) -> float:
     """The noise within every level of ``y``.
 
     `noise_scale`'s estimate from the first differences that do not straddle a change (a

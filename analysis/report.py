@@ -45,7 +45,7 @@ from analysis.history import VALIDITY
 from analysis.kpi import BASE_COLUMNS, display_value
 from analysis.progress import StageProgress
 from analysis.project import AnalysisProject
-from analysis.regression import DEFAULTS, DetectorSettings, change_points
+from analysis.regression import DEFAULTS, DetectorSettings, change_points, pooled_noise
 from analysis.safeio import link_file, write_bytes, write_text
 from analysis.yamlio import load_yaml
 
@@ -546,8 +546,9 @@ def _draw_kpi_history(ctx: ReportContext, options: dict[str, Any]) -> str:
                 "name": "invalid (not judged)", "marker": {"symbol": "x", "color": "#aaa"},
                 "hovertext": [f"{r}: invalid measurement, not judged"
                               for r in invalid["run_uuid"]], "hoverinfo": "text"})
-        for _config, line in group.groupby("configuration", sort=False):
+        for config, line in group.groupby("configuration", sort=False):
             found = change_points(line["value"].tolist(), settings=ctx.detector)
+            fig["data"].extend(_baseline_band(line, found, str(config)))
             if found:
                 at = line.iloc[found]
                 fig["data"].append({
@@ -570,6 +571,48 @@ def _draw_kpi_history(ctx: ReportContext, options: dict[str, Any]) -> str:
         fig["layout"]["legend"] = {"orientation": "h", "y": -0.3}
         parts.append(_figure_html(fig))
     return "\n".join(parts)
+
+
+def level_band(values: Sequence[float], changes: Sequence[int]
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each run's level and the noise band around it.
+
+    The level is the median of the run's segment between change points; the band ± 2 noise
+    SDs, pooled within segments (relative for positive series). What a history chart draws
+    behind the runs: where a run lands against its level's noise is readable without a
+    table.
+    """
+    y = np.asarray(values, dtype=float)
+    positive = bool(len(y)) and bool(np.all(y > 0))
+    work = np.log(y) if positive else y
+    cps = sorted(c for c in changes if 0 < c < len(y))
+    level = np.empty(len(y))
+    for a, b in zip([0, *cps], [*cps, len(y)], strict=True):
+        level[a:b] = np.median(work[a:b])
+    noise = pooled_noise(work, cps) if len(y) > len(cps) + 2 else 0.0
+    low, high = level - 2 * noise, level + 2 * noise
+    if positive:
+        return np.exp(level), np.exp(low), np.exp(high)
+    return level, low, high
+
+
+def _baseline_band(line: pd.DataFrame, changes: Sequence[int], name: str
+                   ) -> list[dict[str, Any]]:
+    """The level line and the ± 2-noise-SD band of one configuration's history (traces)."""
+    if len(line) < 3:
+        return []
+    level, low, high = level_band(line["value"].tolist(), changes)
+    x = _axis_values(line["timestamp"])
+    x = list(x) if not isinstance(x, list) else x
+    return [
+        {"type": "scatter", "x": x + x[::-1], "y": np.concatenate([high, low[::-1]]),
+         "fill": "toself", "fillcolor": "rgba(120,120,120,0.15)", "line": {"width": 0},
+         "hoverinfo": "skip", "legendgroup": name, "showlegend": False,
+         "name": f"{name}: noise band"},
+        {"type": "scatter", "x": x, "y": level, "mode": "lines", "legendgroup": name,
+         "line": {"dash": "dot", "width": 1, "shape": "hv", "color": "#666"},
+         "name": "baseline level ± 2 noise SD", "showlegend": False,
+         "hovertemplate": "baseline level %{y:.4g}<extra></extra>"}]
 
 
 MAX_LOSS_CURVES = 40

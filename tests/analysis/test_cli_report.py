@@ -9,6 +9,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -516,3 +517,19 @@ def test_the_first_screen_is_one_line_worst_first() -> None:
         "2 regressions, 1 suspect, 1 noisier KPI, 9 unchanged, 1 not judged")
     line = triage_line(ctx(["not_judged"] * 3, [run("invalid")]))
     assert line.startswith("3 not judged: the 1 run(s) are invalid measurements")
+
+
+def test_a_history_chart_carries_its_baseline_band_and_level() -> None:
+    """Each configuration's history is drawn over its level (per segment between change
+    points) and a ± 2-noise-SD band: where the newest run lands is readable at a glance."""
+    from analysis.report import level_band
+
+    rng = np.random.default_rng(3)
+    values = list(100 * (1 + rng.normal(0, 0.01, 30))) + list(80 * (1 + rng.normal(0, 0.01, 10)))
+    level, low, high = level_band(values, [30])
+    assert level[0] == pytest.approx(100, rel=0.01) and level[-1] == pytest.approx(80, rel=0.01)
+    width = (high[0] - low[0]) / level[0]
+    assert 0.02 < width < 0.06  # ± 2 SD of 1 % noise, read within the levels (not the step)
+    assert np.all(low <= level) and np.all(level <= high)
+    flat, flat_low, flat_high = level_band([5.0, -5.0, 5.0, -5.0], [])
+    assert np.all(flat_low <= flat) and np.all(flat <= flat_high)
