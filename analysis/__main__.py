@@ -287,9 +287,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="output dir")
     parser.add_argument("--history", metavar="URI",
                         help="Parquet history: local dir or s3://bucket/prefix, judged "
-                             "against and appended to (default: the project's own, "
-                             "<data dir>/history/<project>, when it exists: judged against, "
-                             "read only)")
+                             "against and appended to (none by default: a results tree is "
+                             "judged only against a history named here — the project's "
+                             "runs append to <data dir>/history/<project>; the subcommands "
+                             "default to it)")
     parser.add_argument("--no-append", action="store_true",
                         help="judge against the history without adding these runs to it")
     parser.add_argument("--strict", action="store_true",
@@ -321,18 +322,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "regression": base.regression.model_copy(update={
                 "fail_on_regression": args.fail_on_regression})})
         writable_dir(args.out, "--out")
-        history, append = args.history, not args.no_append
-        if history is None:
-            # the history this project's runs append to: judged against, never appended
-            # to unless named (a results tree from elsewhere must not join it by default)
-            own = Path(default_history_uri(args.project))
-            if own.is_dir() and any(own.glob("*.parquet")):
-                history, append = str(own), False
-                say(f"judging against {own} (read only; --history URI appends)",
-                    error=True)
         outcome = postprocess(args.results_dir, args.project, args.out,
-                              history_uri=history, settings=settings,
-                              append_history=append, force=args.force,
+                              history_uri=args.history, settings=settings,
+                              append_history=not args.no_append, force=args.force,
                               report=not args.no_report)
     except TelltaleError as exc:
         return _failed(exc)

@@ -214,7 +214,7 @@ def test_cluster_prometheus_gives_gpu_and_pod_resource_kpis(tmp_path: Path, pref
     cell = next((tmp_path / "prom").glob("*__cell"))
     step = next(cell.glob("*__observe__capture_prometheus"))
     assert (step / "prometheus" / "series.parquet").is_file()
-    kpis = pd.read_parquet(next((tmp_path / "prom").glob("*__analysis__*")) / "kpis.parquet")
+    kpis = pd.read_parquet(next((tmp_path / "prom").glob("*__analysis__postprocess_results")) / "kpis.parquet")
     values = kpis.set_index("kpi")["value"]
     assert values["gpu_utilization_mean"] == pytest.approx(70.0)
     assert values["gpu_memory_used_max"] == pytest.approx(50_000 * 1048576 / 1e9)

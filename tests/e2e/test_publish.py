@@ -81,7 +81,7 @@ def test_run_is_exported_to_s3_and_opensearch(tmp_path: Path, prefect_harness, s
         assert manifest["valid"] is True and len(manifest["files"]) == len(keys) - 1
         target = S3Target(bucket=s3_bucket, endpoint_url=s3_server, region="us-east-1")
         history = HistoryStore(target.history_uri("fine_tuning")).read()
-        kpis = pd.read_parquet(next(root.glob("*__analysis__*")) / "kpis.parquet")
+        kpis = pd.read_parquet(next(root.glob("*__analysis__postprocess_results")) / "kpis.parquet")
         assert len(history) == len(kpis) >= 9 and history["run_uuid"].nunique() == 1
         run_uuid = history["run_uuid"].iloc[0]
         docs = state.indices["telltale-fine-tuning"]["docs"]
