@@ -21,7 +21,7 @@ def test_prefect_yaml_deployments_build_and_validate() -> None:
     assert {"fine-tuning-nightly", "fine-tuning-gating", "fine-tuning-manual"} <= names
     deployments = {d.name: d for d in build_deployments()}
     nightly = deployments["fine-tuning-nightly"]
-    assert nightly.schedules and nightly.schedules[0].schedule.cron == "0 2 * * *"
+    assert nightly.schedules and nightly.schedules[0].schedule.cron == "30 2 * * *"  # slot 1
     assert nightly.parameters["presets"] == ["nightly"]  # light + confirmation re-runs
     schema = nightly._parameter_openapi_schema.model_dump()
     props = schema["properties"]
@@ -189,3 +189,14 @@ def test_deploy_refuses_a_malformed_prefect_file_before_asking_the_api(
                            str(bad)], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 2, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_a_projects_schedule_depends_on_its_name_alone() -> None:
+    """Adding a project moves no other project's nights: each slot is a stable hash of the
+    project's own name, whatever else is registered."""
+    from deployments.prefect_file import SLOTS, slot_of
+
+    assert slot_of("fine_tuning") == 1 and slot_of("llm_serving") == 4
+    names = [f"project_{i}" for i in range(200)]
+    assert {slot_of(n) for n in names} == set(range(SLOTS))  # every slot is used
+    assert [slot_of(n) for n in names] == [slot_of(n) for n in reversed(names)][::-1]
