@@ -71,8 +71,9 @@ def _pool(name: str) -> dict[str, Any]:
 
 
 def slot_of(name: str) -> int:
-    """The project's place in the night (0 .. SLOTS - 1), from a stable hash of its name:
-    adding a project moves no other project's schedule (an alphabetical rank did).
+    """The project's place in the night (0 .. SLOTS - 1), from a stable hash of its name.
+
+    Adding a project moves no other project's schedule (an alphabetical rank did).
     """
     return int(hashlib.sha256(name.encode()).hexdigest()[:8], 16) % SLOTS
 
