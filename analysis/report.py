@@ -271,9 +271,9 @@ def shape_regression(ctx: ReportContext) -> pd.DataFrame:
                "validity", "confidence", "history_used", "mde_pct", "explanation",
                "what_changed", "suspects"]
     # column by column: a dict per verdict held ~30 MB over 80 000 verdicts
-    table = {c: [_listed(getattr(v, c, None)) for v in ctx.verdicts] for c in columns}
     # a verdict made before cells had names: its dir
-    table["cell"] = [getattr(v, "cell", "") or v.test_path for v in ctx.verdicts]
+    table = {c: [getattr(v, "cell", "") or v.test_path for v in ctx.verdicts] if c == "cell"
+             else [_listed(getattr(v, c, None)) for v in ctx.verdicts] for c in columns}
     return pd.DataFrame(table, columns=columns)
 
 
