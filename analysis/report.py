@@ -25,6 +25,7 @@ Kinds (explicit registry, no self-registration):
 from __future__ import annotations
 
 import datetime
+import filecmp
 import html
 import json
 import math
@@ -46,7 +47,7 @@ from analysis.kpi import BASE_COLUMNS, display_value
 from analysis.progress import StageProgress
 from analysis.project import AnalysisProject
 from analysis.regression import DEFAULTS, DetectorSettings, change_points, pooled_noise
-from analysis.safeio import link_file, write_bytes, write_text
+from analysis.safeio import copy_file, link_file, write_bytes, write_text
 from analysis.yamlio import load_yaml
 
 __all__ = [
@@ -894,42 +895,37 @@ PLOTLY_FILE = "plotly.min.js"
 """The one offline copy of plotly.js the pages of a report share."""
 
 
-def _plotlyjs() -> bytes:
-    """Plotly's bundled plotly.js (what ``plotly.offline.get_plotlyjs`` returns).
+def _plotlyjs() -> Path:
+    """Plotly's bundled plotly.js file (what ``plotly.offline.get_plotlyjs`` reads)."""
+    import plotly
 
-    Read as package data, as bytes: ``plotly.offline`` imports plotly.io, and the 4.8 MB
-    text went through a decode and an encode.
-    """
-    import pkgutil
-
-    data = pkgutil.get_data("plotly", "package_data/plotly.min.js")
-    if data is None:  # a loader without package data: plotly's own way
-        from plotly.offline import get_plotlyjs
-
-        data = get_plotlyjs().encode("utf-8")
-    return data
+    return Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 
 
 def _write_plotlyjs(path: Path, shared_dir: Path | None = None) -> None:
     """Put plotly.js beside a report's pages (they open offline).
+
+    A third-party asset, copied byte for byte (`copy_file`): not our data, so not passed
+    through secret redaction, which once masked a registered value that happened to occur
+    in the library's code and broke every report's plots.
 
     With ``shared_dir`` (a runs root's): one copy there, per plotly version, hard-linked
     into each report — every report dir holds the file, the disk holds it once (it was
     4.8 MB of each run's 5.3 MB). A filesystem without hard links gets a copy.
     """
     if shared_dir is None:
-        write_bytes(path, _plotlyjs())
+        copy_file(_plotlyjs(), path)
         return
     import plotly
 
     shared = Path(shared_dir) / f"plotly-{plotly.__version__}.min.js"
-    data: bytes | None = None
-    if not shared.is_file() or shared.is_symlink():
-        data = _plotlyjs()
+    # a copy an earlier version masked (or anyone altered) is replaced, not linked on
+    if shared.is_symlink() or not shared.is_file() or not filecmp.cmp(
+            shared, _plotlyjs(), shallow=False):
         shared.parent.mkdir(parents=True, exist_ok=True)
-        write_bytes(shared, data)
+        copy_file(_plotlyjs(), shared)
     if not link_file(shared, path):
-        write_bytes(path, data if data is not None else _plotlyjs())
+        copy_file(shared, path)
 
 
 def _load_plots(project: AnalysisProject) -> list[dict[str, Any]]:

@@ -296,7 +296,8 @@ def test_a_shared_file_is_linked_and_a_link_that_cannot_be_made_is_a_copy(
         report.mkdir(parents=True)
         _write_plotlyjs(report / "plotly.min.js", shared)
     inodes = {(r / "plotly.min.js").stat().st_ino for r in reports}
-    assert len(inodes) == 1 and (reports[0] / "plotly.min.js").read_bytes() == _plotlyjs()
+    assert len(inodes) == 1
+    assert (reports[0] / "plotly.min.js").read_bytes() == _plotlyjs().read_bytes()
 
     def no_link(*args: object, **kwargs: object) -> None:
         raise OSError(errno.EXDEV, "Invalid cross-device link")
@@ -306,9 +307,41 @@ def test_a_shared_file_is_linked_and_a_link_that_cannot_be_made_is_a_copy(
     other.mkdir(parents=True)
     _write_plotlyjs(other / "plotly.min.js", shared)
     assert (other / "plotly.min.js").stat().st_ino not in inodes
-    assert (other / "plotly.min.js").read_bytes() == _plotlyjs()
+    assert (other / "plotly.min.js").read_bytes() == _plotlyjs().read_bytes()
     monkeypatch.undo()
     (tmp_path / "evil").symlink_to(tmp_path / "target")
     with pytest.raises(UnsafeOutputError):
         link_file(reports[0] / "plotly.min.js", tmp_path / "evil")
+
+
+def test_plotly_js_is_copied_byte_for_byte_whatever_secrets_are_registered(
+        tmp_path: Path) -> None:
+    """A third-party asset is not our data: a registered secret that happens to occur in
+    plotly.js is not masked there (it broke the plots once), and a shared copy that an
+    earlier version masked is replaced rather than linked on."""
+    import re
+
+    from analysis.redact import register_secret
+    from analysis.report import _plotlyjs, _write_plotlyjs
+
+    original = _plotlyjs().read_bytes()
+    # a quoted token of plotly.js, long enough to count as a secret
+    token = next(m.group(1).decode() for m in re.finditer(rb'"([0-9A-Za-z]{12,40})"', original))
+    register_secret(token)
+    shared = tmp_path / "runs" / ".telltale"
+    report = tmp_path / "runs" / "r" / "report"
+    report.mkdir(parents=True)
+    _write_plotlyjs(report / "plotly.min.js", shared)
+    assert (report / "plotly.min.js").read_bytes() == original
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    _write_plotlyjs(alone / "plotly.min.js")
+    assert (alone / "plotly.min.js").read_bytes() == original
+    (masked,) = shared.glob("plotly-*.min.js")
+    masked.unlink()
+    masked.write_bytes(original.replace(token.encode(), b"********"))
+    again = tmp_path / "runs" / "s" / "report"
+    again.mkdir(parents=True)
+    _write_plotlyjs(again / "plotly.min.js", shared)
+    assert (again / "plotly.min.js").read_bytes() == original
     assert not (tmp_path / "target").exists()
