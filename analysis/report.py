@@ -47,7 +47,7 @@ from analysis.kpi import BASE_COLUMNS, display_value
 from analysis.progress import StageProgress
 from analysis.project import AnalysisProject
 from analysis.regression import DEFAULTS, DetectorSettings, change_points, pooled_noise
-from analysis.safeio import copy_file, link_file, write_bytes, write_text
+from analysis.safeio import copy_file, link_file, write_text
 from analysis.yamlio import load_yaml
 
 __all__ = [
