@@ -323,10 +323,18 @@ def _sigma_floor(y: np.ndarray, sigma: float) -> float:
 
 
 def _shield(y: np.ndarray, sigma: float, outlier_z: float) -> np.ndarray:
+    """``y`` with each run beyond ``outlier_z * sigma`` of its 5-run median replaced by it.
+
+    The ends are mirrored (``y[-2], y[-3]`` after the last run), so a lone first or last
+    run is shielded like any other: repeating the edge value made the last run its own
+    median, and one wild newest run then read as a drift that the segmentation cut into
+    steps all along a flat history. A new level of two runs or more at an end is kept (it is
+    its own window's median).
+    """
     n = len(y)
     if n < 5:
         return y.copy()
-    padded = np.concatenate([np.full(2, y[0]), y, np.full(2, y[-1])])
+    padded = np.pad(y, 2, mode="reflect")
     windows = np.lib.stride_tricks.sliding_window_view(padded, 5)
     local = np.median(windows, axis=1)
     out = y.copy()
