@@ -830,7 +830,7 @@ def _write_outputs(out_dir: Path, hooks: AnalysisProject, settings: AnalysisSett
             and not hooks.kpi_less else []),
     )
     if settings.report if report is None else report:
-        from analysis.report import render_report
+        from analysis.report_index import render_report
 
         outcome.report = str(render_report(
             out_dir / "report", hooks, runs, frame, history_frame, verdicts, found,

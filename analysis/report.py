@@ -30,7 +30,6 @@ import html
 import json
 import math
 import os
-import shlex
 import uuid
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
@@ -44,19 +43,16 @@ from analysis.discovery import Discovery
 from analysis.errors import ConfigError
 from analysis.history import VALIDITY
 from analysis.kpi import BASE_COLUMNS, display_value
-from analysis.progress import StageProgress
 from analysis.project import AnalysisProject
 from analysis.regression import DEFAULTS, DetectorSettings, change_points, pooled_noise
-from analysis.safeio import copy_file, link_file, write_text
+from analysis.safeio import copy_file, link_file
 from analysis.yamlio import load_yaml
 
 __all__ = [
     "REPORT_KINDS",
     "ReportContext",
-    "render_report",
     "configuration_keys",
     "shape_errors",
-    "shape_headlines",
     "shape_distribution",
     "shape_kpi_curve",
     "shape_kpi_history",
@@ -64,7 +60,6 @@ __all__ = [
     "shape_loss_curve",
     "shape_resources",
     "shape_regression",
-    "shape_triage",
     "run_name",
     "shape_users",
 ]
@@ -468,6 +463,11 @@ _COLORWAY = ["#636EFA", "#EF553B", "#00CC96", "#AB63FA", "#FFA15A", "#19D3F3", "
              "#B6E880", "#FF97FF", "#FECB52"]
 
 
+_SYMBOLS = ["circle", "square", "diamond", "triangle-up", "x", "cross", "triangle-down",
+            "star", "pentagon", "hexagon"]
+"""Marker symbols, one per line of a chart (with the colours): told apart without colour."""
+
+
 def _axis_values(values: pd.Series) -> Any:
     """Values for a figure dict's axis: timestamps as ISO strings, made in one numpy call.
 
@@ -497,10 +497,12 @@ def _lines(frame: pd.DataFrame, x: str, y: str, color: str, *, hover: Sequence[s
                             *(f"{html.escape(name)}=%{{customdata[{i}]}}"
                               for i, name in enumerate(hover))]) + "<extra></extra>"
     data = []
-    for name, group in frame.groupby(color, sort=False):
+    for index, (name, group) in enumerate(frame.groupby(color, sort=False)):
+        # each line its own marker too: readable without colour (and printed grey)
         trace = {"type": "scatter", "mode": "lines+markers", "name": str(name),
                  "legendgroup": str(name), "showlegend": True, "x": _axis_values(group[x]),
-                 "y": group[y].to_numpy(), "hovertemplate": template}
+                 "y": group[y].to_numpy(), "hovertemplate": template,
+                 "marker": {"symbol": _SYMBOLS[index % len(_SYMBOLS)]}}
         if hover:
             trace["customdata"] = group[list(hover)].astype(str).to_numpy()
         data.append(trace)
@@ -881,7 +883,16 @@ body{font-family:system-ui,sans-serif;margin:2em;color:#222}
 table{border-collapse:collapse;font-size:13px;margin:1em 0}
 th,td{padding:4px 8px;border-bottom:1px solid #ddd;text-align:left}
 th{background:#f4f4f4} .empty{color:#888} nav a{margin-right:1em}
-.scroll{overflow-x:auto;max-width:100%} code{font-size:12px}
+.scroll{overflow-x:auto;max-width:100%} code{font-size:12px;overflow-wrap:anywhere}
+.verdict-line{font-size:20px;font-weight:600;margin:.3em 0 .6em}
+.card{border:1px solid #ddd;border-left:6px solid #999;border-radius:4px;padding:.4em .8em;
+margin:.6em 0} .card h3{margin:.2em 0;font-size:16px} .card .why{margin:.2em 0;color:#444}
+.why summary{cursor:pointer}
+.card-body{display:flex;flex-wrap:wrap;gap:1em}
+.card .chart{flex:3 1 480px;min-width:0;order:-1}
+.card .facts{flex:2 1 320px;min-width:0;margin:0;font-size:13px;overflow-wrap:anywhere}
+.facts dt{font-weight:600;margin-top:.4em} .facts dd{margin:0}
+.moved svg{vertical-align:middle} .config{color:#666;font-weight:normal}
 """
 
 
@@ -942,178 +953,6 @@ def _load_plots(project: AnalysisProject) -> list[dict[str, Any]]:
     return reports
 
 
-MAX_HEADLINES = 200
-SPARK_POINTS = 30
-
-
-def _sparkline(values: Sequence[float], colour: str) -> str:
-    """An inline SVG polyline of the last values (no script needed)."""
-    points = [float(v) for v in values if v is not None and math.isfinite(float(v))]
-    points = points[-SPARK_POINTS:]
-    if len(points) < 2:
-        return ""
-    lo, hi = min(points), max(points)
-    span = (hi - lo) or 1.0
-    width, height = 120, 24
-    coords = " ".join(f"{i * width / (len(points) - 1):.1f},"
-                      f"{height - 2 - (v - lo) / span * (height - 4):.1f}"
-                      for i, v in enumerate(points))
-    last_x, last_y = coords.rsplit(" ", 1)[-1].split(",")
-    return (f"<svg width='{width}' height='{height}' role='img'><polyline fill='none' "
-            f"stroke='#888' stroke-width='1.2' points='{coords}'/><circle cx='{last_x}' "
-            f"cy='{last_y}' r='3' fill='{colour}'/></svg>")
-
-
-def shape_headlines(ctx: ReportContext) -> pd.DataFrame:
-    """One row per KPI and configuration of the current runs: the newest run's verdict."""
-    history = shape_kpi_history(ctx)
-    columns = ["kpi", "configuration", "latest", "unit", "verdict", "change_pct", "series",
-               "explanation"]
-    if history.empty:
-        return pd.DataFrame(columns=columns)
-    verdicts = {(v.run_uuid, v.kpi): v for v in ctx.verdicts}
-    rows = []
-    for (kpi, config), group in history.groupby(["kpi", "configuration"], sort=False):
-        now = group[group["current"].astype(bool)]
-        if now.empty:
-            continue
-        newest = now.iloc[-1]
-        judged = verdicts.get((newest["run_uuid"], kpi))
-        rows.append({"kpi": kpi, "configuration": config, "latest": newest["value"],
-                     "unit": newest["unit"], "verdict": judged.verdict if judged else "",
-                     "change_pct": judged.change_pct if judged else None,
-                     "series": group["value"].tolist(),
-                     "explanation": judged.explanation if judged else ""})
-    rows.sort(key=lambda r: (SEVERITY.get(r["verdict"], len(SEVERITY)), r["kpi"],
-                             r["configuration"]))
-    return pd.DataFrame(rows[:MAX_HEADLINES], columns=columns)
-
-
-def shape_triage(ctx: ReportContext) -> pd.DataFrame:
-    """One row per regression (then improvement) of the current runs: what a person needs.
-
-    Validity, size, since when, what changed in the environment, the KPIs that moved with
-    it, the KPI's minimum detectable effect and the command that accepts the new level.
-    """
-    columns = ["kpi", "run", "verdict", "validity", "change_pct", "since", "what_changed",
-               "suspects", "mde_pct", "explanation", "accept"]
-    history = shlex.quote(ctx.history_uri) if ctx.history_uri else "HISTORY_URI"
-    names = {str(r.run_uuid): run_name(r) for r in ctx.runs}
-    rows = []
-    for v in ctx.verdicts:
-        if v.verdict not in TRIAGED:
-            continue
-        since = getattr(v, "since_runs", None)
-        rows.append({
-            "kpi": v.kpi, "run": names.get(str(v.run_uuid), v.cell or v.test_path),
-            "verdict": v.verdict,
-            "validity": getattr(v, "validity", "valid"), "change_pct": v.change_pct,
-            "since": "this run" if since in (None, 1) else f"{since - 1} run(s) before it",
-            "what_changed": "; ".join(getattr(v, "what_changed", [])[:4]),
-            "suspects": "; ".join(getattr(v, "suspects", [])[:4]),
-            "mde_pct": getattr(v, "mde_pct", None), "explanation": v.explanation,
-            "accept": f"python -m analysis accept --history {history} "
-                      f"{shlex.quote(v.run_uuid)} --kpi {shlex.quote(v.kpi)}"})
-    rows.sort(key=lambda r: (SEVERITY.get(r["verdict"], len(SEVERITY)),
-                             -abs(r["change_pct"] or 0)))
-    return pd.DataFrame(rows[:MAX_HEADLINES], columns=columns)
-
-
-TRIAGED = ("regression", "suspect", "noisier", "drift", "outlier", "improvement")
-"""The verdicts the triage lists: what a person should look at (and what was dismissed)."""
-JUDGED = ("regression", "improvement", "suspect", "outlier", "noisier", "periodic", "drift",
-          "no_change")
-"""The verdicts that mean a KPI was judged (not `insufficient_history`, not unjudged)."""
-_SAID = {"regression": ("regression", "regressions"), "suspect": ("suspect", "suspects"),
-         "noisier": ("noisier KPI", "noisier KPIs"), "drift": ("drifting KPI", "drifting KPIs"),
-         "outlier": ("outlier dismissed", "outliers dismissed"),
-         "improvement": ("improvement", "improvements"),
-         "periodic": ("periodic KPI", "periodic KPIs"), "no_change": ("unchanged", "unchanged")}
-
-
-def triage_line(ctx: ReportContext) -> str:
-    """The first screen's one line, worst first.
-
-    ``2 regressions, 1 suspect, 9 unchanged, 1 not judged: busy machine`` (the KPI verdicts
-    of the newest runs).
-    """
-    counts: dict[str, int] = {}
-    for v in ctx.verdicts:
-        counts[v.verdict] = counts.get(v.verdict, 0) + 1
-    parts = [f"{n} {_SAID[kind][n != 1]}" for kind, n in sorted(
-        counts.items(), key=lambda kv: SEVERITY.get(kv[0], len(SEVERITY))) if kind in _SAID]
-    unjudged = counts.get("not_judged", 0) + counts.get("insufficient_history", 0)
-    if unjudged or not parts:
-        why = triage_headline(ctx).removeprefix("nothing judged: ")
-        parts.append(f"{unjudged} not judged" + ("" if parts else f": {why}"))
-    return ", ".join(parts)
-
-
-def triage_headline(ctx: ReportContext) -> str:
-    """What an empty triage means: nothing moved, or nothing was judged — and why."""
-    if any(v.verdict in JUDGED for v in ctx.verdicts):
-        return "nothing to look at: no regression, suspect or noisier KPI"
-    invalid = [r for r in ctx.runs if getattr(r, "validity", None) is not None
-               and r.validity.status != "valid"]
-    if invalid and len(invalid) == len(ctx.runs):
-        return (f"nothing judged: the {len(invalid)} run(s) are invalid measurements "
-                "(listed below), never judged nor a baseline; run on a quieter machine")
-    if ctx.history_uri is None:
-        return "nothing judged: no history given"
-    return ("nothing judged: not enough comparable valid runs in the history yet "
-            "(verdicts start after analysis.regression.min_history of them)")
-
-
-def _triage_html(ctx: ReportContext) -> str:
-    """The index's first section: the triage table, the runs not judged, the noisy KPIs.
-
-    Noisy: their minimum detectable effect is larger than ``target_mde_pct``.
-    """
-    frame = shape_triage(ctx)
-    parts = ["<h2>Triage</h2>", f"<p class='verdict-line'><b>"
-             f"{html.escape(triage_line(ctx))}</b></p>"]
-    if frame.empty:
-        parts.append(f"<p class='empty'>{html.escape(triage_headline(ctx))}</p>")
-    else:
-        rows = []
-        for r in frame.itertuples(index=False):
-            mde = "" if r.mde_pct is None or pd.isna(r.mde_pct) else f"{r.mde_pct:.1f}%"
-            change = "" if r.change_pct is None or pd.isna(r.change_pct) else \
-                f"{r.change_pct:+.1f}%"
-            cells = [r.kpi, r.run, r.verdict, r.validity, change, r.since,
-                     r.what_changed or "—", r.suspects or "none", mde]
-            rows.append(f"<tr style='background-color: {_VERDICT_COLOURS.get(r.verdict)}' "
-                        f"title='{html.escape(r.explanation, quote=True)}'>"
-                        + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells)
-                        + f"<td><code>{html.escape(r.accept)}</code></td></tr>")
-        parts.append("<div class='scroll'><table class='data'><thead><tr><th>KPI</th>"
-                     "<th>run</th><th>verdict</th><th>validity</th><th>size</th>"
-                     "<th>since</th><th>what changed</th><th>moved with it</th><th>MDE</th>"
-                     "<th>accept the new level</th></tr></thead><tbody>" + "".join(rows)
-                     + "</tbody></table></div>")
-    invalid = [r for r in ctx.runs if getattr(r, "validity", None) is not None
-               and r.validity.status != "valid"]
-    if invalid:
-        parts.append("<h2>Not judged</h2><ul>" + "".join(
-            f"<li>{html.escape(r.result.rel_path)}: {html.escape(r.validity.status)} — not "
-            f"judged: {html.escape('; '.join(r.validity.reasons))}</li>"
-            for r in invalid[:MAX_HEADLINES]) + "</ul>")
-    noisy: dict[str, float] = {}
-    for v in ctx.verdicts:
-        mde = getattr(v, "mde_pct", None)
-        if mde is not None and mde > ctx.target_mde_pct:
-            noisy[v.kpi] = max(noisy.get(v.kpi, 0.0), mde)
-    if noisy:
-        parts.append(f"<h2>Noise budget</h2><p>These KPIs cannot see a "
-                     f"{ctx.target_mde_pct:g}% change with the repeats judged (minimum "
-                     "detectable effect at the detector's false-alarm budget, 80 % power): "
-                     + ", ".join(f"{html.escape(k)} {m:.1f}%" for k, m in sorted(
-                         noisy.items(), key=lambda kv: -kv[1])[:40])
-                     + ". More repeats (<code>analysis.confirm_reruns: auto</code>) or a "
-                     "quieter machine bring it down.</p>")
-    return "".join(parts)
-
-
 def _shared_html(ctx: ReportContext) -> str:
     """The labels every shown configuration shares, said once above the charts/tables."""
     if not ctx.shared_labels:
@@ -1121,77 +960,3 @@ def _shared_html(ctx: ReportContext) -> str:
     return ("<p class='shared'>Every configuration here: " + ", ".join(
         f"{html.escape(k)}={html.escape(v)}" for k, v in ctx.shared_labels.items() if v)
         + "</p>")
-
-
-def _headlines_html(ctx: ReportContext) -> str:
-    frame = shape_headlines(ctx)
-    if frame.empty:
-        return "<p class='empty'>no KPI to show</p>"
-    rows = []
-    for row in frame.itertuples(index=False):
-        colour = _VERDICT_COLOURS.get(row.verdict, "#fff")
-        change = "" if row.change_pct is None or pd.isna(row.change_pct) else \
-            f"{row.change_pct:+.1f}%"
-        latest = f"{row.latest:.4g}" if pd.notna(row.latest) else ""
-        rows.append(
-            f"<tr style='background-color: {colour}' title='{html.escape(row.explanation)}'>"
-            f"<td>{html.escape(str(row.kpi))}</td><td>{html.escape(str(row.configuration))}"
-            f"</td><td>{html.escape(latest)} {html.escape(str(row.unit))}</td>"
-            f"<td>{html.escape(row.verdict or 'no verdict')}</td><td>{change}</td>"
-            f"<td>{_sparkline(row.series, _VERDICT_MARKS.get(row.verdict, '#999'))}</td></tr>")
-    return (_shared_html(ctx) + "<div class='scroll'><table class='data'><thead><tr>"
-            "<th>KPI</th><th>configuration</th><th>latest</th><th>verdict</th>"
-            "<th>vs baseline</th><th>history</th></tr></thead><tbody>"
-            + "".join(rows) + "</tbody></table></div>")
-
-
-def render_report(out_dir: Path, project: AnalysisProject, runs: Sequence[Any],
-                  kpis: pd.DataFrame, history: pd.DataFrame | None, verdicts: Sequence[Any],
-                  discovery: Discovery, *, ignored_labels: Sequence[str] = (),
-                  compared_label: str | None = None,
-                  detector: DetectorSettings = DEFAULTS, history_uri: str | None = None,
-                  target_mde_pct: float = 5.0, shared_dir: Path | None = None) -> Path:
-    """Write one HTML page per report plus ``index.html``; returns the index path.
-
-    ``shared_dir``: where the one plotly.js copy of many reports lives (`_write_plotlyjs`).
-    """
-    out_dir.mkdir(parents=True, exist_ok=True)
-    ctx = ReportContext(project, runs, kpis, history, verdicts, discovery,
-                        ignored_labels=tuple(ignored_labels), compared_label=compared_label,
-                        out_dir=out_dir, detector=detector, history_uri=history_uri,
-                        target_mde_pct=target_mde_pct)
-    links = []
-    plotly_needed = False
-    plots = _load_plots(project)
-    progress = StageProgress("report", len(plots), "page(s)")
-    for index, entry in enumerate(plots):
-        kind, title = entry["kind"], str(entry.get("title", entry["kind"]))
-        options = {k: v for k, v in entry.items() if k not in ("kind", "title")}
-        body = REPORT_KINDS[kind](ctx, options)
-        name = f"{index:02d}_{kind}.html"
-        needs_js = "Plotly" in body or "plotly" in body
-        plotly_needed = plotly_needed or needs_js
-        write_text(out_dir / name, _page(title, f"<p><a href='index.html'>← index</a></p>"
-                                                 f"<h1>{html.escape(title)}</h1>{body}",
-                                          needs_js))
-        links.append((name, title))
-        progress.advance()  # a page written
-    if plotly_needed:
-        _write_plotlyjs(out_dir / PLOTLY_FILE, shared_dir)
-    counts: dict[str, int] = {}
-    for verdict in verdicts:
-        counts[verdict.verdict] = counts.get(verdict.verdict, 0) + 1
-    summary = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "no verdicts"
-    failed = sum(1 for r in runs if r.result.exit_code != 0)
-    invalid = sum(1 for r in runs if getattr(r, "validity", None) is not None
-                  and r.validity.status == "invalid")
-    body = (f"<h1>{html.escape(project.name)} — results</h1>"
-            f"<p>{len(runs)} run(s), {failed} failed, {invalid} invalid. Verdicts: "
-            f"{html.escape(summary)}.</p>" + _triage_html(ctx)
-            + "<h2>Pages</h2><ul>" + "".join(f"<li><a href='{n}'>{html.escape(t)}</a></li>"
-                                             for n, t in links)
-            + "</ul><h2>Every KPI</h2>" + _headlines_html(ctx))
-    index_path = out_dir / "index.html"
-    write_text(index_path, _page(f"{project.name} report", body, False))
-    progress.finish()
-    return index_path

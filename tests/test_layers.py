@@ -24,6 +24,7 @@ def test_import_layers_hold() -> None:
 @pytest.mark.parametrize("module", [
     "analysis.errors", "analysis.kpi", "analysis.lts", "analysis.history", "analysis.regression",
     "analysis.parsing", "analysis.discovery", "analysis.pipeline", "analysis.report",
+    "analysis.report_index",
     "projects.config", "projects.contract", "projects.matrix", "tasks.artifacts",
     "tasks.runner", "tasks.platforms.select",
 ])
@@ -35,7 +36,7 @@ def test_all_lists_exist_and_resolve(module: str) -> None:
 
 
 def test_importing_analysis_does_not_import_prefect() -> None:
-    code = "import analysis.pipeline, analysis.report, sys; print('prefect' in sys.modules)"
+    code = "import analysis.pipeline, analysis.report_index, sys; print('prefect' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "False"
 

@@ -421,6 +421,8 @@ def test_line_figures_are_built_as_plotly_json() -> None:
     figure = _lines(frame, "timestamp", "value", "configuration", hover=["run_uuid"],
                     title="t [s]")
     assert [t["name"] for t in figure["data"]] == ["</script><b>x", "plain"]
+    # told apart without colour: each line its own marker
+    assert figure["data"][0]["marker"]["symbol"] != figure["data"][1]["marker"]["symbol"]
     assert figure["data"][0]["x"] == ["2026-01-02T03:04:05", "2026-01-04T00:00:00"]
     assert figure["data"][0]["customdata"].tolist() == [["a"], ["c"]]
     assert "run_uuid=%{customdata[0]}" in figure["data"][0]["hovertemplate"]
@@ -483,7 +485,7 @@ def test_help_lists_every_subcommand() -> None:
 def test_an_empty_triage_says_whether_anything_was_judged_and_why() -> None:
     from types import SimpleNamespace as NS
 
-    from analysis.report import triage_headline
+    from analysis.report_index import triage_headline
 
     def run(status: str) -> NS:
         return NS(validity=NS(status=status, reasons=["busy machine"]))
@@ -503,7 +505,7 @@ def test_an_empty_triage_says_whether_anything_was_judged_and_why() -> None:
 def test_the_first_screen_is_one_line_worst_first() -> None:
     from types import SimpleNamespace as NS
 
-    from analysis.report import triage_line
+    from analysis.report_index import triage_line
 
     def run(status: str) -> NS:
         return NS(validity=NS(status=status, reasons=["busy machine"]))
