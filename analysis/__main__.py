@@ -134,7 +134,6 @@ def _failed(exc: TelltaleError) -> int:
 def compare_main(argv: Sequence[str]) -> int:
     """``compare``: two selections of the history, KPI by KPI; returns the exit code."""
     from analysis.compare import compare_frames, comparison_html, comparison_lines
-    from analysis.report import PLOTLY_FILE, _write_plotlyjs
     from analysis.safeio import write_json, write_text
 
     parser = ArgumentParser(prog="python -m analysis compare",
@@ -168,8 +167,9 @@ def compare_main(argv: Sequence[str]) -> int:
             if path:
                 writable_dir(str(Path(path).parent), "--html/--json")
         if args.html:
-            write_text(args.html, comparison_html(rows, args.a, args.b))
-            _write_plotlyjs(Path(args.html).parent / PLOTLY_FILE)
+            # static (inline SVG bars): no plotly.js beside it
+            write_text(args.html, comparison_html(rows, args.a, args.b,
+                                                  same_within_pct=args.same_within))
         if args.json:
             write_json(args.json, [r.model_dump() for r in rows])
     except TelltaleError as exc:

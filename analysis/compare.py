@@ -319,31 +319,80 @@ def comparison_lines(rows: Sequence[Comparison], a: str, b: str) -> list[str]:
     return lines
 
 
-def comparison_html(rows: Sequence[Comparison], a: str, b: str) -> str:
-    """A self-contained HTML page: the table, and the changes with their intervals."""
-    import plotly.express as px
+_COMPARE_COLOURS = {"worse": "#c0392b", "better": "#1e8449", "same": "#7f8c8d",
+                    "inconclusive": "#b7950b"}
+_COMPARE_SIGNS = {"worse": "▼ worse", "better": "▲ better", "same": "= same",
+                  "inconclusive": "? inconclusive"}
+"""The verdict's word with a sign: told apart without colour."""
+BAR_WIDTH = 240
 
-    from analysis.report import _figure_html, _page, _table_html
 
-    frame = pd.DataFrame([r.model_dump() for r in rows])
+def interval_bar(row: Comparison, span: float, same_within_pct: float) -> str:
+    """An inline SVG: the change (a tick) and its 95 % interval (a bar) on a shared scale.
+
+    ``span`` is the largest change any row of the page shows (each row is drawn on the
+    same ±``span`` % axis); the grey band is the ``same`` zone, the line no change.
+    """
+    half = BAR_WIDTH / 2
+
+    def x(value: float) -> float:
+        return half + max(-1.0, min(1.0, value / span)) * (half - 4)
+
+    colour = _COMPARE_COLOURS[row.verdict]
+    parts = [f"<rect x='{x(-same_within_pct):.1f}' y='2' height='16' "
+             f"width='{x(same_within_pct) - x(-same_within_pct):.1f}' fill='#eee'/>",
+             f"<line x1='{half}' x2='{half}' y1='0' y2='20' stroke='#999'/>"]
+    if row.ci_low_pct is not None and row.ci_high_pct is not None:
+        parts.append(f"<rect x='{x(row.ci_low_pct):.1f}' y='7' height='6' rx='2' "
+                     f"width='{max(x(row.ci_high_pct) - x(row.ci_low_pct), 1):.1f}' "
+                     f"fill='{colour}' opacity='0.55'/>")
+    parts.append(f"<line x1='{x(row.change_pct):.1f}' x2='{x(row.change_pct):.1f}' y1='3' "
+                 f"y2='17' stroke='{colour}' stroke-width='3'/>")
+    label = (f"{row.change_pct:+.1f} %" + ("" if row.ci_low_pct is None else
+             f", 95 % interval {row.ci_low_pct:+.1f} .. {row.ci_high_pct:+.1f} %"))
+    return (f"<svg width='{BAR_WIDTH}' height='20' role='img' aria-label='{label}'>"
+            f"<title>{label}</title>{''.join(parts)}</svg>")
+
+
+def comparison_html(rows: Sequence[Comparison], a: str, b: str, *,
+                    same_within_pct: float = 2.0) -> str:
+    """A self-contained page, Perfherder-style: a row per KPI and configuration, worst first.
+
+    Each row: A's and B's means (and runs), the change, its 95 % interval drawn as a bar on
+    one scale shared by every row (with the ``same`` zone and no change marked), Hedges' g
+    and the verdict. Static (inline SVG, no script): it opens offline and from S3.
+    """
+    from analysis.report import _page
+
     body = (f"<h1>Compare</h1><p>B = <code>{html.escape(b)}</code> against A = "
-            f"<code>{html.escape(a)}</code>; valid runs only.</p>")
-    if not frame.empty:
-        shared, distinct = shared_and_distinct(list(frame["configuration"]))
-        if shared:
-            body += f"<p>Configuration: <code>{html.escape(shared)}</code></p>"
-        frame["label"] = [kpi + (f" [{distinct[c]}]" if distinct[c] else "")
-                          for kpi, c in zip(frame["kpi"], frame["configuration"], strict=True)]
-        shown = frame.dropna(subset=["ci_low_pct"])
-        if not shown.empty:
-            figure = px.scatter(
-                shown, x="change_pct", y="label", color="verdict",
-                error_x=shown["ci_high_pct"] - shown["change_pct"],
-                error_x_minus=shown["change_pct"] - shown["ci_low_pct"],
-                labels={"change_pct": "change of B against A (%)", "label": ""},
-                color_discrete_map={"worse": "#c0392b", "better": "#1e8449",
-                                    "same": "#7f8c8d", "inconclusive": "#e0a800"})
-            figure.update_layout(height=max(300, 28 * len(shown) + 120))
-            body += _figure_html(figure)
-        body += _table_html(frame.drop(columns=["label"]), "no comparison")
-    return _page("compare", body, "Plotly" in body)
+            f"<code>{html.escape(a)}</code>; valid runs only. Bars: the change of B against "
+            f"A with its 95 % interval; grey: within ±{same_within_pct:g} % (the same).</p>")
+    if not rows:
+        return _page("compare", body + "<p class='empty'>no comparison</p>", False)
+    shared, distinct = shared_and_distinct([r.configuration for r in rows])
+    if shared:
+        body += f"<p>Configuration: <code>{html.escape(shared)}</code></p>"
+    order = {"worse": 0, "inconclusive": 1, "better": 2, "same": 3}
+    ordered = sorted(rows, key=lambda r: (order[r.verdict], -abs(r.change_pct), r.kpi))
+    ends = [abs(v) for r in ordered for v in (r.change_pct, r.ci_low_pct, r.ci_high_pct)
+            if v is not None and math.isfinite(v)]
+    span = max([same_within_pct * 2, *ends]) * 1.1
+    lines = []
+    for r in ordered:
+        apart = distinct.get(r.configuration)
+        name = html.escape(r.kpi) + (f" <span class='config'>[{html.escape(apart)}]</span>"
+                                     if apart else "")
+        effect = "" if r.effect_size is None else f"{r.effect_size:+.2f}"
+        unit = html.escape(r.unit)
+        lines.append(
+            f"<tr title='{html.escape(r.explanation, quote=True)}'><td>{name}</td>"
+            f"<td>{r.mean_a:.4g} {unit} ({r.runs_a})</td>"
+            f"<td>{r.mean_b:.4g} {unit} ({r.runs_b})</td>"
+            f"<td style='color:{_COMPARE_COLOURS[r.verdict]}'><b>{r.change_pct:+.1f} %</b></td>"
+            f"<td>{interval_bar(r, span, same_within_pct)}</td><td>{effect}</td>"
+            f"<td>{_COMPARE_SIGNS[r.verdict]}</td></tr>")
+    body += ("<div class='scroll'><table class='data'><thead><tr><th>KPI</th>"
+             "<th>A: mean (runs)</th><th>B: mean (runs)</th><th>change</th>"
+             f"<th>95 % interval (axis ±{span:.3g} %)</th><th>Hedges' g</th><th>verdict</th>"
+             "</tr></thead><tbody>" + "".join(lines) + "</tbody></table></div>")
+    return _page("compare", body, False)

@@ -104,8 +104,10 @@ def test_the_command_line_prints_writes_html_and_json(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     assert "worse" in done.stdout and "runtime [model=m1]" in done.stdout
-    assert "Plotly" in (tmp_path / "c" / "compare.html").read_text()
-    assert (tmp_path / "c" / "plotly.min.js").is_file()
+    page = (tmp_path / "c" / "compare.html").read_text()
+    # Perfherder-style rows: the verdict with its sign, the change, the interval as a bar
+    assert "▼ worse" in page and "<svg width='240'" in page and "95 % interval +" in page
+    assert "<script" not in page and not (tmp_path / "c" / "plotly.min.js").exists()
     assert {r["verdict"] for r in json.loads((tmp_path / "c" / "compare.json").read_text())} \
         == {"worse"}
     bad = subprocess.run([sys.executable, "-m", "analysis", "compare", "--history",
