@@ -733,12 +733,27 @@ def _change_html(verdict: str, change: Any, mde: Any) -> str:
     if change is None or change is pd.NA or (isinstance(change, float) and math.isnan(change)):
         return ""
     text = f"{float(change):+.1f} %"
-    if verdict in _NEWS:
-        colour = _VERDICT_MARKS[verdict]
+    if verdict in (*_NEWS, "suspect", "outlier"):  # moves beyond the noise (a suspect's
+        colour = _VERDICT_MARKS[verdict]          # and an outlier's are one run's)
         return f"<b style='color:{colour}'>{html.escape(text)}</b>"
     noise = "" if mde is None or mde is pd.NA or (isinstance(mde, float) and math.isnan(mde)) \
         else f" (MDE {float(mde):.3g} %)"
     return f"<span style='color:#888'>{html.escape(text)} · within noise{noise}</span>"
+
+
+TABLE_LEFT_OUT = ("unit", "baseline", "latest", "validity", "confidence", "history_used")
+"""Verdict fields the page's table folds into the change (values and unit) or leaves to
+``regression.json`` (validity shows as ``not_judged`` with its reason)."""
+
+
+def _values_html(latest: Any, baseline: Any, unit: Any) -> str:
+    """``802.5 vs 1000 tokens/s · `` (this run against the baseline), escaped."""
+    def shown(value: Any) -> str:
+        return "–" if value is None or pd.isna(value) else f"{float(value):.4g}"
+
+    if (latest is None or pd.isna(latest)) and (baseline is None or pd.isna(baseline)):
+        return ""
+    return html.escape(f"{shown(latest)} vs {shown(baseline)} {unit or ''}".rstrip()) + " · "
 
 
 def _short(name: Any, limit: int = 48) -> str:
@@ -766,12 +781,15 @@ def _draw_regression(ctx: ReportContext, options: dict[str, Any]) -> str:
     # default), and Styler took 8 s for 8 000 rows
     styles = [f"background-color: {_VERDICT_COLOURS.get(str(v), '#fff')}"
               for v in frame["verdict"]]
-    frame["change_pct"] = [_change_html(str(v), c, m) for v, c, m in
-                           zip(frame["verdict"], frame["change_pct"], frame["mde_pct"],
+    frame["change_pct"] = [_values_html(latest, baseline, unit) + _change_html(str(v), c, m)
+                           for v, c, m, latest, baseline, unit in zip(
+                               frame["verdict"], frame["change_pct"], frame["mde_pct"],
+                               frame["latest"], frame["baseline"], frame["unit"],
                                strict=True)]
     for column in ("explanation", "what_changed", "suspects"):
         frame[column] = [_details(t) for t in frame[column]]
-    frame = frame.rename(columns=VERDICT_TITLES)
+    # prose, not a dump: the values read inside the change, the rest is in regression.json
+    frame = frame.drop(columns=list(TABLE_LEFT_OUT)).rename(columns=VERDICT_TITLES)
     markup = {VERDICT_TITLES[c] for c in ("change_pct", "explanation", "what_changed",
                                           "suspects")}
     return note + _table_html(frame, "", digits=4, row_styles=styles, markup=markup)
@@ -893,6 +911,7 @@ margin:.6em 0} .card h3{margin:.2em 0;font-size:16px} .card .why{margin:.2em 0;c
 .card .facts{flex:2 1 320px;min-width:0;margin:0;font-size:13px;overflow-wrap:anywhere}
 .facts dt{font-weight:600;margin-top:.4em} .facts dd{margin:0}
 .moved svg{vertical-align:middle} .config{color:#666;font-weight:normal}
+td:has(> details){min-width:18em}
 """
 
 
@@ -957,6 +976,7 @@ def _shared_html(ctx: ReportContext) -> str:
     """The labels every shown configuration shares, said once above the charts/tables."""
     if not ctx.shared_labels:
         return ""
-    return ("<p class='shared'>Every configuration here: " + ", ".join(
-        f"{html.escape(k)}={html.escape(v)}" for k, v in ctx.shared_labels.items() if v)
-        + "</p>")
+    said = [f"{html.escape(k)}={html.escape(v)}" for k, v in ctx.shared_labels.items() if v]
+    # folded: two dozen settings in one line were a wall above every chart
+    return (f"<details class='shared'><summary>Every configuration here shares {len(said)} "
+            "setting(s)</summary><p>" + ", ".join(said) + "</p></details>")

@@ -299,25 +299,29 @@ CARDED = ("regression", "suspect", "noisier", "drift")
 """The verdicts that get a card on the first screen: what a person must look at."""
 KIND_TITLES = {"regression": "Regression", "suspect": "Suspect (a re-run confirms or "
                "dismisses it)", "noisier": "Noisier", "drift": "Drift"}
-MAX_CARDS = 12
+MAX_CARDS = 8
 """Cards drawn (worst first); the triage table below lists every verdict."""
+CARD_RUNS = 120
+"""Runs a card's chart shows (the newest): what a person reads at a glance; the history
+page has them all. Bounds the cards' cost (a change-point search each) in long histories."""
 CARD_HEIGHT = 300
 Z95 = 1.959964
 
 
 def change_interval(values: Sequence[float], changes: Sequence[int], first: int, last: int,
-                    baseline_runs: int) -> tuple[float, float] | None:
-    """The 95 % interval of the change of runs ``first..last`` against the level before, %.
+                    baseline_runs: int, change_pct: float) -> tuple[float, float] | None:
+    """The 95 % interval of a verdict's change (``change_pct``), in %.
 
-    ``values`` is the KPI's line, oldest first. The new level is the mean of the runs
-    ``first..last``; the baseline the mean of up to ``baseline_runs`` runs before ``first``,
-    back to the change point before it. The noise is the line's pooled within-level noise
-    (`pooled_noise`; relative for a positive series), so the change's standard error is
-    ``noise * sqrt(1 / new + 1 / baseline)`` (normal approximation). None when the line
-    is too short or holds a non-finite value.
+    ``values`` is the KPI's line, oldest first. The new level holds the runs
+    ``first..last``; the baseline up to ``baseline_runs`` runs before ``first``, back to the
+    change point before it. The noise is the line's pooled within-level noise
+    (`pooled_noise`; relative for a positive series, whose interval is then symmetric in
+    logs), so the change's standard error is ``noise * sqrt(1 / new + 1 / baseline)``
+    (normal approximation). None when the line is too short or holds a non-finite value.
     """
     y = np.asarray(values, dtype=float)
-    if len(y) < 4 or not 0 < first <= last < len(y) or not np.all(np.isfinite(y)):
+    if (len(y) < 4 or not 0 < first <= last < len(y) or not np.all(np.isfinite(y))
+            or not math.isfinite(change_pct) or change_pct <= -100):
         return None
     positive = bool(np.all(y > 0))
     work = np.log(y) if positive else y
@@ -325,17 +329,16 @@ def change_interval(values: Sequence[float], changes: Sequence[int], first: int,
     noise = pooled_noise(work, cps)
     start = max([0, *(c for c in cps if c < first)])
     base = work[start:first][-max(baseline_runs, 1):]
-    new = work[first:last + 1]
     if not len(base) or not math.isfinite(noise):
         return None
-    difference = float(np.mean(new) - np.mean(base))
-    half = Z95 * noise * math.sqrt(1 / len(new) + 1 / len(base))
+    half = Z95 * noise * math.sqrt(1 / (last - first + 1) + 1 / len(base))
     if positive:
-        return (math.expm1(difference - half) * 100, math.expm1(difference + half) * 100)
-    centre = abs(float(np.mean(base)))
-    if centre == 0:
+        centre = math.log1p(change_pct / 100)
+        return (math.expm1(centre - half) * 100, math.expm1(centre + half) * 100)
+    level = abs(float(np.mean(base)))
+    if level == 0:
         return None
-    return ((difference - half) / centre * 100, (difference + half) / centre * 100)
+    return (change_pct - half / level * 100, change_pct + half / level * 100)
 
 
 def _card_rows(ctx: ReportContext) -> list[Any]:
@@ -423,7 +426,7 @@ def verdict_cards(ctx: ReportContext) -> str:
         configuration = where.get((v.run_uuid, v.kpi))
         if configuration is None:
             continue
-        line = by_line[(v.kpi, configuration)].reset_index(drop=True)
+        line = by_line[(v.kpi, configuration)].iloc[-CARD_RUNS:].reset_index(drop=True)
         at = int(np.flatnonzero(line["run_uuid"].to_numpy() == v.run_uuid)[-1])
         found = change_points(line["value"].tolist(), settings=ctx.detector)
         first_bad = max(at - (v.since_runs or 1) + 1, 0)
@@ -431,16 +434,19 @@ def verdict_cards(ctx: ReportContext) -> str:
         reruns = repeats_of.get(str(v.run_uuid), set())
         last = at + int(line["run_uuid"].iloc[at + 1:].astype(str).isin(reruns).sum())
         interval = change_interval(line["value"].tolist(), found, first_bad, last,
-                                   v.history_used) if v.change_pct is not None else None
+                                   v.history_used, v.change_pct) \
+            if v.change_pct is not None else None
         chart = _figure_html(_card_chart(line, at, first_bad, found, v.kpi, v.unit,
                                          v.verdict))
         # compare: the baseline level's runs (from the change point before the first bad
-        # run up to it) against this run and its re-runs
+        # run up to it) against the new level's
         stamps = line["timestamp"]
         level_start = max([0, *(c for c in found if c < first_bad)])
         window = (f"{_stamp(stamps.iloc[level_start]) if level_start else ''}.."
                   f"{_stamp(stamps.iloc[first_bad])}")
-        selected = ",".join([str(v.run_uuid), *sorted(reruns)])
+        # B: the new level's runs (a lone suspect's compare says it needs a second run)
+        selected = ",".join(dict.fromkeys(
+            line["run_uuid"].astype(str).iloc[first_bad:last + 1]))
         cards.append(_card_html(v, names.get(str(v.run_uuid), v.cell or v.test_path),
                                 str(configuration), chart, interval, history_arg,
                                 (window, selected), _moved_kpis(v.suspects, known),

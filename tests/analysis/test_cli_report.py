@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import subprocess
 import sys
@@ -13,6 +14,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from analysis.discovery import discover
 from analysis.parsing import parse_dirs
@@ -364,7 +367,8 @@ def test_the_verdict_table_reads_like_prose(tmp_path: Path) -> None:
             for i, (name, kind, change, why) in enumerate([
                 ("base", "no_change", 163.1, "inside the noise"),
                 ("lora-r16", "improvement", 8.0, "better"),
-                ("base", "regression", -12.0, long_why)])]
+                ("base", "regression", -12.0, long_why),
+                ("base", "suspect", -9.0, "one run out of line")])]
     make_result_dir(tmp_path, "001__cell")
     ctx = ReportContext(load_project("fine_tuning"), [], pd.DataFrame(), None, rows,
                         discover(tmp_path))
@@ -372,8 +376,12 @@ def test_the_verdict_table_reads_like_prose(tmp_path: Path) -> None:
     head = re.findall(r"<th>(.*?)</th>", page)
     assert head[:2] == ["cell", "KPI"] and set(VERDICT_TITLES.values()) >= set(head)
     assert not [h for h in head if "_" in h]  # no snake_case title
+    # values read inside the change, not in five columns of their own
+    assert not {"confidence", "unit", "baseline", "this run"} & set(head)
+    assert "1 vs 1 tokens/s · " in page
     order = re.findall(r"<td>(k\d)</td>", page)
-    assert order == ["k2", "k1", "k0"]  # regression, improvement, then no change
+    assert order == ["k2", "k3", "k1", "k0"]  # regression, suspect, improvement, no change
+    assert "<b style='color:#b7950b'>-9.0 %</b>" in page  # a suspect is beyond the noise
     assert "+163.1 % · within noise (MDE 356 %)" in page and "color:#888" in page
     assert "<b style='color:#c0392b'>-12.0 %</b>" in page
     assert "<details><summary>the newest 2 run(s) are 12 % below" in page
@@ -458,8 +466,8 @@ def test_reports_name_configurations_by_what_differs_and_say_the_rest_once(
     names = set(re.findall(r'"name": ?"([^"]*)"', page))
     assert "accelerator_count=1 / accelerators_per_replica=1 / global_batch_size=4" in names
     assert not [n for n in names if "model_name" in n or "lora_alpha" in n]
-    assert "Every configuration here:" in page and "model_name=" in page.split(
-        "Every configuration here:")[1].split("</p>")[0]
+    assert "Every configuration here shares" in page and "model_name=" in page.split(
+        "Every configuration here shares")[1].split("</details>")[0]
     index = Path(outcome.report).read_text()
     assert "Triage" in index and "Every KPI" in index
     project = load_project("fine_tuning")
@@ -535,3 +543,69 @@ def test_a_history_chart_carries_its_baseline_band_and_level() -> None:
     assert np.all(low <= level) and np.all(level <= high)
     flat, flat_low, flat_high = level_band([5.0, -5.0, 5.0, -5.0], [])
     assert np.all(flat_low <= flat) and np.all(flat <= flat_high)
+
+
+def test_the_first_screen_has_a_card_per_regression_whose_commands_work(
+        tmp_path: Path) -> None:
+    """A confirmed regression gets a card: its chart, the change with an interval that
+    holds it, and accept/compare commands that run as printed on this history."""
+    import html
+    import shlex
+
+    from analysis.compare import compare_frames
+    from analysis.history import HistoryStore
+
+    hist = str(tmp_path / "hist")
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    for i in range(10):
+        make_result_dir(tmp_path / f"h{i}", "000__cell", start=start + timedelta(days=i),
+                        tokens_per_second=1000 + (i % 3), runtime=40, seed=i)
+        postprocess(tmp_path / f"h{i}", "fine_tuning", tmp_path / f"o{i}", history_uri=hist,
+                    report=False)
+    for j, tps in enumerate((800, 795)):
+        make_result_dir(tmp_path / f"s{j}", "000__cell", start=start + timedelta(days=20 + j),
+                        tokens_per_second=tps, runtime=40, seed=100 + j)
+        outcome = postprocess(tmp_path / f"s{j}", "fine_tuning", tmp_path / f"so{j}",
+                              history_uri=hist)
+    (judged,) = [v for v in outcome.verdicts if v.kpi == "train_tokens_per_second"]
+    assert judged.verdict == "regression"
+    index = (tmp_path / "so1" / "report" / "index.html").read_text()
+    first_card = index.index("<section class='card'")
+    assert index.index("class='verdict-line'") < first_card  # the line, then the cards
+    card = index[first_card:index.index("</section>", first_card)]
+    assert "Regression: train_tokens_per_second" in card and "Plotly.newPlot" in card
+    low, high = map(float, re.search(r"95 % interval ([-+][\d.]+)% \.\. ([-+][\d.]+)%",
+                                     card).groups())
+    assert low <= judged.change_pct <= high < 0
+    assert "first bad run" in card and "this run" in card
+    compare = html.unescape(re.search(r"<code>(python -m analysis compare [^<]*)</code>",
+                                      card).group(1))
+    args = shlex.split(compare)
+    a, b = args[-2], args[-1]
+    rows = compare_frames(HistoryStore(hist).read(), a, b, kpis=["train_tokens_per_second"])
+    assert [r.verdict for r in rows] == ["worse"]
+    assert html.unescape(re.search(r"<code>(python -m analysis accept [^<]*)</code>",
+                                   card).group(1)).endswith(
+        f"{judged.run_uuid} --kpi train_tokens_per_second")
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(4, 200), noise=st.floats(0.0, 0.2),
+       shift=st.floats(-0.9, 3.0), new=st.integers(1, 6), level=st.sampled_from(
+           [-50.0, 1e-6, 1.0, 1e6]))
+def test_a_changes_interval_holds_the_change_on_any_line(
+        seed: int, n: int, noise: float, shift: float, new: int, level: float) -> None:
+    from analysis.report_index import change_interval
+
+    rng = np.random.default_rng(seed)
+    values = level * (1 + rng.normal(0, noise, n))
+    first = max(n - new, 1)
+    values[first:] *= 1 + shift
+    change = shift * 100
+    found = change_interval(values.tolist(), [first], first, n - 1, 30, change)
+    if found is None:
+        return
+    low, high = found
+    assert math.isfinite(low) and math.isfinite(high)
+    slack = 1e-9 * max(1.0, abs(change))  # exp(log1p(x)) rounds
+    assert low - slack <= change <= high + slack

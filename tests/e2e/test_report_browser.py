@@ -153,7 +153,8 @@ _LAYOUT_PROBE = """() => {
     {box: rect(g.parentElement), svg: rect(g.querySelector('.main-svg'))}));
   // the page's own text, outside the charts
   const texts = [...document.querySelectorAll('h1, h2, h3, p, dt, dd, li, td, th, code')]
-    .filter((e) => !e.closest('.plotly-graph-div') && (e.textContent || '').trim())
+    .filter((e) => !e.closest('.plotly-graph-div') && (e.textContent || '').trim()
+                   && e.checkVisibility())  // not the folded part of a <details>
     .map((e) => ({text: e.textContent.trim().slice(0, 60), box: rect(e)}));
   return {width: document.documentElement.scrollWidth, view: window.innerWidth, boxes,
           graphs, texts};
