@@ -90,8 +90,9 @@ Shapes
 ------
 A no-change verdict is told apart further: ``noisier`` when the spread of the recent runs
 grew (`spread_change_points`: a spread change is found as a level change of the logistic
-scores of the ranks of the first differences' sizes, at ``spread_z``, and kept when the
-spread moved by ``spread_ratio``), ``periodic`` when the series is a wave
+scores of the ranks of the first differences' sizes, at ``spread_z`` for a change point and
+at the lower ``noisier_z`` for the verdict's question about the recent runs, and kept when
+the spread moved by ``spread_ratio``), ``periodic`` when the series is a wave
 (`analysis.seasonality`; the wave is taken out of the series before everything else when it
 and fewer steps explain the series better than steps alone), ``drift`` when the baseline
 follows a significant drift.
