@@ -303,8 +303,10 @@ def shape_kpi_curve(ctx: ReportContext, x: str, y: str, point: str,
     out = wide.reset_index()
     for name in (point, *group):
         out[name] = out["run_uuid"].map(firsts[name]) if name in firsts.columns else ""
-    out["group"] = (out[list(group)].astype(str).agg(" / ".join, axis=1) if group
-                    else "all")
+    # an empty label (a local run has no platform) leaves no dangling separator
+    out["group"] = (out[list(group)].astype(str).agg(
+        lambda row: " / ".join(v for v in row if v and v not in ("nan", "None")) or "all",
+        axis=1) if group else "all")
     order = pd.to_numeric(out[point], errors="coerce")
     out = out.assign(_order=order.fillna(float("inf"))).sort_values(["group", "_order"])
     return out.dropna(subset=[x, y])[columns].reset_index(drop=True)

@@ -119,6 +119,50 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Any
     yield report_dir, outcome
 
 
+@pytest.fixture(scope="module")
+def serving_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An llm_serving sweep's report (its curve and distribution pages): eight cells, four
+    concurrencies by two shapes, each the recorded GuideLLM result of a light run with its
+    figures scaled by the concurrency (real post-processing, no history)."""
+    import json
+
+    import yaml
+
+    from projects.llm_serving.parser import WORKLOAD_GLOB
+    from projects.llm_serving.workload.load import _verdict
+
+    root = tmp_path_factory.mktemp("serving-report")
+    recorded = json.loads((Path(__file__).resolve().parents[1] / "data" /
+                           "guidellm_light.json").read_text())
+    index = 0
+    for shape in ((64, 32), (256, 128)):
+        for concurrency in (1, 2, 4, 8):
+            cell = root / "results" / f"{index:03d}__cell"
+            job = cell / WORKLOAD_GLOB.replace("*", "001") / "artifacts"
+            job.mkdir(parents=True)
+            data = json.loads(json.dumps(recorded))
+            for bench in data.get("benchmarks", []):
+                for name, metric in bench.get("metrics", {}).items():
+                    successful = metric.get("successful") if isinstance(metric, dict) else None
+                    if isinstance(successful, dict) and isinstance(successful.get("mean"),
+                                                                   float):
+                        factor = concurrency ** (0.8 if "per_second" in name else 0.3)
+                        successful["mean"] *= factor
+            (job / "guidellm.json").write_text(json.dumps(data))
+            _, summary = _verdict(str(job / "guidellm.json"), ["generation_delay_ttft"])
+            (job / "load.json").write_text(json.dumps(summary))
+            (cell / "settings.yaml").write_text(yaml.safe_dump({
+                "model_name": "tiny-opt", "concurrency": concurrency,
+                "prompt_tokens": shape[0], "output_tokens": shape[1], "duration_s": 10,
+                "request_format": "completions"}))
+            (cell / "exit_code").write_text("0\n")
+            (cell / ".uuid").write_text(f"serving-{index:03d}\n")
+            index += 1
+    outcome = postprocess(root / "results", "llm_serving", root / "out", report=True)
+    assert outcome.report
+    return Path(outcome.report).parent
+
+
 def test_the_generated_history_has_every_kind_the_report_must_show(
         report: tuple[Path, Any]) -> None:
     _, outcome = report
@@ -193,13 +237,19 @@ def _overlaps(boxes: list[dict[str, Any]]) -> list[str]:
 
 
 def test_every_page_fits_its_window_and_no_chart_text_overlaps(
-        report: tuple[Path, Any]) -> None:
+        report: tuple[Path, Any], serving_report: Path) -> None:
     from playwright.sync_api import sync_playwright
 
     path = _browser_or_skip()
     out, _ = report
     pages = sorted(out.glob("*.html"))
     assert {out / "index.html", out / "compare.html"} <= set(pages) and len(pages) > 3
+    serving = sorted(serving_report.glob("*.html"))
+    assert [p for p in serving if "kpi_curve" in p.name] and [
+        p for p in serving if "distribution" in p.name]
+    pages += [p for p in serving if p.name != "index.html"]
+    curve = next(p for p in serving if "kpi_curve" in p.name).read_text()
+    assert "tiny-opt / 64 / 32" in curve and " / \"" not in curve  # no empty label shown
     SCREENS.mkdir(parents=True, exist_ok=True)
     problems: list[str] = []
     with sync_playwright() as driver:
@@ -219,8 +269,9 @@ def test_every_page_fits_its_window_and_no_chart_text_overlaps(
                         problems.append(f"{where}: {probe['width']} px wide")
                     problems += [f"{where}: {o}" for o in _overlaps(probe["boxes"])]
                     problems += [f"{where}: {o}" for o in _chart_problems(probe)]
-                    page.screenshot(path=str(SCREENS / f"{html_file.stem}-{width}.png"),
-                                    full_page=True)
+                    shot = (f"{'serving-' if html_file.parent == serving_report else ''}"
+                            f"{html_file.stem}-{width}.png")
+                    page.screenshot(path=str(SCREENS / shot), full_page=True)
                     if html_file.name == "index.html":
                         problems += _first_screen(page, where)
                 page.close()
