@@ -5,8 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from pydantic import ValidationError
+
 from analysis.kpi import KpiDefinition
 from analysis.parsing import ParsedResult
+from projects.llm_serving.goodput import ServingSlo
 from projects.llm_serving.parser import ServingResult, Stats
 
 __all__ = ["KPIS", "LTS_VERSION", "as_serving", "labels", "results_summary"]
@@ -70,6 +73,17 @@ KPIS: list[KpiDefinition] = [
     KpiDefinition("error_rate", "Errored requests, % of finished requests", "%",
                   lower_better=True, compute=lambda r: _error_rate(as_serving(r)),
                   format="{:.2f}"),
+    # goodput under the cell's SLO (projects/llm_serving/goodput.py): none without one
+    KpiDefinition("goodput_requests_per_second", "Successful requests per second that met "
+                  "every threshold of the cell's SLO", "req/s", lower_better=False,
+                  compute=_measured(lambda r: r.goodput_requests_per_second),
+                  format="{:.2f}"),
+    KpiDefinition("goodput_tokens_per_second", "Generated tokens per second of the requests "
+                  "that met the cell's SLO", "tokens/s", lower_better=False,
+                  compute=_measured(lambda r: r.goodput_tokens_per_second), format="{:.1f}"),
+    KpiDefinition("slo_attainment_pct", "Requests that met the cell's SLO, % of finished "
+                  "requests (an errored one never does)", "%", lower_better=False,
+                  compute=_measured(lambda r: r.slo_attainment_pct), format="{:.1f}"),
     KpiDefinition("server_startup_time", "Model server start to ready (local platform)", "s",
                   lower_better=True, compute=lambda r: as_serving(r).server_startup_s,
                   format="{:.1f}"),
@@ -81,6 +95,14 @@ KPIS: list[KpiDefinition] = [
 
 def _text(value: Any) -> str:
     return "" if value is None else str(value)
+
+
+def _slo_label(raw: Any) -> str:
+    """The SLO's thresholds as a label (empty: none, or not a valid SLO)."""
+    try:
+        return ServingSlo.model_validate(raw).label() if raw is not None else ""
+    except ValidationError:
+        return ""
 
 
 def labels(result: ParsedResult) -> dict[str, str]:
@@ -98,6 +120,8 @@ def labels(result: ParsedResult) -> dict[str, str]:
         "output_tokens": settings.get("output_tokens"),
         "duration_s": settings.get("duration_s"),
         "request_format": settings.get("request_format"),
+        # goodput under another SLO is another KPI: the SLO is part of the identity
+        "slo": _slo_label(settings.get("slo")),
         "accelerator_count": settings.get("gpu") or 0,
         "user_count": len(serving.users) or 1,
         "telltale_image": serving.telltale_image,
@@ -109,4 +133,5 @@ def results_summary(result: ParsedResult) -> dict[str, Any]:
     return as_serving(result).model_dump(include={
         "measured", "warnings", "successful", "errored", "ttft_ms", "itl_ms", "tpot_ms",
         "request_latency_s", "output_tokens_per_second", "requests_per_second",
-        "generation_delay_ratio", "server_startup_s", "runtime_version", "server_counters"})
+        "generation_delay_ratio", "server_startup_s", "runtime_version", "server_counters",
+        "slo_attainment_pct", "goodput_requests_per_second", "goodput_tokens_per_second"})

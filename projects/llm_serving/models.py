@@ -14,6 +14,7 @@ from pydantic import Field, model_validator
 from analysis.strict import ImageRef, Name, StrictSettings
 from projects.library import TestBlock
 from projects.library.tiny_lm import LocalModelSpec
+from projects.llm_serving.goodput import ServingSlo
 
 __all__ = ["KubeServingBlock", "LocalServingBlock", "ServingSettings",
            "ServingTest"]
@@ -50,6 +51,9 @@ class ServingSettings(StrictSettings):
                                description="vLLM ServingRuntime image (cluster).")
     loadgen_image: ImageRef = Field(default="ghcr.io/vllm-project/guidellm:v0.8.1",
                                description="Load-generator Job image (cluster).")
+    slo: ServingSlo = Field(default_factory=ServingSlo, description="Per-request service "
+                            "level objective: the goodput KPIs count the requests that meet "
+                            "every threshold set (none set: no goodput KPI).")
 
     @model_validator(mode="after")
     def _fits(self) -> ServingSettings:

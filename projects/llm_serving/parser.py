@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from analysis.discovery import ResultDir
 from analysis.parsing import FileReader, ParsedResult
 from projects.library.runs import RunResult, read_run, telltale_image
+from projects.llm_serving.goodput import RequestTimes, ServingSlo, goodput
 
 __all__ = ["LOAD_STEP", "ServingParser", "ServingResult", "Stats", "UserServing"]
 
@@ -90,6 +91,8 @@ class _Request(BaseModel):
     request_latency: float | None = None
     time_to_first_token_ms: float | None = None
     inter_token_latency_ms: float | None = None
+    time_per_output_token_ms: float | None = None
+    output_tokens: float | None = None
 
 
 class _Requests(BaseModel):
@@ -185,6 +188,12 @@ class ServingResult(RunResult):
     server_counters: dict[str, float] = Field(default_factory=dict)
     samples: dict[str, list[float]] = Field(default_factory=dict, description="Per-request "
                                             "ttft_ms and itl_ms (thinned to MAX_SAMPLES).")
+    slo_attainment_pct: float | None = Field(default=None, description="Requests that met "
+                                             "the cell's SLO, % of finished requests.")
+    goodput_requests_per_second: float | None = Field(
+        default=None, description="Successful requests per second that met the SLO.")
+    goodput_tokens_per_second: float | None = Field(
+        default=None, description="Their generated tokens per second.")
     users: list[UserServing] = Field(default_factory=list)
 
 
@@ -222,7 +231,7 @@ class ServingParser:
     """Reads the load step of an llm_serving cell (see the module docstring)."""
 
     name: ClassVar[str] = "llm_serving"
-    version: ClassVar[str] = "4"
+    version: ClassVar[str] = "5"
     result_model: ClassVar[type[ParsedResult]] = ServingResult
 
     def parse(self, result: ResultDir, reader: FileReader) -> ServingResult:
@@ -330,12 +339,36 @@ class ServingParser:
             "itl_ms": _thin([r.inter_token_latency_ms for r in requests
                              if r.inter_token_latency_ms is not None]),
         }
+        self._goodput(reader, out, requests)
         before = reader.text(f"{directory}/metrics_before.txt", required=False)
         after = reader.text(f"{directory}/metrics_after.txt", required=False)
         if before is not None and after is not None:
             start, end = counters(before), counters(after)
             out.server_counters = {name: end[metric] - start.get(metric, 0.0)
                                    for name, metric in _COUNTERS.items() if metric in end}
+
+    @staticmethod
+    def _goodput(reader: FileReader, out: ServingResult, requests: list[_Request]) -> None:
+        """The cell's goodput under its ``slo`` (`projects.llm_serving.goodput`)."""
+        raw = out.settings.get("slo")
+        if raw is None:
+            return
+        try:
+            slo = ServingSlo.model_validate(raw)
+        except ValidationError as exc:  # settings.yaml is read from the result tree
+            reader.problem("settings.yaml", f"slo: {exc.errors()[0].get('msg', 'invalid')}"[:200])
+            return
+        found = goodput(
+            [RequestTimes(ttft_ms=r.time_to_first_token_ms, itl_ms=r.inter_token_latency_ms,
+                          tpot_ms=r.time_per_output_token_ms,
+                          request_latency_s=r.request_latency, output_tokens=r.output_tokens)
+             for r in requests], slo, successful=out.successful or 0,
+            errored=out.errored or 0, requests_per_second=out.requests_per_second,
+            output_tokens_per_second=out.output_tokens_per_second)
+        if found is not None:
+            out.slo_attainment_pct = found.slo_attainment_pct
+            out.goodput_requests_per_second = found.goodput_requests_per_second
+            out.goodput_tokens_per_second = found.goodput_tokens_per_second
 
     def _users(self, reader: FileReader, out: ServingResult, job: str,
                user_dirs: list[str]) -> None:

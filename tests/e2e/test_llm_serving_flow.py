@@ -85,6 +85,10 @@ def test_two_cells_share_one_real_server_and_a_failed_cell_leaves_nothing(
                  "server_startup_time"):
         assert math.isfinite(good[name]) and good[name] > 0, name
     assert good["error_rate"] == 0.0
+    # goodput under the light preset's SLO (loose for a CPU): bounded by what was served
+    assert 0.0 <= good["slo_attainment_pct"] <= 100.0
+    assert 0.0 <= good["goodput_requests_per_second"] <= good["requests_per_second"] + 1e-9
+    assert 0.0 <= good["goodput_tokens_per_second"] <= good["output_tokens_per_second"] + 1e-9
     bad = kpis[kpis["request_format"] == "/v1/chat/completions"].set_index("kpi")["value"]
     assert bad["error_rate"] == 100.0 and "ttft_p95" not in bad.index
     # the server counted the good cell's tokens itself

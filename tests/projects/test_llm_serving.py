@@ -20,6 +20,7 @@ from analysis.kpi import compute_kpis
 from analysis.parsing import FileReader
 from projects import registry
 from projects.config import resolve
+from projects.llm_serving.goodput import RequestTimes, ServingSlo, goodput
 from projects.llm_serving.manifests import LOAD_SCRIPT, cell_manifests
 from projects.llm_serving.parser import WORKLOAD_GLOB, counters
 from projects.plan import cells_of
@@ -51,6 +52,9 @@ def test_sweep_is_four_concurrencies_times_two_shapes() -> None:
     ("output_tokens", 500, "exceed max_model_len"),
     ("name", "Bad Name;rm", "should match pattern"),
     ("warmup_s", 10, "must be shorter than duration_s"),
+    ("slo.ttft_ms", -5, "greater than 0"),
+    ("slo.attainment_pct", 120, "less than or equal to 100"),
+    ("slo.itl_ms", "fast", "valid number"),
 ])
 def test_nonsense_settings_are_refused_at_input(key: str, value: object, words: str) -> None:
     with pytest.raises(ConfigError, match=words):
@@ -94,7 +98,8 @@ def test_the_load_step_fails_when_the_server_never_answers(tmp_path: Path) -> No
     assert done.returncode == 3 and "did not answer 200" in done.stderr
 
 
-def _result(tmp_path: Path, files: dict[str, str], exit_code: int = 0):
+def _result(tmp_path: Path, files: dict[str, str], exit_code: int = 0,
+            settings: dict | None = None):
     job = tmp_path / WORKLOAD_GLOB.replace("*", "001")
     for rel, text in files.items():
         (job / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -102,7 +107,7 @@ def _result(tmp_path: Path, files: dict[str, str], exit_code: int = 0):
     (tmp_path / ".uuid").write_text("run-1\n")
     reader = FileReader(tmp_path)
     result = PROJECT.parser.parse(ResultDir(path=str(tmp_path), rel_path=".",
-                                            settings={"concurrency": 1},
+                                            settings={"concurrency": 1, **(settings or {})},
                                             exit_code=exit_code), reader)
     return result, reader
 
@@ -336,3 +341,94 @@ def test_a_malformed_serving_variable_is_refused_when_the_config_is_resolved(
     assert proc.returncode == 2, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert "TELLTALE_SERVING" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def _by_hand(data: dict, ttft_ms: float, itl_ms: float, latency_s: float) -> dict:
+    """Goodput of a recorded result, computed straight off its JSON."""
+    bench = data["benchmarks"][0]
+    records = bench["requests"]["successful"]
+    met = [r for r in records if r["time_to_first_token_ms"] <= ttft_ms
+           and r["inter_token_latency_ms"] <= itl_ms and r["request_latency"] <= latency_s]
+    totals = bench["metrics"]["request_totals"]
+    share = len(met) / len(records)
+    rates = bench["metrics"]
+    return {
+        "attainment": 100 * share * totals["successful"] / (totals["successful"]
+                                                            + totals["errored"]),
+        "rps": rates["requests_per_second"]["successful"]["mean"] * share,
+        "tps": rates["output_tokens_per_second"]["successful"]["mean"]
+        * sum(r["output_tokens"] for r in met) / sum(r["output_tokens"] for r in records),
+        "met": len(met), "records": len(records)}
+
+
+@pytest.mark.parametrize(("ttft_ms", "itl_ms", "latency_s"), [
+    (1e6, 1e6, 1e4),      # every request meets it
+    (200.0, 11.0, 1.0),   # some do
+    (1.0, 1.0, 0.001),    # none does
+])
+def test_goodput_of_a_recorded_run_matches_the_hand_computed_figures(
+        tmp_path: Path, ttft_ms: float, itl_ms: float, latency_s: float) -> None:
+    from projects.llm_serving.kpis import KPIS
+
+    data = _recorded()
+    slo = {"ttft_ms": ttft_ms, "itl_ms": itl_ms, "request_latency_s": latency_s}
+    result, _ = _result(tmp_path, {"artifacts/guidellm.json": json.dumps(data)},
+                        settings={"slo": slo})
+    expected = _by_hand(data, ttft_ms, itl_ms, latency_s)
+    assert result.slo_attainment_pct == pytest.approx(expected["attainment"])
+    assert result.goodput_requests_per_second == pytest.approx(expected["rps"])
+    assert result.goodput_tokens_per_second == pytest.approx(expected["tps"])
+    kpis = {k.name: k.compute(result) for k in KPIS}
+    assert kpis["goodput_requests_per_second"] <= kpis["requests_per_second"] + 1e-9
+    assert kpis["goodput_tokens_per_second"] <= kpis["output_tokens_per_second"] + 1e-9
+    if ttft_ms == 1e6:
+        assert kpis["goodput_requests_per_second"] == pytest.approx(kpis["requests_per_second"])
+    if ttft_ms == 1.0:
+        assert kpis["slo_attainment_pct"] == 0.0
+    assert 0 < expected["met"] < expected["records"] or ttft_ms != 200.0  # a real split
+
+
+def test_no_slo_gives_no_goodput_and_a_bad_one_is_a_problem_not_a_crash(
+        tmp_path: Path) -> None:
+    from projects.llm_serving.kpis import KPIS, labels
+
+    data = json.dumps(_recorded())
+    plain, _ = _result(tmp_path / "a", {"artifacts/guidellm.json": data})
+    assert plain.goodput_requests_per_second is None
+    assert {k.name: k.compute(plain) for k in KPIS}["slo_attainment_pct"] is None
+    odd, reader = _result(tmp_path / "b", {"artifacts/guidellm.json": data},
+                          settings={"slo": {"ttft_ms": "\x1b[2J", "evil": 1}})
+    assert odd.goodput_requests_per_second is None
+    assert any("slo" in p for p in map(str, reader.problems))
+    set_one, _ = _result(tmp_path / "c", {"artifacts/guidellm.json": data},
+                         settings={"slo": {"ttft_ms": 5000, "itl_ms": 500}})
+    # another SLO, another history: the SLO is in the run's identity
+    assert labels(set_one)["slo"] == "ttft_ms<=5000,itl_ms<=500" and labels(plain)["slo"] == ""
+
+
+_times = st.one_of(st.none(), st.floats(0, 1e7), st.just(math.nan))
+
+
+@settings(max_examples=200, deadline=None)
+@given(records=st.lists(st.builds(
+           RequestTimes, ttft_ms=_times, itl_ms=_times, tpot_ms=_times,
+           request_latency_s=_times, output_tokens=st.one_of(st.none(), st.floats(0, 1e5))),
+           max_size=40),
+       bounds=st.fixed_dictionaries({}, optional={
+           "ttft_ms": st.floats(1e-3, 1e7), "itl_ms": st.floats(1e-3, 1e7),
+           "tpot_ms": st.floats(1e-3, 1e7), "request_latency_s": st.floats(1e-3, 8e4)}),
+       successful=st.integers(0, 10_000), errored=st.integers(0, 10_000),
+       rps=st.floats(0, 1e5), tps=st.one_of(st.none(), st.floats(0, 1e7)))
+def test_goodput_is_bounded_on_any_sample_set(records: list, bounds: dict, successful: int,
+                                              errored: int, rps: float,
+                                              tps: float | None) -> None:
+    found = goodput(records, ServingSlo(**bounds), successful=successful, errored=errored,
+                    requests_per_second=rps, output_tokens_per_second=tps)
+    if not bounds or successful + errored == 0 or (successful and not records):
+        assert found is None
+        return
+    assert found is not None
+    assert 0.0 <= found.slo_attainment_pct <= 100.0
+    assert 0.0 <= found.goodput_requests_per_second <= rps
+    assert found.goodput_tokens_per_second is None or (
+        tps is not None and 0.0 <= found.goodput_tokens_per_second <= tps * (1 + 1e-12))
