@@ -252,3 +252,27 @@ def test_thin_flows_stay_thin() -> None:
     for project in _project_folders():
         flow = REPO / "flows" / project / "flow.py"
         assert len(flow.read_text().splitlines()) <= 60, flow
+
+
+GROUND_FLOOR = {"errors", "safeio", "yamlio", "strict", "redact", "environment", "terminal",
+                "paths", "progress"}
+"""The modules every floor uses (docs/architecture.md): they import only each other."""
+
+
+def test_the_ground_floor_imports_only_itself() -> None:
+    import ast
+
+    for name in sorted(GROUND_FLOOR):
+        tree = ast.parse((REPO / "analysis" / f"{name}.py").read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                modules = [node.module]
+            elif isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            else:
+                continue
+            for module in modules:
+                if module.split(".")[0] in {"analysis", "projects", "tasks", "flows",
+                                            "blocks", "deployments"}:
+                    assert module.startswith("analysis.") and module.split(".")[1] in \
+                        GROUND_FLOOR, f"analysis/{name}.py imports {module}"
