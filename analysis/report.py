@@ -573,7 +573,9 @@ def _draw_kpi_history(ctx: ReportContext, options: dict[str, Any]) -> str:
                                      for v in judged]},
                 "hovertext": [f"{v.verdict}: {v.explanation}" if v else "no verdict"
                               for v in judged], "hoverinfo": "text"})
-        fig["layout"]["legend"] = {"orientation": "h", "y": -0.3}
+        # the legend beside the chart (plotly widens the margin for it): below it, a dozen
+        # long configuration names ran over the axis title and the tick labels
+        fig["layout"]["legend"] = {"title": {"text": "configuration"}}
         parts.append(_figure_html(fig))
     return "\n".join(parts)
 
