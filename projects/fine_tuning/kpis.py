@@ -8,6 +8,7 @@ import numpy as np
 
 from analysis.kpi import KpiDefinition
 from projects.fine_tuning.parser import FineTuningResult
+from projects.library.cost import cost_per_million_tokens, declared_cost
 from projects.library.resources import resource_kpis
 
 __all__ = ["KPIS", "LTS_VERSION", "labels", "num_gpus", "results_summary"]
@@ -58,6 +59,17 @@ def _gpu_hours_per_mtok(result: FineTuningResult) -> float | None:
     if not tps or not _has_gpus(result):
         return None
     return 1e6 / tps / 3600 * num_gpus(result)
+
+
+def _cost_per_mtok(result: FineTuningResult) -> float | None:
+    """Declared price of a million dataset tokens (`projects.library.cost`)."""
+    try:
+        pods = int(result.settings.get("pod_count") or 1)
+    except (TypeError, ValueError):
+        pods = 1
+    gpus = num_gpus(result) * pods if _has_gpus(result) else 0
+    return cost_per_million_tokens(declared_cost(result.settings), _dataset_tps(result),
+                                   gpus=gpus, nodes=pods)
 
 
 def _user_values(result: FineTuningResult, field: str, *, succeeded: bool = True) -> list[float]:
@@ -113,6 +125,10 @@ KPIS: list[KpiDefinition] = [
                   "tokens/s", False, lambda r: _per_gpu(_train_tps(r), r), format="{:,.1f}"),
     KpiDefinition("gpu_hours_per_million_tokens", "GPU-hours needed to train one million "
                   "dataset tokens", "h/Mtok", True, _gpu_hours_per_mtok, format="{:.4f}"),
+    KpiDefinition("cost_per_million_tokens", "Price of training one million dataset tokens, "
+                  "from the prices declared in test_settings.cost (per GPU-hour, or per "
+                  "node-hour without GPUs; in its currency): declared, not measured",
+                  "currency/Mtok", True, _cost_per_mtok, format="{:.4g}"),
     KpiDefinition("train_samples_per_second", "Samples trained per second", "samples/s", False,
                   lambda r: _summary(r, "train_samples_per_second")),
     KpiDefinition("train_steps_per_second", "Optimizer steps per second", "steps/s", False,

@@ -8,6 +8,7 @@ from pydantic import Field
 
 from analysis.strict import DnsLabel, DnsSubdomain, ImageRef, Name, Quantity, StrictSettings, Text
 from projects.library import TestBlock
+from projects.library.cost import CostBlock
 from projects.library.tiny_lm import LocalModelSpec
 
 __all__ = [
@@ -85,6 +86,8 @@ class TestSettings(StrictSettings):
         description="Trainer config merged into config.json.")
     max_steps: Steps | list[Steps] | None = Field(
         default=None, description="Cap training steps.")
+    cost: CostBlock = Field(default_factory=CostBlock, description="Declared prices: the "
+                            "cost_per_million_tokens KPI (none declared: no cost KPI).")
 
 
 class KubernetesWorkloadBlock(StrictSettings):

@@ -9,6 +9,7 @@ from pydantic import ValidationError
 
 from analysis.kpi import KpiDefinition
 from analysis.parsing import ParsedResult
+from projects.library.cost import cost_per_million_tokens, declared_cost
 from projects.llm_serving.goodput import ServingSlo
 from projects.llm_serving.parser import ServingResult, Stats
 
@@ -56,6 +57,25 @@ def _error_rate(result: ServingResult) -> float | None:
     return 100.0 * (result.errored or 0) / total if total else None
 
 
+def _gpus(result: ServingResult) -> int:
+    try:
+        return max(int(result.settings.get("gpu") or 0), 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _cost_per_mtok(result: ServingResult) -> float | None:
+    """Declared price of a million generated tokens (`projects.library.cost`)."""
+    return cost_per_million_tokens(declared_cost(result.settings),
+                                   result.output_tokens_per_second, gpus=_gpus(result))
+
+
+def _gpu_hours_per_mtok(result: ServingResult) -> float | None:
+    tps = result.output_tokens_per_second
+    gpus = _gpus(result)
+    return gpus * 1e6 / (tps * 3600.0) if gpus and tps and tps > 0 else None
+
+
 def _first_success(result: ServingResult) -> float | None:
     firsts = result.samples.get("time_to_first_success_s")
     return max(firsts) if result.users and firsts else None
@@ -84,6 +104,13 @@ KPIS: list[KpiDefinition] = [
     KpiDefinition("slo_attainment_pct", "Requests that met the cell's SLO, % of finished "
                   "requests (an errored one never does)", "%", lower_better=False,
                   compute=_measured(lambda r: r.slo_attainment_pct), format="{:.1f}"),
+    KpiDefinition("cost_per_million_tokens", "Price of generating one million tokens, from "
+                  "the prices declared in test_settings.cost (per GPU-hour, or per node-hour "
+                  "without GPUs; in its currency): declared, not measured", "currency/Mtok",
+                  lower_better=True, compute=_measured(_cost_per_mtok), format="{:.4g}"),
+    KpiDefinition("gpu_hours_per_million_tokens", "GPU-hours needed to generate one million "
+                  "tokens (runs with GPUs)", "h/Mtok", lower_better=True,
+                  compute=_measured(_gpu_hours_per_mtok), format="{:.4f}"),
     KpiDefinition("server_startup_time", "Model server start to ready (local platform)", "s",
                   lower_better=True, compute=lambda r: as_serving(r).server_startup_s,
                   format="{:.1f}"),

@@ -13,6 +13,7 @@ from pydantic import Field, model_validator
 
 from analysis.strict import ImageRef, Name, StrictSettings
 from projects.library import TestBlock
+from projects.library.cost import CostBlock
 from projects.library.tiny_lm import LocalModelSpec
 from projects.llm_serving.goodput import ServingSlo
 
@@ -54,6 +55,8 @@ class ServingSettings(StrictSettings):
     slo: ServingSlo = Field(default_factory=ServingSlo, description="Per-request service "
                             "level objective: the goodput KPIs count the requests that meet "
                             "every threshold set (none set: no goodput KPI).")
+    cost: CostBlock = Field(default_factory=CostBlock, description="Declared prices: the "
+                            "cost_per_million_tokens KPI (none declared: no cost KPI).")
 
     @model_validator(mode="after")
     def _fits(self) -> ServingSettings:
