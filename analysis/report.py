@@ -482,6 +482,25 @@ def _axis_values(values: pd.Series) -> Any:
     return values.to_numpy()
 
 
+SHORTEST_TIME_AXIS = pd.Timedelta(minutes=1)
+"""A time axis spanning less than this is widened (`time_axis`)."""
+
+
+def time_axis(values: pd.Series) -> dict[str, Any]:
+    """Layout of a time axis: widened to two hours around runs that span under a minute.
+
+    Runs made within one second (a batch of cells, a fixture) gave plotly a range of
+    milliseconds: ticks at both edges with two-line labels (``04:22:25.999 / Nov 27, 2026``)
+    that ran into the y axis's labels. Otherwise plotly's own range.
+    """
+    stamps = pd.to_datetime(values, utc=True, errors="coerce").dropna()
+    if stamps.empty or stamps.max() - stamps.min() >= SHORTEST_TIME_AXIS:
+        return {}
+    middle = stamps.min() + (stamps.max() - stamps.min()) / 2
+    return {"range": [(middle - pd.Timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%S"),
+                      (middle + pd.Timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%S")]}
+
+
 def _lines(frame: pd.DataFrame, x: str, y: str, color: str, *, hover: Sequence[str] = (),
            title: str | None = None, labels: dict[str, str] | None = None,
            height: int = 420) -> dict[str, Any]:
@@ -509,9 +528,11 @@ def _lines(frame: pd.DataFrame, x: str, y: str, color: str, *, hover: Sequence[s
             trace["customdata"] = group[list(hover)].astype(str).to_numpy()
         data.append(trace)
     # automargin: an axis title moves out of the way of long or slanted tick labels
+    time = time_axis(frame[x]) if pd.api.types.is_datetime64_any_dtype(frame[x].dtype) \
+        else {}
     layout: dict[str, Any] = {
         "height": height, "colorway": _COLORWAY, "legend": {"title": {"text": color}},
-        "xaxis": {"title": {"text": labels.get(x, x)}, "automargin": True},
+        "xaxis": {"title": {"text": labels.get(x, x)}, "automargin": True, **time},
         "yaxis": {"title": {"text": labels.get(y, y)}, "automargin": True}}
     if title:
         layout["title"] = {"text": title}
@@ -544,6 +565,10 @@ def _draw_kpi_history(ctx: ReportContext, options: dict[str, Any]) -> str:
         group = group[group["valid"].astype(bool)]  # a line of valid measurements only
         fig = _lines(group, "timestamp", "value", "configuration", hover=["run_uuid"],
                      title=f"{kpi} [{unit}]", height=360)
+        # the axis spans every point drawn, the invalid ones too
+        fig["layout"]["xaxis"].pop("range", None)
+        fig["layout"]["xaxis"].update(time_axis(pd.concat([group["timestamp"],
+                                                           invalid["timestamp"]])))
         if not invalid.empty:
             fig["data"].append({
                 "type": "scatter", "x": _axis_values(invalid["timestamp"]),

@@ -44,6 +44,7 @@ from analysis.report import (
     _write_plotlyjs,
     run_name,
     shape_kpi_history,
+    time_axis,
 )
 from analysis.safeio import write_text
 
@@ -385,7 +386,7 @@ def _card_chart(line: pd.DataFrame, at: int, first_bad: int, found: Sequence[int
               # one row (grouped traces would each start a row of their own)
               "legend": {"orientation": "h", "y": -0.2, "x": 0, "font": {"size": 11},
                          "traceorder": "normal"},
-              "xaxis": {"automargin": True},
+              "xaxis": {"automargin": True, **time_axis(line["timestamp"])},
               # the KPI is named in the card's title: the axis says the unit
               "yaxis": {"title": {"text": unit or kpi}, "automargin": True}}
     return {"data": data, "layout": layout}

@@ -609,3 +609,12 @@ def test_a_changes_interval_holds_the_change_on_any_line(
     assert math.isfinite(low) and math.isfinite(high)
     slack = 1e-9 * max(1.0, abs(change))  # exp(log1p(x)) rounds
     assert low - slack <= change <= high + slack
+
+
+def test_a_time_axis_of_one_instant_is_widened_to_hours() -> None:
+    from analysis.report import time_axis
+
+    same = pd.Series(pd.to_datetime(["2026-11-27T04:22:25.999Z"] * 3, utc=True))
+    assert time_axis(same) == {"range": ["2026-11-27T03:22:25", "2026-11-27T05:22:25"]}
+    spread = pd.Series(pd.to_datetime(["2026-11-27T04:00Z", "2026-11-28T04:00Z"], utc=True))
+    assert time_axis(spread) == {} and time_axis(pd.Series([], dtype="object")) == {}

@@ -157,6 +157,11 @@ def serving_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 "request_format": "completions"}))
             (cell / "exit_code").write_text("0\n")
             (cell / ".uuid").write_text(f"serving-{index:03d}\n")
+            # every cell in the same second: a time axis of one instant (plotly drew its
+            # milliseconds, labels into the y axis's)
+            (cell / "test_start_end.json").write_text(json.dumps(
+                {"start": "2026-11-27T04:22:25.500000+00:00",
+                 "end": "2026-11-27T04:22:40+00:00"}))
             index += 1
     outcome = postprocess(root / "results", "llm_serving", root / "out", report=True)
     assert outcome.report
