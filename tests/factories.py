@@ -77,13 +77,15 @@ def train_log(*, tokens_per_second: float = 1200.0, runtime: float = 40.0, steps
     return "\n".join(lines) + "\n"
 
 
-def _pod(exit_code: int) -> dict[str, Any]:
+def _pod(exit_code: int, finished: datetime) -> dict[str, Any]:
     reason = "Completed" if exit_code == 0 else "Error"
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": "fine-tuning-master-0", "namespace": "fine-tuning-testing"},
             "status": {"phase": "Succeeded" if exit_code == 0 else "Failed",
                        "containerStatuses": [{"name": "pytorch", "state": {"terminated": {
-                           "exitCode": exit_code, "reason": reason}}}]}}
+                           "exitCode": exit_code, "reason": reason,
+                           # the kubelet's form: RFC 3339, seconds, Z
+                           "finishedAt": finished.strftime("%Y-%m-%dT%H:%M:%SZ")}}}]}}
 
 
 def _nodes() -> dict[str, Any]:
@@ -142,7 +144,10 @@ def make_result_dir(
         (job / "artifacts" / "pod.log").write_text(train_log(
             tokens_per_second=tokens_per_second, runtime=runtime, generation=generation,
             noise_lines=noise_lines, summary="summary" not in broken, seed=seed))
-    pod = json.dumps(_pod(exit_code if isinstance(exit_code, int) else 1))
+    # the trainer's runtime ends 20 s after the cell's start plus the runtime (the image's
+    # start-up before it, the cell's 30 s pad after it)
+    pod = json.dumps(_pod(exit_code if isinstance(exit_code, int) else 1,
+                          start + timedelta(seconds=runtime + 20)))
     (job / "artifacts" / "pod.json").write_text(pod[:40] if "pod_json" in broken else pod)
     if "capture" not in broken:
         capture = run / "000__cluster__capture_environment"

@@ -9,11 +9,18 @@ import numpy as np
 from analysis.kpi import KpiDefinition
 from projects.fine_tuning.parser import FineTuningResult
 from projects.library.cost import cost_per_million_tokens, declared_cost
+from projects.library.energy import energy_kpis
 from projects.library.resources import resource_kpis
 
 __all__ = ["KPIS", "LTS_VERSION", "labels", "num_gpus", "results_summary"]
 
 LTS_VERSION = "1.0"
+
+
+def _window_tokens(result: FineTuningResult) -> float | None:
+    """Tokens trained over the training window: the trainer's rate times its runtime."""
+    rate, runtime = _train_tps(result), _summary(result, "train_runtime")
+    return rate * runtime if rate and runtime else None
 
 
 def num_gpus(result: FineTuningResult) -> int:
@@ -140,6 +147,8 @@ KPIS: list[KpiDefinition] = [
                   ignored_for_regression=True, format="{:.1f}"),
     *_USER_KPIS,
     *resource_kpis(lambda r: r.resources, _train_tps),
+    *energy_kpis(lambda r: r.energy, _window_tokens, "the tokens the trainer reports over "
+                 "its training steps"),
 ]
 
 

@@ -80,6 +80,9 @@ class TrainSummary(BaseModel):
     train_tokens_per_second: float | None = None
     train_loss: float | None = None
     epoch: float | None = None
+    train_start: float | None = Field(default=None, description="When the training steps "
+                                      "began (Unix time; the local trainer prints it).")
+    train_end: float | None = Field(default=None, description="When they ended.")
 
 
 class LogMetrics(BaseModel):

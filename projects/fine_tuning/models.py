@@ -78,7 +78,8 @@ class TestSettings(StrictSettings):
                                "locally, the PVC's dataset dir on a cluster).")
     dataset_replication: Replication | list[Replication] = Field(
         description="Dataset copies concatenated.")
-    gpu: Gpus | list[Gpus] = Field(description="GPUs per pod (0 on the local platform).")
+    gpu: Gpus | list[Gpus] = Field(description="GPUs per pod (local platform: 0 trains on "
+                                   "the CPU, N on the first N CUDA devices).")
     pod_count: Replicas | list[Replicas] = Field(
         description="PyTorchJob replicas (master + workers).")
     container_image: ImageRef | list[ImageRef] = Field(description="Trainer image (cluster).")

@@ -13,6 +13,7 @@ the last in sort order wins.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field
@@ -25,6 +26,7 @@ from projects.fine_tuning.logparse import (
     TrainSummary,
     parse_numbered_lines,
 )
+from projects.library.energy import read_energy
 from projects.library.runs import RunResult, first_line, read_run, telltale_image
 
 __all__ = ["FineTuningParser", "FineTuningResult", "PlatformFacts", "UserResult",
@@ -119,11 +121,43 @@ def _nodes_facts(nodes: Any, facts: PlatformFacts) -> None:
                 pass
 
 
+def _finished_at(pod: Any) -> datetime | None:
+    """When the pod's trainer container finished (``state.terminated.finishedAt``)."""
+    try:
+        for status in pod["status"].get("containerStatuses") or []:
+            terminated = (status.get("state") or {}).get("terminated") or {}
+            if terminated.get("finishedAt"):
+                return datetime.fromisoformat(str(terminated["finishedAt"]).replace(
+                    "Z", "+00:00"))
+    except (KeyError, TypeError, AttributeError, ValueError):
+        return None
+    return None
+
+
+def _train_window(out: FineTuningResult, finished: datetime | None
+                  ) -> tuple[datetime | None, datetime | None]:
+    """The training steps' window; (None, None): unknown.
+
+    The local trainer prints its own bounds. A cluster's image prints none: the trainer's
+    runtime ending when its container finished (a model saved after training moves it later
+    by the save's time).
+    """
+    summary = out.summary
+    if summary is None:
+        return None, None
+    if summary.train_start is not None and summary.train_end is not None:
+        return (datetime.fromtimestamp(summary.train_start, UTC),
+                datetime.fromtimestamp(summary.train_end, UTC))
+    if finished is not None and summary.train_runtime and finished.tzinfo is not None:
+        return finished - timedelta(seconds=summary.train_runtime), finished
+    return None, None
+
+
 class FineTuningParser:
     """`analysis.parsing.ResultParser` for fine_tuning runs."""
 
     name: ClassVar[str] = "fine_tuning"
-    version: ClassVar[str] = "1.7"  # 1.7: a failed run's reason line (read_run)
+    version: ClassVar[str] = "1.8"  # 1.8: energy over the training window
     result_model: ClassVar[type[ParsedResult]] = FineTuningResult
 
     def parse(self, result: ResultDir, reader: FileReader) -> FineTuningResult:
@@ -132,22 +166,24 @@ class FineTuningParser:
                                settings=result.settings, exit_code=result.exit_code,
                                parser=self.name, parser_version=self.version)
         read_run(result, reader, out)
-        self._workload(reader, out)
+        finished = self._workload(reader, out)
         self._capture(reader, out)
+        out.energy = read_energy(reader, *_train_window(out, finished))
         return out
 
-    def _workload(self, reader: FileReader, out: FineTuningResult) -> None:
+    def _workload(self, reader: FileReader, out: FineTuningResult) -> datetime | None:
+        """The workload's results; returns when its container finished (a cluster's pod)."""
         job = reader.glob(WORKLOAD_GLOB)
         if job is None:
             reader.problem(WORKLOAD_GLOB, "no workload dir")
-            return
+            return None
         config = reader.json(f"{job}/src/config_final.json")
         if isinstance(config, dict):
             out.trainer_config = config
         user_dirs = reader.listdir(f"{job}/users", "user-*")
         if user_dirs:
             self._users(reader, out, job, user_dirs)
-            return
+            return None
         log = f"{job}/artifacts/pod.log"
         lines = reader.matching_spans(log, "{")
         if lines is not None:
@@ -169,6 +205,7 @@ class FineTuningParser:
             pod = reader.json(f"{job}/artifacts/pod.json")
             if pod is not None:
                 out.workload = _pod_state(pod)
+                return _finished_at(pod)
         elif reader.exists(f"{job}/artifacts/process.json"):
             proc = reader.json(f"{job}/artifacts/process.json")
             if isinstance(proc, dict):
@@ -176,6 +213,7 @@ class FineTuningParser:
                                              finish_reason=proc.get("finish_reason"))
         else:
             reader.problem(f"{job}/artifacts/pod.json", "missing (no pod.json nor process.json)")
+        return None
 
     def _users(self, reader: FileReader, out: FineTuningResult, job: str,
                user_dirs: list[str]) -> None:

@@ -87,6 +87,32 @@ def local_workload(ctx: CellContext) -> LocalWorkload:
                          files={"src/config_final.json": json.dumps(config, indent=2) + "\n"})
 
 
+def _check_gpus(wanted: int) -> None:
+    """Fail before anything runs when a cell asks for more GPUs than NVML sees here.
+
+    NVML answers in milliseconds (torch would take seconds to import); the trainer checks
+    again with torch, which is what trains.
+    """
+    if wanted < 1:
+        return
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            seen = pynvml.nvmlDeviceGetCount()
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception as exc:  # no library, no driver: no GPU here
+        seen, why = 0, f" (NVML: {str(exc)[:120]})"
+    else:
+        why = ""
+    if seen < wanted:
+        raise ConfigError(f"a cell asks for gpu: {wanted}, this machine has {seen} NVIDIA "
+                          f"GPU(s){why}; set gpu: 0 to train on the CPU",
+                          key="tests.fine_tuning.test_settings.gpu")
+
+
 def check_local(cells: Sequence[CellContext]) -> dict[str, Any]:
     """Fail before anything runs when a dataset, a model spec or a library is missing."""
     missing = [name for name in _LOCAL_EXTRA if importlib.util.find_spec(name) is None]
@@ -94,6 +120,7 @@ def check_local(cells: Sequence[CellContext]) -> dict[str, Any]:
         raise ConfigError(f"the local workload needs {', '.join(missing)}: "
                           "pip install torch==2.13.0 && pip install -e '.[local]'")
     settings = [_settings(c) for c in cells]
+    _check_gpus(max(int(s.get("gpu") or 0) for s in settings) if settings else 0)
     datasets = sorted({str(s["dataset_name"]) for s in settings})
     data_dir = _FOLDER / "data"
     hashes = {name: content_hash(data_file(data_dir, name, key=DATASET_KEY, what="dataset"))

@@ -44,6 +44,9 @@ class TrainerConfig(StrictSettings):
     weight_decay: float = Field(default=0.0, ge=0, le=1)
     telltale_local_model: LocalModelSpec | None = Field(
         default=None, description="The tiny model of the local platform.")
+    telltale_gpus: int = Field(
+        default=0, ge=0, le=64, description="Accelerators the local trainer uses (the cell's "
+        "gpu: 0 is the CPU; N needs N devices torch sees, a clear error otherwise).")
     telltale_torch_threads: int | None = Field(
         default=None, ge=1, le=1024, description="CPU threads of the local trainer "
         "(default: every core).")
@@ -81,4 +84,6 @@ def trainer_config(settings: dict[str, Any], data_file: str, output_dir: str, *,
     }
     if local_model is not None:
         values["telltale_local_model"] = local_model
+        if settings.get("gpu"):
+            values["telltale_gpus"] = settings["gpu"]
     return TrainerConfig.model_validate(values).model_dump(mode="json", exclude_unset=True)

@@ -15,6 +15,7 @@ from pydantic import Field
 
 from analysis.discovery import ResultDir
 from analysis.parsing import FileReader, ParsedResult
+from projects.library.energy import EnergyUse
 from projects.library.resources import ResourceTimeline, ResourceUsage, read_resources
 
 __all__ = ["REPEAT_FILE", "RunResult", "first_line", "read_run", "run_timestamps", "run_uuid",
@@ -37,6 +38,8 @@ class RunResult(ParsedResult):
                                             "(the engine's Prometheus capture); None: not "
                                             "measured.")
     resource_timeline: ResourceTimeline = Field(default_factory=ResourceTimeline)
+    energy: EnergyUse | None = Field(default=None, description="Energy over the KPI's own "
+                                     "window (projects.library.energy); None: not measured.")
 
 
 def first_line(text: str | None) -> str | None:

@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from analysis.kpi import KpiDefinition
 from analysis.parsing import ParsedResult
 from projects.library.cost import cost_per_million_tokens, declared_cost
+from projects.library.energy import energy_kpis
 from projects.llm_serving.goodput import ServingSlo
 from projects.llm_serving.parser import ServingResult, Stats
 
@@ -76,6 +77,12 @@ def _gpu_hours_per_mtok(result: ServingResult) -> float | None:
     return gpus * 1e6 / (tps * 3600.0) if gpus and tps and tps > 0 else None
 
 
+def _window_tokens(result: ServingResult) -> float | None:
+    """Tokens generated over GuideLLM's measured window."""
+    tps, window = result.output_tokens_per_second, result.measured_s
+    return tps * window if tps and window else None
+
+
 def _first_success(result: ServingResult) -> float | None:
     firsts = result.samples.get("time_to_first_success_s")
     return max(firsts) if result.users and firsts else None
@@ -117,6 +124,8 @@ KPIS: list[KpiDefinition] = [
     KpiDefinition("time_to_first_success_max", "Multi-user: slowest client's first request "
                   "to its first successful response", "s", lower_better=True,
                   compute=lambda r: _first_success(as_serving(r)), format="{:.2f}"),
+    *energy_kpis(lambda r: as_serving(r).energy, _measured(_window_tokens),
+                 "generated tokens over the load window"),
 ]
 
 

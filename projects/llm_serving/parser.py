@@ -20,12 +20,14 @@ from __future__ import annotations
 import json
 import math
 import re
+from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from analysis.discovery import ResultDir
 from analysis.parsing import FileReader, ParsedResult
+from projects.library.energy import read_energy
 from projects.library.runs import RunResult, read_run, telltale_image
 from projects.llm_serving.goodput import RequestTimes, ServingSlo, goodput
 
@@ -231,7 +233,7 @@ class ServingParser:
     """Reads the load step of an llm_serving cell (see the module docstring)."""
 
     name: ClassVar[str] = "llm_serving"
-    version: ClassVar[str] = "5"
+    version: ClassVar[str] = "6"  # 6: energy over the load window
     result_model: ClassVar[type[ParsedResult]] = ServingResult
 
     def parse(self, result: ResultDir, reader: FileReader) -> ServingResult:
@@ -326,6 +328,10 @@ class ServingParser:
         out.measured = bool(out.successful) and out.exit_code == 0
         if not out.measured:
             return
+        if bench.start_time is not None and bench.duration:
+            # the load window's energy (the server's start-up and warm-up left out)
+            start = datetime.fromtimestamp(bench.start_time, UTC)
+            out.energy = read_energy(reader, start, start + timedelta(seconds=bench.duration))
         out.ttft_ms = _stats(metrics.time_to_first_token_ms.successful)
         out.itl_ms = _stats(metrics.inter_token_latency_ms.successful)
         out.tpot_ms = _stats(metrics.time_per_output_token_ms.successful)

@@ -13,10 +13,11 @@ from analysis.safeio import read_text_bounded
 from projects.library.observe import PrometheusBlock
 from projects.library.secrets import SecretsBlock
 from tasks.artifacts import artifact_dir, step
+from tasks.observe.energy import write_series
 from tasks.observe.prometheus import CLUSTER_QUERIES, PrometheusServer, capture_window
 from tasks.secrets import secret_file
 
-__all__ = ["capture_prometheus", "cluster_prometheus", "cluster_queries"]
+__all__ = ["capture_energy", "capture_prometheus", "cluster_prometheus", "cluster_queries"]
 
 logger = logging.getLogger("telltale.prometheus")
 
@@ -31,6 +32,12 @@ def capture_prometheus(prometheus: PrometheusServer, queries: Mapping[str, str],
     if summary["errors"]:
         logger.warning("prometheus capture: %s", summary["errors"])
     return summary
+
+
+@step("observe", timeout_seconds=120)
+def capture_energy(rows: list[dict[str, Any]], sources: list[str]) -> dict[str, Any]:
+    """The energy meters' samples of the cell's window, as ``energy/series.parquet`` here."""
+    return write_series(rows, artifact_dir() / "energy", sources)
 
 
 def cluster_queries(namespace: str) -> dict[str, str]:

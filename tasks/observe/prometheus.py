@@ -81,6 +81,11 @@ CLUSTER_QUERIES: dict[str, str] = {
                            'container!=""}[{window}]))',
     "gpu_memory_used_bytes": 'DCGM_FI_DEV_FB_USED{exported_namespace="{namespace}"} '
                              '* 1048576',
+    # energy (projects.library.energy): the board's power (W) and its total-energy counter
+    # (mJ since the driver loaded; integrated over each KPI's own window at parse time)
+    "gpu_power_watts": 'DCGM_FI_DEV_POWER_USAGE{exported_namespace="{namespace}"}',
+    "gpu_energy_joules": 'DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{exported_namespace='
+                         '"{namespace}"} / 1000',
 }
 
 

@@ -53,7 +53,8 @@ from projects.contract import (
 )
 from projects.matrix import Cell
 from tasks.artifacts import artifact_dir, step
-from tasks.observe.capture import capture_prometheus
+from tasks.observe.capture import capture_energy, capture_prometheus
+from tasks.observe.energy import EnergyRecorder, meters
 from tasks.observe.prometheus import (
     LOCAL_QUERIES,
     PrometheusServer,
@@ -492,7 +493,7 @@ class LocalPlatform:
         task = project_step(run_ctx, run_local_workload).with_options(
             timeout_seconds=minutes * 60 + 120)
         service = self._service(run_ctx, cell)
-        with self._observed(run_ctx):
+        with self._observed(run_ctx, cell):
             result: CellResult = task(run_ctx, cell, minutes, service)
         return result
 
@@ -518,25 +519,39 @@ class LocalPlatform:
         return dict(self.service.record)
 
     @contextmanager
-    def _observed(self, run_ctx: RunContext) -> Iterator[None]:
-        """The block is a cell's test window: captured after it, failed cells too."""
-        if self.prometheus is None:
-            yield
-            return
-        self.prometheus.wait_scraped(run_ctx.model.observe.prometheus.ready_timeout_s)
+    def _observed(self, run_ctx: RunContext, cell: Cell) -> Iterator[None]:
+        """The block is a cell's test window: captured after it, failed cells too.
+
+        Prometheus (when on) and this machine's energy meters (`tasks.observe.energy`:
+        NVML when the cell asks for GPUs, RAPL when readable; none: nothing recorded).
+        """
+        gpus = cell.settings.get("gpu")
+        recorder = None
+        found = meters(gpu=isinstance(gpus, int) and gpus > 0)
+        if found:
+            recorder = EnergyRecorder(found).start()
+        if self.prometheus is not None:
+            self.prometheus.wait_scraped(run_ctx.model.observe.prometheus.ready_timeout_s)
         start = datetime.now(UTC)
         try:
             yield
         finally:  # a failed cell's resources are worth seeing too
-            try:
-                capture_prometheus(self.prometheus, LOCAL_QUERIES, start, datetime.now(UTC))
-            except Exception as exc:  # no resource KPIs is not a failed cell
-                logger.warning("prometheus capture failed: %s", exc)
+            if recorder is not None:
+                try:
+                    capture_energy(recorder.stop(), [m.name for m in recorder.meters])
+                except Exception as exc:  # no energy KPIs is not a failed cell
+                    logger.warning("energy capture failed: %s", exc)
+            if self.prometheus is not None:
+                try:
+                    capture_prometheus(self.prometheus, LOCAL_QUERIES, start,
+                                       datetime.now(UTC))
+                except Exception as exc:  # no resource KPIs is not a failed cell
+                    logger.warning("prometheus capture failed: %s", exc)
 
     def run_users(self, run_ctx: RunContext, cell: Cell) -> list[CellResult]:
         """Run the fan-out of the cell's workload (all users against one server, if any)."""
         service = self._service(run_ctx, cell)
-        with self._observed(run_ctx):
+        with self._observed(run_ctx, cell):
             result: list[CellResult] = project_step(run_ctx, run_local_users)(
                 run_ctx, cell, run_ctx.test.timeout_minutes, service)
         return result

@@ -33,13 +33,48 @@ JUDGED = {**FAST, "analysis.validity.mode": "off",
           "analysis.confirm_reruns": 0}
 
 
+class _Package:
+    """A CPU package's RAPL zone (``intel-rapl:0``) drawing ``watts``: its counter advances
+    with the clock, written atomically, until stopped (this machine's own is not readable)."""
+
+    def __init__(self, root: Path, watts: float) -> None:
+        self.zone = root / "intel-rapl:0"
+        self.zone.mkdir(parents=True)
+        (self.zone / "name").write_text("package-0\n")
+        (self.zone / "max_energy_range_uj").write_text(f"{2**40}\n")
+        self.watts, self.began, self.done = watts, time.monotonic(), threading.Event()
+        self._write()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _write(self) -> None:
+        tmp = self.zone / "energy_uj.tmp"
+        tmp.write_text(f"{int((time.monotonic() - self.began) * self.watts * 1e6)}\n")
+        tmp.replace(self.zone / "energy_uj")
+
+    def _run(self) -> None:
+        while not self.done.wait(0.02):
+            self._write()
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join()
+
+
 def test_cli_light_preset_end_to_end(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
+    # a CPU package at 40 W (RAPL's layout): the energy KPIs over the training steps
+    package = _Package(tmp_path / "powercap", 40.0)
     # No wall-clock bound here: the suite must pass on a loaded machine. The light preset's
     # duration is measured in benchmarks/flow_overhead.py and recorded in docs/performance.md.
-    proc = subprocess.run([sys.executable, "-m", "flows.fine_tuning", "--preset", "light",
-                           "--artifact-dir", str(run_dir)], capture_output=True, text=True,
-                          env=cli_env(tmp_path), timeout=1200)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "flows.fine_tuning", "--preset", "light",
+                               "--artifact-dir", str(run_dir)], capture_output=True, text=True,
+                              env={**cli_env(tmp_path),
+                                   "TELLTALE_POWERCAP_ROOT": str(tmp_path / "powercap")},
+                              timeout=1200)
+    finally:
+        package.stop()
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # layout
     for name in ("config.yaml", "plan.yaml", "presets_applied", "outcome.json", "report.html"):
@@ -67,6 +102,16 @@ def test_cli_light_preset_end_to_end(tmp_path: Path) -> None:
     assert math.isclose(kpis["train_runtime"], logged, rel_tol=1e-6)
     assert (post / "report" / "index.html").is_file()
     assert "report    :" in proc.stdout
+    # energy: the package's counter sampled over the cell, integrated over the training steps
+    # (the trainer's own bounds in its summary line), not over the process
+    energy = pd.read_parquet(next(cell.glob("*__observe__capture_energy")) / "energy"
+                             / "series.parquet")
+    assert set(energy["query"]) == {"cpu_energy_joules"} and len(energy) >= 2
+    assert "'train_start'" in log and "'train_end'" in log
+    assert 20.0 < kpis["power_watts_mean"] < 80.0  # 40 W, read through a loaded machine
+    assert kpis["energy_joules"] == pytest.approx(kpis["power_watts_mean"] * logged, rel=0.05)
+    tokens = kpis["train_tokens_per_second"] * kpis["train_runtime"]
+    assert kpis["joules_per_token"] == pytest.approx(kpis["energy_joules"] / tokens)
     # resources, from the run's real Prometheus and node exporter (observe.prometheus: auto)
     if prometheus_required():
         series = pd.read_parquet(next(cell.glob("*__observe__capture_prometheus"))

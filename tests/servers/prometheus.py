@@ -2,7 +2,8 @@
 
 It does not evaluate PromQL: it recognises the metric a query reads (cAdvisor's
 ``container_cpu_usage_seconds_total`` / ``container_memory_working_set_bytes``, DCGM's
-``DCGM_FI_DEV_GPU_UTIL`` / ``DCGM_FI_DEV_FB_USED``) and answers what that expression gives on
+``DCGM_FI_DEV_GPU_UTIL`` / ``DCGM_FI_DEV_FB_USED`` / ``DCGM_FI_DEV_POWER_USAGE`` /
+``DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION``, a counter growing at the power) and answers what that expression gives on
 a cluster running one training pod with two GPUs, with the labels the real exporters put on
 each series, one sample per ``step`` over [start, end]. A bearer token is required when one
 is configured (401 otherwise, as OpenShift's Thanos querier answers); ``mode`` makes it
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -26,13 +27,19 @@ _POD = {"namespace": "fine-tuning-testing", "pod": "fine-tuning-master-0",
 _GPU = {"exported_namespace": "fine-tuning-testing", "exported_pod": "fine-tuning-master-0",
         "Hostname": "gpu-node-1", "modelName": "NVIDIA A100-SXM4-80GB"}
 # metric read by the query -> [(labels, value)]: what the query's expression evaluates to
-SERIES: dict[str, list[tuple[dict[str, str], float]]] = {
+SERIES: dict[str, list[tuple[dict[str, str], float | Callable[[float], float]]]] = {
     "container_cpu_usage_seconds_total": [({}, 7.5)],  # sum(rate(...)): cores
     "container_memory_working_set_bytes": [({}, 24e9)],  # sum(...): bytes
     "DCGM_FI_DEV_GPU_UTIL": [({**_GPU, "gpu": "0", "UUID": "GPU-0"}, 80.0),
                              ({**_GPU, "gpu": "1", "UUID": "GPU-1"}, 60.0)],
     "DCGM_FI_DEV_FB_USED": [({**_GPU, "gpu": "0", "UUID": "GPU-0"}, 30_000 * 1048576),
                             ({**_GPU, "gpu": "1", "UUID": "GPU-1"}, 20_000 * 1048576)],
+    "DCGM_FI_DEV_POWER_USAGE": [({**_GPU, "gpu": "0", "UUID": "GPU-0"}, 300.0),
+                                ({**_GPU, "gpu": "1", "UUID": "GPU-1"}, 250.0)],
+    # the energy counter / 1000 (mJ since the driver loaded, in J): it grows at the power
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": [
+        ({**_GPU, "gpu": "0", "UUID": "GPU-0"}, lambda t: 5e6 + 300.0 * t),
+        ({**_GPU, "gpu": "1", "UUID": "GPU-1"}, lambda t: 4e6 + 250.0 * t)],
 }
 
 
@@ -87,7 +94,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         metric = next((m for m in SERIES if m in query.get("query", "")), None)
         stamps = [start + i * step for i in range(int((end - start) / step) + 1)]
-        result = [{"metric": labels, "values": [[t, str(value)] for t in stamps]}
+        result = [{"metric": labels,
+                   "values": [[t, str(value(t) if callable(value) else value)] for t in stamps]}
                   for labels, value in (SERIES[metric] if metric else [])]
         self._send(200, {"status": "success",
                          "data": {"resultType": "matrix", "result": result}})

@@ -11,6 +11,9 @@ merged with ``hyper_parameters``) plus a ``telltale_local_model`` spec. The scri
 4. wraps it with LoRA through peft when ``peft_method: lora``;
 5. trains with the Hugging Face Trainer, token counting on.
 
+With ``telltale_gpus: N`` (the cell's ``gpu``) it trains on the first N CUDA devices torch
+sees (an error when there are fewer), and prints ``device: ...`` first.
+
 It prints the lines the fms-hf-tuning image prints, so one parser reads both::
 
     dataset stats: {"total_tokens": ..., "total_samples": ..., "avg_tokens_per_sample": ...,
@@ -64,10 +67,54 @@ class _TokenDataset:
 
 
 def _format_summary(metrics: dict[str, Any]) -> str:
-    """Print the final summary the way the Trainer prints its log dicts (a Python dict repr)."""
+    """Print the final summary the way the Trainer prints its log dicts (a Python dict repr).
+
+    ``train_start``/``train_end`` (Unix time) bound the training steps: the energy KPIs are
+    measured over them, not over the process (its imports and data preparation).
+    """
     keys = ["train_runtime", "train_samples_per_second", "train_steps_per_second",
-            "train_tokens_per_second", "train_loss", "epoch"]
+            "train_tokens_per_second", "train_loss", "epoch", "train_start", "train_end"]
     return repr({k: metrics[k] for k in keys if k in metrics})
+
+
+def _device(gpus: int) -> str | None:
+    """The accelerator for ``gpus`` devices (None: the CPU); an error when torch sees fewer.
+
+    Only the first ``gpus`` visible devices are used (the Trainer would spread over all).
+    """
+    if gpus < 1:
+        return None
+    # before CUDA initialises (torch does it lazily): the variable is read only then
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = visible.split(",") if visible else [str(i) for i in range(gpus)]
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(ids[:gpus])
+    import torch
+
+    seen = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if seen < gpus:
+        raise SystemExit(f"error: the cell asks for gpu: {gpus}, torch {torch.__version__} "
+                         f"sees {seen} CUDA device(s) (set gpu: 0 to train on the CPU)")
+    names = [torch.cuda.get_device_name(i) for i in range(gpus)]
+    return f"cuda x{gpus} ({', '.join(sorted(set(names)))})"
+
+
+def _window_callback() -> Any:
+    """A Trainer callback that records when the training steps begin and end."""
+    import time
+
+    from transformers import TrainerCallback
+
+    class Window(TrainerCallback):  # type: ignore[misc]
+        start: float | None = None
+        end: float | None = None
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self.start = time.time()
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self.end = time.time()
+
+    return Window()
 
 
 def main(argv: list[str]) -> int:
@@ -94,6 +141,8 @@ def main(argv: list[str]) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_warning()
+    device = _device(cfg.telltale_gpus)
+    print(f"device: {device or 'cpu'}", flush=True)
     torch.set_num_threads(cfg.telltale_torch_threads or os.cpu_count() or 1)
     max_len = cfg.max_seq_length
     texts = read_samples(Path(cfg.training_data_path), cfg.dataset_replication)
@@ -122,15 +171,19 @@ def main(argv: list[str]) -> int:
         include_num_input_tokens_seen="all",
         save_strategy="no",
         report_to="none",
-        use_cpu=True,
+        use_cpu=device is None,
         seed=spec.seed,
         dataloader_num_workers=0,
     )
     collator = DataCollatorForLanguageModeling(tokenizer=tokenizer, mlm=False)
+    window = _window_callback()
     trainer = Trainer(model=model, args=args, train_dataset=_TokenDataset(encodings),
-                      data_collator=collator)
+                      data_collator=collator, callbacks=[window])
     result = trainer.train()
     metrics = dict(result.metrics)
+    if window.start is not None and window.end is not None:
+        metrics["train_start"], metrics["train_end"] = round(window.start, 3), round(
+            window.end, 3)
     if "train_tokens_per_second" not in metrics and metrics.get("train_runtime"):
         # transformers 5.x: the Trainer counted the tokens but left the rate out of the summary.
         metrics["train_tokens_per_second"] = round(
