@@ -21,6 +21,7 @@ from analysis.kpi import Kpi
 
 __all__ = [
     "SCHEMA_VERSION",
+    "LtsCurve",
     "LtsKpi",
     "LtsMetadata",
     "LtsPayload",
@@ -82,6 +83,20 @@ class LtsKpi(BaseModel):
 _new_lts_kpi = constructor(LtsKpi)
 
 
+class LtsCurve(BaseModel):
+    """The load sweep a cell belongs to, judged as one curve (`analysis.curve`)."""
+
+    load: str = Field(description="The load label (concurrency).")
+    verdict: str = Field(description="regression, improvement, unchanged or "
+                         "insufficient_history: the curve's shape against its history.")
+    load_range: list[float] | None = Field(default=None, description="The loads that moved.")
+    explanation: str = ""
+    history_curves: int = 0
+    kpis: dict[str, float | None] = Field(default_factory=dict, description="knee_load, "
+                                          "throughput_at_knee, frontier_throughput.")
+    kpi_verdicts: dict[str, str] = Field(default_factory=dict)
+
+
 class LtsPayload(BaseModel):
     """One run: metadata, parsed results, KPIs, and (once judged) regression verdicts."""
 
@@ -91,6 +106,8 @@ class LtsPayload(BaseModel):
     results: dict[str, Any] = Field(default_factory=dict, description="Parsed values.")
     kpis: dict[str, LtsKpi] = Field(default_factory=dict, description="KPI name → value.")
     regression: dict[str, Any] | None = Field(default=None, description="Verdict per KPI.")
+    curve: LtsCurve | None = Field(default=None, description="The load sweep this cell is "
+                                   "a point of, judged as one curve (None: not a sweep).")
     problems: list[str] = Field(default_factory=list, description="Parse problems, if any.")
 
     def missing_fields(self) -> list[str]:

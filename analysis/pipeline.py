@@ -22,6 +22,7 @@ import pandas as pd
 from pydantic import BaseModel, Field, ValidationError
 
 from analysis.construct import constructor
+from analysis.curve import CurveResult, judge_curves, lts_curve
 from analysis.discovery import Discovery, SkippedDir, discover
 from analysis.errors import ConfigError, ResultsError
 from analysis.fingerprint import Fingerprint, decode, encode, fingerprint_of, what_changed
@@ -157,6 +158,8 @@ class PostprocessOutcome(BaseModel):
                                      description="Why the run fails the regression gate.")
     validity: dict[str, Validity] = Field(default_factory=dict, description="Each run's "
                                           "validity by its result dir (test path).")
+    curves: list[CurveResult] = Field(default_factory=list, description="This run's load "
+                                      "sweeps, each judged as one curve (`analysis.curve`).")
 
 
 def _status(result: ParsedResult) -> Literal["success", "failed", "partial"]:
@@ -716,7 +719,7 @@ def postprocess(
         with tempfile.TemporaryFile(dir=out_dir, prefix=".lts_payload.spool") as spool:
             def keep(run: RunAnalysis) -> None:
                 require_complete(run.payload, settings.mode)
-                data = run.payload.model_dump_json(exclude={"regression"}).encode()
+                data = run.payload.model_dump_json(exclude={"regression", "curve"}).encode()
                 places[id(run)] = (spool.tell(), len(data))
                 spool.write(data)
                 # Every field given (model_construct computes a missing default through
@@ -740,6 +743,22 @@ def postprocess(
                 shared_dir=Path(shared_dir) if shared_dir else None,
                 append_history=append_history, report=report)
     return outcome
+
+
+def _judge_curves(hooks: AnalysisProject, settings: AnalysisSettings, frame: pd.DataFrame,
+                  history: pd.DataFrame | None, files: dict[str, str], out_dir: Path
+                  ) -> list[CurveResult]:
+    """The project's curves of this run against the history's (``curves.json``)."""
+    if hooks.curve is None or not settings.regression.enabled:
+        return []
+    found = judge_curves(frame, history, hooks.curve,
+                         ignored_labels=settings.comparison.ignored_labels,
+                         settings=settings.regression.detector())
+    if found:
+        files["curves"] = str(out_dir / "curves.json")
+        write_text(files["curves"], json.dumps(
+            [c.model_dump(mode="json") for c in found], indent=1) + "\n")
+    return found
 
 
 def _write_outputs(out_dir: Path, hooks: AnalysisProject, settings: AnalysisSettings,
@@ -775,6 +794,13 @@ def _write_outputs(out_dir: Path, hooks: AnalysisProject, settings: AnalysisSett
                          lock=history_lock) if history_uri else None
     source: HistorySource | None = history if history is not None else store
     verdicts = judge_runs(runs, source, settings) if settings.regression.enabled else []
+    # the sweeps, each one curve against the earlier curves (read before this run's rows
+    # are appended: its own curves are never their baseline), before the payloads: each
+    # cell's payload carries its curve's verdict to OpenSearch and Horreum
+    curves = _judge_curves(hooks, settings, frame, store.read() if store is not None and
+                           hooks.curve is not None else None, files, out_dir)
+    curve_of = {uuid: lts_curve(c, hooks.curve) for c in curves for uuid in c.run_uuids} \
+        if hooks.curve is not None else {}
     # From here on the KPI table holds every value (the report reads it): the runs' own
     # KPI objects go, ~4 KB a run.
     for run in runs:
@@ -792,9 +818,12 @@ def _write_outputs(out_dir: Path, hooks: AnalysisProject, settings: AnalysisSett
             data = spool.read(length)  # a JSON object without its "regression" key
             judged = {row.kpi: row.model_dump(include=_LTS_VERDICT) for row in
                       by_run.get(run.run_uuid, ())}
-            # spliced in as the last key, not parsed and encoded again (~0.2 ms a run)
+            curve = curve_of.get(run.run_uuid)
+            # spliced in as the last keys, not parsed and encoded again (~0.2 ms a run)
             yield (data[:-1] + b',"regression":'
-                   + json.dumps(judged or None, separators=(",", ":")).encode() + b"}")
+                   + json.dumps(judged or None, separators=(",", ":")).encode()
+                   + b',"curve":' + (curve.model_dump_json().encode() if curve else b"null")
+                   + b"}")
 
     # Compact JSON, one run at a time: an indent sends json through its pure-Python encoder
     # (2.6 s for 1 000 runs), and one dumps() of 10 000 payloads held ~600 MB at once.
@@ -822,8 +851,12 @@ def _write_outputs(out_dir: Path, hooks: AnalysisProject, settings: AnalysisSett
         skipped=[s.model_dump() for s in skipped],
         problems=problems, kpi_rows=len(frame),
         verdicts=verdicts, verdict_counts=counts, history_uri=history_uri, files=files,
+        curves=curves,
         validity={r.result.rel_path or r.run_uuid: r.validity for r in runs},
         gate_failures=_gate(verdicts, settings) + [
+            f"curve {' · '.join(f'{k}={v}' for k, v in c.group.items() if v)}: "
+            f"{c.verdict.explanation}" for c in curves
+            if c.verdict.kind == "regression" and settings.regression.fail_on_regression] + [
             f"run {r.result.rel_path or r.run_uuid} exited 0 but yielded no KPI: its "
             "result files are missing or empty" for r in empty[:10]] + (
             [f"no KPI at all from {len(runs)} run(s)"] if frame.empty and not empty
@@ -837,6 +870,6 @@ def _write_outputs(out_dir: Path, hooks: AnalysisProject, settings: AnalysisSett
             ignored_labels=settings.comparison.ignored_labels,
             compared_label=settings.comparison.compared_label,
             detector=settings.regression.detector(), history_uri=history_uri,
-            target_mde_pct=settings.target_mde_pct, shared_dir=shared_dir))
+            target_mde_pct=settings.target_mde_pct, shared_dir=shared_dir, curves=curves))
         outcome.files["report"] = outcome.report
     return outcome

@@ -17,6 +17,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+from analysis.curve import CurveSpec
 from analysis.discovery import ENTRY_POINT_GROUP, available_projects
 from analysis.errors import ResultsError, did_you_mean
 from analysis.kpi import KpiDefinition
@@ -56,6 +57,8 @@ class AnalysisProject:
             the project's own checks, added to the engine's (`analysis.validity`).
         measured_window: Result → seconds of the workload's measured window, when known.
         min_window_s: The shortest measured window the project calls a measurement.
+        curve: The load sweep a run's cells make (`analysis.curve.CurveSpec`): judged as
+            one curve (knee, frontier, one verdict for its shape). None: no curve.
     """
 
     name: str
@@ -77,6 +80,7 @@ class AnalysisProject:
     validity: Callable[[ParsedResult], list[str]] | None = None
     measured_window: Callable[[ParsedResult], float | None] | None = None
     min_window_s: float = 0.0
+    curve: CurveSpec | None = None
 
     def analysis_defaults(self) -> dict[str, Any]:
         """The project's default ``analysis`` block (ignored labels, compared label...).

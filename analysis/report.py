@@ -83,6 +83,7 @@ class ReportContext:
     history_uri: str | None = None  # for the accept command of the triage table
     shared_labels: dict[str, str] = field(default_factory=dict)  # every shown line has these
     target_mde_pct: float = 5.0  # KPIs whose minimum detectable effect is larger: flagged
+    curves: Sequence[Any] = field(default_factory=tuple)  # analysis.curve.CurveResult
 
 
 # -- shaping (pure, unit-tested) ----------------------------------------------------------
@@ -913,6 +914,25 @@ def _draw_errors(ctx: ReportContext, options: dict[str, Any]) -> str:
             f"<th>logs</th></tr></thead><tbody>{''.join(rows)}</tbody></table>")
 
 
+def _draw_curve_band(ctx: ReportContext, options: dict[str, Any]) -> str:
+    from analysis.report_curve import curve_facts_html, curve_figures, curve_title, worst_first
+
+    spec = ctx.project.curve
+    if spec is None or not ctx.curves:
+        return ("<p class='empty'>no curve: the runs hold no sweep of two loads or more "
+                "with a run id (or the project declares none)</p>")
+    units = ctx.kpis.drop_duplicates("kpi").set_index("kpi")["unit"].to_dict() \
+        if not ctx.kpis.empty else {}
+    parts = []
+    for curve in worst_first(ctx.curves):
+        figures = "".join(f"<div class='curve-chart'>{_figure_html(f)}</div>"
+                          for f in curve_figures(curve, spec, units))
+        parts.append(f"<section class='curve'><h2>{html.escape(curve_title(curve))}</h2>"
+                     f"<div class='curve-charts'>{figures}</div>"
+                     f"{curve_facts_html(curve)}</section>")
+    return "".join(parts)
+
+
 REPORT_KINDS: dict[str, Callable[[ReportContext, dict[str, Any]], str]] = {
     "kpi_table": _draw_kpi_table,
     "kpi_history": _draw_kpi_history,
@@ -921,6 +941,7 @@ REPORT_KINDS: dict[str, Callable[[ReportContext, dict[str, Any]], str]] = {
     "regression": _draw_regression,
     "users": _draw_users,
     "kpi_curve": _draw_kpi_curve,
+    "curve_band": _draw_curve_band,
     "distribution": _draw_distribution,
     "errors": _draw_errors,
 }
@@ -941,6 +962,8 @@ margin:.6em 0} .card h3{margin:.2em 0;font-size:16px} .card .why{margin:.2em 0;c
 .facts dt{font-weight:600;margin-top:.4em} .facts dd{margin:0}
 .moved svg{vertical-align:middle} .config{color:#666;font-weight:normal}
 td:has(> details){min-width:18em}
+.curve-charts{display:flex;flex-wrap:wrap;gap:1em}
+.curve-chart{flex:1 1 480px;min-width:0} .curve-verdict{font-size:15px}
 """
 
 

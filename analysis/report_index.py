@@ -141,6 +141,12 @@ _SAID = {"regression": ("regression", "regressions"), "suspect": ("suspect", "su
          "periodic": ("periodic KPI", "periodic KPIs"), "no_change": ("unchanged", "unchanged")}
 
 
+def _span(loads: tuple[float, float] | None) -> str:
+    if loads is None:
+        return ""
+    return f"{loads[0]:g}" if loads[0] == loads[1] else f"{loads[0]:g}–{loads[1]:g}"
+
+
 def triage_line(ctx: ReportContext) -> str:
     """The first screen's one line, worst first.
 
@@ -152,6 +158,13 @@ def triage_line(ctx: ReportContext) -> str:
         counts[v.verdict] = counts.get(v.verdict, 0) + 1
     parts = [f"{n} {_SAID[kind][n != 1]}" for kind, n in sorted(
         counts.items(), key=lambda kv: SEVERITY.get(kv[0], len(SEVERITY))) if kind in _SAID]
+    # a sweep judged as one curve: one entry per moved curve, its range named
+    moved = [c for c in ctx.curves if c.verdict.kind in ("regression", "improvement")
+             and c.verdict.load_range is not None]
+    if moved:
+        load = ctx.project.curve.load if ctx.project.curve is not None else "load"
+        parts[:0] = [f"1 curve {c.verdict.kind} ({load} {_span(c.verdict.load_range)})"
+                     for c in moved]
     unjudged = counts.get("not_judged", 0) + counts.get("insufficient_history", 0)
     if unjudged or not parts:
         why = triage_headline(ctx).removeprefix("nothing judged: ")
@@ -250,7 +263,8 @@ def render_report(out_dir: Path, project: AnalysisProject, runs: Sequence[Any],
                   discovery: Discovery, *, ignored_labels: Sequence[str] = (),
                   compared_label: str | None = None,
                   detector: DetectorSettings = DEFAULTS, history_uri: str | None = None,
-                  target_mde_pct: float = 5.0, shared_dir: Path | None = None) -> Path:
+                  target_mde_pct: float = 5.0, shared_dir: Path | None = None,
+                  curves: Sequence[Any] = ()) -> Path:
     """Write one HTML page per report plus ``index.html``; returns the index path.
 
     ``shared_dir``: where the one plotly.js copy of many reports lives (`_write_plotlyjs`).
@@ -259,7 +273,7 @@ def render_report(out_dir: Path, project: AnalysisProject, runs: Sequence[Any],
     ctx = ReportContext(project, runs, kpis, history, verdicts, discovery,
                         ignored_labels=tuple(ignored_labels), compared_label=compared_label,
                         out_dir=out_dir, detector=detector, history_uri=history_uri,
-                        target_mde_pct=target_mde_pct)
+                        target_mde_pct=target_mde_pct, curves=tuple(curves))
     links = []
     plotly_needed = False
     plots = _load_plots(project)

@@ -37,6 +37,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from analysis.curve import CurveResult
 from analysis.environment import env_settings
 from analysis.errors import ConfigError, TelltaleError
 from analysis.fingerprint import FINGERPRINT_FILE
@@ -504,6 +505,9 @@ def _postprocess_phase(outcome: RunOutcome, run: RunContext) -> None:
         for v in sorted(post.verdicts, key=lambda v: FINDINGS.index(v.verdict)
                         if v.verdict in FINDINGS else len(FINDINGS))
         if v.verdict in FINDINGS]
+    outcome.curves = [curve_line(c) for c in post.curves]
+    outcome.findings[:0] = [line for c, line in zip(post.curves, outcome.curves, strict=True)
+                            if c.verdict.kind in ("regression", "improvement")]
     outcome.failures.extend(post.gate_failures)
     if post.report:
         index = Path(post.report).relative_to(run.root)
@@ -516,6 +520,14 @@ def _postprocess_phase(outcome: RunOutcome, run: RunContext) -> None:
     except Exception as exc:  # artifacts are a convenience; the files are the record
         log.warning("could not publish Prefect artifacts: %s", exc)
     _export_phase(outcome, run, post)
+
+
+def curve_line(curve: CurveResult) -> str:
+    """``curve regression  concurrency=… (model_name=tiny …): regression at … knee 8``."""
+    group = " ".join(f"{k}={v}" for k, v in curve.group.items() if v and v != "nan")
+    knee = curve.kpis.get("knee_load")
+    return (f"curve {curve.verdict.kind:<11} ({group}): {curve.verdict.explanation}"
+            + (f"; knee at {knee:g}" if knee is not None else ""))
 
 
 def _ordinal(n: int) -> str:
@@ -845,6 +857,9 @@ def run_from_cli(flow_fn: Callable[..., RunOutcome], presets: list[str],
         say("verdicts  : " + ", ".join(f"{k}={v}" for k, v in
                                        sorted(outcome.verdict_counts.items()))
             + (f" ({outcome.history_note})" if outcome.history_note else ""))
+    for line in outcome.curves:
+        if not any(line == f for f in outcome.findings):  # news is said with the findings
+            say(f"  {line}")
     for line in outcome.findings[:MAX_FINDINGS]:
         say(f"  {line}")
     if len(outcome.findings) > MAX_FINDINGS:

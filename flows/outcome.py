@@ -45,6 +45,9 @@ class RunOutcome(BaseModel):
                                     "measurement stayed invalid, with the reasons.")
     regressions: list[str] = Field(default_factory=list, description="One line per KPI "
                                    "judged a regression: KPI, change, explanation.")
+    curves: list[str] = Field(default_factory=list, description="One line per load sweep "
+                              "judged as one curve: its verdict, the load range that moved, "
+                              "its knee.")
     findings: list[str] = Field(default_factory=list, description="One line per KPI to look "
                                 "at, worst first: regression, suspect (not confirmed), "
                                 "noisier, drift, outlier (a suspect its re-runs dismissed), "

@@ -222,3 +222,51 @@ def cli_env(tmp_path: Any) -> dict[str, str]:
     env["TELLTALE_DATA_DIR"] = str(tmp_path / "data")
     env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
     return env
+
+
+def serving_cell(cell: Path, *, concurrency: int, latency: float = 1.0,
+                 throughput: float = 1.0, run_id: str | None = None,
+                 start: datetime | None = None, extra: dict[str, Any] | None = None) -> Path:
+    """An llm_serving cell dir from the recorded GuideLLM result of a light run.
+
+    Its latency figures (``*_ms``, ``request_latency``: mean, median, extremes, percentiles)
+    are multiplied by ``latency``, its rates (``*per_second``) by ``throughput``; the load
+    step's record is made by the load script's own ``_verdict``.
+    """
+    from projects.llm_serving.parser import WORKLOAD_GLOB
+    from projects.llm_serving.workload.load import _verdict
+
+    recorded = json.loads((Path(__file__).resolve().parent / "data" /
+                           "guidellm_light.json").read_text())
+    for bench in recorded.get("benchmarks", []):
+        for name, metric in bench.get("metrics", {}).items():
+            factor = throughput if "per_second" in name else latency if (
+                name.endswith("_ms") or name == "request_latency") else None
+            if name == "request_concurrency":  # the load held what it asked for
+                factor = concurrency * 0.98 / metric["successful"]["mean"]
+            if factor is None or not isinstance(metric, dict):
+                continue
+            for part in metric.values():
+                if not isinstance(part, dict):
+                    continue
+                for key in ("mean", "median", "min", "max"):
+                    if isinstance(part.get(key), float):
+                        part[key] *= factor
+                for key, value in (part.get("percentiles") or {}).items():
+                    if isinstance(value, float):
+                        part["percentiles"][key] = value * factor
+    job = cell / WORKLOAD_GLOB.replace("*", "001") / "artifacts"
+    job.mkdir(parents=True)
+    (job / "guidellm.json").write_text(json.dumps(recorded))
+    _, summary = _verdict(str(job / "guidellm.json"), ["generation_delay_ttft"])
+    (job / "load.json").write_text(json.dumps(summary))
+    (cell / "settings.yaml").write_text(yaml.safe_dump({
+        "model_name": "tiny-opt", "concurrency": concurrency, "prompt_tokens": 64,
+        "output_tokens": 32, "duration_s": 10, "request_format": "completions",
+        **({"run_id": run_id} if run_id else {}), **(extra or {})}))
+    (cell / "exit_code").write_text("0\n")
+    (cell / ".uuid").write_text(f"{uuid.uuid4()}\n")
+    start = start or datetime(2026, 11, 1, tzinfo=UTC)
+    (cell / "test_start_end.json").write_text(json.dumps(
+        {"start": start.isoformat(), "end": (start + timedelta(seconds=15)).isoformat()}))
+    return cell

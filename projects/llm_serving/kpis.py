@@ -14,7 +14,7 @@ from projects.library.energy import energy_kpis
 from projects.llm_serving.goodput import ServingSlo
 from projects.llm_serving.parser import ServingResult, Stats
 
-__all__ = ["KPIS", "LTS_VERSION", "as_serving", "labels", "results_summary"]
+__all__ = ["KPIS", "LTS_VERSION", "as_serving", "labels", "results_summary", "slo_bound"]
 
 LTS_VERSION = "1"
 
@@ -77,6 +77,29 @@ def _gpu_hours_per_mtok(result: ServingResult) -> float | None:
     return gpus * 1e6 / (tps * 3600.0) if gpus and tps and tps > 0 else None
 
 
+def _slo_met(result: ServingResult) -> float | None:
+    """1.0 when the attainment reached the SLO's target, 0.0 when not (None: no SLO)."""
+    if result.slo_attainment_pct is None:
+        return None
+    try:
+        target = ServingSlo.model_validate(result.settings.get("slo") or {}).attainment_pct
+    except ValidationError:
+        return None
+    return 1.0 if result.slo_attainment_pct >= target else 0.0
+
+
+def slo_bound(labels: dict[str, str], figure: str) -> float | None:
+    """One threshold of the ``slo`` label (``ttft_ms<=5000,...``), or None."""
+    for part in (labels.get("slo") or "").split(","):
+        name, _, bound = part.partition("<=")
+        if name == figure:
+            try:
+                return float(bound)
+            except ValueError:
+                return None
+    return None
+
+
 def _window_tokens(result: ServingResult) -> float | None:
     """Tokens generated over GuideLLM's measured window."""
     tps, window = result.output_tokens_per_second, result.measured_s
@@ -111,6 +134,11 @@ KPIS: list[KpiDefinition] = [
     KpiDefinition("slo_attainment_pct", "Requests that met the cell's SLO, % of finished "
                   "requests (an errored one never does)", "%", lower_better=False,
                   compute=_measured(lambda r: r.slo_attainment_pct), format="{:.1f}"),
+    # whether this load met the SLO (1) or not (0): the curve's knee reads it
+    # (analysis.curve); the attainment itself is what is judged per cell
+    KpiDefinition("slo_met", "1 when the cell's SLO attainment reached its target "
+                  "(slo.attainment_pct), else 0", "", lower_better=False,
+                  compute=_measured(_slo_met), ignored_for_regression=True, format="{:.0f}"),
     KpiDefinition("cost_per_million_tokens", "Price of generating one million tokens, from "
                   "the prices declared in test_settings.cost (per GPU-hour, or per node-hour "
                   "without GPUs; in its currency): declared, not measured", "currency/Mtok",
@@ -158,6 +186,8 @@ def labels(result: ParsedResult) -> dict[str, str]:
         "request_format": settings.get("request_format"),
         # goodput under another SLO is another KPI: the SLO is part of the identity
         "slo": _slo_label(settings.get("slo")),
+        # the flow run: a sweep's cells share it (analysis.curve; an ignored label)
+        "run_id": settings.get("run_id"),
         "accelerator_count": settings.get("gpu") or 0,
         "user_count": len(serving.users) or 1,
         "telltale_image": serving.telltale_image,

@@ -24,6 +24,7 @@ from typing import Any
 
 import platformdirs
 
+from analysis.curve import CurveSpec
 from analysis.errors import ConfigError
 from analysis.parsing import ParsedResult
 from projects.contract import (
@@ -42,7 +43,7 @@ from projects.library.data import content_hash
 from projects.library.kinds import MANAGE, Kind
 from projects.library.runs import run_timestamps, run_uuid
 from projects.llm_serving import install, validity
-from projects.llm_serving.kpis import KPIS, as_serving, labels, results_summary
+from projects.llm_serving.kpis import KPIS, as_serving, labels, results_summary, slo_bound
 from projects.llm_serving.manifests import JOB_NAME_LABEL, LOAD_SCRIPT, cell_manifests
 from projects.llm_serving.models import ServingSettings, ServingTest
 from projects.llm_serving.parser import LOAD_STEP, ServingParser
@@ -260,6 +261,11 @@ PROJECT = Project(
     validity=validity.validity_reasons,
     measured_window=validity.measured_window,
     min_window_s=validity.MIN_WINDOW_S,
+    # a sweep over concurrency is one curve: TTFT p95 against generated tokens/s, its knee
+    # where the SLO stops being met, its frontier up to the SLO's TTFT bound
+    curve=CurveSpec(load="concurrency", throughput="output_tokens_per_second",
+                    latency="ttft_p95", meets="slo_met",
+                    latency_cap=lambda labels: slo_bound(labels, "ttft_ms")),
     # read by the KPIs, labels and LTS results only (the report draws users for every run)
     analysis_only=("ttft_ms", "itl_ms", "tpot_ms", "request_latency_s", "server_counters"),
     folder=FOLDER,

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.compare import Comparison, comparison_lines
+from analysis.curve import CurveResult
 from analysis.pipeline import PostprocessOutcome
 from analysis.redact import redact, redact_text
 
@@ -39,6 +40,16 @@ def _validity(cell: dict[str, Any]) -> str:
     status = cell.get("validity") or ""
     reasons = cell.get("validity_reasons") or []
     return f"{status}: {'; '.join(reasons)}" if status == "invalid" and reasons else status
+
+
+def _curve_row(curve: CurveResult) -> str:
+    """A curve's markdown row: its labels, verdict, moved loads, knee, history used."""
+    group = " · ".join(f"{k}={v}" for k, v in curve.group.items() if v)
+    moved = curve.verdict.load_range
+    knee = curve.kpis.get("knee_load")
+    return (f"| {group} | {curve.verdict.kind} | "
+            f"{'' if moved is None else f'{moved[0]:g}–{moved[1]:g}'} | "
+            f"{'' if knee is None else f'{knee:g}'} | {curve.verdict.history_curves} |")
 
 
 def publish_results(flow: str, outcome: PostprocessOutcome, cells: Sequence[dict[str, Any]],
@@ -72,6 +83,9 @@ def publish_results(flow: str, outcome: PostprocessOutcome, cells: Sequence[dict
              "", "| cell | status | exit code | validity |", "|---|---|---|---|"]
     lines += [f"| {c['name']} | {c['status']} | {c.get('exit_code', '')} | "
               f"{_validity(c)} |" for c in cells]
+    if outcome.curves:  # each load sweep judged as one curve
+        lines += ["", "## Curves", "", "| curve | verdict | loads moved | knee | history |",
+                  "|---|---|---|---|---|", *[_curve_row(c) for c in outcome.curves]]
     if outcome.gate_failures:
         lines += ["", "## Gate failures", *[f"- {f}" for f in outcome.gate_failures]]
     create_markdown_artifact(markdown=redact_text("\n".join(lines)),

@@ -519,7 +519,8 @@ def test_the_first_screen_is_one_line_worst_first() -> None:
         return NS(validity=NS(status=status, reasons=["busy machine"]))
 
     def ctx(verdicts: list[str], runs: list[NS]) -> NS:
-        return NS(verdicts=[NS(verdict=v) for v in verdicts], runs=runs, history_uri="h")
+        return NS(verdicts=[NS(verdict=v) for v in verdicts], runs=runs, history_uri="h",
+                  curves=())
 
     kinds = ["no_change"] * 9 + ["suspect", "regression", "not_judged", "regression",
                                  "noisier"]

@@ -1,0 +1,70 @@
+"""A sweep judged as one curve through post-processing: nights of llm_serving sweeps (the
+recorded GuideLLM result scaled per load), the last one slower only above concurrency 4:
+one curve verdict in ``curves.json``, the outcome, the report's curve page and first line —
+next to the per-cell verdicts, which stay."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+
+from analysis.pipeline import postprocess
+from tests.factories import serving_cell
+
+LOADS = (1, 2, 4, 8, 16)
+
+
+def _night(root: Path, night: int, rng: np.random.Generator,
+           slower: dict[int, float] | None = None) -> Path:
+    results = root / f"night{night}"
+    start = datetime(2026, 11, 1, 2, tzinfo=UTC) + timedelta(days=night)
+    for index, load in enumerate(LOADS):
+        factor = (slower or {}).get(load, 1.0)
+        serving_cell(results / f"{index:03d}__cell", concurrency=load, run_id=f"night-{night}",
+                     start=start + timedelta(minutes=index),
+                     latency=load ** 0.3 * factor * float(np.exp(rng.normal(0, 0.02))),
+                     throughput=load ** 0.8 / factor * float(np.exp(rng.normal(0, 0.02))))
+    return results
+
+
+def test_a_sweep_slower_above_concurrency_4_is_one_curve_verdict(tmp_path: Path) -> None:
+    rng = np.random.default_rng(7)
+    history = str(tmp_path / "history")
+    for night in range(6):
+        outcome = postprocess(_night(tmp_path, night, rng), "llm_serving",
+                              tmp_path / f"out{night}", history_uri=history, report=False)
+        assert len(outcome.curves) == 1
+    assert outcome.curves[0].verdict.kind == "unchanged", outcome.curves[0].verdict
+    last = postprocess(_night(tmp_path, 6, rng, slower={8: 1.4, 16: 1.4}), "llm_serving",
+                       tmp_path / "out6", history_uri=history, report=True)
+    [curve] = last.curves
+    assert curve.verdict.kind == "regression"
+    assert curve.verdict.load_range == (8.0, 16.0)
+    assert curve.verdict.history_curves == 6
+    assert len(curve.run_uuids) == len(LOADS)
+    written = json.loads(Path(last.files["curves"]).read_text())
+    assert written[0]["verdict"]["load_range"] == [8.0, 16.0]
+    report = Path(last.report or "").parent
+    index = (report / "index.html").read_text()
+    assert "1 curve regression (concurrency 8–16)" in index
+    page = next(report.glob("*_curve_band.html")).read_text()
+    assert "regression at concurrency 8–16" in page and "history median (6 runs)" in page
+
+
+def test_each_cell_of_a_judged_sweep_carries_its_curve_in_its_payload(tmp_path: Path) -> None:
+    """The LTS payloads (what OpenSearch and Horreum receive) hold the curve's verdict."""
+    from analysis.lts import LtsPayload
+
+    rng = np.random.default_rng(3)
+    history = str(tmp_path / "history")
+    for night in range(4):
+        outcome = postprocess(_night(tmp_path, night, rng), "llm_serving",
+                              tmp_path / f"out{night}", history_uri=history, report=False)
+    payloads = [LtsPayload.model_validate(p) for p in
+                json.loads(Path(outcome.files["lts"]).read_text())]
+    assert len(payloads) == len(LOADS)
+    assert {p.curve.verdict for p in payloads if p.curve} == {"unchanged"}
+    assert all(p.curve is not None and p.curve.history_curves == 3 for p in payloads)
