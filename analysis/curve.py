@@ -52,6 +52,8 @@ __all__ = ["CURVE_KPIS", "BandPoint", "CurveResult", "CurveSpec", "CurveVerdict"
            "curve_kpis", "curves_of", "judge_curves", "judge_points", "lts_curve"]
 
 RUN_LABEL = "run_id"
+MAX_KPI_HISTORY = 500
+"""Earlier curves a curve KPI's verdict reads (the newest): a KPI verdict's own window."""
 CURVE_KPIS = {"knee_load": "Highest load meeting the SLO (it and every lower one)",
               "throughput_at_knee": "Throughput at the knee",
               "frontier_throughput": "Best throughput within a latency budget, averaged over "
@@ -136,12 +138,15 @@ class CurveResult(BaseModel):
 
 @dataclass
 class Curve:
-    """The points of one run's curve (a table indexed by load)."""
+    """The points of one run's curve: load → {KPI: value}, in load order.
+
+    Plain dicts, not a frame a curve: a thousand small frames cost a second to build.
+    """
 
     group: tuple[tuple[str, str], ...]
     run_id: str
     timestamp: pd.Timestamp | None
-    points: pd.DataFrame = field(default_factory=pd.DataFrame)
+    points: dict[float, dict[str, float]] = field(default_factory=dict)
     run_uuids: tuple[str, ...] = ()
 
 
@@ -179,12 +184,17 @@ def curves_of(frame: pd.DataFrame, spec: CurveSpec, ignored_labels: Iterable[str
     wide = wide.dropna(subset=[spec.throughput, spec.latency])
     by_run = rows.groupby(keys, sort=False)
     stamps, cells = by_run["timestamp"].min(), by_run["run_uuid"].unique()
+    flat = wide.reset_index()
+    loads = flat["_load"].to_numpy(dtype=float)
+    columns = {k: flat[k].to_numpy(dtype=float) for k in wide.columns}
     out: list[Curve] = []
-    for key, part in wide.groupby(level=list(range(len(keys))), sort=False):
-        if len(part) < 2:
+    for key, where in flat.groupby(keys, sort=False).indices.items():
+        if len(where) < 2:
             continue
         values = key if isinstance(key, tuple) else (key,)
-        points = part.droplevel(list(range(len(keys)))).sort_index()
+        points = {float(loads[i]): {k: float(v[i]) for k, v in columns.items()
+                                    if not math.isnan(v[i])}
+                  for i in sorted(where, key=lambda i: loads[i])}
         index = values if len(keys) > 1 else values[0]
         stamp = stamps.get(index)
         out.append(Curve(group=tuple(zip(labels, values[1:], strict=True)),
@@ -199,22 +209,22 @@ def curve_kpis(curve: Curve, spec: CurveSpec) -> dict[str, float | None]:
     """``knee_load``, ``throughput_at_knee`` and ``frontier_throughput`` of one curve."""
     points = curve.points
     out: dict[str, float | None] = {name: None for name in CURVE_KPIS}
-    if spec.meets and spec.meets in points.columns and points[spec.meets].notna().all():
+    if spec.meets and all(spec.meets in p for p in points.values()):
         knee, at_knee = 0.0, 0.0
-        for load, row in points.iterrows():
-            if row[spec.meets] < 0.5:
+        for load, point in points.items():
+            if point[spec.meets] < 0.5:
                 break
-            knee, at_knee = float(load), float(row[spec.throughput])
+            knee, at_knee = load, point[spec.throughput]
         out["knee_load"], out["throughput_at_knee"] = knee, at_knee
     cap = spec.latency_cap(dict(curve.group)) if spec.latency_cap else None
     if cap and cap > 0:
-        ordered = points.sort_values(spec.latency)
+        ordered = sorted(points.values(), key=lambda p: p[spec.latency])
         best, area = 0.0, 0.0
-        latencies = [*ordered[spec.latency].tolist(), math.inf]
-        for i, throughput in enumerate(ordered[spec.throughput].tolist()):
+        latencies = [*(p[spec.latency] for p in ordered), math.inf]
+        for i, point in enumerate(ordered):
             if latencies[i] >= cap:
                 break
-            best = max(best, float(throughput))
+            best = max(best, point[spec.throughput])
             area += best * (min(latencies[i + 1], cap) - latencies[i])
         out["frontier_throughput"] = area / cap
     return out
@@ -252,9 +262,10 @@ def judge_points(current: Curve, history: Sequence[Curve], spec: CurveSpec
     kpis = ((spec.latency, 1.0), (spec.throughput, -1.0))  # sign: + is worse
     groups: list[np.ndarray] = []
     stats: dict[tuple[float, str], tuple[float, int]] = {}
-    for load in current.points.index:
+    for load in current.points:
         for kpi, _ in kpis:
-            past = _log([c.points.at[load, kpi] for c in recent if load in c.points.index])
+            past = _log([c.points[load][kpi] for c in recent
+                         if kpi in c.points.get(load, {})])
             past = past[np.isfinite(past)]
             if len(past) < spec.min_history:
                 continue
@@ -267,7 +278,7 @@ def judge_points(current: Curve, history: Sequence[Curve], spec: CurveSpec
     band: list[BandPoint] = []
     changes: list[PointChange] = []
     moved: dict[float, float] = {}
-    for load in current.points.index:
+    for load, point in current.points.items():
         zs = []
         for kpi, sign in kpis:
             got = stats.get((float(load), kpi))
@@ -278,7 +289,7 @@ def judge_points(current: Curve, history: Sequence[Curve], spec: CurveSpec
             band.append(BandPoint(load=float(load), kpi=kpi, median=math.exp(centre),
                                   low=math.exp(centre - 2 * sigma),
                                   high=math.exp(centre + 2 * sigma)))
-            latest = float(current.points.at[load, kpi])
+            latest = point.get(kpi, math.nan)
             if not latest > 0:
                 continue
             delta = math.log(latest) - centre
@@ -313,7 +324,7 @@ def judge_points(current: Curve, history: Sequence[Curve], spec: CurveSpec
         kind=kind, loads=loads, load_range=(loads[0], loads[-1]), points=changes,
         history_curves=len(recent), noise_pct=noise,
         explanation=f"{kind} at {spec.load} {_range(loads)} (of "
-                    f"{_range(sorted(float(x) for x in current.points.index))}) against "
+                    f"{_range(sorted(current.points))}) against "
                     f"{len(recent)} earlier curve(s)" + (
                         f"; {spec.load} {', '.join(f'{x:g}' for x in other)} moved the other "
                         "way" if other else "")), band
@@ -352,9 +363,12 @@ def judge_curves(current: pd.DataFrame, history: pd.DataFrame | None, spec: Curv
                        or c.timestamp < curve.timestamp)]
         shape, band = judge_points(curve, before, spec)
         kpis = curve_kpis(curve, spec)
+        # each earlier curve's KPIs once (not once per KPI), the newest MAX_KPI_HISTORY
+        earlier_kpis = [curve_kpis(c, spec) for c in before[-MAX_KPI_HISTORY:]] \
+            if any(v is not None for v in kpis.values()) else []
         judged: dict[str, dict[str, Any]] = {}
         for name, value in kpis.items():
-            series = [v for v in (curve_kpis(c, spec)[name] for c in before) if v is not None]
+            series = [v for v in (k[name] for k in earlier_kpis) if v is not None]
             if value is None:
                 continue
             found = verdict(series, value, "higher_better", settings=settings)
@@ -368,9 +382,7 @@ def judge_curves(current: pd.DataFrame, history: pd.DataFrame | None, spec: Curv
         out.append(CurveResult(
             group=dict(curve.group), run_id=curve.run_id, run_uuids=list(curve.run_uuids),
             timestamp=curve.timestamp.isoformat() if curve.timestamp is not None else None,
-            points=[{"load": float(load), **{k: (None if pd.isna(v) else float(v))
-                                             for k, v in row.items()}}
-                    for load, row in curve.points.iterrows()],
+            points=[{"load": load, **point} for load, point in curve.points.items()],
             kpis=kpis, kpi_verdicts=judged, verdict=shape, band=band))
     return out
 
