@@ -156,13 +156,14 @@ def compare_main(argv: Sequence[str]) -> int:
         if not 0 < args.same_within <= 100:
             raise UserError("--same-within must be between 0 and 100")
         ignored: list[str] = []
-        if args.project:
-            ignored = list(settings_for(load_project(args.project), ".")
-                           .comparison.ignored_labels)
+        hooks = load_project(args.project) if args.project else None
+        if hooks is not None:
+            ignored = list(settings_for(hooks, ".").comparison.ignored_labels)
         rows = compare_frames(HistoryStore(history_of(args.history, args.project)).read(),
                               args.a, args.b,
                               kpis=args.kpi, ignored_labels=ignored,
-                              same_within_pct=args.same_within)
+                              same_within_pct=args.same_within,
+                              curve=hooks.curve if hooks is not None else None)
         for path in (args.html, args.json):
             if path:
                 writable_dir(str(Path(path).parent), "--html/--json")

@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, Field
 
+from analysis.curve import CurveSpec, curve_kpi_rows
 from analysis.errors import UserError
 from analysis.history import RUN_COLUMNS, usable_rows
 from analysis.kpi import BASE_COLUMNS
@@ -183,18 +184,25 @@ def _configuration(keys: Sequence[str], values: Sequence[object]) -> str:
 
 def compare_frames(history: pd.DataFrame, a: str, b: str, *, kpis: Iterable[str] = (),
                    ignored_labels: Iterable[str] = (), same_within_pct: float = 2.0,
-                   ) -> list[Comparison]:
+                   curve: CurveSpec | None = None) -> list[Comparison]:
     """Compare the runs ``a`` selects with those ``b`` selects (see the module docstring).
+
+    ``curve``: the project's sweep; its curve KPIs (knee, frontier) are compared too, one
+    value per selected run's curve (`analysis.curve.curve_kpi_rows`).
 
     Raises:
         UserError: A selection is malformed or selects nothing, or they share no KPI.
     """
     frame = usable_rows(history)
     wanted = set(kpis)
-    if wanted:
-        frame = frame[frame["kpi"].isin(wanted)]
     rows_a, named_a = select_runs(frame, a)
     rows_b, named_b = select_runs(frame, b)
+    if curve is not None:
+        rows_a, rows_b = (pd.concat([rows, curve_kpi_rows(rows, curve, ignored_labels)],
+                                    ignore_index=True) for rows in (rows_a, rows_b))
+    if wanted:
+        rows_a, rows_b = (rows[rows["kpi"].isin(wanted)] for rows in (rows_a, rows_b))
+        frame = frame[frame["kpi"].isin(wanted)]
     skip = named_a | named_b | set(ignored_labels) | {"run_uuid", "run_id", "test_path"}
     # a label whose values in A and B never meet is what tells A from B (the release of a
     # time window), not a configuration

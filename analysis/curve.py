@@ -49,7 +49,8 @@ from analysis.lts import LtsCurve
 from analysis.regression import DEFAULTS, DetectorSettings, minimum_detectable_effect, verdict
 
 __all__ = ["CURVE_KPIS", "BandPoint", "CurveResult", "CurveSpec", "CurveVerdict", "PointChange",
-           "curve_kpis", "curves_of", "judge_curves", "judge_points", "lts_curve"]
+           "curve_kpi_rows", "curve_kpis", "curves_of", "judge_curves", "judge_points",
+           "lts_curve"]
 
 RUN_LABEL = "run_id"
 MAX_KPI_HISTORY = 500
@@ -395,3 +396,30 @@ def lts_curve(curve: CurveResult, spec: CurveSpec) -> LtsCurve:
                     explanation=shape.explanation, history_curves=shape.history_curves,
                     kpis=dict(curve.kpis),
                     kpi_verdicts={k: str(v.get("kind")) for k, v in curve.kpi_verdicts.items()})
+
+
+CURVE_POINT = "curve"
+"""The load label's value on a curve KPI's row (`curve_kpi_rows`): the whole sweep."""
+
+
+def curve_kpi_rows(frame: pd.DataFrame, spec: CurveSpec, ignored_labels: Iterable[str] = ()
+                   ) -> pd.DataFrame:
+    """Each curve's KPIs as KPI rows (one run per curve): what ``compare`` compares.
+
+    A row has the curve's labels, its load label set to ``curve`` and its run id as run
+    uuid, so the curve KPIs of two selections meet in one configuration.
+    """
+    units = frame.drop_duplicates("kpi").set_index("kpi")["unit"].to_dict() \
+        if "unit" in frame.columns and not frame.empty else {}
+    rows = []
+    for curve in curves_of(frame, spec, ignored_labels):
+        for name, value in curve_kpis(curve, spec).items():
+            if value is None:
+                continue
+            rows.append({**dict(curve.group), "run_uuid": curve.run_id, "kpi": name,
+                         "value": value, "timestamp": curve.timestamp,
+                         "unit": spec.load if name == "knee_load"
+                         else str(units.get(spec.throughput, "")),
+                         "lower_better": False, "ignored_for_regression": False,
+                         spec.load: CURVE_POINT, RUN_LABEL: curve.run_id})
+    return pd.DataFrame(rows)

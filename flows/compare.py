@@ -26,10 +26,11 @@ __all__ = ["compare"]
 def compare(history: str, a: str, b: str, kpis: list[str] | None = None,
             project: str | None = None, same_within_pct: float = 2.0) -> list[Comparison]:
     """Compare selection B with selection A of the history, KPI by KPI (see module doc)."""
-    ignored = list(settings_for(load_project(project), ".").comparison.ignored_labels) \
-        if project else []
+    hooks = load_project(project) if project else None
+    ignored = list(settings_for(hooks, ".").comparison.ignored_labels) if hooks else []
     rows = compare_frames(HistoryStore(history).read(), a, b, kpis=kpis or (),
-                          ignored_labels=ignored, same_within_pct=same_within_pct)
+                          ignored_labels=ignored, same_within_pct=same_within_pct,
+                          curve=hooks.curve if hooks else None)
     publish_comparison(rows, a, b, key=f"{project or 'history'}")
     return rows
 

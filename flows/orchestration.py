@@ -505,7 +505,10 @@ def _postprocess_phase(outcome: RunOutcome, run: RunContext) -> None:
         for v in sorted(post.verdicts, key=lambda v: FINDINGS.index(v.verdict)
                         if v.verdict in FINDINGS else len(FINDINGS))
         if v.verdict in FINDINGS]
-    outcome.curves = [curve_line(c) for c in post.curves]
+    # name each curve by the labels that tell this run's curves apart (all: a dozen)
+    differ = sorted({k for c in post.curves for k in c.group
+                     if len({d.group.get(k) for d in post.curves}) > 1})
+    outcome.curves = [curve_line(c, differ) for c in post.curves]
     outcome.findings[:0] = [line for c, line in zip(post.curves, outcome.curves, strict=True)
                             if c.verdict.kind in ("regression", "improvement")]
     outcome.failures.extend(post.gate_failures)
@@ -522,9 +525,12 @@ def _postprocess_phase(outcome: RunOutcome, run: RunContext) -> None:
     _export_phase(outcome, run, post)
 
 
-def curve_line(curve: CurveResult) -> str:
-    """``curve regression  concurrency=… (model_name=tiny …): regression at … knee 8``."""
-    group = " ".join(f"{k}={v}" for k, v in curve.group.items() if v and v != "nan")
+def curve_line(curve: CurveResult, labels: Sequence[str] = ()) -> str:
+    """``curve regression (prompt_tokens=128): regression at concurrency 8–16 …; knee at 4``.
+
+    ``labels``: the ones to name the curve by (default: none, a run with one curve).
+    """
+    group = " ".join(f"{k}={curve.group.get(k)}" for k in labels) or "the sweep"
     knee = curve.kpis.get("knee_load")
     return (f"curve {curve.verdict.kind:<11} ({group}): {curve.verdict.explanation}"
             + (f"; knee at {knee:g}" if knee is not None else ""))

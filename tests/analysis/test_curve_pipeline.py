@@ -68,3 +68,39 @@ def test_each_cell_of_a_judged_sweep_carries_its_curve_in_its_payload(tmp_path: 
     assert len(payloads) == len(LOADS)
     assert {p.curve.verdict for p in payloads if p.curve} == {"unchanged"}
     assert all(p.curve is not None and p.curve.history_curves == 3 for p in payloads)
+
+
+def test_compare_compares_the_curve_kpis_of_two_selections(tmp_path: Path) -> None:
+    """``compare`` with the project's curve: its knee and frontier, one value per run's
+    sweep, next to the per-cell KPIs."""
+    from analysis.compare import compare_frames
+    from analysis.history import HistoryStore
+    from projects import registry
+
+    rng = np.random.default_rng(11)
+    history = str(tmp_path / "history")
+    slo = {"slo": {"ttft_ms": 5000, "request_latency_s": 60}}
+    for night in range(5):
+        results = tmp_path / f"night{night}"
+        start = datetime(2026, 11, 1, 2, tzinfo=UTC) + timedelta(days=night)
+        slower = 1.5 if night == 4 else 1.0
+        for index, load in enumerate(LOADS):
+            serving_cell(results / f"{index:03d}__cell", concurrency=load,
+                         run_id=f"night-{night}", start=start + timedelta(minutes=index),
+                         latency=load ** 0.3 * slower * float(np.exp(rng.normal(0, 0.02))),
+                         throughput=load ** 0.8 / slower * float(np.exp(rng.normal(0, 0.02))),
+                         extra=slo)
+        postprocess(results, "llm_serving", tmp_path / f"out{night}", history_uri=history,
+                    report=False)
+    frame = HistoryStore(history).read()
+    spec = registry.load("llm_serving").curve
+    rows = compare_frames(frame, "2026-11-01..2026-11-04T12:00", "2026-11-05..", curve=spec,
+                          ignored_labels=["run_id", "run_uuid"])
+    curve_rows = {r.kpi: r for r in rows if "concurrency=curve" in r.configuration}
+    assert set(curve_rows) >= {"frontier_throughput", "knee_load", "throughput_at_knee"}
+    frontier = curve_rows["frontier_throughput"]
+    assert (frontier.runs_a, frontier.runs_b) == (4, 1)
+    assert frontier.change_pct < -20  # 1.5 x slower everywhere: less throughput per budget
+    without = compare_frames(frame, "2026-11-01..2026-11-04T12:00", "2026-11-05..",
+                             ignored_labels=["run_id", "run_uuid"])
+    assert not [r for r in without if "concurrency=curve" in r.configuration]
