@@ -11,14 +11,14 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis.pipeline import postprocess
+from analysis.pipeline import PostprocessOutcome, postprocess
 from tests.factories import serving_cell
 
 LOADS = (1, 2, 4, 8, 16)
 
 
 def _night(root: Path, night: int, rng: np.random.Generator,
-           slower: dict[int, float] | None = None) -> Path:
+           slower: dict[int, float] | None = None, extra: dict | None = None) -> Path:
     results = root / f"night{night}"
     start = datetime(2026, 11, 1, 2, tzinfo=UTC) + timedelta(days=night)
     for index, load in enumerate(LOADS):
@@ -26,20 +26,32 @@ def _night(root: Path, night: int, rng: np.random.Generator,
         serving_cell(results / f"{index:03d}__cell", concurrency=load, run_id=f"night-{night}",
                      start=start + timedelta(minutes=index),
                      latency=load ** 0.3 * factor * float(np.exp(rng.normal(0, 0.02))),
-                     throughput=load ** 0.8 / factor * float(np.exp(rng.normal(0, 0.02))))
+                     throughput=load ** 0.8 / factor * float(np.exp(rng.normal(0, 0.02))),
+                     extra=extra)
     return results
 
 
+def _nights(root: Path, count: int, seed: int, *, slower: dict[int, float] | None = None,
+            extra: dict | None = None) -> tuple[str, PostprocessOutcome]:
+    """``count`` nights of one sweep post-processed into one history (the last one
+    ``slower`` at those loads; every one with ``extra`` settings): the history and the last
+    night's outcome (with its report)."""
+    rng = np.random.default_rng(seed)
+    history = str(root / "history")
+    outcomes = []
+    for night in range(count):
+        last = night == count - 1
+        outcomes.append(postprocess(
+            _night(root, night, rng, slower=slower if last else None, extra=extra),
+            "llm_serving", root / f"out{night}", history_uri=history, report=last))
+        assert len(outcomes[-1].curves) == 1
+    return history, outcomes[-1]
+
+
 def test_a_sweep_slower_above_concurrency_4_is_one_curve_verdict(tmp_path: Path) -> None:
-    rng = np.random.default_rng(7)
-    history = str(tmp_path / "history")
-    for night in range(6):
-        outcome = postprocess(_night(tmp_path, night, rng), "llm_serving",
-                              tmp_path / f"out{night}", history_uri=history, report=False)
-        assert len(outcome.curves) == 1
-    assert outcome.curves[0].verdict.kind == "unchanged", outcome.curves[0].verdict
-    last = postprocess(_night(tmp_path, 6, rng, slower={8: 1.4, 16: 1.4}), "llm_serving",
-                       tmp_path / "out6", history_uri=history, report=True)
+    _, before = _nights(tmp_path / "steady", 6, seed=7)
+    assert before.curves[0].verdict.kind == "unchanged", before.curves[0].verdict
+    _, last = _nights(tmp_path / "slower", 7, seed=7, slower={8: 1.4, 16: 1.4})
     [curve] = last.curves
     assert curve.verdict.kind == "regression"
     assert curve.verdict.load_range == (8.0, 16.0)
@@ -58,11 +70,7 @@ def test_each_cell_of_a_judged_sweep_carries_its_curve_in_its_payload(tmp_path: 
     """The LTS payloads (what OpenSearch and Horreum receive) hold the curve's verdict."""
     from analysis.lts import LtsPayload
 
-    rng = np.random.default_rng(3)
-    history = str(tmp_path / "history")
-    for night in range(4):
-        outcome = postprocess(_night(tmp_path, night, rng), "llm_serving",
-                              tmp_path / f"out{night}", history_uri=history, report=False)
+    _, outcome = _nights(tmp_path, 4, seed=3)
     payloads = [LtsPayload.model_validate(p) for p in
                 json.loads(Path(outcome.files["lts"]).read_text())]
     assert len(payloads) == len(LOADS)
@@ -77,21 +85,8 @@ def test_compare_compares_the_curve_kpis_of_two_selections(tmp_path: Path) -> No
     from analysis.history import HistoryStore
     from projects import registry
 
-    rng = np.random.default_rng(11)
-    history = str(tmp_path / "history")
-    slo = {"slo": {"ttft_ms": 5000, "request_latency_s": 60}}
-    for night in range(5):
-        results = tmp_path / f"night{night}"
-        start = datetime(2026, 11, 1, 2, tzinfo=UTC) + timedelta(days=night)
-        slower = 1.5 if night == 4 else 1.0
-        for index, load in enumerate(LOADS):
-            serving_cell(results / f"{index:03d}__cell", concurrency=load,
-                         run_id=f"night-{night}", start=start + timedelta(minutes=index),
-                         latency=load ** 0.3 * slower * float(np.exp(rng.normal(0, 0.02))),
-                         throughput=load ** 0.8 / slower * float(np.exp(rng.normal(0, 0.02))),
-                         extra=slo)
-        postprocess(results, "llm_serving", tmp_path / f"out{night}", history_uri=history,
-                    report=False)
+    history, _ = _nights(tmp_path, 5, seed=11, slower=dict.fromkeys(LOADS, 1.5),
+                         extra={"slo": {"ttft_ms": 5000, "request_latency_s": 60}})
     frame = HistoryStore(history).read()
     spec = registry.load("llm_serving").curve
     rows = compare_frames(frame, "2026-11-01..2026-11-04T12:00", "2026-11-05..", curve=spec,
