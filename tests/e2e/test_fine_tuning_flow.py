@@ -108,8 +108,12 @@ def test_cli_light_preset_end_to_end(tmp_path: Path) -> None:
                              / "series.parquet")
     assert set(energy["query"]) == {"cpu_energy_joules"} and len(energy) >= 2
     assert "'train_start'" in log and "'train_end'" in log
-    assert 20.0 < kpis["power_watts_mean"] < 80.0  # 40 W, read through a loaded machine
-    assert kpis["energy_joules"] == pytest.approx(kpis["power_watts_mean"] * logged, rel=0.05)
+    # 40 W; a loaded machine stalls the counter's writer and shifts the window's edges (a
+    # counter in µJ read as J is far outside)
+    assert 10.0 < kpis["power_watts_mean"] < 160.0
+    # over the steps' own bounds (the trainer's callbacks), not the process's several
+    # seconds of imports and data preparation: the energy of its logged runtime
+    assert kpis["energy_joules"] == pytest.approx(kpis["power_watts_mean"] * logged, rel=0.25)
     tokens = kpis["train_tokens_per_second"] * kpis["train_runtime"]
     assert kpis["joules_per_token"] == pytest.approx(kpis["energy_joules"] / tokens)
     # resources, from the run's real Prometheus and node exporter (observe.prometheus: auto)
