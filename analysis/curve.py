@@ -50,7 +50,7 @@ from analysis.regression import DEFAULTS, DetectorSettings, minimum_detectable_e
 
 __all__ = ["CURVE_KPIS", "BandPoint", "CurveResult", "CurveSpec", "CurveVerdict", "PointChange",
            "curve_kpi_rows", "curve_kpis", "curves_of", "judge_curves", "judge_points",
-           "lts_curve"]
+           "load_span", "lts_curve"]
 
 RUN_LABEL = "run_id"
 MAX_KPI_HISTORY = 500
@@ -135,6 +135,10 @@ class CurveResult(BaseModel):
     verdict: CurveVerdict
     band: list[BandPoint] = Field(default_factory=list, description="Per load and KPI: "
                                   "the history's median and ±2 noise SD band.")
+
+    def group_text(self) -> str:
+        """The curve's labels as read: ``model_name=tiny · prompt_tokens=128`` (no empty ones)."""
+        return " · ".join(f"{k}={v}" for k, v in self.group.items() if v and v != "nan")
 
 
 @dataclass
@@ -324,17 +328,16 @@ def judge_points(current: Curve, history: Sequence[Curve], spec: CurveSpec
     return CurveVerdict(
         kind=kind, loads=loads, load_range=(loads[0], loads[-1]), points=changes,
         history_curves=len(recent), noise_pct=noise,
-        explanation=f"{kind} at {spec.load} {_range(loads)} (of "
-                    f"{_range(sorted(current.points))}) against "
+        explanation=f"{kind} at {spec.load} {load_span(loads)} (of "
+                    f"{load_span(sorted(current.points))}) against "
                     f"{len(recent)} earlier curve(s)" + (
                         f"; {spec.load} {', '.join(f'{x:g}' for x in other)} moved the other "
                         "way" if other else "")), band
 
 
-def _range(loads: Sequence[float]) -> str:
-    def text(x: float) -> str:
-        return f"{x:g}"
-    return text(loads[0]) if len(loads) == 1 else f"{text(loads[0])}–{text(loads[-1])}"
+def load_span(loads: Sequence[float]) -> str:
+    """Sorted loads (or a verdict's ``load_range``) as a range: ``8–16``, or ``8`` alone."""
+    return f"{loads[0]:g}" if loads[0] == loads[-1] else f"{loads[0]:g}–{loads[-1]:g}"
 
 
 def judge_curves(current: pd.DataFrame, history: pd.DataFrame | None, spec: CurveSpec,

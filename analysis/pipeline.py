@@ -854,7 +854,7 @@ def _write_outputs(out_dir: Path, hooks: AnalysisProject, settings: AnalysisSett
         curves=curves,
         validity={r.result.rel_path or r.run_uuid: r.validity for r in runs},
         gate_failures=_gate(verdicts, settings) + [
-            f"curve {' · '.join(f'{k}={v}' for k, v in c.group.items() if v)}: "
+            f"curve {c.group_text()}: "
             f"{c.verdict.explanation}" for c in curves
             if c.verdict.kind == "regression" and settings.regression.fail_on_regression] + [
             f"run {r.result.rel_path or r.run_uuid} exited 0 but yielded no KPI: its "

@@ -21,8 +21,7 @@ _NEWS = {"regression": "#c62828", "improvement": "#2e7d32"}
 
 def curve_title(curve: CurveResult) -> str:
     """``model_name=tiny · prompt_tokens=128 · … — regression at concurrency 8–16``."""
-    group = " · ".join(f"{k}={v}" for k, v in curve.group.items() if v and v != "nan")
-    return f"{group or 'curve'} — {curve.verdict.explanation or curve.verdict.kind}"
+    return f"{curve.group_text() or 'curve'} — {curve.verdict.explanation or curve.verdict.kind}"
 
 
 def curve_figures(curve: CurveResult, spec: CurveSpec, units: dict[str, str]

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis.curve import load_span
 from analysis.discovery import Discovery
 from analysis.progress import StageProgress
 from analysis.project import AnalysisProject
@@ -141,12 +142,6 @@ _SAID = {"regression": ("regression", "regressions"), "suspect": ("suspect", "su
          "periodic": ("periodic KPI", "periodic KPIs"), "no_change": ("unchanged", "unchanged")}
 
 
-def _span(loads: tuple[float, float] | None) -> str:
-    if loads is None:
-        return ""
-    return f"{loads[0]:g}" if loads[0] == loads[1] else f"{loads[0]:g}–{loads[1]:g}"
-
-
 def triage_line(ctx: ReportContext) -> str:
     """The first screen's one line, worst first.
 
@@ -163,7 +158,7 @@ def triage_line(ctx: ReportContext) -> str:
              and c.verdict.load_range is not None]
     if moved:
         load = ctx.project.curve.load if ctx.project.curve is not None else "load"
-        parts[:0] = [f"1 curve {c.verdict.kind} ({load} {_span(c.verdict.load_range)})"
+        parts[:0] = [f"1 curve {c.verdict.kind} ({load} {load_span(c.verdict.load_range)})"
                      for c in moved]
     unjudged = counts.get("not_judged", 0) + counts.get("insufficient_history", 0)
     if unjudged or not parts:

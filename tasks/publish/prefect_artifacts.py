@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.compare import Comparison, comparison_lines
-from analysis.curve import CurveResult
+from analysis.curve import CurveResult, load_span
 from analysis.pipeline import PostprocessOutcome
 from analysis.redact import redact, redact_text
 
@@ -44,11 +44,10 @@ def _validity(cell: dict[str, Any]) -> str:
 
 def _curve_row(curve: CurveResult) -> str:
     """A curve's markdown row: its labels, verdict, moved loads, knee, history used."""
-    group = " · ".join(f"{k}={v}" for k, v in curve.group.items() if v)
     moved = curve.verdict.load_range
     knee = curve.kpis.get("knee_load")
-    return (f"| {group} | {curve.verdict.kind} | "
-            f"{'' if moved is None else f'{moved[0]:g}–{moved[1]:g}'} | "
+    return (f"| {curve.group_text()} | {curve.verdict.kind} | "
+            f"{'' if moved is None else load_span(moved)} | "
             f"{'' if knee is None else f'{knee:g}'} | {curve.verdict.history_curves} |")
 
 
