@@ -41,14 +41,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from analysis.environment import env_settings
-from analysis.errors import TelltaleError, UserError
 from analysis.history import ALL_KPIS, HistoryStore, default_data_dir, default_history_uri
-from analysis.paths import writable_dir
 from analysis.pipeline import postprocess, settings_for
-from analysis.progress import logger as progress_logger
 from analysis.project import load_project
-from analysis.terminal import ArgumentParser, printable, say
+from core.environment import env_settings
+from core.errors import TelltaleError, UserError
+from core.paths import writable_dir
+from core.progress import logger as progress_logger
+from core.terminal import ArgumentParser, printable, say
 
 HISTORY_HELP = ("Parquet history: local dir or s3://bucket/prefix (default: the history "
                 "the project's runs append to, <data dir>/history/<project>)")
@@ -134,7 +134,7 @@ def _failed(exc: TelltaleError) -> int:
 def compare_main(argv: Sequence[str]) -> int:
     """``compare``: two selections of the history, KPI by KPI; returns the exit code."""
     from analysis.compare import compare_frames, comparison_html, comparison_lines
-    from analysis.safeio import write_json, write_text
+    from core.safeio import write_json, write_text
 
     parser = ArgumentParser(prog="python -m analysis compare",
                      description="Compare two selections of a history: runs (uuids), label "
@@ -190,7 +190,7 @@ def _skip_reasons(skipped: Sequence[dict[str, str]]) -> list[tuple[str, int]]:
 
 
 def _show_progress() -> None:
-    """Print the progress lines (`analysis.progress`) on stderr, once."""
+    """Print the progress lines (`core.progress`) on stderr, once."""
     if not any(getattr(h, "telltale_progress", False) for h in progress_logger.handlers):
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(message)s"))
@@ -203,7 +203,7 @@ def _show_progress() -> None:
 def history_main(argv: Sequence[str]) -> int:
     """``history``: list a history's runs or KPIs, filtered; CSV export; the exit code."""
     from analysis.listing import filter_history, kpi_lines, run_lines, to_csv_frame
-    from analysis.safeio import write_text
+    from core.safeio import write_text
 
     parser = ArgumentParser(prog="python -m analysis history",
                      description="List a history's runs (or KPI rows), filtered; write CSV.")

@@ -37,9 +37,9 @@ import pandas as pd
 from pydantic import BaseModel, Field
 
 from analysis.curve import CurveSpec, curve_kpi_rows
-from analysis.errors import UserError
 from analysis.history import RUN_COLUMNS, usable_rows
 from analysis.kpi import BASE_COLUMNS
+from core.errors import UserError
 
 __all__ = ["Comparison", "CompareVerdict", "compare_frames", "comparison_html",
            "comparison_lines", "runs_named", "select_runs"]

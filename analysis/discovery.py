@@ -32,13 +32,13 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from analysis.errors import ConfigError, ResultsError
-from analysis.safeio import (
+from core.errors import ConfigError, ResultsError
+from core.safeio import (
     UnreadableInputError,
     read_bounded,
     write_text,
 )
-from analysis.yamlio import load_yaml
+from core.yamlio import load_yaml
 
 __all__ = ["ENTRY_POINT_GROUP", "Discovery", "ResultDir", "SkippedDir", "available_projects",
            "discover", "read_exit_code"]

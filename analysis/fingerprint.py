@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from analysis.safeio import UnreadableInputError, read_text_bounded
+from core.safeio import UnreadableInputError, read_text_bounded
 
 __all__ = ["FINGERPRINT_FILE", "Fingerprint", "changes", "decode", "encode", "fingerprint_of",
            "shown", "what_changed"]

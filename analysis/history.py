@@ -50,8 +50,6 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from analysis.environment import env_settings
-from analysis.errors import ResultsError, TelltaleError
 from analysis.history_lock import AppendLock, local_append_lock
 from analysis.history_schema import (
     SCHEMA_VERSION,
@@ -61,7 +59,9 @@ from analysis.history_schema import (
     part_problem,
 )
 from analysis.kpi import BASE_COLUMNS
-from analysis.safeio import atomic_open
+from core.environment import env_settings
+from core.errors import ResultsError, TelltaleError
+from core.safeio import atomic_open
 
 READ_ATTEMPTS = 20
 """Reads of a history a compaction races: listed again up to this many times."""

@@ -13,8 +13,8 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
-from analysis.errors import ResultsError
 from analysis.kpi import BASE_COLUMNS
+from core.errors import ResultsError
 
 __all__ = ["SCHEMA_VERSION", "VERSION_KEY", "WRITTEN_AT", "is_text", "normalised",
            "part_problem"]

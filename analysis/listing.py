@@ -14,8 +14,8 @@ from collections.abc import Iterable, Sequence
 import pandas as pd
 
 from analysis.compare import select_runs
-from analysis.errors import UserError
 from analysis.history import CELL, FINGERPRINT, VALIDITY
+from core.errors import UserError
 
 __all__ = ["filter_history", "kpi_lines", "run_folder_id", "run_lines", "to_csv_frame"]
 

@@ -16,8 +16,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from analysis.construct import constructor
-from analysis.errors import ResultsError
 from analysis.kpi import Kpi
+from core.errors import ResultsError
 
 __all__ = [
     "SCHEMA_VERSION",

@@ -35,10 +35,10 @@ from typing import IO, Any, ClassVar, Protocol, TypeVar
 from pydantic import BaseModel, Field, ValidationError
 
 from analysis.discovery import ResultDir
-from analysis.environment import env_settings
-from analysis.errors import ConfigError
-from analysis.safeio import RefusedInput, open_regular, open_stream, write_bytes
-from analysis.yamlio import load_yaml_text
+from core.environment import env_settings
+from core.errors import ConfigError
+from core.safeio import RefusedInput, open_regular, open_stream, write_bytes
+from core.yamlio import load_yaml_text
 
 __all__ = [
     "CACHE_FILE",
@@ -232,7 +232,7 @@ class FileReader:
             raise
         self._fingerprint(rel, st)  # a link's own: its change re-parses
         try:
-            # the one way an untrusted file is opened (analysis.safeio), given this lstat
+            # the one way an untrusted file is opened (core.safeio), given this lstat
             return open_regular(path, max_bytes=limit, known=st)
         except RefusedInput as exc:
             self.problem(rel, {

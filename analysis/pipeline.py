@@ -24,7 +24,6 @@ from pydantic import BaseModel, Field, ValidationError
 from analysis.construct import constructor
 from analysis.curve import CurveResult, judge_curves, lts_curve
 from analysis.discovery import Discovery, SkippedDir, discover
-from analysis.errors import ConfigError, ResultsError
 from analysis.fingerprint import Fingerprint, decode, encode, fingerprint_of, what_changed
 from analysis.history import (
     ALL_KPIS,
@@ -42,9 +41,7 @@ from analysis.history import (
 from analysis.kpi import Kpi, compute_kpis, kpi_table, label_strings, openmetrics_lines
 from analysis.lts import LtsKpi, LtsMetadata, LtsPayload, require_complete
 from analysis.parsing import ParsedResult, parse_dirs
-from analysis.progress import StageProgress
 from analysis.project import AnalysisProject, load_project
-from analysis.redact import redact, redact_bytes
 from analysis.regression import (
     DetectorSettings,
     VerdictKind,
@@ -52,10 +49,13 @@ from analysis.regression import (
     shift_at,
     verdict,
 )
-from analysis.safeio import atomic_open, output_root, write_text
 from analysis.settings import AnalysisSettings, ValidityPolicy
 from analysis.validity import Validity, judge_validity
-from analysis.yamlio import dump_yaml, load_yaml
+from core.errors import ConfigError, ResultsError
+from core.progress import StageProgress
+from core.redact import redact, redact_bytes
+from core.safeio import atomic_open, output_root, write_text
+from core.yamlio import dump_yaml, load_yaml
 
 __all__ = [
     "PostprocessOutcome",

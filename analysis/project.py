@@ -19,9 +19,9 @@ from typing import Any
 
 from analysis.curve import CurveSpec
 from analysis.discovery import ENTRY_POINT_GROUP, available_projects
-from analysis.errors import ResultsError, did_you_mean
 from analysis.kpi import KpiDefinition
 from analysis.parsing import ParsedResult, ResultParser
+from core.errors import ResultsError, did_you_mean
 
 __all__ = ["ENTRY_POINT_GROUP", "AnalysisProject", "available_projects", "load_project"]
 

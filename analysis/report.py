@@ -40,13 +40,13 @@ import numpy as np
 import pandas as pd
 
 from analysis.discovery import Discovery
-from analysis.errors import ConfigError
 from analysis.history import VALIDITY
 from analysis.kpi import BASE_COLUMNS, display_value
 from analysis.project import AnalysisProject
 from analysis.regression import DEFAULTS, DetectorSettings, change_points, pooled_noise
-from analysis.safeio import copy_file, link_file
-from analysis.yamlio import load_yaml
+from core.errors import ConfigError
+from core.safeio import copy_file, link_file
+from core.yamlio import load_yaml
 
 __all__ = [
     "REPORT_KINDS",

@@ -25,7 +25,6 @@ import pandas as pd
 
 from analysis.curve import load_span
 from analysis.discovery import Discovery
-from analysis.progress import StageProgress
 from analysis.project import AnalysisProject
 from analysis.regression import DEFAULTS, DetectorSettings, change_points, pooled_noise
 from analysis.report import (
@@ -47,7 +46,8 @@ from analysis.report import (
     shape_kpi_history,
     time_axis,
 )
-from analysis.safeio import write_text
+from core.progress import StageProgress
+from core.safeio import write_text
 
 __all__ = ["render_report", "shape_headlines", "shape_triage", "triage_headline",
            "triage_line", "verdict_cards"]

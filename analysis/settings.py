@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 
 from analysis.regression import DEFAULTS, DetectorSettings
-from analysis.strict import StrictSettings
+from core.strict import StrictSettings
 
 __all__ = ["AnalysisSettings", "ComparisonSettings", "RegressionSettings", "ValidityPolicy"]
 

@@ -32,8 +32,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from analysis.safeio import UnreadableInputError, read_text_bounded
 from analysis.settings import ValidityPolicy
+from core.safeio import UnreadableInputError, read_text_bounded
 
 __all__ = [
     "HOST_FILE",

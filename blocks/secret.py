@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BeforeValidator, SecretStr
 
-from analysis.redact import register_secret
+from core.redact import register_secret
 
 __all__ = ["SecretText"]
 
@@ -28,4 +28,4 @@ def _registered(value: SecretStr) -> SecretStr:
 
 SecretText = Annotated[SecretStr, BeforeValidator(_as_text), AfterValidator(_registered)]
 """A `SecretStr` that takes numbers as their text (never echoed in an error), registered
-with `analysis.redact` so that its value is masked wherever it would be written."""
+with `core.redact` so that its value is masked wherever it would be written."""

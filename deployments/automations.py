@@ -32,7 +32,7 @@ from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
-from analysis.terminal import ArgumentParser, say
+from core.terminal import ArgumentParser, say
 
 __all__ = ["AUTOMATION_PREFIX", "apply_automations", "github_block", "slack_block",
            "telltale_automations", "webhook_block"]

@@ -18,9 +18,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from analysis.errors import ConfigError, UserError
-from analysis.terminal import ArgumentParser, say
-from analysis.yamlio import load_yaml
+from core.errors import ConfigError, UserError
+from core.terminal import ArgumentParser, say
+from core.yamlio import load_yaml
 from deployments.prefect_file import PREFECT_FILE
 
 __all__ = ["deployable", "main"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from analysis.terminal import ArgumentParser, say
+from core.terminal import ArgumentParser, say
 
 __all__ = ["generated_main"]
 

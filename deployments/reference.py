@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from analysis.terminal import ArgumentParser, say
+from core.terminal import ArgumentParser, say
 from projects import registry
 
 __all__ = ["CLI_COMMANDS", "DOCS", "cli_page", "config_page", "main"]
@@ -143,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for path in stale:
             say(f"{path} is stale: run python -m deployments.reference", error=True)
         return 1 if stale else 0
-    from analysis.safeio import write_text
+    from core.safeio import write_text
 
     DOCS.mkdir(parents=True, exist_ok=True)
     for path, text in pages.items():

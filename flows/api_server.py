@@ -20,8 +20,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from analysis.errors import StepError
-from analysis.safeio import open_append
+from core.errors import StepError
+from core.safeio import open_append
 from tasks.process import free_port
 from tasks.runner import die_with_parent
 

@@ -31,8 +31,8 @@ from pathlib import Path
 from prefect import flow
 from pydantic import BaseModel
 
-from analysis.errors import ConfigError
-from analysis.terminal import say
+from core.errors import ConfigError
+from core.terminal import say
 from flows.cli import EXIT_OK, main_guard, make_parser, prefect_defaults
 from projects.config import resolve
 from projects.registry import available, project_of_run

@@ -13,11 +13,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from analysis.environment import env_settings
-from analysis.errors import ConfigError, TelltaleError, UserError
 from analysis.history import default_data_dir
-from analysis.safeio import UnreadableInputError, read_text_bounded
-from analysis.terminal import ArgumentParser, say
+from core.environment import env_settings
+from core.errors import ConfigError, TelltaleError, UserError
+from core.safeio import UnreadableInputError, read_text_bounded
+from core.terminal import ArgumentParser, say
 from projects.config import Config, load_vars_file, parse_override, resolve
 from projects.untrusted import MAX_PR_COMMENT, UntrustedPolicy, parse_pr_args, policy_for
 

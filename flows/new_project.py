@@ -21,9 +21,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from analysis.errors import ConfigError
-from analysis.safeio import copy_file, write_text
-from analysis.terminal import say
+from core.errors import ConfigError
+from core.safeio import copy_file, write_text
+from core.terminal import say
 from flows.cli import EXIT_OK, main_guard, make_parser
 
 __all__ = ["scaffold"]

@@ -38,15 +38,15 @@ from pathlib import Path
 from typing import Any
 
 from analysis.curve import CurveResult
-from analysis.environment import env_settings
-from analysis.errors import ConfigError, TelltaleError
 from analysis.fingerprint import FINGERPRINT_FILE
 from analysis.history import default_history_uri
 from analysis.pipeline import PostprocessOutcome
-from analysis.redact import RedactingFilter
-from analysis.safeio import UnreadableInputError, read_text_bounded, write_text
-from analysis.yamlio import dump_yaml, load_yaml
 from blocks.s3 import S3Target
+from core.environment import env_settings
+from core.errors import ConfigError, TelltaleError
+from core.redact import RedactingFilter
+from core.safeio import UnreadableInputError, read_text_bounded, write_text
+from core.yamlio import dump_yaml, load_yaml
 from flows.cli import (
     EXIT_FAILED,
     EXIT_INCONCLUSIVE,

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from analysis.paths import writable_dir
-from analysis.terminal import say
+from core.paths import writable_dir
+from core.terminal import say
 from flows.cli import (
     EXIT_OK,
     add_config_arguments,
@@ -71,7 +71,7 @@ def _pr_number(text: str) -> int:
 
 def _rebuild_image(project: str, config: Any, artifact_dir: Path) -> int:
     """``--rebuild-image``: build the PR's image targets without a run; print the digests."""
-    from analysis.errors import ConfigError
+    from core.errors import ConfigError
     from tasks.kube.api import Kube, api_client
     from tasks.kube.images import run_builds
 

@@ -24,11 +24,11 @@ from typing import Any, Literal
 from prefect import flow
 from pydantic import BaseModel
 
-from analysis.errors import ConfigError
 from analysis.pipeline import postprocess
 from analysis.settings import AnalysisSettings
-from analysis.terminal import say
 from blocks.s3 import S3Target
+from core.errors import ConfigError
+from core.terminal import say
 from flows.cli import (
     EXIT_FAILED,
     EXIT_OK,

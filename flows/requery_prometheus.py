@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from analysis.terminal import say
+from core.terminal import say
 from flows.cli import EXIT_OK, main_guard, make_parser
 from tasks.observe.snapshot import requery_run
 

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from analysis.terminal import ArgumentParser
-from analysis.yamlio import load_yaml
+from core.terminal import ArgumentParser
+from core.yamlio import load_yaml
 from flows.cli import prefect_defaults
 
 __all__ = ["build_deployments", "load_deployment_specs"]

@@ -32,8 +32,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from analysis.errors import ConfigError, did_you_mean
-from analysis.redact import (
+from core.errors import ConfigError, did_you_mean
+from core.redact import (
     REDACTED,
     REFERENCE_BLOCKS,
     is_secret_key,
@@ -41,8 +41,8 @@ from analysis.redact import (
     register_secret,
     url_password,
 )
-from analysis.safeio import write_text
-from analysis.yamlio import LineMap, dump_yaml, load_yaml, load_yaml_text
+from core.safeio import write_text
+from core.yamlio import LineMap, dump_yaml, load_yaml, load_yaml_text
 from projects import registry
 
 __all__ = [
@@ -559,7 +559,7 @@ def _refuse_secret_values(key: str, value: Any, source: str) -> None:
 
     Raises:
         ConfigError: A secret-named key (``hf_token``, ``api_key``, ``password``...) at any
-            depth of the override, or a credential by shape (`analysis.redact.url_secrets`)
+            depth of the override, or a credential by shape (`core.redact.url_secrets`)
             in a value; the value is not shown.
     """
     if key.split(".", 1)[0] in REFERENCE_BLOCKS:

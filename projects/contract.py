@@ -33,8 +33,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, create_model
 
 from analysis.project import AnalysisProject
-from analysis.strict import StrictSettings
-from analysis.yamlio import load_yaml
+from core.strict import StrictSettings
+from core.yamlio import load_yaml
 from projects.library.kinds import Kind
 from projects.library.resources import resource_kpis, timeline_rows
 from projects.library.tests import EngineConfig, TestBlock
@@ -316,7 +316,7 @@ class Project(AnalysisProject):
         kubernetes: Builds the cluster workload of a cell (None: no cluster platform).
         kube_users: Builds a cluster user pod (None: no cluster fan-out).
         check_local: Checks, before anything runs, that the cells can run on this machine;
-            raises a `analysis.errors.ConfigError` naming the key otherwise.
+            raises a `core.errors.ConfigError` naming the key otherwise.
         local_service: The server a cell's local workload talks to (None: none).
         kube_kinds: The Kubernetes kinds the project brings (a PyTorchJob, an
             InferenceService...): their REST mapping, the verbs used (the runner's RBAC is

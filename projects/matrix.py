@@ -19,8 +19,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from analysis.errors import ConfigError
 from analysis.matrix_utils import flatten_settings as flatten
+from core.errors import ConfigError
 
 __all__ = ["Cell", "expand", "flatten", "unflatten"]
 

@@ -7,10 +7,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
-from analysis.errors import ConfigError
-from analysis.safeio import write_text
-from analysis.terminal import printable
-from analysis.yamlio import dump_yaml
+from core.errors import ConfigError
+from core.safeio import write_text
+from core.terminal import printable
+from core.yamlio import dump_yaml
 from projects.config import Config
 from projects.library.tests import TestBlock
 from projects.matrix import Cell, expand

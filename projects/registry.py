@@ -7,9 +7,9 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from analysis.errors import ConfigError, ResultsError, did_you_mean
 from analysis.project import load_project
-from analysis.safeio import UnreadableInputError, read_text_bounded
+from core.errors import ConfigError, ResultsError, did_you_mean
+from core.safeio import UnreadableInputError, read_text_bounded
 from projects.contract import Project
 
 __all__ = ["PROJECTS_DIR", "available", "config_model", "load", "locate", "project_dir",

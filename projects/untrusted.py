@@ -13,13 +13,13 @@ project's own model sees it, against rules that hold for every value of every pr
 - **experiment groups and skip rules** (``test_extra_settings``, ``skip_if``) are lists of
   mappings whose keys must be declared settings of the project's ``test_settings`` model,
   each value checked like a setting of its own;
-- **images** (fields typed `analysis.strict.ImageRef`) only from a registry in
+- **images** (fields typed `core.strict.ImageRef`) only from a registry in
   ``pr_comment.image_registries`` (empty by default: an untrusted source sets no image);
 - **bounded text**: strings of at most `MAX_TEXT` characters without control or
   bidirectional-override characters; lists of at most `MAX_LIST` values; a comment of at
   most `MAX_PR_COMMENT` bytes;
 - **names, numbers and bools** are then typed by the project's strict model
-  (`analysis.strict.StrictSettings`): names are not paths, numbers are finite and bounded,
+  (`core.strict.StrictSettings`): names are not paths, numbers are finite and bounded,
   bools are bools, and the matrix the values span is capped (``matrix.max_cells``).
 """
 
@@ -36,9 +36,9 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from analysis.errors import ConfigError
-from analysis.strict import image_registry, kinds_of
-from analysis.terminal import UNSAFE_CHARACTERS
+from core.errors import ConfigError
+from core.strict import image_registry, kinds_of
+from core.terminal import UNSAFE_CHARACTERS
 from projects.config import parse_override, resolve
 
 __all__ = [

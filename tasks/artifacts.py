@@ -32,10 +32,10 @@ from typing import Any, ParamSpec, TypeVar
 
 from pydantic import BaseModel
 
-from analysis.errors import StepError, is_transient
-from analysis.redact import RedactingFilter, redact
-from analysis.safeio import open_append, output_root, write_json, write_text
-from analysis.yamlio import dump_yaml
+from core.errors import StepError, is_transient
+from core.redact import RedactingFilter, redact
+from core.safeio import open_append, output_root, write_json, write_text
+from core.yamlio import dump_yaml
 
 __all__ = [
     "ARTIFACT_DIR",

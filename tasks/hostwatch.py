@@ -26,8 +26,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from analysis.safeio import write_json
 from analysis.validity import HOST_FILE, HostWindow
+from core.safeio import write_json
 
 __all__ = ["HostWatch", "watch_host"]
 

@@ -15,7 +15,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from analysis.safeio import open_append, write_text
+from core.safeio import open_append, write_text
 from tasks.runner import CMDLINE_FILE, PID_FILE, die_with_parent
 
 __all__ = ["ManagedProcess", "free_port"]

@@ -3,7 +3,7 @@
 S3 has boto's own; OpenSearch, QUADS and the Kubernetes API use this.
 
 Like urllib3's ``Retry``: a frozen value (pydantic, so it can sit in a config block),
-exponential backoff with jitter and a cap, retries only what `analysis.errors.is_transient`
+exponential backoff with jitter and a cap, retries only what `core.errors.is_transient`
 calls transient, every attempt logged with its number and whether it will retry; exhaustion
 re-raises the last error. tenacity runs the loop; this module only says which errors are
 transient and what the log lines say.
@@ -20,7 +20,7 @@ from typing import TypeVar
 import tenacity
 from pydantic import BaseModel, ConfigDict, Field
 
-from analysis.errors import is_transient
+from core.errors import is_transient
 
 __all__ = ["RetryPolicy", "call_with_retries"]
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from analysis.errors import StepError
-from analysis.safeio import open_append, write_text
+from core.errors import StepError
+from core.safeio import open_append, write_text
 from tasks.artifacts import ARTIFACT_DIR
 
 __all__ = [

@@ -13,10 +13,10 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, SecretStr, ValidationError
 
-from analysis.errors import ConfigError
-from analysis.redact import register_secret, register_secrets_in
-from analysis.safeio import UnreadableInputError, read_text_bounded
-from analysis.yamlio import load_yaml
+from core.errors import ConfigError
+from core.redact import register_secret, register_secrets_in
+from core.safeio import UnreadableInputError, read_text_bounded
+from core.yamlio import load_yaml
 
 MAX_SECRET_FILE = 1024 * 1024
 """Largest secret file read, in bytes (a pull secret or kubeconfig is a few KB)."""

@@ -77,3 +77,11 @@ def test_the_user_pod_target_holds_the_program_where_user_pods_copy_it_from() ->
 
     stage = cut_at_target(CONTAINERFILE.read_text(), "user-pod").split("AS user-pod", 1)[1]
     assert f"tasks/kube/user_pod_script.py {PROGRAM_IN_IMAGE}" in stage
+
+
+def test_the_image_holds_every_package() -> None:
+    """A package the image forgets to copy installs nothing and fails at the first import."""
+    from tests.code_tree import PACKAGES
+
+    copied = set(re.findall(r"^COPY --chown=\S+ (\w+) \./\1$", CONTAINERFILE.read_text(), re.M))
+    assert set(PACKAGES) <= copied, sorted(set(PACKAGES) - copied)

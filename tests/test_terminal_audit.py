@@ -1,4 +1,4 @@
-"""Every line a command prints goes through the one printer (`analysis.terminal.say`).
+"""Every line a command prints goes through the one printer (`core.terminal.say`).
 
 An audit over the package's source (AST, not grep): a call to ``print``, ``sys.stdout.write``
 or ``sys.stderr.write`` anywhere in flows/, tasks/, projects/, analysis/, blocks/ and
@@ -19,11 +19,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.code_tree import python_files
+
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("flows", "tasks", "projects", "analysis", "blocks", "deployments")
 # program -> why its own print is not terminal output
 WORKLOAD_PROGRAMS = {
-    "analysis/terminal.py": "the printer itself",
+    "core/terminal.py": "the printer itself",
     "projects/fine_tuning/workload/train_local.py": "the trainer's log lines (parsed)",
     "projects/fine_tuning/data/generate.py": "a data generator run by hand",
     "projects/llm_serving/workload/build_model.py": "a workload step's log (captured)",
@@ -59,15 +60,13 @@ def _own_parsers(path: Path) -> list[int]:
 
 def test_no_code_prints_around_the_printer() -> None:
     offenders = []
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            rel = path.relative_to(ROOT).as_posix()
-            if rel in WORKLOAD_PROGRAMS or "/scaffold/" in rel:
-                continue
-            offenders += [f"{rel}:{line}" for line in _printing_calls(path)]
-            offenders += [f"{rel}:{line} (argparse's own parser echoes input raw)"
-                          for line in _own_parsers(path)]
-    assert not offenders, ("print through analysis.terminal.say (secrets masked, controls "
+    for rel, path in python_files(skip_scaffold=True):
+        if rel in WORKLOAD_PROGRAMS:
+            continue
+        offenders += [f"{rel}:{line}" for line in _printing_calls(path)]
+        offenders += [f"{rel}:{line} (argparse's own parser echoes input raw)"
+                      for line in _own_parsers(path)]
+    assert not offenders, ("print through core.terminal.say (secrets masked, controls "
                            f"escaped): {offenders}")
 
 
@@ -90,7 +89,7 @@ def test_say_escapes_every_control_whatever_the_mode(bad: str, text: str) -> Non
     import contextlib
     import io
 
-    from analysis.terminal import UNSAFE_CHARACTERS, say
+    from core.terminal import UNSAFE_CHARACTERS, say
 
     for keep in (False, True):
         out = io.StringIO()

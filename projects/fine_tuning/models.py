@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from analysis.strict import DnsLabel, DnsSubdomain, ImageRef, Name, Quantity, StrictSettings, Text
+from core.strict import DnsLabel, DnsSubdomain, ImageRef, Name, Quantity, StrictSettings, Text
 from projects.library import TestBlock
 from projects.library.cost import CostBlock
 from projects.library.tiny_lm import LocalModelSpec

@@ -15,8 +15,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from analysis.errors import ConfigError
 from analysis.parsing import ParsedResult
+from core.errors import ConfigError
 from projects.contract import (
     SCRATCH_DIR,
     USERS_CONFIG_PATH,

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from analysis.strict import StrictSettings
+from core.strict import StrictSettings
 from projects.library.tiny_lm import LocalModelSpec
 
 __all__ = ["TrainerConfig", "trainer_config"]

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, StringConstraints, model_validator
 
-from analysis.strict import DnsLabel, StrictSettings
+from core.strict import DnsLabel, StrictSettings
 
 __all__ = ["ClustersBlock", "ComputeBlock", "CreateBlock", "DriverBlock", "ImageBuildBlock",
            "MachineSetBlock", "QuadsLabBlock", "SutestBlock", "TaintBlock"]

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import Field, ValidationError
 
-from analysis.strict import StrictSettings
+from core.strict import StrictSettings
 
 __all__ = ["CostBlock", "cost_per_million_tokens", "declared_cost"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from analysis.errors import ConfigError
+from core.errors import ConfigError
 
 __all__ = ["content_hash", "data_file"]
 
@@ -16,7 +16,7 @@ __all__ = ["content_hash", "data_file"]
 def data_file(data_dir: Path, name: str, *, key: str, what: str = "data file") -> Path:
     """The file ``name`` of ``data_dir``, resolved (links included) and checked to stay inside.
 
-    The config's types already refuse absolute paths and ``..`` (`analysis.strict.Name`);
+    The config's types already refuse absolute paths and ``..`` (`core.strict.Name`);
     this is the second fence, where the name becomes a path: a link in the data dir that
     points elsewhere is refused too.
 

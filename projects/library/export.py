@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from analysis.strict import StrictSettings
+from core.strict import StrictSettings
 
 __all__ = ["ExportBlock", "ExportRetryBlock", "HorreumExportBlock", "OpenSearchExportBlock",
            "S3ExportBlock"]

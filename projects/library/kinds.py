@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from analysis.errors import StepError
+from core.errors import StepError
 
 __all__ = ["APPLY", "MANAGE", "READ", "Kind"]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from analysis.strict import StrictSettings
+from core.strict import StrictSettings
 
 __all__ = ["NotifyBlock"]
 

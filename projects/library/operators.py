@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from analysis.strict import DnsSubdomain, ImageRef, StrictSettings
+from core.strict import DnsSubdomain, ImageRef, StrictSettings
 
 __all__ = ["GpuOperatorBlock", "NfdBlock", "PrepareBlock", "RhoaiBlock"]
 

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import Field, PrivateAttr, ValidatorFunctionWrapHandler, model_validator
 
 from analysis.settings import AnalysisSettings
-from analysis.strict import DnsLabel, StrictSettings
+from core.strict import DnsLabel, StrictSettings
 from projects.library.clusters import ClustersBlock
 from projects.library.export import ExportBlock
 from projects.library.notify import NotifyBlock

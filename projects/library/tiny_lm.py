@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from analysis.strict import StrictSettings
+from core.strict import StrictSettings
 
 __all__ = ["PROMPT", "LocalModelSpec", "build_model", "build_tokenizer", "read_samples"]
 

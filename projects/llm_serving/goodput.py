@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, Field
 
-from analysis.strict import StrictSettings
+from core.strict import StrictSettings
 
 __all__ = ["Goodput", "RequestTimes", "ServingSlo", "goodput"]
 

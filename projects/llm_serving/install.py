@@ -24,8 +24,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from analysis.safeio import write_text
-from analysis.terminal import ArgumentParser, say
+from core.safeio import write_text
+from core.terminal import ArgumentParser, say
 from projects.llm_serving.settings import serving_environment
 
 __all__ = ["MARKER", "default_venv", "install", "installed", "venv_python"]

@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from analysis.strict import ImageRef, Name, StrictSettings
+from core.strict import ImageRef, Name, StrictSettings
 from projects.library import TestBlock
 from projects.library.cost import CostBlock
 from projects.library.tiny_lm import LocalModelSpec

@@ -25,8 +25,8 @@ from typing import Any
 import platformdirs
 
 from analysis.curve import CurveSpec
-from analysis.errors import ConfigError
 from analysis.parsing import ParsedResult
+from core.errors import ConfigError
 from projects.contract import (
     USER_RESULT_DIR,
     USERS_CONFIG_PATH,

@@ -2,7 +2,7 @@
 
 Where the serving venv (vLLM + GuideLLM) lives: ``TELLTALE_SERVING__VENV`` (or the older
 flat ``TELLTALE_SERVING_VENV``); default ``.venvs/llm-serving`` in the repository. The
-project owns them: the engine's own ``TELLTALE_*`` settings (`analysis.environment`) know no
+project owns them: the engine's own ``TELLTALE_*`` settings (`core.environment`) know no
 project.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
-from analysis.errors import ConfigError
+from core.errors import ConfigError
 
 __all__ = ["ServingEnvironment", "serving_environment"]
 

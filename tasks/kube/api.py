@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from analysis.errors import PermanentServiceError, StepError, TransientServiceError
+from core.errors import PermanentServiceError, StepError, TransientServiceError
 from projects.library.kinds import Kind
 from tasks.kube.kinds import kind_of
 from tasks.retry import RetryPolicy, call_with_retries
@@ -90,7 +90,7 @@ def kubeconfig_path(kubeconfig: str | None) -> Path:
 def api_client(kubeconfig: str | None) -> Any:
     """An ``ApiClient`` for a kubeconfig path, ``"in-cluster"``, or the default kubeconfig.
 
-    The file is read through the one bounded reader (`analysis.safeio.read_text_bounded`: a
+    The file is read through the one bounded reader (`core.safeio.read_text_bounded`: a
     FIFO or a device is refused, never opened for a blocking read; a size cap) and parsed
     with the one YAML loader, then handed to the client as a mapping (relative certificate
     paths still resolve against the file's folder).
@@ -105,9 +105,9 @@ def api_client(kubeconfig: str | None) -> Any:
     from kubernetes.config.kube_config import KubeConfigLoader
     from yaml import YAMLError
 
-    from analysis.errors import ConfigError, TelltaleError
-    from analysis.safeio import read_text_bounded
-    from analysis.yamlio import load_yaml_text
+    from core.errors import ConfigError, TelltaleError
+    from core.safeio import read_text_bounded
+    from core.yamlio import load_yaml_text
 
     where = kubeconfig or "the default kubeconfig"
     try:
@@ -227,7 +227,7 @@ class Kube:
         Raises:
             ConfigError: The cluster does not serve ``api_version``/``kind``.
         """
-        from analysis.errors import ConfigError
+        from core.errors import ConfigError
 
         try:
             self.list(api_version, kind, namespace)

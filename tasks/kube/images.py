@@ -25,8 +25,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from analysis.errors import ConfigError, PermanentServiceError, StepError
-from analysis.safeio import write_text
+from core.errors import ConfigError, PermanentServiceError, StepError
+from core.safeio import write_text
 from projects.library.clusters import ImageBuildBlock
 from tasks.kube.api import Kube
 

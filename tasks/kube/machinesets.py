@@ -29,7 +29,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from analysis.errors import ConfigError, StepError
+from core.errors import ConfigError, StepError
 from projects.library.clusters import MachineSetBlock
 from tasks.kube.api import KEEP_LABEL, RUN_ID_LABEL, Kube
 from tasks.kube.placement import COMPUTE_LABEL, Role, machineset_name, quantity, taint_of

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from analysis.errors import StepError
+from core.errors import StepError
 from projects.library import GpuOperatorBlock, NfdBlock, PrepareBlock, RhoaiBlock
 from tasks.kube.api import Kube
 

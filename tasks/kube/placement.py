@@ -23,7 +23,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from analysis.errors import ConfigError
+from core.errors import ConfigError
 from projects.library.clusters import ClustersBlock, MachineSetBlock
 
 __all__ = ["COMPUTE_LABEL", "IMAGE_PREFIX", "Placement", "Role", "machineset_of",

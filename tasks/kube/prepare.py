@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from analysis.safeio import write_json
+from core.safeio import write_json
 from projects.library import GpuOperatorBlock, NfdBlock, RhoaiBlock
 from projects.library.clusters import ImageBuildBlock, MachineSetBlock
 from tasks.artifacts import artifact_dir, step

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from analysis.errors import StepError
+from core.errors import StepError
 from projects.contract import USERS_CONFIG_PATH
 from tasks.kube.api import Kube
 

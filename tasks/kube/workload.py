@@ -23,10 +23,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from analysis.environment import env_settings
-from analysis.errors import StepError
-from analysis.safeio import write_json, write_text
-from analysis.yamlio import dump_yaml
+from core.environment import env_settings
+from core.errors import StepError
+from core.safeio import write_json, write_text
+from core.yamlio import dump_yaml
 from projects.contract import KubeGate, KubeService, KubeWorkload, Staging
 from tasks.artifacts import artifact_dir, step
 from tasks.kube.api import KEEP_LABEL, MANAGED_BY, RUN_ID_LABEL, Kube, api_client

@@ -28,9 +28,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from analysis.errors import ConfigError, StepError
-from analysis.safeio import read_text_bounded, write_text
-from analysis.yamlio import dump_yaml
+from core.errors import ConfigError, StepError
+from core.safeio import read_text_bounded, write_text
+from core.yamlio import dump_yaml
 from tasks.kube.api import Kube
 from tasks.runner import run
 

@@ -30,8 +30,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from analysis.errors import StepError, TransientServiceError
-from analysis.safeio import UnreadableInputError, read_bounded, read_text_bounded, write_text
+from core.errors import StepError, TransientServiceError
+from core.safeio import UnreadableInputError, read_bounded, read_text_bounded, write_text
 from tasks.lab.quads import Assignment, QuadsClient, QuadsError, server_time
 
 __all__ = ["LEASE_FILE", "MARKER_PREFIX", "Lease", "LeaseRequest", "NotOurLeaseError", "Orphan",

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from pydantic import SecretStr
 
-from analysis.errors import ConfigError
 from analysis.history import default_data_dir
-from analysis.safeio import read_text_bounded
+from core.errors import ConfigError
+from core.safeio import read_text_bounded
 from projects.library import CreateBlock, QuadsLabBlock, SecretsBlock
 from tasks.artifacts import step
 from tasks.kube.api import Kube, api_client

@@ -28,8 +28,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
-from analysis.errors import PermanentServiceError, StepError, TransientServiceError
 from blocks.quads import QuadsCredentials
+from core.errors import PermanentServiceError, StepError, TransientServiceError
 from tasks.retry import RetryPolicy, call_with_retries
 
 __all__ = ["PATIENT", "Assignment", "QuadsClient", "QuadsError", "QuadsValidationFailed",

@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from analysis.errors import ConfigError
-from analysis.safeio import read_text_bounded
+from core.errors import ConfigError
+from core.safeio import read_text_bounded
 from projects.library.observe import PrometheusBlock
 from projects.library.secrets import SecretsBlock
 from tasks.artifacts import artifact_dir, step

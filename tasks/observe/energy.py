@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from analysis.safeio import UnreadableInputError, atomic_open, read_text_bounded, write_text
+from core.safeio import UnreadableInputError, atomic_open, read_text_bounded, write_text
 
 __all__ = ["ENERGY_STEP", "EnergyRecorder", "Reading", "NvmlMeter", "RaplMeter", "meters",
            "record_energy", "write_series"]

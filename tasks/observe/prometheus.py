@@ -33,8 +33,8 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel, Field, ValidationError
 
-from analysis.errors import ConfigError, PermanentServiceError, TransientServiceError
-from analysis.safeio import atomic_open, write_text
+from core.errors import ConfigError, PermanentServiceError, TransientServiceError
+from core.safeio import atomic_open, write_text
 from tasks.process import ManagedProcess, free_port
 
 __all__ = ["CLUSTER_QUERIES", "LOCAL_QUERIES", "PrometheusServer", "QueryResult", "Series",

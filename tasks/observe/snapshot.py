@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 
-from analysis.errors import ResultsError
-from analysis.safeio import UnreadableInputError, read_text_bounded
+from core.errors import ResultsError
+from core.safeio import UnreadableInputError, read_text_bounded
 from tasks.artifacts import allocate_dir
 from tasks.observe.prometheus import LOCAL_QUERIES, PrometheusServer, capture_window
 

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, Field
 
 from analysis.parsing import read_tail
-from analysis.safeio import UnreadableInputError, read_text_bounded
+from core.safeio import UnreadableInputError, read_text_bounded
 from projects.config import Config
 from projects.contract import CellContext, Project
 from projects.library.tests import EngineConfig, TestBlock

@@ -24,9 +24,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from analysis.errors import ConfigError
-from analysis.safeio import write_json, write_text
 from blocks.s3 import S3Target
+from core.errors import ConfigError
+from core.safeio import write_json, write_text
 from projects.config import Config
 from projects.contract import Project
 from projects.matrix import Cell

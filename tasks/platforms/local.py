@@ -33,16 +33,16 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from analysis.environment import env_settings
-from analysis.errors import StepError
-from analysis.safeio import (
+from core.environment import env_settings
+from core.errors import StepError
+from core.safeio import (
     UnreadableInputError,
     open_append,
     read_bounded,
     read_text_bounded,
     write_text,
 )
-from analysis.terminal import say
+from core.terminal import say
 from projects.config import Config
 from projects.contract import (
     SCRATCH_DIR,

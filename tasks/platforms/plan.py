@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from analysis.errors import ConfigError
-from analysis.safeio import make_dirs, output_root, write_text
-from analysis.yamlio import dump_yaml
+from core.errors import ConfigError
+from core.safeio import make_dirs, output_root, write_text
+from core.yamlio import dump_yaml
 from projects.config import Config
 from projects.contract import CellContext, KubeService, KubeUsers, KubeWorkload, Project
 from projects.library import EngineConfig, TestBlock

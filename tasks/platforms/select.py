@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
-from analysis.errors import ConfigError
+from core.errors import ConfigError
 from tasks.platforms.base import Platform
 
 __all__ = ["platform_type", "PlatformName", "find_kubeconfig", "make_platform", "select_platform"]

@@ -22,8 +22,8 @@ from typing import Any
 
 import httpx
 
-from analysis.errors import StepError
-from analysis.safeio import write_text
+from core.errors import StepError
+from core.safeio import write_text
 from projects.contract import LocalService
 from tasks.process import ManagedProcess, free_port
 

@@ -15,13 +15,13 @@ from typing import Any, TypeVar
 import pandas as pd
 from prefect.blocks.core import Block
 
-from analysis.errors import ConfigError
 from analysis.history import HistoryStore
 from analysis.lts import LtsPayload
-from analysis.safeio import read_text_bounded
 from blocks.horreum import HorreumInstance
 from blocks.opensearch import OpenSearchInstance
 from blocks.s3 import S3Target
+from core.errors import ConfigError
+from core.safeio import read_text_bounded
 from projects.library import ExportBlock, SecretsBlock
 from tasks.artifacts import step
 from tasks.publish.horreum import DEFAULT_SCHEMA_URI, HorreumUpload, upload_payloads

@@ -30,10 +30,10 @@ from urllib.parse import quote
 
 from pydantic import BaseModel, Field
 
-from analysis.errors import PermanentServiceError, TransientServiceError
 from analysis.lts import SCHEMA_VERSION, LtsPayload
-from analysis.redact import redact
 from blocks.horreum import HorreumInstance
+from core.errors import PermanentServiceError, TransientServiceError
+from core.redact import redact
 from tasks.publish.opensearch import run_document
 from tasks.retry import RetryPolicy, call_with_retries
 

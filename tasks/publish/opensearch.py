@@ -23,13 +23,13 @@ from typing import Any, TypeVar
 
 import pandas as pd
 
-from analysis.errors import PermanentServiceError, TransientServiceError
 from analysis.fingerprint import encode
 from analysis.history import FINGERPRINT, RUN_COLUMNS, VALIDITY
 from analysis.kpi import BASE_COLUMNS
 from analysis.lts import LtsPayload
-from analysis.redact import redact
 from blocks.opensearch import OpenSearchInstance
+from core.errors import PermanentServiceError, TransientServiceError
+from core.redact import redact
 from tasks.retry import RetryPolicy, call_with_retries
 
 __all__ = [
@@ -140,7 +140,7 @@ def bulk_index(client: Any, index: str, documents: Iterable[tuple[str, dict[str,
     from opensearchpy import helpers
 
     actions = [{"_op_type": "index", "_index": index, "_id": doc_id,
-                # a sink: secrets masked by key and by value (analysis.redact)
+                # a sink: secrets masked by key and by value (core.redact)
                 "_source": redact(json.loads(json.dumps(body, default=str)))}
                for doc_id, body in documents]
     if not actions:

@@ -16,7 +16,7 @@ from typing import Any
 from analysis.compare import Comparison, comparison_lines
 from analysis.curve import CurveResult, load_span
 from analysis.pipeline import PostprocessOutcome
-from analysis.redact import redact, redact_text
+from core.redact import redact, redact_text
 
 __all__ = ["artifact_key", "publish_comparison", "publish_results"]
 

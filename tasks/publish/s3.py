@@ -29,9 +29,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from analysis.errors import PermanentServiceError, ResultsError, TransientServiceError
-from analysis.safeio import write_text
 from blocks.s3 import S3Target
+from core.errors import PermanentServiceError, ResultsError, TransientServiceError
+from core.safeio import write_text
 
 __all__ = [
     "DOWNLOAD_MODES",

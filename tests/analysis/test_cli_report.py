@@ -72,7 +72,7 @@ def test_cli_writes_every_output(tmp_path: Path) -> None:
 def test_progress_lines_each_tenth_once_the_stage_is_slow(
         caplog: pytest.LogCaptureFixture) -> None:
     """Tenths are logged only after QUIET_S seconds; the end line always."""
-    from analysis.progress import QUIET_S, StageProgress
+    from core.progress import QUIET_S, StageProgress
 
     now = [0.0]
     caplog.set_level(logging.INFO, logger="telltale.analysis")

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given
 
 from analysis.compare import compare_frames
-from analysis.errors import UserError
 from analysis.history import HistoryStore
+from core.errors import UserError
 
 START = datetime(2026, 11, 1, tzinfo=UTC)
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from analysis.discovery import discover
-from analysis.errors import ResultsError
+from core.errors import ResultsError
 
 
 def _dir(root: Path, rel: str, settings: str | None = "a: 1\n", code: str | None = "0") -> Path:

@@ -6,9 +6,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis.errors import ResultsError
 from analysis.history import HistoryStore, default_history_uri
 from analysis.kpi import Kpi, kpi_table
+from core.errors import ResultsError
 
 
 def rows(run: str, ts: str, value: float, **labels: str) -> pd.DataFrame:

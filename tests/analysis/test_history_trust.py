@@ -151,8 +151,8 @@ def test_interleavings_never_lose_or_duplicate_a_row(tmp_path_factory: pytest.Te
 # -- the tree side: what reaches the history ---------------------------------------------------
 
 def test_cells_sharing_a_uuid_are_refused_at_parse(tmp_path: Path) -> None:
-    from analysis.errors import ResultsError
     from analysis.pipeline import postprocess
+    from core.errors import ResultsError
     from tests.factories import make_result_dir
 
     results = tmp_path / "results"

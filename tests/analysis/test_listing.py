@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analysis.errors import UserError
 from analysis.history import HistoryStore
 from analysis.listing import filter_history, kpi_lines, run_lines, to_csv_frame
+from core.errors import UserError
 from tests.analysis.test_compare import _frame
 
 

@@ -2,11 +2,11 @@
 
 An AST audit over the packages: a call that opens a path (``open``, ``Path.read_text`` /
 ``read_bytes``, pandas/pyarrow readers, ``json.load``/``yaml.safe_load`` on a stream, the
-kubernetes client's own kubeconfig loader) must be in `analysis.safeio` (the reader itself)
+kubernetes client's own kubeconfig loader) must be in `core.safeio` (the reader itself)
 or listed below with why it is not a read of outside input. A new bypass fails this test;
 so does a listed site that moved away (the list stays true).
 
-`analysis.safeio.open_regular` is the mechanism: regular files only (a FIFO or device is
+`core.safeio.open_regular` is the mechanism: regular files only (a FIFO or device is
 refused, never opened for a blocking read), no link followed unless the user named it, a
 size cap. The behaviour is tested on planted FIFOs below, through the real entry points.
 """
@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.code_tree import python_files
+
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("flows", "tasks", "projects", "analysis", "blocks", "deployments")
 READERS = {"open", "read_text", "read_bytes", "read_parquet", "read_table", "ParquetFile",
            "new_client_from_config", "load_kube_config"}
 
@@ -98,20 +99,16 @@ def _sites(path: Path) -> list[tuple[int, str]]:
 
 def _all_sites() -> dict[str, list[int]]:
     found: dict[str, list[int]] = {}
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            rel = path.relative_to(ROOT).as_posix()
-            if "/scaffold/" in rel:
-                continue
-            for line, func in _sites(path):
-                found.setdefault(f"{rel}::{func}", []).append(line)
+    for rel, path in python_files(skip_scaffold=True):
+        for line, func in _sites(path):
+            found.setdefault(f"{rel}::{func}", []).append(line)
     return found
 
 
 def test_no_code_opens_outside_input_around_the_reader() -> None:
     sites = _all_sites()
     unknown = {k: v for k, v in sites.items() if k not in ALLOWED and k not in NOT_YET}
-    assert not unknown, ("read these through analysis.safeio (read_bounded, "
+    assert not unknown, ("read these through core.safeio (read_bounded, "
                          f"read_text_bounded, open_stream) or list why not: {unknown}")
     stale = (set(ALLOWED) | NOT_YET) - set(sites)
     assert not stale, f"listed sites that no longer open anything: {sorted(stale)}"
@@ -130,7 +127,7 @@ needs_fifo = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on t
 
 @needs_fifo
 def test_a_fifo_as_kubeconfig_is_one_error_not_a_hang(tmp_path: Path) -> None:
-    from analysis.errors import ConfigError
+    from core.errors import ConfigError
     from tasks.kube.api import api_client
 
     fifo = tmp_path / "kubeconfig"

@@ -18,9 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from analysis.discovery import discover
-from analysis.errors import UserError
 from analysis.parsing import MAX_LINE_CHARS, FileReader
 from analysis.pipeline import postprocess
+from core.errors import UserError
 from tests.factories import make_result_dir
 
 SECRET = "root:$6$not-a-real-hash:19000:0:99999:7:::"
@@ -237,7 +237,7 @@ def test_generated_trees_never_escape_as_another_error(
 
 
 def test_a_secret_in_an_imported_trees_settings_reaches_no_output(tmp_path: Path) -> None:
-    from analysis.redact import register_secret
+    from core.redact import register_secret
 
     results = tmp_path / "results"
     make_result_dir(results, "000__cell", settings={"hf_token": "Hf-Tok3n-not-shown",

@@ -107,7 +107,7 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Any
     # and the compare page of the last two nights against the ten before
     from analysis.compare import compare_frames, comparison_html
     from analysis.history import HistoryStore
-    from analysis.safeio import write_text
+    from core.safeio import write_text
 
     frame = HistoryStore(history).read()
     stamp = (start + timedelta(days=nights - 2)).strftime("%Y-%m-%dT%H:%M:%SZ")

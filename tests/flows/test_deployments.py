@@ -11,7 +11,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from analysis.yamlio import load_yaml
+from core.yamlio import load_yaml
 from flows.serve import build_deployments, load_deployment_specs
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.errors import ConfigError
+from core.errors import ConfigError
 from flows.cleanup import parse_age
 from tasks.kube.api import Kube, api_client
 from tasks.kube.workload import KEEP_LABEL, cleanup_cluster, find_leaks

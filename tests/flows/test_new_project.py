@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis.errors import ConfigError
+from core.errors import ConfigError
 from flows.new_project import scaffold
 from tests.factories import prometheus_required
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from analysis.errors import ConfigError, StepError
+from core.errors import ConfigError, StepError
 from projects.matrix import Cell
 from tasks.platforms.base import CellResult, RunContext
 
@@ -353,7 +353,7 @@ def test_a_deployment_forms_values_are_untrusted(run_fake, tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch,
                                                  overrides: dict, artifact: str | None,
                                                  words: str) -> None:
-    from analysis.errors import ConfigError
+    from core.errors import ConfigError
     from flows.orchestration import orchestrate
 
     # what Prefect's runtime reports inside a deployment's run

@@ -93,7 +93,7 @@ def test_unknown_preset_lists_available(base: Path) -> None:
 def test_a_misspelt_preset_or_project_suggests_the_close_name(word: str, at: int,
                                                                edit: str) -> None:
     """Any one-letter slip of a real name (dropped, doubled, swapped) is suggested back."""
-    from analysis.errors import did_you_mean
+    from core.errors import did_you_mean
     from projects import registry
 
     i = at % len(word)

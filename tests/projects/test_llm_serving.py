@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 
 from analysis.discovery import ResultDir
-from analysis.errors import ConfigError
 from analysis.kpi import compute_kpis
 from analysis.parsing import FileReader
+from core.errors import ConfigError
 from projects import registry
 from projects.config import resolve
 from projects.llm_serving.goodput import RequestTimes, ServingSlo, goodput
@@ -329,7 +329,7 @@ def test_a_malformed_serving_variable_is_refused_when_the_config_is_resolved(
     import subprocess
     import sys
 
-    from analysis.errors import ConfigError
+    from core.errors import ConfigError
     from projects.config import resolve
 
     monkeypatch.setenv("TELLTALE_SERVING", value)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.errors import ConfigError
+from core.errors import ConfigError
 from projects.fine_tuning.project import _check_gpus
 from projects.fine_tuning.trainer import TrainerConfig, trainer_config
 from tests.servers.nvml import build_nvml_standin
@@ -48,7 +48,7 @@ def test_the_gpu_check_counts_the_boards_nvml_reports(tmp_path: Path) -> None:
     if folder is None:
         pytest.skip("no C compiler: the NVML stand-in library cannot be built")
     code = ("from projects.fine_tuning.project import _check_gpus\n"
-            "from analysis.errors import ConfigError\n"
+            "from core.errors import ConfigError\n"
             "_check_gpus(2)\n"
             "try:\n    _check_gpus(3)\nexcept ConfigError as e:\n    print('refused:', e)\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,

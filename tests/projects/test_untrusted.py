@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from analysis.errors import ConfigError, UserError
-from analysis.strict import StrictSettings
+from core.errors import ConfigError, UserError
+from core.strict import StrictSettings
 from projects import registry
 from projects.config import resolve
 from projects.plan import cells_of
@@ -252,7 +252,7 @@ def _bounded(constraints: list[Any]) -> tuple[bool, bool]:
 
 
 def test_every_number_a_config_takes_is_bounded_and_every_image_is_an_image_ref() -> None:
-    from analysis.strict import kinds_of
+    from core.strict import kinds_of
     from projects.untrusted import _models_in
 
     missing = []
@@ -297,8 +297,8 @@ def test_a_secret_never_comes_as_an_override(key: str, value: Any) -> None:
 
 def test_secret_references_may_be_overridden_and_url_passwords_may_not(
         tmp_path: Any) -> None:
-    from analysis.redact import known_secrets
-    from analysis.safeio import write_text
+    from core.redact import known_secrets
+    from core.safeio import write_text
 
     config = resolve("fine_tuning", presets=["light"], overrides={
         "secrets.s3_credentials": "other.env"}, env={})

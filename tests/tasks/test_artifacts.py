@@ -10,7 +10,7 @@ import pytest
 import yaml
 from pydantic import SecretStr
 
-from analysis.errors import StepError
+from core.errors import StepError
 from tasks.artifacts import allocate_dir, artifact_dir, next_artifact_dir, step, use_artifact_dir
 
 

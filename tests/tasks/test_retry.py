@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from analysis.errors import PermanentServiceError, TransientServiceError
+from core.errors import PermanentServiceError, TransientServiceError
 from tasks.retry import RetryPolicy, call_with_retries
 
 

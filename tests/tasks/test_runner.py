@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.errors import StepError
+from core.errors import StepError
 from tasks.artifacts import use_artifact_dir
 from tasks.runner import CommandError, CommandTimeout, run, run_and_catch
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from analysis.errors import ConfigError
-from analysis.redact import redact
+from core.errors import ConfigError
+from core.redact import redact
 from projects.library import ExportBlock, SecretsBlock
 from tasks.artifacts import step, use_artifact_dir
 from tasks.publish.export import opensearch_instance

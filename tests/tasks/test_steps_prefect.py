@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from analysis.errors import PermanentServiceError, TransientServiceError
 from analysis.pipeline import PostprocessOutcome, VerdictRow
+from core.errors import PermanentServiceError, TransientServiceError
 from tasks.artifacts import step, use_artifact_dir
 from tasks.progress import ProgressArtifact
 from tasks.publish.prefect_artifacts import (

@@ -12,7 +12,7 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
-from analysis.safeio import write_text
+from core.safeio import write_text
 
 WORDS = [
     "river", "stone", "lantern", "orbit", "meadow", "signal", "harbor", "cedar", "prism",

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from analysis.errors import PermanentServiceError, StepError
+from core.errors import PermanentServiceError, StepError
 from tasks.kube.api import RUN_ID_LABEL, Kube, api_client
 from tasks.retry import RetryPolicy
 from tests.servers.kubernetes import kube_server, label_matches, write_kubeconfig
@@ -227,7 +227,7 @@ def test_an_unusable_kubeconfig_is_a_config_error_naming_the_key(text: str) -> N
     traceback from the client's reader (every caller goes through `api_client`)."""
     import tempfile
 
-    from analysis.errors import ConfigError
+    from core.errors import ConfigError
 
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "kubeconfig"

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from analysis.errors import ConfigError, StepError
+from core.errors import ConfigError, StepError
 from projects.library.clusters import ImageBuildBlock
 from tasks.kube.api import Kube, api_client
 from tasks.kube.images import (

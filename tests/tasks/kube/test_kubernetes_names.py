@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from analysis.errors import ConfigError
-from analysis.yamlio import load_yaml
+from core.errors import ConfigError
+from core.yamlio import load_yaml
 from projects import registry
 from projects.config import resolve
 from tasks.platforms.plan import plan_run

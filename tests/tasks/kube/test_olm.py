@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.errors import StepError
+from core.errors import StepError
 from projects.library import GpuOperatorBlock, NfdBlock, RhoaiBlock
 from tasks.kube.api import Kube, api_client
 from tasks.kube.olm import (

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from analysis.errors import ConfigError
+from core.errors import ConfigError
 from projects.library.clusters import ClustersBlock
 from tasks.kube.placement import (
     COMPUTE_LABEL,

@@ -13,8 +13,8 @@ from typing import Any
 import jsonschema
 import pytest
 
-from analysis.errors import ConfigError
-from analysis.yamlio import load_yaml
+from core.errors import ConfigError
+from core.yamlio import load_yaml
 from deployments.rbac import grants, rbac_documents
 from projects import registry
 from projects.config import resolve

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.errors import ConfigError
+from core.errors import ConfigError
 from tasks.kube.api import Kube, api_client
 from tasks.lab.clusters import (
     ClusterRecord,
@@ -155,7 +155,7 @@ def test_managed_cluster_with_rosa_and_oc(tmp_path: Path, installer_env,
     monkeypatch.setenv("TELLTALE_FAKE_ROSA_FAIL", "1")
     failed = tmp_path / "b"
     failed.mkdir()
-    from analysis.errors import StepError
+    from core.errors import StepError
 
     with pytest.raises(StepError, match="quota exceeded"):
         create_managed(failed, "perf-rosa-2", {}, poll_s=0, sleep=lambda s: None)

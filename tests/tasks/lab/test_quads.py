@@ -9,8 +9,8 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from analysis.errors import StepError
 from blocks.quads import QuadsCredentials
+from core.errors import StepError
 from tasks.lab.lease import LeaseRequest, leased, release_from_file
 from tasks.lab.quads import QuadsClient, QuadsError, QuadsValidationFailed
 from tasks.retry import RetryPolicy

@@ -17,8 +17,8 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from analysis.errors import ConfigError, PermanentServiceError, TransientServiceError
 from analysis.parsing import FileReader
+from core.errors import ConfigError, PermanentServiceError, TransientServiceError
 from projects.library.resources import read_resources
 from tasks.observe.prometheus import LOCAL_QUERIES, PrometheusServer, capture_window
 from tests.factories import prometheus_required

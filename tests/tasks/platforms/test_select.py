@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.errors import ConfigError
+from core.errors import ConfigError
 from tasks.platforms.select import find_kubeconfig, select_platform
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.errors import StepError
+from core.errors import StepError
 from projects import registry
 from projects.config import resolve
 from projects.contract import CellContext, LocalService

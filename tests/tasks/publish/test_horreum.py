@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from analysis.errors import ConfigError, PermanentServiceError, TransientServiceError
 from analysis.lts import LtsKpi, LtsMetadata, LtsPayload
 from blocks.horreum import HorreumInstance
+from core.errors import ConfigError, PermanentServiceError, TransientServiceError
 from tasks.publish.horreum import DEFAULT_SCHEMA_URI, HorreumUpload, marker, upload_payloads
 from tasks.retry import RetryPolicy
 from tests.servers.horreum import horreum_server

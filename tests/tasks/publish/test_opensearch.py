@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from analysis.errors import PermanentServiceError, TransientServiceError
 from analysis.lts import LtsKpi, LtsMetadata, LtsPayload
 from blocks.opensearch import OpenSearchInstance
+from core.errors import PermanentServiceError, TransientServiceError
 from tasks.publish.opensearch import OpenSearchHistory, export_payloads
 from tasks.retry import RetryPolicy
 from tests.servers.opensearch import opensearch_server

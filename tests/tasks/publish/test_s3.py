@@ -7,8 +7,8 @@ from pathlib import Path
 import boto3
 import pytest
 
-from analysis.errors import PermanentServiceError, ResultsError, TransientServiceError
 from blocks.s3 import S3Target
+from core.errors import PermanentServiceError, ResultsError, TransientServiceError
 from tasks.publish.s3 import download_run, safe_target, upload_dir
 from tests.servers.fault_proxy import fault_proxy
 

@@ -4,12 +4,12 @@ Two rules, applied in one place each sink goes through:
 
 - **by key**: a value under a key that names a credential (`is_secret_key`: ``password``,
   ``api_key``, ``hf_token``...) is masked in every structure written (`redact`, which
-  `analysis.yamlio.dump_yaml` and `analysis.safeio.write_json` apply). Secret *references*
+  `core.yamlio.dump_yaml` and `core.safeio.write_json` apply). Secret *references*
   are not secrets: the values of the config's top-level ``secrets`` block are file or block
   names, kept so that a crash hook can still find the credentials and release a lease;
 - **by value**: every secret value Telltale reads (secret files, Prefect Secret blocks, a
   value given under a secret-named key) is registered (`register_secret`) and masked wherever
-  it appears, whole or inside a longer text, in every file `analysis.safeio` writes and
+  it appears, whole or inside a longer text, in every file `core.safeio` writes and
   every log line that passes `RedactingFilter`;
 - **by shape**: credentials inside URLs (user info, secret-named query and fragment
   parameters) and ``Bearer``/``Basic`` authorization values, in any text (`url_secrets`).
@@ -195,7 +195,7 @@ def redact_text(text: str) -> str:
 
 
 def redact_bytes(data: bytes) -> bytes:
-    """Mask registered secrets in encoded text (what `analysis.safeio` writes)."""
+    """Mask registered secrets in encoded text (what `core.safeio` writes)."""
     pattern = _BYTES_PATTERN
     return pattern.sub(REDACTED.encode(), data) if pattern is not None else data
 

@@ -37,8 +37,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, Literal, overload
 
-from analysis.errors import TelltaleError, UserError
-from analysis.redact import redact, redact_bytes
+from core.errors import TelltaleError, UserError
+from core.redact import redact, redact_bytes
 
 __all__ = [
     "OutputError",
@@ -249,7 +249,7 @@ def write_bytes(path: str | Path, data: bytes, *, private: bool = False,
                 durable: bool = True) -> Path:
     """Write ``data`` to ``path`` atomically (see `atomic_open`); returns the path.
 
-    Every registered secret value (`analysis.redact.register_secret`) is masked in what is
+    Every registered secret value (`core.redact.register_secret`) is masked in what is
     written, unless ``private``: a 0600 file that must hold a credential (a kubeconfig, an
     install config).
     """
@@ -267,7 +267,7 @@ def write_text(path: str | Path, text: str, *, private: bool = False,
 def write_json(path: str | Path, data: Any, *, indent: int | None = 2) -> Path:
     """Write ``data`` as JSON atomically, secrets redacted by key and by value.
 
-    Non-JSON values are written as their ``str``; see `analysis.redact.redact`.
+    Non-JSON values are written as their ``str``; see `core.redact.redact`.
     """
     return write_text(path, json.dumps(redact(data), indent=indent, default=str) + "\n")
 

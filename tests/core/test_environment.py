@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from analysis.environment import env_settings
-from analysis.errors import ConfigError
 from analysis.history import default_data_dir
+from core.environment import env_settings
+from core.errors import ConfigError
 from projects.llm_serving.install import default_venv
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
-from analysis.errors import ConfigError
+from core.errors import ConfigError
 
 __all__ = ["TelltaleEnv", "env_settings"]
 

@@ -14,7 +14,7 @@ import string
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analysis.redact import REDACTED, is_secret_key, redact, redact_text, url_secrets
+from core.redact import REDACTED, is_secret_key, redact, redact_text, url_secrets
 
 SECRET_WORDS = [["password"], ["passwd"], ["token"], ["secret"], ["api", "key"], ["apikey"],
                 ["access", "key"], ["secret", "access", "key"], ["private", "key"],
@@ -104,7 +104,7 @@ def test_a_benign_query_parameter_is_kept(name: list[str], style: str, value: st
 
 def test_saved_config_and_lts_payload_hold_no_token_by_other_names(tmp_path) -> None:
     """The sinks a config goes to: config.yaml (dump_yaml) and a document (redact)."""
-    from analysis.yamlio import dump_yaml
+    from core.yamlio import dump_yaml
 
     doc = {"endpoint_url": "https://s3.example/b?access_token=tok-aaaaaaaaaaaa",
            "headers": {"X-Api-Key": "key-bbbbbbbbbbbb", "hf-token": "hf-cccccccccccc",

@@ -6,7 +6,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from analysis.errors import ConfigError
+from core.errors import ConfigError
 
 __all__ = ["writable_dir"]
 

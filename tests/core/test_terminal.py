@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from analysis.terminal import UNSAFE_CHARACTERS, printable
+from core.terminal import UNSAFE_CHARACTERS, printable
 
 
 @given(text=st.text())
@@ -26,7 +26,7 @@ def test_escapes_are_visible() -> None:
 
 
 def test_registered_secrets_are_masked_as_whole_tokens_only() -> None:
-    from analysis.redact import redact_bytes, redact_text, register_secret
+    from core.redact import redact_bytes, redact_text, register_secret
 
     register_secret("s3cr3t-Token-42")
     register_secret("short")  # under the minimum length: never garbles other words

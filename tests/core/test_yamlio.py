@@ -10,8 +10,8 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from analysis.errors import ConfigError
-from analysis.yamlio import MAX_UNTRUSTED_YAML, MAX_YAML_DEPTH, load_yaml, load_yaml_text
+from core.errors import ConfigError
+from core.yamlio import MAX_UNTRUSTED_YAML, MAX_YAML_DEPTH, load_yaml, load_yaml_text
 
 
 def _block_nesting(depth: int) -> str:

@@ -8,9 +8,9 @@ from typing import Any
 
 import yaml
 
-from analysis.errors import ConfigError
-from analysis.redact import redact
-from analysis.safeio import UnreadableInputError, read_text_bounded
+from core.errors import ConfigError
+from core.redact import redact
+from core.safeio import UnreadableInputError, read_text_bounded
 
 __all__ = ["MAX_UNTRUSTED_YAML", "MAX_YAML_DEPTH", "MAX_YAML_FILE", "LineMap", "dump_yaml",
            "load_yaml", "load_yaml_text"]
@@ -198,7 +198,7 @@ def dump_yaml(data: Any, *, redacted: bool = True) -> str:
 
     Args:
         data: The structure.
-        redacted: Mask secrets by key and by value (`analysis.redact.redact`): every YAML
+        redacted: Mask secrets by key and by value (`core.redact.redact`): every YAML
             artifact is a sink. Only a file that must hold a credential (an install config,
             written private) passes False.
     """

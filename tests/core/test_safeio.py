@@ -1,4 +1,4 @@
-"""The one writer and the one bounded reader (analysis.safeio), and that nothing bypasses them."""
+"""The one writer and the one bounded reader (core.safeio), and that nothing bypasses them."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from analysis.safeio import (
+from core.safeio import (
     OutputError,
     UnreadableInputError,
     UnsafeOutputError,
@@ -23,13 +23,13 @@ from analysis.safeio import (
     write_bytes,
     write_text,
 )
+from tests.code_tree import python_files
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("analysis", "projects", "tasks", "flows", "blocks", "deployments")
 
-# Writes that may not go through analysis.safeio, each with its reason. Keep this short.
+# Writes that may not go through core.safeio, each with its reason. Keep this short.
 EXEMPT: dict[str, str] = {
-    "analysis/safeio.py": "the writer itself",
+    "core/safeio.py": "the writer itself",
     # standalone scripts that run in other images (the load generator's, the user pods'),
     # with the standard library only; they write into a fresh dir of their own
     "projects/llm_serving/workload/load.py": "runs in the load generator's image",
@@ -112,12 +112,10 @@ def _writes(path: Path) -> list[str]:
 
 def test_no_code_writes_a_file_but_through_safeio() -> None:
     offenders = []
-    for package in PACKAGES:
-        for path in sorted((REPO / package).rglob("*.py")):
-            rel = path.relative_to(REPO).as_posix()
-            if rel not in EXEMPT:
-                offenders += _writes(path)
-    assert offenders == [], "write through analysis.safeio:\n" + "\n".join(offenders)
+    for rel, path in python_files():
+        if rel not in EXEMPT:
+            offenders += _writes(path)
+    assert offenders == [], "write through core.safeio:\n" + "\n".join(offenders)
 
 
 def test_the_scan_sees_each_kind_of_write(tmp_path: Path) -> None:
@@ -186,7 +184,7 @@ def test_a_full_disk_leaves_nothing_under_the_final_name_and_names_the_file(
         "import resource, signal, sys\n"
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
         "resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))\n"
-        "from analysis.safeio import write_bytes, OutputError\n"
+        "from core.safeio import write_bytes, OutputError\n"
         "try:\n"
         f"    write_bytes({str(tmp_path / 'runs.parquet')!r}, b'x' * 100000)\n"
         "except OutputError as exc:\n"
@@ -247,7 +245,7 @@ def test_bounded_read_takes_exactly_what_fits(tmp_path_factory: pytest.TempPathF
 @given(depth=st.integers(min_value=0, max_value=3), where=st.integers(min_value=0, max_value=3))
 def test_a_link_anywhere_below_an_output_root_is_refused(
         tmp_path_factory: pytest.TempPathFactory, depth: int, where: int) -> None:
-    from analysis.safeio import output_root
+    from core.safeio import output_root
 
     root = tmp_path_factory.mktemp("out")
     outside = tmp_path_factory.mktemp("outside")
@@ -269,7 +267,7 @@ def test_a_link_anywhere_below_an_output_root_is_refused(
 
 
 def test_the_root_itself_may_be_a_link(tmp_path: Path) -> None:
-    from analysis.safeio import output_root
+    from core.safeio import output_root
 
     real = tmp_path / "real"
     real.mkdir()
@@ -288,7 +286,7 @@ def test_a_shared_file_is_linked_and_a_link_that_cannot_be_made_is_a_copy(
     import os
 
     from analysis.report import _plotlyjs, _write_plotlyjs
-    from analysis.safeio import UnsafeOutputError, link_file
+    from core.safeio import UnsafeOutputError, link_file
 
     shared = tmp_path / "runs" / ".telltale"
     reports = [tmp_path / "runs" / f"r{i}" / "report" for i in range(3)]
@@ -321,8 +319,8 @@ def test_plotly_js_is_copied_byte_for_byte_whatever_secrets_are_registered(
     earlier version masked is replaced rather than linked on."""
     import re
 
-    from analysis.redact import register_secret
     from analysis.report import _plotlyjs, _write_plotlyjs
+    from core.redact import register_secret
 
     original = _plotlyjs().read_bytes()
     # a quoted token of plotly.js, long enough to count as a secret

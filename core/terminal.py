@@ -7,7 +7,7 @@ prints from such input goes through `printable`, which shows those characters as
 escapes (a backslash, ``x1b``; ``u202e``) instead of letting the terminal act on them.
 
 `say` is the one printer of every command-line entry point: secrets masked
-(`analysis.redact.redact_text`), then controls escaped. ``tests/test_terminal_audit.py``
+(`core.redact.redact_text`), then controls escaped. ``tests/test_terminal_audit.py``
 fails on any other ``print``/``sys.stdout.write`` in the package (workload programs, whose
 output is a log we parse, are listed there with their reason).
 """
@@ -61,7 +61,7 @@ def say(text: object = "", *, error: bool = False, keep_newlines: bool = False) 
         keep_newlines: A block (a YAML document, a plan, a log tail): keep its newlines
             and tabs, still escaping every other control character.
     """
-    from analysis.redact import redact_text  # the terminal module stays import-light
+    from core.redact import redact_text  # the terminal module stays import-light
 
     print(printable(redact_text(str(text)), keep_newlines=keep_newlines),
           file=sys.stderr if error else sys.stdout, flush=error)
@@ -81,6 +81,6 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def _print_message(self, message: str, file: IO[str] | None = None) -> None:
         if message:
-            from analysis.redact import redact_text
+            from core.redact import redact_text
 
             (file or sys.stderr).write(printable(redact_text(message), keep_newlines=True))
