@@ -17,8 +17,9 @@ class ComparisonSettings(StrictSettings):
     """Which runs count as the same configuration when building a KPI's history."""
 
     ignored_labels: list[str] = Field(
-        default_factory=list,
-        description="Labels that may differ inside a history (platform versions, run ids...).",
+        default_factory=lambda: ["run_uuid", "run_id", "test_path"],
+        description="Labels that may differ inside a history (platform versions, run ids...); "
+        "a list replaces the default, so keep the run's own ids in it.",
     )
     compared_label: str | None = Field(
         default=None,

@@ -47,7 +47,8 @@ __all__ = [
 class StrictSettings(BaseModel):
     """Base of config models: strict types, finite numbers, unknown keys refused."""
 
-    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False,
+                              validate_default=True)
 
 
 class _Kind:

@@ -26,7 +26,6 @@ parameters from real annotations (DESIGN §12).
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import logging
 import subprocess
@@ -63,7 +62,7 @@ from projects import registry
 from projects.config import resolve_once, use_config
 from projects.library import ClustersBlock, SecretsBlock
 from projects.library.runs import REPEAT_FILE
-from projects.matrix import Cell
+from projects.matrix import Cell, settings_hash
 from projects.untrusted import check_untrusted, policy_for
 from tasks.artifacts import next_artifact_dir, use_artifact_dir
 from tasks.hostwatch import watch_host
@@ -209,11 +208,6 @@ def _deployment_id() -> str | None:
     from prefect.runtime import deployment
 
     return deployment.id or None
-
-
-def settings_hash(settings: dict[str, Any]) -> str:
-    """Identity of a cell's settings (resume compares it)."""
-    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()
 
 
 _CELL_FILE_MAX = 1024 * 1024

@@ -11,11 +11,13 @@ Precedence, lowest first (DESIGN §3), applied as an ordered list of sources:
 4. environment variables ``TELLTALE__<dotted path with __ for .>``, values parsed as YAML
    (``TELLTALE__tests__fine_tuning__test_settings__gpu=2``).
 
-Rules kept from the field: a preset or override never *creates* a key (the base must hold it,
-``null`` placeholders exist for that), but assigning a mapping replaces the whole subtree. Traps
-removed: a preset cycle is reported with its path, an unknown key names the closest valid
-ones, every error names the file, key path and line, and the result is validated by the
-project's pydantic model.
+The project's pydantic model is the schema (`projects.schema`): the base file is merged, key
+by key, over the model's defaults, so it holds only what differs from them; a preset,
+override or environment variable may set any key the model declares, and a key it does not
+declare is refused with the closest declared ones. Assigning a mapping replaces the whole
+subtree. A bare YAML file (no project, no model) keeps the field's rule: only keys the file
+holds exist. Traps removed: a preset cycle is reported with its path, every error names the
+file, key path and line, and the result is validated by the model.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from core.redact import (
 from core.safeio import write_text
 from core.yamlio import LineMap, dump_yaml, load_yaml, load_yaml_text
 from projects import registry
+from projects.schema import UndeclaredKeyError, defaults_of, level_at
 
 __all__ = [
     "ENV_PREFIX",
@@ -137,15 +140,59 @@ def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
     return out
 
 
-class _Resolver:
-    """Applies sources to a working copy and records who set each key."""
+def _merged(defaults: Any, written: Any) -> Any:
+    """``written`` over ``defaults``, mapping by mapping (any other value: ``written`` wins)."""
+    if isinstance(defaults, dict) and isinstance(written, Mapping):
+        out = dict(defaults)
+        for key, value in written.items():
+            out[key] = _merged(defaults[key], value) if key in defaults \
+                else copy.deepcopy(value)
+        return out
+    return copy.deepcopy(written)
 
-    def __init__(self, data: dict[str, Any], file: str, lines: LineMap) -> None:
+
+class _Resolver:
+    """Applies sources to a working copy and records who set each key.
+
+    With a model, a key exists when the model declares it (`projects.schema.level_at`);
+    without one (a bare YAML file), when the data holds it.
+    """
+
+    def __init__(self, data: dict[str, Any], file: str, lines: LineMap,
+                 model: type[BaseModel] | None = None) -> None:
         self.data = data
         self.file = file
         self.lines = lines
+        self.model = model
         self.sources: dict[str, str] = {}
         self.presets_applied: list[str] = []
+
+    def _unknown(self, parts: Sequence[str], depth: int, keys: Iterable[str], source: str,
+                 where: str | None) -> ConfigError:
+        parent = ".".join(parts[:depth]) or "the top level"
+        if self.model is None:
+            why = f"{_closest(parts[depth], keys)}; presets and overrides cannot create keys"
+        else:
+            keys = list(keys)
+            why = _closest(parts[depth], keys) if keys else f"{parent} has no keys below it"
+        return ConfigError(f"unknown key (set by {source}): no {parts[depth]!r} under "
+                           f"{parent} ({why})", file=self.file, key=where or ".".join(parts),
+                           line=self.lines.get(where or ""))
+
+    def _declared(self, parts: Sequence[str], depth: int, source: str,
+                  where: str | None) -> bool:
+        """Whether the model declares ``parts[:depth + 1]`` with keys below it.
+
+        Raises:
+            ConfigError: The model declares no such key (or there is no model).
+        """
+        if self.model is None:
+            return False
+        try:
+            level = level_at(self.model, parts[:depth + 1])
+        except UndeclaredKeyError as exc:
+            raise self._unknown(parts, exc.depth, exc.level.keys, source, where) from None
+        return not level.is_leaf
 
     def assign(self, path: str, value: Any, source: str, *, where: str | None = None) -> None:
         parts = _split(path)
@@ -160,16 +207,20 @@ class _Resolver:
                     key=where or path,
                     line=self.lines.get(where or ""),
                 )
+            last = depth == len(parts) - 1
             if part not in node:
-                parent = ".".join(parts[:depth]) or "the top level"
-                raise ConfigError(
-                    f"unknown key (set by {source}): no {part!r} under {parent} "
-                    f"({_closest(part, node.keys())}); presets and overrides cannot create keys",
-                    file=self.file,
-                    key=where or path,
-                    line=self.lines.get(where or ""),
-                )
-            if depth == len(parts) - 1:
+                branch = self._declared(parts, depth, source, where)
+                if self.model is None:
+                    raise self._unknown(parts, depth, node.keys(), source, where)
+                if not last:
+                    if not branch:
+                        raise self._unknown(parts, depth + 1, [], source, where)
+                    node[part] = {}
+            elif not last and node[part] is None and self.model is not None:
+                if not self._declared(parts, depth, source, where):
+                    raise self._unknown(parts, depth + 1, [], source, where)
+                node[part] = {}  # a block that is off (None) gets its first key
+            if last:
                 node[part] = copy.deepcopy(value)
             else:
                 node = node[part]
@@ -336,7 +387,7 @@ class Config:
             raise ConfigError("Config.set after freeze(): the config is shared by concurrent "
                               "steps and can no longer change", key=path)
         work = copy.deepcopy(self._data)
-        resolver = _Resolver(work, self.file, {})
+        resolver = _Resolver(work, self.file, {}, self._model)
         resolver.assign(path, value, "Config.set")
         self.typed = self._validate(work)
         self._data = work
@@ -434,7 +485,11 @@ def resolve(
         raise ConfigError("a config file must be a mapping at the top level", file=str(path))
     if isinstance(presets, str):  # a lone name, not a sequence of characters
         presets = [presets]
-    resolver = _Resolver(data, str(path), lines)
+    if model is None and project is not None:
+        model = registry.config_model(project)
+    if model is not None:  # the file holds what differs from the model's defaults
+        data = _merged(defaults_of(model), data)
+    resolver = _Resolver(data, str(path), lines, model)
     for name in presets:
         resolver.apply_preset(name)
     applied_overrides: dict[str, Any] = {}
@@ -449,8 +504,6 @@ def resolve(
         applied_overrides[key] = value
     for key, value in applied_overrides.items():
         _refuse_secret_values(key, value, resolver.sources.get(key, f"override {key}"))
-    if model is None and project is not None:
-        model = registry.config_model(project)
     config = Config(resolver.data, project=project, file=str(path),
                     presets_applied=resolver.presets_applied, overrides=applied_overrides,
                     sources=resolver.sources, model=model, lines=lines)

@@ -12,7 +12,9 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import itertools
+import json
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -22,7 +24,7 @@ from pydantic import BaseModel, Field
 from analysis.matrix_utils import flatten_settings as flatten
 from core.errors import ConfigError
 
-__all__ = ["Cell", "expand", "flatten", "unflatten"]
+__all__ = ["Cell", "canonical_settings", "expand", "flatten", "settings_hash", "unflatten"]
 
 _RAW_LISTS = "raw_lists"
 
@@ -35,6 +37,26 @@ class Cell(BaseModel):
     group: int = Field(description="Index of the test_extra_settings group (0 when none).")
     settings: dict[str, Any] = Field(description="Fully expanded settings (no dimension left).")
     skip_reason: str | None = Field(default=None, description="Why the cell is skipped.")
+
+
+def canonical_settings(settings: Any) -> Any:
+    """A cell's settings as they identify it: ``None`` (not set) left out, the rest as written.
+
+    A setting the model declares but nobody set is ``None`` whether the file named it or not,
+    so it never changes the identity; numbers keep the form they were written in (``1`` is
+    not ``1.0``: the labels a history matches on are that text).
+    """
+    if isinstance(settings, Mapping):
+        return {str(k): canonical_settings(v) for k, v in settings.items() if v is not None}
+    if isinstance(settings, list | tuple):
+        return [canonical_settings(v) for v in settings]
+    return settings
+
+
+def settings_hash(settings: Mapping[str, Any]) -> str:
+    """Identity of a cell's settings (resume compares it): a hash of `canonical_settings`."""
+    text = json.dumps(canonical_settings(settings), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def unflatten(data: Mapping[str, Any]) -> dict[str, Any]:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import fnmatch
 import math
-import types
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +39,7 @@ from core.errors import ConfigError
 from core.strict import image_registry, kinds_of
 from core.terminal import UNSAFE_CHARACTERS
 from projects.config import parse_override, resolve
+from projects.schema import element_of, is_free_mapping, models_in
 
 __all__ = [
     "MAX_LIST",
@@ -91,40 +91,6 @@ def policy_for(project: str) -> UntrustedPolicy:
                            model=type(config.model))
 
 
-def _models_in(annotation: Any) -> list[type[BaseModel]]:
-    """The pydantic model classes an annotation admits (through Optional, unions, lists)."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
-    out: list[type[BaseModel]] = []
-    for arg in typing.get_args(annotation):
-        out += _models_in(arg)
-    return out
-
-
-def _is_free_mapping(annotation: Any) -> bool:
-    origin = typing.get_origin(annotation)
-    if annotation is Any or annotation is dict or origin in (dict, Mapping):
-        return True
-    if origin in (typing.Union, types.UnionType, typing.Annotated):
-        return any(_is_free_mapping(a) for a in typing.get_args(annotation)
-                   if not isinstance(a, FieldInfo))
-    return False
-
-
-def _element(annotation: Any) -> Any:
-    """The element annotation of a list in ``annotation`` (``X | list[X]`` → ``X``)."""
-    origin = typing.get_origin(annotation)
-    if origin is list:
-        return typing.get_args(annotation)[0]
-    if origin in (typing.Union, types.UnionType):
-        for arg in typing.get_args(annotation):
-            if typing.get_origin(arg) is list:
-                return typing.get_args(arg)[0]
-        scalars = [a for a in typing.get_args(annotation) if a is not type(None)]
-        return scalars[0] if len(scalars) == 1 else annotation
-    return annotation
-
-
 def _kinds(annotation: Any, metadata: Sequence[Any] = ()) -> set[str]:
     found = kinds_of(metadata)
     if typing.get_origin(annotation) is typing.Annotated:
@@ -158,8 +124,8 @@ class _Checker:
         if group:
             return self.groups(key, value, settings)
         if isinstance(value, Mapping):
-            models = _models_in(annotation)
-            if not models or _is_free_mapping(annotation):
+            models = models_in(annotation)
+            if not models or is_free_mapping(annotation):
                 raise self.fail(key, "a mapping cannot be set here (only declared settings, "
                                      "one key at a time)")
             model = models[0]
@@ -171,7 +137,7 @@ class _Checker:
         if isinstance(value, list):
             if len(value) > MAX_LIST:
                 raise self.fail(key, f"{len(value)} values: over the {MAX_LIST} accepted")
-            inner = _element(annotation)
+            inner = element_of(annotation)
             for index, item in enumerate(value):
                 self.value(f"{key}[{index}]", item, inner, metadata)
             return
@@ -209,7 +175,7 @@ class _Checker:
                 for depth, part in enumerate(parts):
                     info = self.field(model, part, f"{where}.{dotted}")
                     if depth < len(parts) - 1:
-                        inner = _models_in(info.annotation)
+                        inner = models_in(info.annotation)
                         if not inner:
                             raise self.fail(f"{where}.{dotted}", f"{part!r} has no settings "
                                                                  "below it")
@@ -219,7 +185,7 @@ class _Checker:
 
 def _settings_of(model: type[BaseModel]) -> type[BaseModel] | None:
     info = model.model_fields.get("test_settings")
-    found = _models_in(info.annotation) if info is not None else []
+    found = models_in(info.annotation) if info is not None else []
     return found[0] if found else None
 
 
@@ -254,7 +220,7 @@ def check_untrusted(key: str, value: Any, policy: UntrustedPolicy, *, source: st
             checker.value(key, value, info.annotation, info.metadata, settings=settings,
                           group=part in _GROUP_FIELDS)
             return
-        inner = _models_in(info.annotation)
+        inner = models_in(info.annotation)
         if not inner:
             raise checker.fail(key, f"{part!r} has no settings below it")
         model = inner[0]

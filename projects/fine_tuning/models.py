@@ -43,26 +43,27 @@ class HyperParameters(StrictSettings):
     """
 
     raw_lists: list[Literal["target_modules"]] = Field(
-        default_factory=list, description="Keys whose lists are values, not dimensions.")
-    num_train_epochs: Epochs | list[Epochs] | None = Field(
-        default=None, description="Epochs over the dataset.")
-    per_device_train_batch_size: Batch | list[Batch] | None = Field(
-        default=None, description="Samples per device and step.")
-    gradient_accumulation_steps: Batch | list[Batch] | None = Field(
-        default=None, description="Steps accumulated per optimiser step.")
-    learning_rate: LearningRate | list[LearningRate] | None = Field(
-        default=None, description="Peak learning rate.")
-    max_seq_length: SeqLength | list[SeqLength] | None = Field(
-        default=None, description="Tokens per sample (longer ones are cut).")
-    peft_method: PeftMethod | list[PeftMethod] | None = Field(
-        default=None, description="lora, pt (prompt tuning, cluster image only), or none "
+        default_factory=lambda: ["target_modules"],
+        description="Keys whose lists are values, not dimensions.")
+    num_train_epochs: Epochs | list[Epochs] = Field(
+        default=1, description="Epochs over the dataset.")
+    per_device_train_batch_size: Batch | list[Batch] = Field(
+        default=4, description="Samples per device and step.")
+    gradient_accumulation_steps: Batch | list[Batch] = Field(
+        default=1, description="Steps accumulated per optimiser step.")
+    learning_rate: LearningRate | list[LearningRate] = Field(
+        default=0.0003, description="Peak learning rate.")
+    max_seq_length: SeqLength | list[SeqLength] = Field(
+        default=256, description="Tokens per sample (longer ones are cut).")
+    peft_method: PeftMethod | list[PeftMethod] = Field(
+        default="lora", description="lora, pt (prompt tuning, cluster image only), or none "
         "for full tuning.")
-    r: Rank | list[Rank] | None = Field(default=None, description="LoRA rank.")
-    lora_alpha: Rank | list[Rank] | None = Field(default=None, description="LoRA alpha.")
-    lora_dropout: Ratio | list[Ratio] | None = Field(default=None, description="LoRA dropout.")
-    target_modules: list[Name] | None = Field(
-        default=None, max_length=64, description="Modules LoRA adapts (a value, not a "
-        "dimension: listed in raw_lists).")
+    r: Rank | list[Rank] = Field(default=8, description="LoRA rank.")
+    lora_alpha: Rank | list[Rank] = Field(default=16, description="LoRA alpha.")
+    lora_dropout: Ratio | list[Ratio] = Field(default=0.05, description="LoRA dropout.")
+    target_modules: list[Name] = Field(
+        default_factory=lambda: ["q_proj", "v_proj"], max_length=64,
+        description="Modules LoRA adapts (a value, not a dimension: listed in raw_lists).")
     warmup_ratio: Ratio | list[Ratio] | None = Field(
         default=None, description="Share of the steps spent warming the learning rate up.")
     weight_decay: Ratio | list[Ratio] | None = Field(default=None,
@@ -72,19 +73,22 @@ class HyperParameters(StrictSettings):
 class TestSettings(StrictSettings):
     """Settings of one test cell (after matrix expansion every value is a scalar)."""
 
-    name: Text = Field(description="Test name, used in labels.")
-    model_name: Name = Field(description="Model: a local spec name or a model dir on the PVC.")
-    dataset_name: Name = Field(description="Dataset file name (inside the project's data dir "
-                               "locally, the PVC's dataset dir on a cluster).")
+    name: Text = Field(default="fine-tuning", description="Test name, used in labels.")
+    model_name: Name = Field(default="tiny-llama", description="Model: a local spec name or "
+                             "a model dir on the PVC.")
+    dataset_name: Name = Field(default="alpaca_mini.jsonl", description="Dataset file name "
+                               "(inside the project's data dir locally, the PVC's dataset "
+                               "dir on a cluster).")
     dataset_replication: Replication | list[Replication] = Field(
-        description="Dataset copies concatenated.")
-    gpu: Gpus | list[Gpus] = Field(description="GPUs per pod (local platform: 0 trains on "
-                                   "the CPU, N on the first N CUDA devices).")
+        default=1, description="Dataset copies concatenated.")
+    gpu: Gpus | list[Gpus] = Field(default=0, description="GPUs per pod (local platform: 0 "
+                                   "trains on the CPU, N on the first N CUDA devices).")
     pod_count: Replicas | list[Replicas] = Field(
-        description="PyTorchJob replicas (master + workers).")
-    container_image: ImageRef | list[ImageRef] = Field(description="Trainer image (cluster).")
+        default=1, description="PyTorchJob replicas (master + workers).")
+    container_image: ImageRef | list[ImageRef] = Field(
+        default="quay.io/modh/fms-hf-tuning:v2.2.1", description="Trainer image (cluster).")
     hyper_parameters: HyperParameters = Field(
-        description="Trainer config merged into config.json.")
+        default_factory=HyperParameters, description="Trainer config merged into config.json.")
     max_steps: Steps | list[Steps] | None = Field(
         default=None, description="Cap training steps.")
     cost: CostBlock = Field(default_factory=CostBlock, description="Declared prices: the "
@@ -113,7 +117,7 @@ class FineTuningTest(TestBlock):
 
     namespace: DnsLabel = Field(default="fine-tuning-testing",
                            description="Cluster namespace of the workload.")
-    test_settings: TestSettings
+    test_settings: TestSettings = Field(default_factory=TestSettings)
     local_models: dict[str, LocalModelSpec] = Field(
         default_factory=dict, description="Tiny models for the local platform."
     )

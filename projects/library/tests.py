@@ -112,7 +112,8 @@ class MatrixBlock(StrictSettings):
 class EngineConfig(StrictSettings):
     """The blocks every project's config file has; projects add ``tests``."""
 
-    ci_presets: dict[str, dict[str, Any] | None] = Field(description="Named presets.")
+    ci_presets: dict[str, dict[str, Any] | None] = Field(default_factory=dict,
+                                                         description="Named presets.")
     secrets: SecretsBlock
     clusters: ClustersBlock
     prepare: PrepareBlock = Field(default_factory=PrepareBlock)

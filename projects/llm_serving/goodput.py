@@ -41,7 +41,7 @@ class ServingSlo(StrictSettings):
                                   description="Time per output token at most this (ms).")
     request_latency_s: float | None = Field(default=None, gt=0, le=86_400,
                                             description="Request latency at most this (s).")
-    attainment_pct: float = Field(default=95.0, gt=0, le=100,
+    attainment_pct: float = Field(default=95, gt=0, le=100,
                                   description="The share of requests that must meet the "
                                   "thresholds for a load to meet the SLO (%).")
 

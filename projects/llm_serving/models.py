@@ -32,12 +32,15 @@ class ServingSettings(StrictSettings):
     name: str = Field(default="llm-serving", pattern=_NAME,
                       description="Test name (a DNS label: it names cluster objects).")
     model_name: Name | list[Name] = Field(
-        description="Served model: a key of tests.llm_serving.local.models (local) or of "
-        "tests.llm_serving.kubernetes.models (cluster).")
+        default="tiny-llama", description="Served model: a key of "
+        "tests.llm_serving.local.models (local) or of tests.llm_serving.kubernetes.models "
+        "(cluster).")
     concurrency: Concurrency | list[Concurrency] = Field(
-        description="Requests in flight at once (the load generator's streams).")
-    prompt_tokens: Tokens | list[Tokens] = Field(description="Prompt length, in tokens.")
-    output_tokens: Tokens | list[Tokens] = Field(description="Generated tokens per request.")
+        default=1, description="Requests in flight at once (the load generator's streams).")
+    prompt_tokens: Tokens | list[Tokens] = Field(default=128,
+                                                 description="Prompt length, in tokens.")
+    output_tokens: Tokens | list[Tokens] = Field(default=64,
+                                                 description="Generated tokens per request.")
     duration_s: Seconds | list[Seconds] = Field(default=15,
                                                 description="Load time per cell, in seconds.")
     warmup_s: int = Field(default=2, ge=0, le=600, description="Seconds of load at the "
@@ -115,7 +118,7 @@ class KubeServingBlock(StrictSettings):
 class ServingTest(TestBlock):
     """``tests.llm_serving``."""
 
-    test_settings: ServingSettings
+    test_settings: ServingSettings = Field(default_factory=ServingSettings)
     invalid_on_warnings: list[str] = Field(
         default_factory=lambda: ["generation_delay_ttft"],
         description="GuideLLM warning codes that make a cell an invalid measurement (its own "

@@ -136,7 +136,7 @@ def test_a_good_comment_still_works() -> None:
 # -- generated inputs -----------------------------------------------------------------------
 
 def _declared_paths(model: type[BaseModel], prefix: str = "", depth: int = 0) -> list[str]:
-    from projects.untrusted import _models_in
+    from projects.schema import models_in as _models_in
 
     out = []
     for name, info in model.model_fields.items():
@@ -216,7 +216,7 @@ def test_every_config_model_is_strict() -> None:
 
 
 def _all_models(model: type[BaseModel], seen: set[type] | None = None) -> set[type[BaseModel]]:
-    from projects.untrusted import _models_in
+    from projects.schema import models_in as _models_in
 
     seen = seen if seen is not None else set()
     if model in seen:
@@ -253,7 +253,7 @@ def _bounded(constraints: list[Any]) -> tuple[bool, bool]:
 
 def test_every_number_a_config_takes_is_bounded_and_every_image_is_an_image_ref() -> None:
     from core.strict import kinds_of
-    from projects.untrusted import _models_in
+    from projects.schema import models_in as _models_in
 
     missing = []
     for project in PROJECTS:
