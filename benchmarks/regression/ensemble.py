@@ -7,7 +7,7 @@ Three detectors, each a different idea of a change:
 - **telltale**: `analysis.regression.change_points` (penalised least squares on the log
   scale, each step validated on its own evidence; levels and spreads).
 - **rank**: a robust-cost segmentation: the same exact penalised least-squares partition
-  (`analysis.regression._segment`) on the series' *ranks*, so tails and outliers weigh no
+  (`analysis.segmentation._segment`) on the series' *ranks*, so tails and outliers weigh no
   more than any other run (the cost of a rank-based CUSUM); the noise scale is that of
   uniform ranks. Its penalty multiplier is tuned.
 - **window**: a windowed two-sample test: at each run, the Mann-Whitney z of the ``w`` runs
@@ -45,7 +45,8 @@ from families import FAMILIES, draw  # noqa: E402
 from generate import Series  # noqa: E402
 from run import score_whole  # noqa: E402
 
-from analysis.regression import DEFAULTS, _segment, change_points  # noqa: E402
+from analysis.regression import DEFAULTS, change_points  # noqa: E402
+from analysis.segmentation import _segment  # noqa: E402
 
 WINDOW = 10
 RANK_GRID = (0.75, 1.0, 1.5)  # multiplier of the rank segmentation's penalty

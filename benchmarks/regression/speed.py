@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from analysis import regression  # noqa: E402
+from analysis import regression, segmentation, spread  # noqa: E402
 from analysis.seasonality import seasonality  # noqa: E402
 
 
@@ -49,12 +49,12 @@ def main() -> int:
         shaped[2 * n // 3:] *= 1.15
         for name, values in (("stable", stable), ("steps + wave", shaped)):
             y = np.log(values)
-            levels, sigma = regression._levels(y, regression.DEFAULTS, True)
+            levels, sigma = segmentation._levels(y, regression.DEFAULTS, True)
             figures = [
                 _median_ms(lambda y=y: seasonality(y), args.repeat),
-                _median_ms(lambda y=y: regression._levels(y, regression.DEFAULTS, True),
+                _median_ms(lambda y=y: segmentation._levels(y, regression.DEFAULTS, True),
                            args.repeat),
-                _median_ms(lambda y=y, lv=levels, sg=sigma: regression._spread_changes(
+                _median_ms(lambda y=y, lv=levels, sg=sigma: spread._spread_changes(
                     y, lv, regression.DEFAULTS, sg), args.repeat),
                 _median_ms(lambda v=values: regression.change_points(v), args.repeat),
                 _median_ms(lambda v=values: regression.verdict(v[:-1][-500:], v[-1],

@@ -1,0 +1,376 @@
+"""The detector's settings and its robust statistics (one place for each).
+
+What every part of the regression detector (`analysis.regression`) measures a series with:
+its settings (`DetectorSettings`), noise scales robust to steps and outliers, the outlier
+shield, trimmed levels, drift slopes, and the tail shift of the newest runs against their
+baseline, with its confidence.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class DetectorSettings:
+    """Tuning of the detector (see the module docstring for the meaning of each).
+
+    Attributes:
+        min_size: Minimum points per segment.
+        window: Points on each side used to measure (and to place) a step.
+        candidate_z: Penalty of one change in the segmentation, as ``(candidate_z *
+            sigma)^2``.
+        z_threshold: Validation threshold of a step, in standard errors.
+        min_magnitude: Smallest relative step reported (0: none; a team's own floor,
+            ``analysis.regression.min_change_pct``). A fixed 2 % floor was tuned to
+            generators whose noise is over 1 %: on quiet benchmarks (noise 0.1-1 %) it hid
+            most steps, however many noise units they were.
+        outlier_z: Distance from the local median (noise units) that marks an outlier.
+        max_outlier_share: Outliers are rare: a robust noise scale that marks more than
+            this share of the runs reads sticky or quantised noise, not outliers.
+        drift_z: The shared within-segment slope counts as drift (and is corrected for)
+            beyond this many standard errors.
+        drift_floor_z: Without significant drift, a step must still exceed the drift
+            explanation by this many standard errors (0 disables).
+        short_length: Series shorter than this get proportionally lower ``candidate_z`` and
+            ``z_threshold`` (times ``ln n / ln short_length``): fewer places for a false step
+            to hide, so less multiple-testing protection is needed (0 disables).
+        log_scale: Analyse positive series in log space (multiplicative noise).
+        locate_radius: A change is placed where the likelihood mass within this many runs
+            is largest (0: the least-squares optimum).
+        min_history: Historical points needed for a verdict.
+        verdict_z: Threshold of the newest level's shift, in standard errors.
+        baseline_window: Points of the current segment used as the verdict baseline.
+        confirm_factor: The newest run must deviate the same way by this fraction of
+            ``verdict_z`` for its level's shift to count.
+        recent_runs: A shift is news (regression or improvement) when its level began at
+            most this many runs ago.
+        verdict_drift_z: The verdict's baseline follows the history's drift beyond this
+            many standard errors.
+        edge_z: A level that began in the last (or first) ``min_size - 1`` runs of a series,
+            too short a segment for the segmentation, counts as a change point beyond this
+            many standard errors (inf: never).
+        edge_short_factor: Series shorter than ``short_length`` lower ``edge_z`` like the
+            other thresholds, but by at most this factor: the edge test looks at a few tail
+            lengths, not at every place of the series.
+        suspect_z: The newest run alone (no repeats) is a ``suspect`` beyond this many
+            standard errors from the current level, either way (inf: never). Chosen for at
+            most 3 % of stable runs suspected (docs/performance.md).
+        spread_ratio: A change of spread is reported (a change point; ``noisier`` when it
+            grew) when the noise's standard deviation changed by this factor or more.
+        spread_z: Validation threshold (and segmentation penalty) of a spread change, in
+            standard errors of its ``|diff| ** SPREAD_POWER`` level.
+        noisier_z: The ``noisier`` verdict's threshold (a spread change among the last
+            ``spread_recent`` runs): lower than ``spread_z``, because it asks one question
+            about the recent runs, where ``spread_z`` marks change points anywhere in a
+            whole history (measured: spread increases reported 0.50 -> 0.80 at 0.07 ->
+            0.47 % of stable runs, change-point F1 unchanged; docs/performance.md).
+        spread_recent: ``noisier`` is the verdict while the spread's change began at most
+            this many runs ago.
+        periodic: Test each series for a periodic component (`analysis.seasonality`) and
+            segment it without that component.
+    """
+
+    min_size: int = 5
+    window: int = 80
+    candidate_z: float = 4.5
+    z_threshold: float = 4.5
+    min_magnitude: float = 0.0
+    outlier_z: float = 5.0
+    max_outlier_share: float = 0.1
+    drift_z: float = 2.0
+    drift_floor_z: float = 2.5
+    short_length: int = 200
+    log_scale: bool = True
+    locate_radius: int = 2
+    min_history: int = 3
+    verdict_z: float = 2.4
+    baseline_window: int = 30
+    confirm_factor: float = 0.5
+    recent_runs: int = 5
+    verdict_drift_z: float = 4.0
+    edge_z: float = 4.5
+    edge_short_factor: float = 0.7
+    suspect_z: float = 2.7
+    spread_ratio: float = 1.5
+    spread_z: float = 3.0
+    noisier_z: float = 2.3
+    spread_recent: int = 20
+    periodic: bool = True
+
+
+DEFAULTS = DetectorSettings()
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+
+MAX_ABS = 1e150
+"""Values beyond this (either sign) are not measurements: left out like NaN (their squares
+and differences overflow)."""
+MAX_CHANGE = 1e12
+"""The largest relative change a verdict reports (a level from ~0 is 'infinitely' larger)."""
+
+
+def _finite(values: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    array = np.asarray(values, dtype=float).ravel()
+    index = np.flatnonzero(np.isfinite(array) & (np.abs(array) <= MAX_ABS))
+    return array[index], index
+
+
+def noise_scale(values: Sequence[float]) -> float:
+    """Robust noise standard deviation of a series (0.0 for a constant series).
+
+    The larger of two estimates from first differences (which cancel levels and drift, so
+    steps barely inflate them): the MAD (robust) and the 5-95 % winsorised standard
+    deviation (efficient, and the right scale for the trimmed-mean tests under heavy tails
+    or sticky two-level noise, where the MAD alone reads too small).
+    """
+    y, _ = _finite(values)
+    return max(_difference_scales(y))
+
+
+def _difference_scales(y: np.ndarray) -> tuple[float, float]:
+    """(MAD, winsorised) noise standard deviations from the first differences of ``y``."""
+    if len(y) < 3:
+        return 0.0, 0.0
+    d = np.diff(y)
+    mad = 1.4826 * float(np.median(np.abs(d - np.median(d))))
+    return mad / math.sqrt(2), _winsorised_std(d) / math.sqrt(2)
+
+
+def _winsorised_std(x: np.ndarray) -> float:
+    """Standard deviation of ``x`` clipped to its 5-95 % quantiles."""
+    lo, hi = np.quantile(x, [0.05, 0.95])
+    return float(np.std(np.clip(x, lo, hi)))
+
+
+def _sigma_floor(y: np.ndarray, sigma: float) -> float:
+    scale = float(np.median(np.abs(y))) if len(y) else 0.0
+    return max(sigma, 1e-4 * scale, 1e-12)
+
+
+def _shield(y: np.ndarray, sigma: float, outlier_z: float) -> np.ndarray:
+    """``y`` with each run beyond ``outlier_z * sigma`` of its 5-run median replaced by it.
+
+    The ends are mirrored (``y[-2], y[-3]`` after the last run), so a lone first or last
+    run is shielded like any other: repeating the edge value made the last run its own
+    median, and one wild newest run then read as a drift that the segmentation cut into
+    steps all along a flat history. A new level of two runs or more at an end is kept (it is
+    its own window's median).
+    """
+    n = len(y)
+    if n < 5:
+        return y.copy()
+    padded = np.pad(y, 2, mode="reflect")
+    windows = np.lib.stride_tricks.sliding_window_view(padded, 5)
+    local = np.median(windows, axis=1)
+    out = y.copy()
+    mask = np.abs(y - local) > outlier_z * sigma
+    out[mask] = local[mask]
+    return out
+
+
+def _shielded_noise(y: np.ndarray, s: DetectorSettings, floor: Callable[[float], float]
+                    ) -> tuple[np.ndarray, float]:
+    """The series with its outliers shielded, and its noise scale measured without them.
+
+    Outliers inflate the difference-based scale (each spoils two differences: four in a
+    40-run series are a fifth of them), and an inflated scale hides them from the shield.
+    So the scale is first measured on the series shielded with the (outlier-proof) MAD
+    scale, unless that shield marks more than ``max_outlier_share`` of the runs (then the
+    MAD reads sticky or quantised noise, not outliers); shield and scale are then
+    re-measured until the scale stops falling.
+    """
+    mad, wins = _difference_scales(y)
+    sigma, mad = floor(max(mad, wins)), floor(mad)
+    if mad < sigma:
+        trial = _shield(y, mad, s.outlier_z)
+        marked = int(np.count_nonzero(trial != y))
+        if 0 < marked <= max(1.0, s.max_outlier_share * len(y)):
+            sigma = min(sigma, max(mad, floor(noise_scale(trial))))
+    shielded = _shield(y, sigma, s.outlier_z)
+    for _ in range(3):  # converges in one or two rounds
+        again = floor(noise_scale(shielded))
+        if again >= sigma * 0.999:
+            break
+        sigma = again
+        shielded = _shield(y, sigma, s.outlier_z)
+    return shielded, sigma
+
+
+def _trimmed_mean(x: np.ndarray, trim: float = 0.2) -> float:
+    n = len(x)
+    if n == 0:
+        return float("nan")
+    k = int(n * trim)
+    if k == 0:
+        return float(np.median(x)) if n <= 4 else float(np.mean(x))
+    s = np.sort(x)
+    return float(np.mean(s[k:n - k]))
+
+
+def _slope_sxx(y: np.ndarray, a: int, b: int) -> tuple[float, float]:
+    """OLS slope numerator/denominator pieces of y[a:b] (sum xy, sum xx), centred."""
+    n = b - a
+    if n < 3:
+        return 0.0, 0.0
+    x = np.arange(n, dtype=float) - (n - 1) / 2
+    seg = y[a:b]
+    return float(np.dot(x, seg - seg.mean())), float(np.dot(x, x))
+
+
+def _drift_slope(y: np.ndarray, bounds: Sequence[int]) -> tuple[float, float]:
+    """Common within-segment slope of all segments: (slope, sum of squared x)."""
+    sxy = sxx = 0.0
+    for a, b in itertools.pairwise(bounds):
+        p, q = _slope_sxx(y, a, b)
+        sxy += p
+        sxx += q
+    return (sxy / sxx if sxx > 0 else 0.0), sxx
+
+
+def _is_drift(slope: float, sxx: float, sigma: float, z: float) -> bool:
+    """Whether a `_drift_slope` result is beyond ``z`` standard errors of zero."""
+    return sxx > 0 and abs(slope) * math.sqrt(sxx) > z * sigma
+
+
+def _normal_confidence(z: float) -> float:
+    return float(0.5 * (1 + math.erf(z / math.sqrt(2))))
+
+
+@dataclass(frozen=True)
+class _Shift:
+    """The newest level, measured over the last ``runs`` runs against the level before."""
+
+    runs: int
+    level: float
+    baseline: float
+    z: float
+    history_used: int
+    fit: float  # |z| of the tail's plain mean: how well this start explains the data
+    unit_se: float = 0.0  # the standard error of one run against this baseline
+    slope: float = 0.0  # the history's drift per run the baseline follows (0: none)
+
+
+def _tail_shifts(h: np.ndarray, repeats: np.ndarray, s: DetectorSettings,
+                 cps: Sequence[int], accepted: int = 0, log_scale: bool = False,
+                 young: int | None = None) -> list[_Shift]:
+    """Every candidate "the newest level began k runs ago", k = 1 .. 2 * recent_runs.
+
+    The baseline of each candidate is the part of the history's current segment before the
+    tail, extrapolated along the history's drift when it has a significant one; the tail is
+    the last ``k - 1`` historical runs plus the repeats of the newest run. The current
+    segment starts at the last change point ``cps`` of ``h`` older than the candidate starts
+    (``2 x recent_runs`` runs), or at ``accepted``: a level that began inside the alert
+    window is still news, so it is compared with the level before it until the window has
+    passed (or a person accepted it). ``young`` overrides that horizon (the edge test of
+    `change_points` trusts every change point the segmentation found: 0).
+    """
+    # Change points among the last 2 x recent_runs runs are candidate starts of the tail
+    # (the loop below places them); the segmentation may misplace a young one by a few runs.
+    young = 2 * s.recent_runs if young is None else young
+    settled_cps = [c for c in cps if c <= len(h) - young]
+    start = max(settled_cps[-1] if settled_cps else 0, min(max(accepted, 0), len(h)))
+    current = h[start:]
+    measured = current if len(current) >= 10 else h
+    sigma = noise_scale(measured)
+    sigma = max(sigma, 1e-4) if log_scale else _sigma_floor(h, sigma)
+    # A noise scale read from few runs is itself uncertain: widen it so that ``verdict_z``
+    # keeps its meaning, as Student's t widens the normal quantile (first order of the
+    # Cornish-Fisher expansion, with the runs' differences as degrees of freedom). Without
+    # it, histories of 3-15 runs spent most of the false-alarm budget.
+    dof = 4 * max(len(measured) - 2, 1)
+    # a lone run is judged at suspect_z: its quantile widened for its own threshold
+    lone = sigma * (1 + (s.suspect_z ** 2 + 1) / dof) if math.isfinite(s.suspect_z) else sigma
+    sigma *= 1 + (s.verdict_z ** 2 + 1) / dof
+    # Extrapolate along the history's drift only when it is clear, and measure it before the
+    # runs under test: at the end of a series a fresh step (or an outlier) and a drift look
+    # alike, and a doubtful slope costs more than it saves.
+    settled = len(h) - 2 * s.recent_runs
+    slope = sxx = 0.0
+    if settled >= 2 * s.min_size:
+        before = _shield(h[:settled], sigma, s.outlier_z)
+        slope, sxx = _drift_slope(before, [0, *[c for c in cps if 0 < c < settled], settled])
+    if not _is_drift(slope, sxx, sigma, s.verdict_drift_z):
+        slope = sxx = 0.0
+    out = []
+    for k in range(1, 2 * s.recent_runs + 1):
+        end = len(h) - (k - 1)
+        base = h[max(start, end - s.baseline_window):end]
+        if len(base) < s.min_history or end <= start:
+            break
+        tail = np.concatenate([h[end:], repeats])
+        # positions: history run i sits at i, the newest run at len(h)
+        base_centre = end - (len(base) + 1) / 2
+        tail_centre = (end + len(h)) / 2 if k > 1 else float(len(h))
+        distance = tail_centre - base_centre
+        baseline = _trimmed_mean(base) + slope * distance
+        var = sigma ** 2 * (1.1 / len(base) + _tail_efficiency(len(tail)) / len(tail))
+        if sxx > 0:
+            var += (distance * sigma) ** 2 / sxx
+        level = _conservative_level(tail, baseline)
+        scale = math.sqrt(var)  # > 0: sigma is floored and base has min_history points
+        unit = lone ** 2 * (1.1 / len(base) + 1.0) + (
+            (distance * lone) ** 2 / sxx if sxx > 0 else 0.0)
+        out.append(_Shift(runs=k, level=level, baseline=baseline, z=(level - baseline) / scale,
+                          history_used=len(base),
+                          fit=abs(float(np.mean(tail)) - baseline) / scale,
+                          unit_se=math.sqrt(unit), slope=slope))
+    return out
+
+
+def _conservative_level(tail: np.ndarray, baseline: float) -> float:
+    """Robust level of a short tail, the cautious side of it: one outlier cannot move it.
+
+    Up to 4 points: the middle value (of the two middle ones, the closer to ``baseline``;
+    so of 2 points, both must have moved). Longer tails: the 20%-trimmed mean.
+    """
+    n = len(tail)
+    if n > 4:
+        return _trimmed_mean(tail)
+    ordered = np.sort(tail)
+    if n % 2:
+        return float(ordered[n // 2])
+    lo, hi = float(ordered[n // 2 - 1]), float(ordered[n // 2])
+    return lo if abs(lo - baseline) <= abs(hi - baseline) else hi
+
+
+def _tail_efficiency(n: int) -> float:
+    """Variance factor of `_conservative_level` against a plain mean (Gaussian noise)."""
+    return {1: 1.0, 2: 1.0, 3: 1.35, 4: 1.2}.get(n, 1.1)
+
+
+def _relative(delta: float, baseline: float) -> float:
+    if baseline != 0:
+        return _bounded(delta / abs(baseline))
+    return 0.0 if delta == 0 else math.copysign(1.0, delta)
+
+
+def _bounded(change: float) -> float:
+    """A relative change within ±``MAX_CHANGE`` (finite)."""
+    return math.copysign(min(abs(change), MAX_CHANGE), change) if change == change else 0.0
+
+
+def _expm1(log_change: float) -> float:
+    """``expm1`` of a change in logs, bounded (`_bounded`): never an overflow."""
+    return _bounded(math.expm1(min(max(log_change, -700.0), 700.0)))
+
+
+def pooled_noise(y: np.ndarray, cps: Sequence[int]) -> float:
+    """The noise within every level of ``y``.
+
+    `noise_scale`'s estimate from the first differences that do not straddle a change (a
+    step is no noise).
+    """
+    bounds = [0, *cps, len(y)]
+    d = np.concatenate([np.diff(y[a:b]) for a, b in itertools.pairwise(bounds)])
+    if len(d) < 2:
+        return noise_scale(y)
+    mad = 1.4826 * float(np.median(np.abs(d - np.median(d))))
+    return max(mad, _winsorised_std(d)) / math.sqrt(2)
