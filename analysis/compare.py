@@ -370,7 +370,7 @@ def comparison_html(rows: Sequence[Comparison], a: str, b: str, *,
     one scale shared by every row (with the ``same`` zone and no change marked), Hedges' g
     and the verdict. Static (inline SVG, no script): it opens offline and from S3.
     """
-    from analysis.report import _page
+    from analysis.report_html import _page
 
     body = (f"<h1>Compare</h1><p>B = <code>{html.escape(b)}</code> against A = "
             f"<code>{html.escape(a)}</code>; valid runs only. Bars: the change of B against "

@@ -1,6 +1,6 @@
 """The curve page: each sweep of this run over the band of its history (`analysis.curve`).
 
-Figures are plotly figure dicts (drawn by `analysis.report._figure_html`): per curve, its
+Figures are plotly figure dicts (drawn by `analysis.report_html._figure_html`): per curve, its
 latency and its throughput against the load, the history's median and ±2 pooled-noise band
 at each load, this run's points, and the loads the verdict names shaded. Beside them: the
 verdict, the curve KPIs with theirs, and each moved load's change with its 95 % interval.

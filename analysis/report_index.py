@@ -27,25 +27,22 @@ from analysis.curve import load_span
 from analysis.discovery import Discovery
 from analysis.project import AnalysisProject
 from analysis.regression import DEFAULTS, DetectorSettings, change_points, pooled_noise
-from analysis.report import (
+from analysis.report import REPORT_KINDS, _load_plots
+from analysis.report_context import ReportContext, _shared_html, run_name
+from analysis.report_history import shape_kpi_history
+from analysis.report_html import (
     _VERDICT_COLOURS,
     _VERDICT_MARKS,
     PLOTLY_FILE,
-    REPORT_KINDS,
     SEVERITY,
-    ReportContext,
     _axis_values,
     _baseline_band,
-    _details,
     _figure_html,
-    _load_plots,
     _page,
-    _shared_html,
     _write_plotlyjs,
-    run_name,
-    shape_kpi_history,
     time_axis,
 )
+from analysis.report_verdicts import _details
 from core.progress import StageProgress
 from core.safeio import write_text
 

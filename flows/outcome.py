@@ -6,11 +6,15 @@ Its own module: the run's events (`flows.events`) and the orchestration
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-__all__ = ["CellOutcome", "RunOutcome", "last_written", "written"]
+from core.errors import TelltaleError
+from flows.cli import EXIT_OK
+
+__all__ = ["CellOutcome", "RunFailed", "RunOutcome", "finish", "last_written", "outcome_of",
+           "written"]
 
 
 class CellOutcome(BaseModel):
@@ -76,3 +80,42 @@ def written(outcome: RunOutcome) -> None:
 def last_written() -> RunOutcome | None:
     """The outcome this process wrote last, if any."""
     return _last[0] if _last else None
+
+
+class RunFailed(TelltaleError):
+    """The run finished and failed (a cell, the regression gate, unstored KPIs).
+
+    It is the data of the flow run's Failed state, so the Prefect UI, automations and
+    deployments see a failed run; ``outcome`` carries everything the run recorded.
+    """
+
+    def __init__(self, outcome: RunOutcome) -> None:
+        super().__init__("; ".join(outcome.failures[:3]) or "the run failed")
+        self.outcome = outcome
+
+
+def finish(outcome: RunOutcome) -> Any:
+    """What a project's flow returns: the outcome, or a Failed state carrying it."""
+    if outcome.exit_code == EXIT_OK:
+        return outcome
+    from prefect.states import Failed
+
+    return Failed(message=str(RunFailed(outcome))[:1000], data=RunFailed(outcome))
+
+
+def outcome_of(result: Any) -> RunOutcome:
+    """The `RunOutcome` of a flow call made with ``return_state=True`` (or its value).
+
+    Raises:
+        BaseException: The run ended with another error (a user error before any cell
+            ran, a crash): it is raised as it was.
+    """
+    if hasattr(result, "result") and hasattr(result, "type"):  # a Prefect State
+        result = result.result(raise_on_failure=False)
+    if isinstance(result, RunFailed):
+        return result.outcome
+    if isinstance(result, RunOutcome):
+        return result
+    if isinstance(result, BaseException):
+        raise result
+    raise TypeError(f"not a run outcome: {type(result).__name__}")

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from analysis.discovery import discover
 from analysis.parsing import parse_dirs
-from analysis.pipeline import analyse_run, postprocess, settings_for
+from analysis.pipeline import postprocess, settings_for
 from analysis.project import load_project
 from analysis.report import (
     ReportContext,
@@ -28,6 +28,7 @@ from analysis.report import (
     shape_kpi_table,
     shape_loss_curve,
 )
+from analysis.run_analysis import analyse_run
 from tests.factories import DEFAULT_SETTINGS, make_result_dir
 
 
@@ -304,7 +305,7 @@ def test_history_lines_follow_the_regressions_configuration_and_mark_changes(
 def test_older_runs_drop_their_bulky_and_analysis_only_fields(tmp_path: Path) -> None:
     """Bounded memory over 10 000 runs: only the newest runs keep per-step data (for the
     loss-curve page); every run's payload still has its loss summary and KPIs."""
-    from analysis.pipeline import KEEP_BULKY, _analyse_tree
+    from analysis.run_analysis import KEEP_BULKY, _analyse_tree
 
     results = tmp_path / "results"
     for i in range(KEEP_BULKY + 5):
@@ -357,7 +358,8 @@ def test_the_verdict_table_reads_like_prose(tmp_path: Path) -> None:
     """Human titles, worst first, a move inside the noise grey and saying so, the long
     explanation one line with the rest on demand, cells by their names."""
     from analysis.pipeline import VerdictRow
-    from analysis.report import REPORT_KINDS, VERDICT_TITLES
+    from analysis.report import REPORT_KINDS
+    from analysis.report_html import VERDICT_TITLES
 
     long_why = "the newest 2 run(s) are 12 % below the baseline " + "and more " * 30
     rows = [VerdictRow(run_uuid=f"run-{i}", test_path="001__cell", cell=name, kpi=f"k{i}",
@@ -391,7 +393,8 @@ def test_the_verdict_table_reads_like_prose(tmp_path: Path) -> None:
 def test_regression_page_shows_every_regression_then_the_newest_rows(tmp_path: Path) -> None:
     """Past MAX_TABLE_ROWS verdicts, the page keeps the news and the newest of the rest."""
     from analysis.pipeline import VerdictRow
-    from analysis.report import MAX_TABLE_ROWS, REPORT_KINDS
+    from analysis.report import REPORT_KINDS
+    from analysis.report_html import MAX_TABLE_ROWS
 
     def row(i: int, kind: str) -> VerdictRow:
         return VerdictRow(run_uuid=f"run-{i}", test_path=f"p{i:05d}", kpi="k", unit="u",
@@ -419,7 +422,7 @@ def test_line_figures_are_built_as_plotly_json() -> None:
     name that closes a script tag stays inside the figure's JSON."""
     import pandas as pd
 
-    from analysis.report import _figure_html, _lines
+    from analysis.report_html import _figure_html, _lines
 
     frame = pd.DataFrame({
         "timestamp": pd.to_datetime(["2026-01-02 03:04:05", "2026-01-03 00:00:00", "2026-01-04 00:00:00"],
@@ -456,7 +459,7 @@ def test_reports_name_configurations_by_what_differs_and_say_the_rest_once(
     """Two configurations differing in one setting: their lines are named by it alone, the
     labels they share are said once, runs are named by start and id; a project without a
     loss curve gets no loss panel beside its resources."""
-    from analysis.report import _draw_resources
+    from analysis.report_runs import _draw_resources
 
     make_result_dir(tmp_path / "t", "000__cell", settings={"gpu": 1})
     make_result_dir(tmp_path / "t", "001__cell", settings={"gpu": 2}, seed=1)
@@ -533,7 +536,7 @@ def test_the_first_screen_is_one_line_worst_first() -> None:
 def test_a_history_chart_carries_its_baseline_band_and_level() -> None:
     """Each configuration's history is drawn over its level (per segment between change
     points) and a ± 2-noise-SD band: where the newest run lands is readable at a glance."""
-    from analysis.report import level_band
+    from analysis.report_html import level_band
 
     rng = np.random.default_rng(3)
     values = list(100 * (1 + rng.normal(0, 0.01, 30))) + list(80 * (1 + rng.normal(0, 0.01, 10)))
@@ -613,7 +616,7 @@ def test_a_changes_interval_holds_the_change_on_any_line(
 
 
 def test_a_time_axis_of_one_instant_is_widened_to_hours() -> None:
-    from analysis.report import time_axis
+    from analysis.report_html import time_axis
 
     same = pd.Series(pd.to_datetime(["2026-11-27T04:22:25.999Z"] * 3, utc=True))
     assert time_axis(same) == {"range": ["2026-11-27T03:22:25", "2026-11-27T05:22:25"]}

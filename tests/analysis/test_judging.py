@@ -10,10 +10,12 @@ import pandas as pd
 
 import analysis.pipeline as pipeline
 from analysis.history import HistoryStore
+from analysis.judging import judge_runs
 from analysis.kpi import kpi_table
-from analysis.pipeline import _analyse_tree, judge_runs, settings_for
+from analysis.pipeline import settings_for
 from analysis.project import load_project
 from analysis.regression import verdict
+from analysis.run_analysis import _analyse_tree
 from tests.factories import make_result_dir
 
 

@@ -16,7 +16,8 @@ import pytest
 from hypothesis import given
 
 from analysis.history import VALIDITY, HistoryStore
-from analysis.pipeline import NOT_JUDGED, postprocess
+from analysis.judging import NOT_JUDGED
+from analysis.pipeline import postprocess
 from analysis.settings import AnalysisSettings, ValidityPolicy
 from analysis.validity import HOST_FILE, HostWindow, engine_reasons, judge_validity
 from tasks.hostwatch import HostWatch

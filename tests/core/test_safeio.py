@@ -285,7 +285,7 @@ def test_a_shared_file_is_linked_and_a_link_that_cannot_be_made_is_a_copy(
     import errno
     import os
 
-    from analysis.report import _plotlyjs, _write_plotlyjs
+    from analysis.report_html import _plotlyjs, _write_plotlyjs
     from core.safeio import UnsafeOutputError, link_file
 
     shared = tmp_path / "runs" / ".telltale"
@@ -319,7 +319,7 @@ def test_plotly_js_is_copied_byte_for_byte_whatever_secrets_are_registered(
     earlier version masked is replaced rather than linked on."""
     import re
 
-    from analysis.report import _plotlyjs, _write_plotlyjs
+    from analysis.report_html import _plotlyjs, _write_plotlyjs
     from core.redact import register_secret
 
     original = _plotlyjs().read_bytes()

@@ -30,7 +30,8 @@ from typing import Any
 
 import pytest
 
-from analysis.pipeline import NOT_JUDGED, postprocess
+from analysis.judging import NOT_JUDGED
+from analysis.pipeline import postprocess
 from analysis.validity import HOST_FILE, HostWindow
 from tests.factories import DEFAULT_SETTINGS, make_result_dir
 

@@ -389,7 +389,7 @@ def test_a_deployment_forms_relative_artifact_dir_is_the_runs_roots(
     ([5], 10, "the 11th comparable run: 5 more"), ([], 3, None)])
 def test_the_history_note_says_when_verdicts_start(waiting: list[int], min_history: int,
                                                    expected: str | None) -> None:
-    from flows.orchestration import history_note
+    from flows.phases import history_note
 
     note = history_note(waiting, min_history)
     assert (note is None) if expected is None else (expected in (note or ""))

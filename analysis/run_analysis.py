@@ -1,0 +1,267 @@
+"""Analysing a result tree's runs: parse, validity, KPIs and LTS payload of each run.
+
+One `RunAnalysis` per result dir (`analyse_run`), then the tree's (`_analyse_tree`): runs
+that share a uuid are refused, and the payloads of older runs are slimmed to what their
+history needs (`KEEP_BULKY` keeps the bulky fields of the newest).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import pandas as pd
+from pydantic import BaseModel, Field
+
+from analysis.discovery import Discovery, SkippedDir, discover
+from analysis.fingerprint import Fingerprint, fingerprint_of
+from analysis.history import (
+    run_identity,
+)
+from analysis.kpi import Kpi, compute_kpis, label_strings
+from analysis.lts import LtsKpi, LtsMetadata, LtsPayload
+from analysis.parsing import ParsedResult, parse_dirs
+from analysis.project import AnalysisProject
+from analysis.settings import ValidityPolicy
+from analysis.validity import Validity, judge_validity
+from core.errors import ResultsError
+from core.progress import StageProgress
+from core.redact import redact
+
+
+class RunAnalysis(BaseModel):
+    """Everything computed for one result dir."""
+
+    result: ParsedResult
+    run_uuid: str
+    timestamp: str | None
+    labels: dict[str, str]
+    kpis: list[Kpi]
+    payload: LtsPayload
+    identity: str = Field(description="Hash of the settings and start (the history refuses "
+                          "another run under this uuid).")
+    validity: Validity = Field(default_factory=Validity)
+    fingerprint: Fingerprint = Field(default_factory=dict)
+    cell: str | None = Field(default=None, description="The cell's name (its ``cell.json``).")
+
+    @property
+    def name(self) -> str:
+        """The run as every output names it: its cell's name, else its dir (relative)."""
+        return self.cell or self.result.rel_path
+
+
+def _status(result: ParsedResult) -> Literal["success", "failed", "partial"]:
+    if result.exit_code != 0:
+        return "failed"
+    return "partial" if result.problems else "success"
+
+
+_EARLIEST = pd.Timestamp("1970-01-01", tz="UTC")
+_LATEST = pd.Timestamp("2200-01-01", tz="UTC")
+
+
+def _usable_time(text: str | None) -> str | None:
+    """A run's start or end as read from its tree, or None when it is not a usable time.
+
+    Result trees are untrusted: a start in year 9999 overflowed every nanosecond timestamp
+    the history and verdicts use. Times outside 1970-2200 are treated as unknown.
+    """
+    if text is None:
+        return None
+    try:
+        stamp = pd.Timestamp(text)
+    except (ValueError, TypeError, OverflowError):
+        return None
+    if stamp.tzinfo is None:
+        stamp = stamp.tz_localize("UTC")
+    return text if _EARLIEST <= stamp < _LATEST else None
+
+
+def _timestamp(start: str | None, result: ParsedResult) -> str:
+    if start:
+        return start
+    try:
+        mtime = (Path(result.path) / "exit_code").stat().st_mtime
+    except OSError:
+        mtime = datetime.now(UTC).timestamp()
+    return datetime.fromtimestamp(mtime, UTC).isoformat()
+
+
+def result_validity(project: AnalysisProject, result: ParsedResult,
+                    policy: ValidityPolicy) -> Validity:
+    """One result's validity: the engine's checks on its dir and the project's own."""
+    window = None
+    if project.measured_window is not None and result.exit_code == 0:
+        try:
+            window = project.measured_window(result)
+        except (TypeError, ValueError, AttributeError, KeyError):
+            window = None
+    checks = project.validity
+    return judge_validity(result.path, result.exit_code, policy,
+                          project_reasons=(lambda: checks(result)) if checks else None,
+                          measured_window_s=window, min_window_s=project.min_window_s)
+
+
+def analyse_run(project: AnalysisProject, result: ParsedResult,
+                presets: Sequence[str] | None = None, config_text: str | None = None,
+                policy: ValidityPolicy | None = None, *, cell: str | None = None
+                ) -> RunAnalysis:
+    """Compute labels, KPIs, validity, fingerprint and the LTS payload of one result.
+
+    ``cell`` is the cell's name from discovery (`ResultDir.cell`): what outputs call it.
+    """
+    labels = label_strings(project.labels(result))
+    kpis = compute_kpis(project.kpis, result, labels)  # its KPIs share this dict
+    start, end = (_usable_time(t) for t in project.timestamps(result))
+    run_uuid = project.run_uuid(result)
+    if not isinstance(run_uuid, str):
+        raise TypeError(f"the project's run uuid is {type(run_uuid).__name__}, not a string")
+    parsed_presets = getattr(result, "presets", None)
+    validity = result_validity(project, result, policy or ValidityPolicy())
+    fingerprint = fingerprint_of(result.path)
+    metadata = LtsMetadata(
+        project=project.name, run_uuid=run_uuid, start=start, end=end,
+        presets=list(presets) if presets is not None else parsed_presets,
+        config=config_text if config_text is not None else getattr(result, "config_text", None),
+        settings=redact(result.settings), exit_code=result.exit_code, status=_status(result),
+        test_path=result.rel_path, validity=validity.status,
+        validity_reasons=validity.reasons, fingerprint=fingerprint,
+    )
+    payload = LtsPayload(
+        metadata=metadata, results=project.results_summary(result),
+        kpis={k.name: LtsKpi.from_kpi(k) for k in kpis},
+        problems=[f"{p.file}{f':{p.line}' if p.line else ''}: {p.message}"
+                  for p in result.problems],
+    )
+    # model_construct: validation would copy the labels its KPIs share; every value is typed
+    return RunAnalysis.model_construct(
+        result=result, run_uuid=run_uuid, timestamp=_timestamp(start, result), labels=labels,
+        kpis=kpis, payload=payload, identity=run_identity(result.settings, start),
+        validity=validity, fingerprint=fingerprint, cell=cell)
+
+
+def runs_table(runs: Sequence[RunAnalysis]) -> pd.DataFrame:
+    """One row per run: identity, timing, status and where it lives."""
+    return pd.DataFrame([{
+        "run_uuid": r.run_uuid, "start": r.payload.metadata.start,
+        "end": r.payload.metadata.end, "status": r.payload.metadata.status,
+        "exit_code": r.result.exit_code, "test_path": r.result.rel_path, "cell": r.name,
+        "presets": ",".join(r.payload.metadata.presets or []),
+        "problems": len(r.result.problems), **r.labels} for r in runs])
+
+
+def _analyse_tree(results_dir: str | Path, hooks: AnalysisProject,
+                  presets: Sequence[str] | None, config_text: str | None, *, force: bool,
+                  trust_cache: bool, keep: Callable[[RunAnalysis], None] | None = None,
+                  policy: ValidityPolicy | None = None,
+                  ) -> tuple[Discovery, list[RunAnalysis], list[SkippedDir], tuple[int, int]]:
+    """Discover, parse and analyse every result dir of a tree (nothing written but caches).
+
+    ``keep`` is called with each analysed run as it arrives (before its bulky fields are
+    dropped): post-processing spools the LTS payload to disk there.
+
+    Returns the discovery (its root and skipped dirs: the result dirs it found are the runs
+    now, ~2 KB a dir with their settings), the analysed runs, the skipped dirs and (failed
+    runs, parse problems) counted over every parsed dir.
+
+    Raises:
+        ResultsError: No result dir, or no usable run.
+    """
+    found: Discovery = discover(results_dir, project=hooks.name)
+    if not found.results:
+        reasons = "; ".join(f"{s.path}: {s.reason}" for s in found.skipped[:5])
+        raise ResultsError(f"no result dir (settings.yaml + exit_code) under {results_dir}"
+                           + (f" (skipped: {reasons})" if reasons else ""))
+    total = len(found.results)
+    counts = [0, 0]
+    progress = StageProgress("parse", total)
+
+    def analyse(index: int, result: ParsedResult) -> RunAnalysis | SkippedDir:
+        progress.advance()
+        counts[0] += result.exit_code != 0
+        counts[1] += len(result.problems)
+        try:
+            run = analyse_run(hooks, result, presets, config_text, policy,
+                              cell=found.results[index].cell)
+        except (TypeError, ValueError, AttributeError, KeyError) as exc:
+            # Result trees are untrusted: a badly typed field (numbers for strings, a
+            # scalar for a mapping) is this run's problem, never the whole analysis's.
+            return SkippedDir(path=result.path, reason=(
+                f"labels/KPIs could not be computed: {type(exc).__name__}: {exc}")[:300])
+        if keep is not None:
+            keep(run)
+        if index < total - KEEP_BULKY:
+            run.result = _slimmed(run.result, hooks)
+        return run
+
+    analysed = parse_dirs(found.results, hooks.parser, project=hooks.name, force=force,
+                          trust_cache=trust_cache, then=analyse, apart=hooks.bulky,
+                          skip_before=total - KEEP_BULKY)
+    progress.finish()
+    runs = [a for a in analysed if isinstance(a, RunAnalysis)]
+    skipped = [*found.skipped, *(a for a in analysed if isinstance(a, SkippedDir))]
+    _refuse_shared_uuids(runs)
+    if not runs:
+        raise ResultsError(f"no usable run under {results_dir}: "
+                           + "; ".join(f"{s.path}: {s.reason}" for s in skipped[:5]))
+    lean = Discovery.model_construct(root=found.root, results=[], skipped=found.skipped)
+    return lean, runs, skipped, (counts[0], counts[1])
+
+
+def _refuse_shared_uuids(runs: Sequence[RunAnalysis]) -> None:
+    """Two result dirs of one tree with one ``.uuid`` would store one run's rows twice.
+
+    Raises:
+        ResultsError: Naming the uuid and the dirs that share it.
+    """
+    seen: dict[str, str] = {}
+    for run in runs:
+        path = run.result.rel_path or run.result.path
+        first = seen.setdefault(run.run_uuid, path)
+        if first != path:
+            raise ResultsError(f"result dirs {first} and {path} share the run uuid "
+                               f"{run.run_uuid} (.uuid): give each run its own")
+
+
+KEEP_BULKY = 40
+"""Runs (the last in discovery order) that keep their bulky parsed fields for the report."""
+
+
+def _slimmed(result: ParsedResult, hooks: AnalysisProject) -> ParsedResult:
+    """``result`` without the project's bulky and analysis-only fields.
+
+    Its KPIs and payload are computed: ~8 KB a fine_tuning run, 80 MB over 10 000 runs.
+    The emptied fields share one default value per model field (read-only by convention):
+    a fresh empty loss curve, timeline... per run was still ~3 KB.
+    """
+    model = type(result)
+    drop = {name: _empty(model, name) for name in (*hooks.bulky, *hooks.analysis_only)
+            if name in model.model_fields and not model.model_fields[name].is_required()}
+    return result.model_copy(update={**drop, "settings": _shared_settings(result.settings)})
+
+
+_SETTINGS: dict[str, dict[str, Any]] = {}
+
+
+def _shared_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """One dict for equal settings (read-only by convention).
+
+    The runs of a configuration repeat them, ~1.3 KB a run.
+    """
+    try:
+        key = json.dumps(settings, sort_keys=True)
+    except (TypeError, ValueError):  # a value JSON has no type for (a YAML date): not shared
+        return settings
+    if len(_SETTINGS) > 4096:  # bounded: a long-lived process (a Prefect worker) analyses
+        _SETTINGS.clear()      # many trees
+    return _SETTINGS.setdefault(key, settings)
+
+
+@functools.cache
+def _empty(model: type[ParsedResult], name: str) -> Any:
+    """The default of ``model.name``, made once (shared by every slimmed result)."""
+    return model.model_fields[name].get_default(call_default_factory=True)
