@@ -46,7 +46,8 @@ from pydantic import BaseModel, Field
 from analysis.history import RUN_COLUMNS, usable_rows
 from analysis.kpi import BASE_COLUMNS
 from analysis.lts import LtsCurve
-from analysis.regression import DEFAULTS, DetectorSettings, minimum_detectable_effect, verdict
+from analysis.power import minimum_detectable_effect
+from analysis.regression import DEFAULTS, DetectorSettings, verdict
 
 __all__ = ["CURVE_KPIS", "BandPoint", "CurveResult", "CurveSpec", "CurveVerdict", "PointChange",
            "curve_kpi_rows", "curve_kpis", "curves_of", "judge_curves", "judge_points",

@@ -27,13 +27,8 @@ from analysis.history import (
     usable_rows,
 )
 from analysis.kpi import Kpi
-from analysis.regression import (
-    DetectorSettings,
-    VerdictKind,
-    minimum_detectable_effect,
-    shift_at,
-    verdict,
-)
+from analysis.power import minimum_detectable_effect, shift_at
+from analysis.regression import DetectorSettings, VerdictKind, verdict
 from analysis.run_analysis import RunAnalysis
 from analysis.settings import AnalysisSettings
 from core.progress import StageProgress

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from analysis.pipeline import PostprocessOutcome, postprocess, suspects, validity_of_tree
-from analysis.regression import repeats_for
+from analysis.power import repeats_for
 from analysis.settings import AnalysisSettings
 from blocks.opensearch import OpenSearchInstance
 from blocks.s3 import S3Target

@@ -16,7 +16,8 @@ from hypothesis import given
 from analysis.fingerprint import changes, encode, fingerprint_of, what_changed
 from analysis.history import FINGERPRINT, IDENTITY, VALIDITY, HistoryStore
 from analysis.pipeline import postprocess
-from analysis.regression import DEFAULTS, POWER_Z, minimum_detectable_effect, repeats_for
+from analysis.power import POWER_Z, minimum_detectable_effect, repeats_for
+from analysis.regression import DEFAULTS
 from tests.factories import make_result_dir
 
 START = datetime(2026, 1, 1, tzinfo=UTC)

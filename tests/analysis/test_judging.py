@@ -1,4 +1,4 @@
-"""`analysis.pipeline.judge_runs`: one history query per configuration, same verdicts."""
+"""`analysis.judging.judge_runs`: one history query per configuration, same verdicts."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pandas as pd
 
-import analysis.pipeline as pipeline
+import analysis.judging as judging
 from analysis.history import HistoryStore
 from analysis.judging import judge_runs
 from analysis.kpi import kpi_table
@@ -67,7 +67,7 @@ def test_one_query_per_configuration_and_the_verdicts_of_a_query_per_run(
 
 def test_a_verdict_reads_the_newest_points_of_a_long_history(tmp_path: Path,
                                                              monkeypatch: Any) -> None:
-    monkeypatch.setattr(pipeline, "HISTORY_LIMIT", 5)
+    monkeypatch.setattr(judging, "HISTORY_LIMIT", 5)
     start = datetime(2026, 1, 1, tzinfo=UTC)
     for i in range(9):
         make_result_dir(tmp_path / "tree", f"{i:03d}__cell", start=start + timedelta(days=i),

@@ -159,9 +159,9 @@ def test_matching_lines_exact_across_block_boundaries(tmp_path: Path, block: int
     """Tiny blocks cut lines everywhere: every match, its text and its number stay exact."""
     import random
 
-    import analysis.parsing as parsing
+    import analysis.file_reader as file_reader
 
-    monkeypatch.setattr(parsing, "_BLOCK", block)
+    monkeypatch.setattr(file_reader, "_BLOCK", block)
     rng = random.Random(block)
     lines = []
     for i in range(400):
@@ -169,7 +169,7 @@ def test_matching_lines_exact_across_block_boundaries(tmp_path: Path, block: int
         lines.append(f"{i}:{text}")
     data = "\n".join(lines)  # no newline at the end: the last line is a carry
     (tmp_path / "pod.log").write_text(data, newline="")
-    reader = parsing.FileReader(tmp_path)
+    reader = file_reader.FileReader(tmp_path)
     found = list(reader.matching_lines("pod.log", "{"))
     expected = [(n, line) for n, line in enumerate(data.split("\n"), start=1) if "{" in line]
     assert found == expected and len(found) > 100
