@@ -29,7 +29,8 @@ from pydantic import SecretBytes, SecretStr
 
 __all__ = ["REDACTED", "REFERENCE_BLOCKS", "RedactingFilter", "is_secret_key",
            "key_words", "known_secrets", "redact", "redact_bytes", "redact_text",
-           "register_secret", "register_secrets_in", "url_password", "url_secrets"]
+           "register_secret", "register_secrets_in", "restore_secrets", "url_password",
+           "url_secrets"]
 
 REDACTED = "***"
 
@@ -160,7 +161,6 @@ def register_secret(value: object) -> None:
         value: The secret (a `SecretStr` is unwrapped); ``None``, non-text and values
             shorter than `MIN_SECRET_LENGTH` are ignored.
     """
-    global _PATTERN, _BYTES_PATTERN
     if isinstance(value, SecretStr):
         value = value.get_secret_value()
     if not isinstance(value, str) or len(value) < MIN_SECRET_LENGTH or value == REDACTED:
@@ -169,18 +169,39 @@ def register_secret(value: object) -> None:
         if value in _KNOWN:
             return
         _KNOWN.add(value)
-        ordered = sorted(_KNOWN, key=len, reverse=True)  # the longest first
-        alternatives = "|".join(re.escape(v) for v in ordered)
-        _PATTERN = re.compile(f"(?<![A-Za-z0-9])(?:{alternatives})(?![A-Za-z0-9])")
-        _BYTES_PATTERN = re.compile(b"(?<![A-Za-z0-9])(?:"
-                                    + b"|".join(re.escape(v.encode()) for v in ordered)
-                                    + b")(?![A-Za-z0-9])")
+        _compile()
+
+
+def _compile() -> None:
+    """Rebuild the masking patterns from the known secrets (the caller holds the lock)."""
+    global _PATTERN, _BYTES_PATTERN
+    ordered = sorted(_KNOWN, key=len, reverse=True)  # the longest first
+    if not ordered:
+        _PATTERN = _BYTES_PATTERN = None
+        return
+    alternatives = "|".join(re.escape(v) for v in ordered)
+    _PATTERN = re.compile(f"(?<![A-Za-z0-9])(?:{alternatives})(?![A-Za-z0-9])")
+    _BYTES_PATTERN = re.compile(b"(?<![A-Za-z0-9])(?:"
+                                + b"|".join(re.escape(v.encode()) for v in ordered)
+                                + b")(?![A-Za-z0-9])")
 
 
 def known_secrets() -> frozenset[str]:
     """The secret values registered so far."""
     with _LOCK:
         return frozenset(_KNOWN)
+
+
+def restore_secrets(known: frozenset[str]) -> None:
+    """Forget every secret registered since `known_secrets` returned ``known``.
+
+    For a process that runs one thing after another and must not let the secrets of one
+    mask the output of the next (the test suite: one test's tokens once turned a manifest's
+    ``devicePlugin`` key into ``***`` in another's).
+    """
+    with _LOCK:
+        _KNOWN.intersection_update(known)
+        _compile()
 
 
 def redact_text(text: str) -> str:

@@ -36,7 +36,7 @@ from core.terminal import say
 from flows.cli import EXIT_OK, main_guard, make_parser, prefect_defaults
 from projects.config import resolve
 from projects.registry import available, project_of_run
-from tasks.kube.api import Kube, api_client
+from tasks.kube.api import Kube, api_client, owned_clients
 from tasks.kube.machinesets import SCALED_BY_LABEL, find_scaled_leaks, give_back
 from tasks.kube.workload import find_leaks, remove_object
 from tasks.lab.lease import find_orphans, release_from_file, release_orphan
@@ -82,6 +82,12 @@ def janitor(older_than: str = "6h", dry_run: bool = True,
     config = kubeconfig or find_kubeconfig()
     if config is None:
         raise ConfigError("no kubeconfig: pass --kubeconfig or set KUBECONFIG")
+    with owned_clients():  # the sweep's clients are closed when it ends
+        return _sweep(config, seconds, dry_run)
+
+
+def _sweep(config: str, seconds: float, dry_run: bool) -> JanitorOutcome:
+    """The janitor's work: list the leaks, then delete them and scale back (not dry run)."""
     leaks = find_leaks(config, seconds)
     names = [f"{kind}/{ns + '/' if ns else ''}{name} (run {run})"
              for _, kind, name, ns, run in leaks]
@@ -179,7 +185,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     kubeconfig = args.kubeconfig or find_kubeconfig()
     if kubeconfig is None:
         raise ConfigError("no kubeconfig: pass --kubeconfig or set KUBECONFIG")
-    api_client(kubeconfig)  # an unusable one too (empty, not YAML, no context)
+    with owned_clients():
+        api_client(kubeconfig)  # an unusable one too (empty, not YAML, no context)
     outcome = janitor(older_than=args.older_than, dry_run=args.dry_run,
                       kubeconfig=kubeconfig)
     verb = "would delete" if outcome.dry_run else "deleted"

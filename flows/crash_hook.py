@@ -23,6 +23,7 @@ from flows.cli import (
 from flows.log_bridge import logger
 from projects.library import ClustersBlock, SecretsBlock
 from tasks.artifacts import use_artifact_dir
+from tasks.kube.api import owned_clients
 from tasks.lab import provision
 from tasks.platforms.local import cleanup_local
 
@@ -73,7 +74,7 @@ def cleanup_hook(project_name: str) -> Callable[..., None]:
                     saved, _ = load_yaml(root / "config.yaml")
                     clusters = ClustersBlock.model_validate(saved.get("clusters") or {})
                     secrets = SecretsBlock.model_validate(saved.get("secrets") or {})
-                    with use_artifact_dir(root):
+                    with use_artifact_dir(root), owned_clients():
                         provision.teardown.fn(str(root), clusters.keep, secrets,
                                               clusters.kubeconfig)
                     record["teardown"] = "done"

@@ -64,6 +64,7 @@ from projects import registry
 from projects.config import resolve_once, use_config
 from projects.untrusted import check_untrusted, policy_for
 from tasks.artifacts import use_artifact_dir
+from tasks.kube.api import owned_clients
 from tasks.lab import provision
 from tasks.platforms.base import Platform, RunContext
 from tasks.platforms.plan import plan_run
@@ -131,7 +132,8 @@ def orchestrate(project_name: str, presets: Sequence[str], overrides: dict[str, 
     run_id = _flow_run_id()
     root_path = Path(artifact_dir) if artifact_dir else default_artifact_dir(
         project.name, runs_root(deployed=_deployment_id() is not None), run_id=run_id)
-    with use_artifact_dir(root_path) as root, use_config(config):
+    # the run owns its Kubernetes clients (one per kubeconfig): closed when it ends
+    with use_artifact_dir(root_path) as root, use_config(config), owned_clients():
         plan = plan_run(project, config, chosen, root)
         config.freeze()
         log.info("artifacts in %s; %d cell(s) on %s", root, len(plan.cells), chosen)

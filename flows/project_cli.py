@@ -72,7 +72,7 @@ def _pr_number(text: str) -> int:
 def _rebuild_image(project: str, config: Any, artifact_dir: Path) -> int:
     """``--rebuild-image``: build the PR's image targets without a run; print the digests."""
     from core.errors import ConfigError
-    from tasks.kube.api import Kube, api_client
+    from tasks.kube.api import Kube, api_client, owned_clients
     from tasks.kube.images import run_builds
 
     clusters = config.model.clusters
@@ -81,10 +81,11 @@ def _rebuild_image(project: str, config: Any, artifact_dir: Path) -> int:
                           "HOMELAB_CI=true)", key="clusters.image_build.pr")
     kubeconfig = select_platform("kubernetes", clusters.kubeconfig)[1]
     namespace = registry.load(project).test_block(config.model).namespace
-    kube = Kube(api_client(kubeconfig))
-    images = run_builds(kube, kube, clusters.image_build, namespace, run_id=None,
-                        here=artifact_dir, progress=lambda target, phase: say(
-                            f"{target}: {phase}", error=True))
+    with owned_clients():
+        kube = Kube(api_client(kubeconfig))
+        images = run_builds(kube, kube, clusters.image_build, namespace, run_id=None,
+                            here=artifact_dir, progress=lambda target, phase: say(
+                                f"{target}: {phase}", error=True))
     for target, image in images.items():
         say(f"{target}\t{image}", keep_newlines=True)  # a tab-separated line
     say(f"build logs in {artifact_dir}", error=True)

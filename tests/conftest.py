@@ -46,6 +46,17 @@ settings.register_profile("telltale", deadline=None, max_examples=150, database=
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "telltale"))
 
 
+@pytest.fixture(autouse=True)
+def _secrets_stay_in_their_test() -> Iterator[None]:
+    """A secret a test registers masks only that test's output (the registry is process-wide:
+    a plotly token registered by one test turned another's manifest key into ``***``)."""
+    from core.redact import known_secrets, restore_secrets
+
+    before = known_secrets()
+    yield
+    restore_secrets(before)
+
+
 @pytest.fixture()
 def python() -> str:
     """The interpreter running the tests (for CLI subprocess tests)."""

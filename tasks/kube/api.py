@@ -19,8 +19,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +37,11 @@ __all__ = [
     "RUN_ID_LABEL",
     "Kube",
     "api_client",
+    "clients_built",
+    "close_clients",
     "map_api_error",
+    "open_clients",
+    "owned_clients",
 ]
 
 logger = logging.getLogger("telltale.k8s")
@@ -87,8 +93,30 @@ def kubeconfig_path(kubeconfig: str | None) -> Path:
     return Path(first or "~/.kube/config").expanduser()
 
 
+_CLIENTS: dict[tuple[str, int, int], Any] = {}
+_CLIENTS_LOCK = threading.Lock()
+_BUILT = 0
+
+
+def _client_key(kubeconfig: str | None) -> tuple[str, int, int]:
+    """A kubeconfig's identity: its path, size and time (a rewritten file is a new client)."""
+    if kubeconfig == "in-cluster":
+        return "in-cluster", 0, 0
+    path = kubeconfig_path(kubeconfig)
+    try:
+        facts = path.stat()
+    except OSError:
+        return str(path), -1, -1  # the loader says why it cannot be used
+    return str(path), facts.st_mtime_ns, facts.st_size
+
+
 def api_client(kubeconfig: str | None) -> Any:
-    """An ``ApiClient`` for a kubeconfig path, ``"in-cluster"``, or the default kubeconfig.
+    """The run's ``ApiClient`` for a kubeconfig path, ``"in-cluster"``, or the default one.
+
+    One client per kubeconfig, shared by every step of the process (its connection pool
+    too): built on first use, closed by `close_clients` — which `owned_clients` calls when
+    the run that owns them ends. Never build ``kubernetes.client.ApiClient`` elsewhere (an
+    audit test fails on it).
 
     The file is read through the one bounded reader (`core.safeio.read_text_bounded`: a
     FIFO or a device is refused, never opened for a blocking read; a size cap) and parsed
@@ -100,6 +128,65 @@ def api_client(kubeconfig: str | None) -> Any:
             current context, not in a pod): a user error naming ``clusters.kubeconfig``, for
             every caller (a run, the janitor, ``--rebuild-image``).
     """
+    global _BUILT
+    key = _client_key(kubeconfig)
+    with _CLIENTS_LOCK:  # built under the lock: concurrent steps get the one client
+        found = _CLIENTS.get(key)
+        if found is None:
+            found = _CLIENTS[key] = _build_client(kubeconfig)
+            _BUILT += 1
+        return found
+
+
+def clients_built() -> int:
+    """How many clients this process has built (each kubeconfig once per run)."""
+    return _BUILT
+
+
+def open_clients() -> int:
+    """How many clients are open (built and not yet closed)."""
+    with _CLIENTS_LOCK:
+        return len(_CLIENTS)
+
+
+def close_clients() -> int:
+    """Close every open client (their pools and connections); returns how many."""
+    with _CLIENTS_LOCK:
+        clients = list(_CLIENTS.values())
+        _CLIENTS.clear()
+    for built in clients:
+        try:
+            built.close()
+        except Exception as exc:  # a client that will not close must not stop the others
+            logger.warning("closing a Kubernetes client failed: %s", exc)
+    return len(clients)
+
+
+_OWNERS = 0
+
+
+@contextmanager
+def owned_clients() -> Iterator[None]:
+    """The Kubernetes clients built inside are the run's: closed when it ends, however.
+
+    Runs of one process (tests, a thread per run) share the clients: the last one to end
+    closes them, so no run loses its client to another's end.
+    """
+    global _OWNERS
+    with _CLIENTS_LOCK:
+        _OWNERS += 1
+    try:
+        yield
+    finally:
+        with _CLIENTS_LOCK:
+            _OWNERS -= 1
+            last = _OWNERS == 0
+        if last:
+            close_clients()
+
+
+def _build_client(kubeconfig: str | None) -> Any:
+    """Build an ``ApiClient`` (see `api_client`, the only caller)."""
     from kubernetes import client, config
     from kubernetes.config.config_exception import ConfigException
     from kubernetes.config.kube_config import KubeConfigLoader

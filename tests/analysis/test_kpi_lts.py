@@ -9,8 +9,8 @@ from analysis.discovery import discover
 from analysis.kpi import Kpi, KpiDefinition, compute_kpis, kpi_table, to_openmetrics
 from analysis.lts import LtsMetadata, LtsPayload, lts_json_schema, require_complete
 from analysis.parsing import parse_one
-from analysis.pipeline import analyse_run
 from analysis.project import load_project
+from analysis.run_analysis import analyse_run
 from core.errors import ResultsError
 from tests.factories import make_result_dir
 

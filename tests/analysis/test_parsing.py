@@ -220,7 +220,7 @@ def test_a_failed_workloads_tail_shows_its_reason_and_no_wall_of_text(
         tmp_path_factory: pytest.TempPathFactory, noise: list[str], reason: str) -> None:
     """Whatever follows it (a JSON summary, a traceback), the workload's last error: line is
     in the tail, and no tail line is longer than TAIL_WIDTH and the cut note."""
-    from analysis.parsing import TAIL_WIDTH, read_tail
+    from analysis.file_reader import TAIL_WIDTH, read_tail
 
     assume(not any(n.strip().lower().startswith("error:") for n in noise))
     path = tmp_path_factory.mktemp("tail") / "pod.log"

@@ -29,9 +29,9 @@ READERS = {"open", "read_text", "read_bytes", "read_parquet", "read_table", "Par
 # "file::function" -> why the open there is not of outside input (or how it is bounded)
 ALLOWED = {
     # opens of a descriptor the reader returned, or of an already-checked stream
-    "analysis/parsing.py::FileReader._open": "wraps the fd of FileReader._open_fd (open_regular)",
-    "analysis/parsing.py::FileReader.table": "reads the stream FileReader opened",
-    "analysis/parsing.py::FileReader.tail": "wraps the fd of FileReader._open_fd",
+    "analysis/file_reader.py::FileReader._open": "wraps the fd of FileReader._open_fd (open_regular)",
+    "analysis/file_reader.py::FileReader.table": "reads the stream FileReader opened",
+    "analysis/file_reader.py::FileReader.tail": "wraps the fd of FileReader._open_fd",
     "analysis/validity.py::_prometheus_mean": "reads the stream FileReader opened",
     "analysis/history.py::HistoryStore._read_files":
         "history parts: listed and checked as regular files by the store before the read",

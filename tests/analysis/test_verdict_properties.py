@@ -9,13 +9,8 @@ import numpy as np
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from analysis.regression import (
-    NEWS,
-    VerdictKind,
-    change_points,
-    minimum_detectable_effect,
-    verdict,
-)
+from analysis.power import minimum_detectable_effect
+from analysis.regression import NEWS, VerdictKind, change_points, verdict
 from analysis.seasonality import seasonality
 
 KINDS = set(VerdictKind.__args__)  # type: ignore[attr-defined]

@@ -122,3 +122,14 @@ def test_prose_about_authentication_is_left_alone() -> None:
     for text in ("basic authentication is off", "Bearer authentication needs a token",
                  "a basic configuration", "see the Basic Auth docs"):
         assert redact_text(text) == text
+
+
+def test_restore_forgets_the_secrets_registered_since() -> None:
+    from core.redact import known_secrets, redact_text, register_secret, restore_secrets
+
+    before = known_secrets()
+    register_secret("Kept-apart-1234")
+    assert redact_text("x Kept-apart-1234 y") == "x *** y"
+    restore_secrets(before)
+    assert redact_text("x Kept-apart-1234 y") == "x Kept-apart-1234 y"
+    assert known_secrets() == before

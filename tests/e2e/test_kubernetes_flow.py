@@ -37,8 +37,14 @@ def _run(tmp_path: Path, scenario: str, name: str, overrides: dict | None = None
 
 
 def test_flow_runs_green_against_the_api_server(tmp_path: Path, prefect_harness) -> None:
+    from tasks.kube.api import clients_built, open_clients
+
+    built = clients_built()
     outcome, state = _run(tmp_path, "success", "ok")
     assert outcome.exit_code == 0, outcome.failures
+    # every step (prepare's concurrent operators, the cell, capture, cleanup) shared one
+    # client for the run's kubeconfig, and the run closed it
+    assert clients_built() == built + 1 and open_clients() == 0
     root = tmp_path / "ok"
     cell = next(root.glob("*__cell"))
     capture = next(cell.glob("*__cluster__capture_environment"))

@@ -12,7 +12,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from core.errors import PermanentServiceError, StepError
-from tasks.kube.api import RUN_ID_LABEL, Kube, api_client
+from tasks.kube.api import (
+    RUN_ID_LABEL,
+    Kube,
+    api_client,
+    clients_built,
+    open_clients,
+    owned_clients,
+)
 from tasks.retry import RetryPolicy
 from tests.servers.kubernetes import kube_server, label_matches, write_kubeconfig
 
@@ -22,7 +29,7 @@ FAST = RetryPolicy(attempts=4, backoff_base_s=0, jitter=0)
 @pytest.fixture()
 def kube(tmp_path: Path):
     # the client's own verbs, patch_status included (the RBAC audit is for flows)
-    with kube_server(rbac_audit=False) as (url, state):
+    with kube_server(rbac_audit=False) as (url, state), owned_clients():
         api = api_client(write_kubeconfig(tmp_path / "kubeconfig", url))
         kube = Kube(api, run_id="run-1", policy=FAST, request_timeout_s=10)
         kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ft"}})
@@ -237,3 +244,47 @@ def test_an_unusable_kubeconfig_is_a_config_error_naming_the_key(text: str) -> N
         except ConfigError as exc:
             assert exc.key == "clusters.kubeconfig"
             assert str(path) in str(exc)
+
+
+def test_one_client_per_kubeconfig_owned_by_the_run_and_closed(tmp_path: Path) -> None:
+    with kube_server(rbac_audit=False) as (url, _state):
+        path = write_kubeconfig(tmp_path / "kubeconfig", url)
+        built = clients_built()
+        with owned_clients():
+            first = api_client(path)
+            threads = [threading.Thread(target=api_client, args=(path,)) for _ in range(8)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            assert api_client(path) is first and clients_built() == built + 1
+            Kube(first, policy=FAST).get("v1", "Namespace", "default", None)
+            assert first.rest_client.pool_manager.pools  # a live connection pool
+            with owned_clients():  # a second run of the process ends first: nothing closed
+                assert api_client(path) is first
+            assert open_clients() >= 1 and first.rest_client.pool_manager.pools
+            write_kubeconfig(tmp_path / "kubeconfig", url, namespace="another-one")
+            assert api_client(path) is not first  # a rewritten kubeconfig: a new client
+        assert open_clients() == 0
+        assert not first.rest_client.pool_manager.pools  # closed with its run
+
+
+def test_no_code_builds_a_kubernetes_client_around_api_client() -> None:
+    """One client per kubeconfig needs one builder: an ``ApiClient(...)`` or the client's
+    own loaders anywhere else would be a client nobody owns or closes."""
+    import ast
+
+    from tests.code_tree import python_files
+
+    builders = {"ApiClient", "new_client_from_config", "load_kube_config",
+                "load_incluster_config"}
+    offenders = []
+    for rel, path in python_files():
+        if rel == "tasks/kube/api.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                name = getattr(node.func, "attr", None) or getattr(node.func, "id", None)
+                if name in builders:
+                    offenders.append(f"{rel}:{node.lineno} {name}")
+    assert offenders == []
