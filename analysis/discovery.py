@@ -22,6 +22,7 @@ simply walked without the index.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import stat
@@ -41,15 +42,33 @@ from core.safeio import (
 from core.yamlio import load_yaml
 
 __all__ = ["ENTRY_POINT_GROUP", "Discovery", "ResultDir", "SkippedDir", "available_projects",
-           "discover", "read_exit_code"]
+           "discover", "project_folders", "read_exit_code"]
 
 ENTRY_POINT_GROUP = "telltale.projects"
 """The entry-point group a project registers itself in (``name = module:PROJECT``)."""
 
 
+def project_folders() -> Path | None:
+    """The folder of this checkout's projects (``projects/``), found without importing it."""
+    spec = importlib.util.find_spec("projects")
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    return Path(locations[0]) if locations else None
+
+
 def available_projects() -> list[str]:
-    """Names of the registered projects (which runs of a mixed tree are whose)."""
-    return sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
+    """The one answer to "which projects exist", for every floor.
+
+    A project is a folder ``projects/<name>/`` with a ``project.py`` (this checkout's: what
+    `python -m flows.new_project` writes), or an entry point of the ``telltale.projects``
+    group (an installed package's project, post-processing only unless it has a folder).
+    `projects.registry.available` narrows it to those that can run (a ``config.yaml``).
+    """
+    names = {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    folder = project_folders()
+    if folder is not None:
+        names |= {p.parent.name for p in folder.glob("*/project.py")
+                  if p.parent.name.isidentifier()}
+    return sorted(names)
 
 SETTINGS_FILE = "settings.yaml"
 EXIT_CODE_FILE = "exit_code"

@@ -137,7 +137,11 @@ def overrides_from_args(args: argparse.Namespace,
 
 
 def resolve_from_args(project: str, args: argparse.Namespace) -> Config:
-    """Resolve the project config from parsed command-line arguments."""
+    """Resolve the project config from parsed command-line arguments, once.
+
+    The overrides are parsed once too: the flow the command starts gets them back from
+    ``Config.request_overrides`` (and takes this very config: `projects.config.resolve_once`).
+    """
     return resolve(project, presets=args.preset,
                    overrides=overrides_from_args(args, policy_for(project)))
 

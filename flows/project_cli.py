@@ -25,8 +25,6 @@ from flows.cli import (
     default_artifact_dir,
     main_guard,
     make_parser,
-    overrides_from_args,
-    policy_for,
     prefect_defaults,
     resolve_from_args,
 )
@@ -141,7 +139,7 @@ def project_main(project: str, argv: Sequence[str] | None = None) -> int:
         with platform_type(platform).ahead(registry.load(project), config, artifact_dir), \
                 use_config(config):  # the flow takes it: resolved once (`resolve_once`)
             return run_from_cli(module.FLOW, presets=list(args.preset),
-                                overrides=overrides_from_args(args, policy_for(project)),
+                                overrides=config.request_overrides,
                                 platform=platform, artifact_dir=artifact_dir)
 
     return main(argv)

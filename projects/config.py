@@ -100,6 +100,7 @@ class Config:
         self.presets_applied: tuple[str, ...] = tuple(presets_applied)
         self.overrides: dict[str, Any] = dict(overrides)
         self.request: str | None = None  # what `resolve` was asked (`resolve_once`)
+        self.request_overrides: dict[str, Any] = {}  # the overrides it was given, as given
         self.sources: dict[str, str] = dict(sources)
         self._model = model
         self._lines = lines or {}
@@ -293,6 +294,7 @@ def resolve(
                     presets_applied=resolver.presets_applied, overrides=applied_overrides,
                     sources=resolver.sources, model=model, lines=lines)
     config.request = _request(base, presets, overrides or {}, environ)
+    config.request_overrides = dict(overrides or {})
     if env is None and project is not None:  # the real environment: the project's own too
         hooks = registry.load(project)
         if hooks.environment is not None:

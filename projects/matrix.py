@@ -17,7 +17,7 @@ import itertools
 import json
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, Field
 
@@ -27,6 +27,7 @@ from core.errors import ConfigError
 __all__ = ["Cell", "canonical_settings", "expand", "flatten", "settings_hash", "unflatten"]
 
 _RAW_LISTS = "raw_lists"
+_M = TypeVar("_M", bound=BaseModel)
 
 
 class Cell(BaseModel):
@@ -37,6 +38,18 @@ class Cell(BaseModel):
     group: int = Field(description="Index of the test_extra_settings group (0 when none).")
     settings: dict[str, Any] = Field(description="Fully expanded settings (no dimension left).")
     skip_reason: str | None = Field(default=None, description="Why the cell is skipped.")
+    typed: Any = Field(default=None, exclude=True, repr=False, description="The settings as "
+                       "the project's model validated them at plan time (not serialised).")
+
+    def typed_as(self, model: type[_M]) -> _M:
+        """The cell's settings as ``model`` types them: the object the plan validated.
+
+        Every step after the plan reads this one object (the workload's input file is built
+        from it); a cell read back from a file (no plan) is validated here, once.
+        """
+        if not isinstance(self.typed, model):
+            self.typed = model.model_validate(self.settings)
+        return self.typed
 
 
 def canonical_settings(settings: Any) -> Any:

@@ -58,7 +58,7 @@ def cells_of(config: Config, test: str) -> list[Cell]:
     if settings is not None:
         for cell in cells:
             try:
-                settings.model_validate(cell.settings)
+                cell.typed_as(settings)
             except ValidationError as exc:
                 error = exc.errors()[0]
                 where = ".".join(str(p) for p in error["loc"])

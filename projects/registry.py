@@ -7,6 +7,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from analysis.discovery import available_projects
 from analysis.project import load_project
 from core.errors import ConfigError, ResultsError, did_you_mean
 from core.safeio import UnreadableInputError, read_text_bounded
@@ -19,8 +20,13 @@ PROJECTS_DIR = Path(__file__).resolve().parent
 
 
 def available() -> list[str]:
-    """Names of the projects that ship a ``config.yaml``."""
-    return sorted(p.parent.name for p in PROJECTS_DIR.glob("*/config.yaml"))
+    """The projects that can run (a ``config.yaml`` in their folder).
+
+    Narrowed from `analysis.discovery.available_projects`, the one answer: every command,
+    test and generator reads this list.
+    """
+    return [name for name in available_projects() if (PROJECTS_DIR / name / "config.yaml")
+            .is_file()]
 
 
 def project_dir(name: str) -> Path:

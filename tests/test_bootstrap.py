@@ -49,12 +49,13 @@ def test_no_arguments_and_unknown_projects_are_usage_errors(tmp_path: Path) -> N
 
 
 def test_help_lists_the_registered_projects_and_exits_0(tmp_path: Path) -> None:
-    """Every project with an entry point (flows/<name>/__main__.py): a scaffolded one too."""
+    """The registry's projects (`projects.registry.available`): a scaffolded one too."""
+    from projects import registry
+
     done = _run(tmp_path / "absent", "--help")
     assert done.returncode == 0, done.stderr
     listed = done.stdout.split("projects:", 1)[1].splitlines()[0].split()
-    assert listed == sorted(p.parent.name for p in (ROOT / "flows").glob("*/__main__.py"))
-    assert {"fine_tuning", "llm_serving"} <= set(listed)
+    assert listed == registry.available() and listed
 
 
 def test_an_up_to_date_venv_runs_the_project_without_installing(tmp_path: Path) -> None:

@@ -225,7 +225,17 @@ def test_projects_and_the_engine_keep_to_their_sides() -> None:
 
 
 def _project_folders() -> set[str]:
-    return {p.parent.name for p in (REPO / "projects").glob("*/config.yaml")}
+    from projects import registry
+
+    return set(registry.available())
+
+
+def test_every_project_has_its_thin_flow_and_nothing_else_is_one() -> None:
+    """The registry's list, the flows' folders and the command line agree on the projects."""
+    flows = {p.parent.name for p in (REPO / "flows").glob("*/__main__.py")}
+    assert flows == _project_folders()
+    for name in flows:
+        assert (REPO / "flows" / name / "flow.py").is_file(), name
 
 
 def test_engine_imports_no_project_folder() -> None:
@@ -270,3 +280,16 @@ def test_the_ground_floor_imports_only_itself() -> None:
             for module in modules:
                 top = module.split(".")[0]
                 assert top not in PACKAGES or top == "core", f"core/{path.name} imports {module}"
+
+
+MAX_MODULE_LINES = 600
+"""Rooms that fit (docs/architecture.md): a module over this holds more than one job."""
+
+
+def test_no_module_is_over_600_lines() -> None:
+    from tests.code_tree import python_files
+
+    tests = sorted((REPO / "tests").rglob("*.py"))
+    sizes = {str(p.relative_to(REPO)): len(p.read_text().splitlines())
+             for p in [*(path for _, path in python_files()), *tests, *REPO.glob("benchmarks/**/*.py")]}
+    assert {k: v for k, v in sizes.items() if v > MAX_MODULE_LINES} == {}

@@ -14,6 +14,7 @@ import re
 import shlex
 from typing import Any
 
+from projects.fine_tuning.models import KubernetesWorkloadBlock, TestSettings
 from projects.fine_tuning.trainer import trainer_config
 
 __all__ = ["DATA_SOURCE_LABEL", "MOUNT", "cell_manifests", "data_source_id", "job_name"]
@@ -39,14 +40,14 @@ def job_name(test_name: str, cell_index: int) -> str:
     return _name(f"{test_name}-{cell_index:03d}")
 
 
-def data_source_id(block: dict[str, Any], settings: dict[str, Any]) -> str:
+def data_source_id(block: KubernetesWorkloadBlock, settings: TestSettings) -> str:
     """A short id of what staging puts in the PVC (its label value)."""
-    source = json.dumps([block.get("dataset_url"), block.get("model_url"),
-                         settings.get("dataset_name"), settings.get("model_name")])
+    source = json.dumps([block.dataset_url, block.model_url, settings.dataset_name,
+                         settings.model_name])
     return hashlib.sha256(source.encode()).hexdigest()[:16]
 
 
-def cell_manifests(settings: dict[str, Any], *, namespace: str, block: dict[str, Any],
+def cell_manifests(settings: TestSettings, *, namespace: str, block: KubernetesWorkloadBlock,
                    cell_index: int) -> list[dict[str, Any]]:
     """Every manifest of one cell, in apply order.
 
@@ -59,24 +60,24 @@ def cell_manifests(settings: dict[str, Any], *, namespace: str, block: dict[str,
     Returns:
         Namespace, PVC, staging Job, ConfigMaps, PyTorchJob.
     """
-    name = job_name(str(settings.get("name", "fine-tuning")), cell_index)
-    gpus = int(settings.get("gpu") or 0)
-    replicas = int(settings.get("pod_count") or 1)
+    name = job_name(settings.name, cell_index)
+    gpus = int(settings.gpu)  # type: ignore[arg-type]  # a cell's value is a scalar
+    replicas = int(settings.pod_count)  # type: ignore[arg-type]
     source = data_source_id(block, settings)
-    dataset = f"{MOUNT}/dataset/{settings['dataset_name']}"
-    model = f"{MOUNT}/model/{_name(str(settings['model_name']), 200)}"
+    dataset = f"{MOUNT}/dataset/{settings.dataset_name}"
+    model = f"{MOUNT}/model/{_name(settings.model_name, 200)}"
     config = trainer_config(settings, dataset, f"{MOUNT}/output/{name}", model_path=model)
     pvc = {
         "apiVersion": "v1", "kind": "PersistentVolumeClaim",
-        "metadata": {"name": block["pvc_name"], "namespace": namespace,
+        "metadata": {"name": block.pvc_name, "namespace": namespace,
                      "labels": {DATA_SOURCE_LABEL: source}},
         "spec": {"accessModes": ["ReadWriteMany" if replicas > 1 else "ReadWriteOnce"],
-                 "resources": {"requests": {"storage": block["pvc_size"]}}},
+                 "resources": {"requests": {"storage": block.pvc_size}}},
     }
-    if block.get("storage_class"):
-        pvc["spec"]["storageClassName"] = block["storage_class"]
+    if block.storage_class:
+        pvc["spec"]["storageClassName"] = block.storage_class
     fetch = [f"mkdir -p {MOUNT}/dataset {MOUNT}/model"]
-    for url, target in ((block.get("dataset_url"), dataset), (block.get("model_url"), model)):
+    for url, target in ((block.dataset_url, dataset), (block.model_url, model)):
         if not url:
             continue
         if url.startswith("s3://"):
@@ -91,20 +92,20 @@ def cell_manifests(settings: dict[str, Any], *, namespace: str, block: dict[str,
                      "labels": {DATA_SOURCE_LABEL: source}},
         "spec": {"backoffLimit": 2, "activeDeadlineSeconds": 3600, "template": {"spec": {
             "restartPolicy": "Never",
-            "containers": [{"name": "staging", "image": block["staging_image"],
+            "containers": [{"name": "staging", "image": block.staging_image,
                             "command": ["bash", "-c", " && ".join(fetch)],
                             "volumeMounts": [{"name": "storage", "mountPath": MOUNT}]}],
             "volumes": [{"name": "storage", "persistentVolumeClaim": {
-                "claimName": block["pvc_name"]}}]}}},
+                "claimName": block.pvc_name}}]}}},
     }
     configmap = {"apiVersion": "v1", "kind": "ConfigMap",
                  "metadata": {"name": f"{name}-config", "namespace": namespace},
-                 "data": {"config.json": json.dumps(config, indent=2),
+                 "data": {"config.json": config.file_text().rstrip("\n"),
                           "entrypoint.sh": _ENTRYPOINT}}
 
     def replica(count: int) -> dict[str, Any]:
         container: dict[str, Any] = {
-            "name": "pytorch", "image": settings["container_image"],
+            "name": "pytorch", "image": settings.container_image,
             "command": ["bash", "/etc/telltale/entrypoint.sh"],
             "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
             "volumeMounts": [{"name": "storage", "mountPath": MOUNT},
@@ -116,7 +117,7 @@ def cell_manifests(settings: dict[str, Any], *, namespace: str, block: dict[str,
         return {"replicas": count, "restartPolicy": "Never", "template": {"spec": {
             "containers": [container],
             "volumes": [{"name": "storage", "persistentVolumeClaim": {
-                "claimName": block["pvc_name"]}},
+                "claimName": block.pvc_name}},
                 {"name": "config", "configMap": {"name": f"{name}-config"}}]}}}
 
     specs = {"Master": replica(1)}

@@ -12,10 +12,20 @@ from projects.library.cost import CostBlock
 from projects.library.tiny_lm import LocalModelSpec
 
 __all__ = [
+    "Batch",
+    "Epochs",
     "FineTuningTest",
     "HyperParameters",
     "KubernetesWorkloadBlock",
+    "LearningRate",
     "LocalModelSpec",
+    "Modules",
+    "PeftMethod",
+    "Rank",
+    "Ratio",
+    "Replication",
+    "SeqLength",
+    "Steps",
     "TestSettings",
 ]
 
@@ -31,6 +41,9 @@ Gpus = Annotated[int, Field(ge=0, le=64)]
 Replicas = Annotated[int, Field(ge=1, le=1024)]
 Replication = Annotated[int, Field(ge=1, le=10_000)]
 PeftMethod = Literal["lora", "pt", "none"]
+Modules = Annotated[list[Name], Field(max_length=64)]
+# Each bound above is written once: the config model below and the trainer's file model
+# (`projects.fine_tuning.trainer.TrainerConfig`) both use these types.
 
 
 class HyperParameters(StrictSettings):
@@ -61,8 +74,8 @@ class HyperParameters(StrictSettings):
     r: Rank | list[Rank] = Field(default=8, description="LoRA rank.")
     lora_alpha: Rank | list[Rank] = Field(default=16, description="LoRA alpha.")
     lora_dropout: Ratio | list[Ratio] = Field(default=0.05, description="LoRA dropout.")
-    target_modules: list[Name] = Field(
-        default_factory=lambda: ["q_proj", "v_proj"], max_length=64,
+    target_modules: Modules = Field(
+        default_factory=lambda: ["q_proj", "v_proj"],
         description="Modules LoRA adapts (a value, not a dimension: listed in raw_lists).")
     warmup_ratio: Ratio | list[Ratio] | None = Field(
         default=None, description="Share of the steps spent warming the learning rate up.")

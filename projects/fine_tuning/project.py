@@ -30,7 +30,7 @@ from projects.contract import (
 from projects.fine_tuning import validity
 from projects.fine_tuning.kpis import KPIS, labels, results_summary
 from projects.fine_tuning.manifests import DATA_SOURCE_LABEL, cell_manifests
-from projects.fine_tuning.models import FineTuningTest
+from projects.fine_tuning.models import FineTuningTest, TestSettings
 from projects.fine_tuning.parser import FineTuningParser, FineTuningResult
 from projects.fine_tuning.trainer import trainer_config
 from projects.library.data import content_hash, data_file
@@ -67,24 +67,26 @@ def _test(ctx: CellContext) -> FineTuningTest:
     return ctx.test
 
 
-def _settings(ctx: CellContext) -> dict[str, Any]:
-    # exclude_unset: the trainer gets exactly the keys the config set, no model defaults
-    return ctx.settings.model_dump(mode="json", exclude_unset=True)
+def _settings(ctx: CellContext) -> TestSettings:
+    """The cell's typed settings (the object the plan validated)."""
+    if not isinstance(ctx.settings, TestSettings):
+        raise TypeError("the cell's settings are not fine_tuning's TestSettings")
+    return ctx.settings
 
 
 def local_workload(ctx: CellContext) -> LocalWorkload:
     """The trainer stack in miniature: its config file and ``python -m`` command."""
     settings, test = _settings(ctx), _test(ctx)
-    spec = test.local_models[settings["model_name"]]
-    dataset = data_file(ctx.data_dir, settings["dataset_name"], key=DATASET_KEY,
+    spec = test.local_models[settings.model_name]
+    dataset = data_file(ctx.data_dir, settings.dataset_name, key=DATASET_KEY,
                         what="dataset")
     config = trainer_config(settings, str(dataset),
                             str(ctx.workdir / SCRATCH_DIR / "output"),
-                            local_model=spec.model_dump(), logging_steps=10)
+                            local_model=spec, logging_steps=10)
     config_file = ctx.workdir / "src" / "config_final.json"
     return LocalWorkload(argv=[sys.executable, "-m", WORKLOAD_MODULE, str(config_file)],
                          env={"PYTHONUNBUFFERED": "1"},
-                         files={"src/config_final.json": json.dumps(config, indent=2) + "\n"})
+                         files={"src/config_final.json": config.file_text()})
 
 
 def _check_gpus(wanted: int) -> None:
@@ -120,12 +122,12 @@ def check_local(cells: Sequence[CellContext]) -> dict[str, Any]:
         raise ConfigError(f"the local workload needs {', '.join(missing)}: "
                           "pip install torch==2.13.0 && pip install -e '.[local]'")
     settings = [_settings(c) for c in cells]
-    _check_gpus(max(int(s.get("gpu") or 0) for s in settings) if settings else 0)
-    datasets = sorted({str(s["dataset_name"]) for s in settings})
+    _check_gpus(max(int(s.gpu) for s in settings) if settings else 0)  # type: ignore[arg-type]
+    datasets = sorted({s.dataset_name for s in settings})
     data_dir = _FOLDER / "data"
     hashes = {name: content_hash(data_file(data_dir, name, key=DATASET_KEY, what="dataset"))
               for name in datasets}
-    models = sorted({str(s["model_name"]) for s in settings})
+    models = sorted({s.model_name for s in settings})
     local_models = _test(cells[0]).local_models if cells else {}
     for name in models:
         if name not in local_models:
@@ -148,7 +150,7 @@ def kube_workload(ctx: CellContext) -> KubeWorkload:
     """A PyTorchJob (Master + Workers) with its config, after staging data on a PVC."""
     test = _test(ctx)
     namespace_obj, pvc, staging, configmap, pytorchjob = cell_manifests(
-        _settings(ctx), namespace=test.namespace, block=test.kubernetes.model_dump(),
+        _settings(ctx), namespace=test.namespace, block=test.kubernetes,
         cell_index=ctx.index)
     name = pytorchjob["metadata"]["name"]
     return KubeWorkload(
@@ -162,13 +164,14 @@ def kube_workload(ctx: CellContext) -> KubeWorkload:
 def kube_users(ctx: CellContext) -> KubeUsers:
     """Each user pod runs the fms-hf-tuning trainer on the frozen config."""
     settings = _settings(ctx)
-    name = f"{str(settings.get('name', 'fine-tuning'))[:40]}-users-{ctx.index:03d}"
-    config = trainer_config(settings, f"/mnt/storage/dataset/{settings['dataset_name']}",
+    name = f"{settings.name[:40]}-users-{ctx.index:03d}"
+    config = trainer_config(settings, f"/mnt/storage/dataset/{settings.dataset_name}",
                             "/tmp/output")
-    return KubeUsers(name=name, image=str(settings["container_image"]),
-                     command=["python3", "-m", "tuning.sft_trainer"], config=config,
+    return KubeUsers(name=name, image=str(settings.container_image),
+                     command=["python3", "-m", "tuning.sft_trainer"],
+                     config=config.model_dump(mode="json", exclude_unset=True),
                      env={"SFT_TRAINER_CONFIG_JSON_PATH": USERS_CONFIG_PATH},
-                     gpus=int(settings.get("gpu") or 0))
+                     gpus=int(settings.gpu))  # type: ignore[arg-type]
 
 
 PROJECT = Project(

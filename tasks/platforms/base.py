@@ -75,7 +75,7 @@ class RunContext:
 
     def cell_context(self, cell: Cell, workdir: Path) -> CellContext:
         """The typed context a project hook receives for ``cell``."""
-        return CellContext(settings=self.project.settings_model.model_validate(cell.settings),
+        return CellContext(settings=cell.typed_as(self.project.settings_model),
                            test=self.test, index=cell.index, name=cell.name, workdir=workdir,
                            data_dir=self.project.data_dir, run_id=self.run_id)
 

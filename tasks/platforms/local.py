@@ -420,7 +420,7 @@ def _service_ahead(hooks: Project, config: Config, artifact_dir: Path | None) ->
         if not cells:
             return
         context = CellContext(
-            settings=hooks.settings_model.model_validate(cells[0].settings),
+            settings=cells[0].typed_as(hooks.settings_model),
             test=hooks.test_block(config.model), index=cells[0].index, name=cells[0].name,
             workdir=Path("."), data_dir=hooks.data_dir, run_id="ahead")
         spec = hooks.local_service(context)

@@ -6,7 +6,6 @@ import json
 import math
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -16,10 +15,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-import yaml
 
 from analysis.history import HistoryStore
-from tests.factories import cli_env, prometheus_required, terminal_job
+from tests.factories import cli_env, prometheus_required
 
 pytestmark = pytest.mark.slow
 
@@ -391,128 +389,6 @@ def test_rerun_into_same_dir_resumes_finished_cells(tmp_path: Path, prefect_harn
     second = outcome_of(fine_tuning(presets=["light"], overrides=overrides, artifact_dir=str(tmp_path / "r"), return_state=True))
     assert [c.status for c in second.cells] == ["resumed"]
     assert len(list((tmp_path / "r").glob("*__cell"))) == 1
-
-
-def _start_long_run(tmp_path: Path, *extra: str, env: dict[str, str] | None = None,
-                    ) -> tuple[subprocess.Popen[str], Path, int]:
-    """The CLI in its own session (like a terminal's job), up to its running trainer."""
-    run_dir = tmp_path / "run"
-    argv = [sys.executable, "-m", "flows.fine_tuning", "--preset", "light",
-            "--var", "tests.fine_tuning.test_settings.dataset_replication=20",
-            "--artifact-dir", str(run_dir), *extra]
-    proc = terminal_job(argv, env or cli_env(tmp_path))
-    pid_file = None
-    deadline = time.monotonic() + 900
-    while time.monotonic() < deadline and pid_file is None and proc.poll() is None:
-        pid_file = next(run_dir.glob("*__cell/*__run_fine_tuning_job/workload.pid"), None)
-        time.sleep(0.2)
-    assert pid_file is not None, "the workload never started"
-    return proc, run_dir, int(pid_file.read_text())
-
-
-def _communicate_or_dump(proc: subprocess.Popen[str], timeout: float = 900) -> str:
-    """The CLI's output once it exits; if it does not, its threads' stacks (SIGUSR1) in the
-    failure message: a loaded CI machine is slow, a hang needs a diagnosis."""
-    try:
-        return proc.communicate(timeout=timeout)[0]
-    except subprocess.TimeoutExpired:
-        os.kill(proc.pid, signal.SIGUSR1)  # faulthandler: every thread's stack to stderr
-        time.sleep(2)
-        os.killpg(proc.pid, signal.SIGKILL)
-        output = proc.communicate()[0]
-        pytest.fail(f"the CLI did not exit {timeout:.0f} s after Ctrl-C; its stacks:\n"
-                    f"{output[-8000:]}")
-
-
-def _gone(pid: int, within_s: float = 600) -> bool:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.2)
-    return False
-
-
-def _servers_of(prefect_home: Path) -> list[int]:
-    """Temporary Prefect API servers started with this PREFECT_HOME."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if "uvicorn" in (proc / "cmdline").read_text() and str(prefect_home) in \
-                    (proc / "environ").read_text(errors="replace"):
-                found.append(int(proc.name))
-        except (OSError, ValueError):
-            continue
-    return found
-
-
-@pytest.mark.timeout(1800)  # start (≤ 900 s) + a shutdown that load may slow (≤ 900 s)
-def test_ctrl_c_stops_the_workload_and_cleans_up(tmp_path: Path) -> None:
-    """A terminal's Ctrl-C signals the whole process group, not only the CLI."""
-    proc, run_dir, workload_pid = _start_long_run(tmp_path)
-    os.killpg(proc.pid, signal.SIGINT)
-    output = _communicate_or_dump(proc)
-    assert proc.returncode == 130, output[-3000:]
-    assert _gone(workload_pid)
-    assert "Connection refused" not in output and "All connection attempts failed" not in output
-    assert next(run_dir.glob("*__cleanup__cleanup"), None) is not None, output[-3000:]
-    outcome = json.loads((run_dir / "outcome.json").read_text())
-    assert outcome["exit_code"] == 130 and "interrupted" in outcome["failures"][0]
-    assert yaml.safe_load((run_dir / "plan.yaml").read_text())["cells"][0]["name"] == "base"
-    assert not _servers_of(tmp_path / "prefect-home")
-
-
-@pytest.mark.timeout(1800)
-def test_sigterm_is_taken_the_ctrl_c_way(tmp_path: Path) -> None:
-    """SIGTERM to the CLI alone (a scheduler, kill, a CI timeout): the workload stops, the
-    cleanup runs, outcome.json says so, exit 143."""
-    proc, run_dir, workload_pid = _start_long_run(tmp_path)
-    proc.send_signal(signal.SIGTERM)
-    output = _communicate_or_dump(proc)
-    assert proc.returncode == 143, output[-3000:]
-    assert _gone(workload_pid)
-    assert next(run_dir.glob("*__cleanup__cleanup"), None) is not None, output[-3000:]
-    outcome = json.loads((run_dir / "outcome.json").read_text())
-    assert outcome["exit_code"] == 143 and "terminated" in outcome["failures"][0]
-    assert not _servers_of(tmp_path / "prefect-home")
-
-
-@pytest.mark.timeout(1800)
-def test_sigterm_while_quads_is_down_names_the_lease_left_active(tmp_path: Path) -> None:
-    """A leased run gets SIGTERM while QUADS is unreachable: the release fails, and the last
-    lines the scheduler shows are LEFT ACTIVE with the command that releases it."""
-
-    from tests.servers.quads import impatient_tenant, quads_server
-
-    secrets = tmp_path / "secrets"
-    secrets.mkdir()
-    env = {**cli_env(tmp_path), "TELLTALE_SECRET_DIR": str(secrets)}
-    with quads_server() as (url, quads):
-        impatient_tenant(url, quads, secrets)
-        proc, _run_dir, _pid = _start_long_run(
-            tmp_path, "--var", "clusters.sutest.lab.enabled=true",
-            "--var", "clusters.sutest.lab.poll_seconds=0.05", env=env)
-        quads.down = True
-        proc.send_signal(signal.SIGTERM)
-        output = _communicate_or_dump(proc)
-        assert any(a["active"] for a in quads.assignments.values())  # really left
-    assert proc.returncode == 143, output[-3000:]
-    lines = [line for line in output.splitlines() if line.strip()]
-    assert lines[-1].startswith("LEFT ACTIVE: "), output[-3000:]
-    assert "python -m flows.cleanup --quads --project fine_tuning" in lines[-1]
-    assert "left 1 thing(s) active" in output
-
-
-def test_sigkill_of_the_cli_leaves_no_workload_and_no_server(tmp_path: Path) -> None:
-    proc, _, workload_pid = _start_long_run(tmp_path)
-    servers = _servers_of(tmp_path / "prefect-home")
-    assert servers, "the CLI's temporary API server was not found"
-    proc.kill()
-    proc.communicate(timeout=60)
-    assert _gone(workload_pid), "the trainer outlived the CLI"
-    assert all(_gone(pid) for pid in servers), "the API server outlived the CLI"
 
 
 def test_missing_dataset_fails_in_prepare_with_exit_2(tmp_path: Path) -> None:

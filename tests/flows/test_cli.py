@@ -494,6 +494,12 @@ def test_a_command_line_run_resolves_its_config_once(tmp_path: Path, prefect_har
         real(self, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(projects.config.Config, "__init__", counted)
+    import flows.cli
+
+    parsed: list[object] = []
+    parse = flows.cli.overrides_from_args
+    monkeypatch.setattr(flows.cli, "overrides_from_args",
+                        lambda *a, **k: parsed.append(a) or parse(*a, **k))
     code = project_main("fine_tuning", ["--preset", "light", "--platform", "local",
                                         "--artifact-dir", str(tmp_path / "run"),
                                         "--var", "analysis.history_uri=" +
@@ -502,4 +508,5 @@ def test_a_command_line_run_resolves_its_config_once(tmp_path: Path, prefect_har
     # the run's config was made once (the flow took the command line's); others made
     # without presets are the PR-comment policy's reads of the base file
     assert [c.presets_applied for c in made if c.presets_applied] == [("light", "not_metal")]
+    assert len(parsed) == 1  # the command line's arguments were parsed once
     assert (tmp_path / "run" / "config.yaml").is_file()

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -67,13 +68,56 @@ def _repo_copy(tmp_path: Path) -> tuple[Path, Callable[..., subprocess.Completed
     return repo, run
 
 
+# The existing tests that go over every registered project (what a new one could break);
+# they run, unchanged, in the copy with the new project in it.
+_TESTS_OVER_EVERY_PROJECT = (
+    "tests/projects/test_config_schema.py", "tests/projects/test_untrusted.py",
+    "tests/flows/test_deployments.py", "tests/test_docs.py::test_the_generated_reference_is_current",
+    "tests/test_layers.py::test_every_project_has_its_thin_flow_and_nothing_else_is_one",
+    "tests/test_layers.py::test_thin_flows_stay_thin", "tests/test_bootstrap.py::"
+    "test_help_lists_the_registered_projects_and_exits_0",
+)
+
+
+def _sections(text: str) -> dict[str, str]:
+    """A generated reference page's sections by project (``## name``)."""
+    parts = text.split("\n## ")
+    return {part.split("\n", 1)[0]: part for part in parts[1:]}
+
+
+def _generated_files_change_only_for(repo: Path, run: Callable[..., Any], name: str) -> None:
+    """Regenerate what the engine derives from every project: the other projects' parts are
+    byte for byte what they were (their nightly slots, deployments, RBAC, reference)."""
+    from core.yamlio import load_yaml_text
+
+    prefect = run("-m", "deployments.prefect_file")
+    assert prefect.returncode == 0, prefect.stderr
+    (repo / "deployments" / "prefect.yaml").write_text(prefect.stdout)
+    before, _ = load_yaml_text((REPO / "deployments" / "prefect.yaml").read_text(), source="a")
+    after, _ = load_yaml_text(prefect.stdout, source="b")
+    others = [d for d in after["deployments"] if not d["name"].startswith(
+        name.replace("_", "-"))]
+    assert others == before["deployments"]
+    rbac = run("-m", "deployments.rbac")
+    assert rbac.returncode == 0, rbac.stderr
+    assert rbac.stdout == (REPO / "deployments" / "kubernetes-rbac.yaml").read_text()
+    (repo / "deployments" / "kubernetes-rbac.yaml").write_text(rbac.stdout)
+    reference = run("-m", "deployments.reference")
+    assert reference.returncode == 0, reference.stderr
+    old = _sections((REPO / "docs" / "reference" / "config.md").read_text())
+    new = _sections((repo / "docs" / "reference" / "config.md").read_text())
+    assert {k: v for k, v in new.items() if k != name} == old and name in new
+
+
 @pytest.mark.slow
 def test_scaffolded_project_runs_green_end_to_end(tmp_path: Path) -> None:
     repo, run = _repo_copy(tmp_path)
 
     made = run("-m", "flows.new_project", "demo")
     assert made.returncode == 0, made.stderr
-    tests = run("-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/projects/test_demo.py")
+    _generated_files_change_only_for(repo, run, "demo")
+    tests = run("-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+                "tests/projects/test_demo.py", *_TESTS_OVER_EVERY_PROJECT)
     assert tests.returncode == 0, tests.stdout[-3000:]
     lint = run("-m", "ruff", "check", "projects/demo", "flows/demo", "tests/projects")
     assert lint.returncode == 0, lint.stdout[-3000:]

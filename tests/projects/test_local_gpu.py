@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from core.errors import ConfigError
 from projects.fine_tuning.project import _check_gpus
@@ -21,13 +22,45 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_cells_gpu_reaches_the_trainer_config() -> None:
-    settings = {"model_name": "tiny-llama", "gpu": 2, "hyper_parameters": {}}
-    config = trainer_config(settings, "data.jsonl", "out", local_model={"hidden_size": 64})
-    assert TrainerConfig.model_validate(config).telltale_gpus == 2
+    from projects.fine_tuning.models import TestSettings
+    from projects.library.tiny_lm import LocalModelSpec
+
+    settings = TestSettings(gpu=2)
+    spec = LocalModelSpec(hidden_size=64)
+    config = trainer_config(settings, "data.jsonl", "out", local_model=spec)
+    assert TrainerConfig.model_validate_json(config.file_text()).telltale_gpus == 2
     # a cluster's config.json carries no local key
-    assert "telltale_gpus" not in trainer_config(settings, "data.jsonl", "out")
-    cpu = trainer_config({**settings, "gpu": 0}, "d", "o", local_model={"hidden_size": 64})
-    assert TrainerConfig.model_validate(cpu).telltale_gpus == 0
+    assert "telltale_gpus" not in trainer_config(settings, "data.jsonl", "out").file_text()
+    cpu = trainer_config(TestSettings(gpu=0), "d", "o", local_model=spec)
+    assert TrainerConfig.model_validate_json(cpu.file_text()).telltale_gpus == 0
+
+
+def test_the_trainer_file_holds_what_the_config_set_with_the_models_bounds() -> None:
+    """One default per hyper-parameter (the config model's) and one set of bounds."""
+
+    from projects.config import resolve
+    from projects.plan import cells_of
+
+    config = resolve("fine_tuning", ["light"], overrides={
+        "tests.fine_tuning.test_settings.hyper_parameters.r": 16}, env={})
+    cell = cells_of(config, "fine_tuning")[0]
+    from projects.fine_tuning.models import TestSettings
+
+    text = trainer_config(cell.typed_as(TestSettings), "d", "o").file_text()
+    data = json.loads(text)
+    assert data["r"] == 16 and data["lora_alpha"] == 16 and "warmup_ratio" not in data
+    # the bounds are the config model's types, not a copy: the trainer module names none
+    import projects.fine_tuning.trainer as trainer
+
+    assert "4096" not in Path(trainer.__file__).read_text()
+    from projects.fine_tuning.models import HyperParameters
+
+    TrainerConfig.model_validate({**data, "r": 4096})
+    HyperParameters.model_validate({"r": 4096})
+    with pytest.raises(ValidationError, match="less than or equal to 4096"):
+        TrainerConfig.model_validate({**data, "r": 4097})
+    with pytest.raises(ValidationError, match="less than or equal to 4096"):
+        HyperParameters.model_validate({"r": 4097})
 
 
 def test_no_gpu_asked_needs_no_nvml() -> None:
@@ -60,11 +93,13 @@ def test_the_gpu_check_counts_the_boards_nvml_reports(tmp_path: Path) -> None:
 
 def test_the_trainer_refuses_gpus_torch_does_not_see(tmp_path: Path) -> None:
     """torch's CPU build sees no CUDA device: exit non-zero, the reason on stderr."""
+    from projects.fine_tuning.models import TestSettings
+    from projects.library.tiny_lm import LocalModelSpec
+
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({
-        "model_name_or_path": "tiny-llama", "output_dir": str(tmp_path / "out"),
-        "training_data_path": str(REPO / "projects/fine_tuning/data/alpaca_mini.jsonl"),
-        "telltale_gpus": 1, "telltale_local_model": {"hidden_size": 64}}))
+    config.write_text(trainer_config(
+        TestSettings(gpu=1), str(REPO / "projects/fine_tuning/data/alpaca_mini.jsonl"),
+        str(tmp_path / "out"), local_model=LocalModelSpec(hidden_size=64)).file_text())
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
     done = subprocess.run([sys.executable, "-m", "projects.fine_tuning.workload.train_local",
                            str(config)], cwd=REPO, capture_output=True, text=True,

@@ -25,7 +25,7 @@ from projects.untrusted import (
     policy_for,
 )
 
-PROJECTS = ["fine_tuning", "llm_serving"]
+PROJECTS = registry.available()  # a new project is probed like the others
 BASE = {"fine_tuning": ["light"], "llm_serving": ["light"]}
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from projects.config import resolve
 from projects.fine_tuning.manifests import cell_manifests
+from projects.fine_tuning.models import TestSettings as FineTuningSettings
 from projects.library import GpuOperatorBlock
 from projects.plan import cells_of
 from tasks.kube.olm import (
@@ -32,8 +33,9 @@ def all_manifests() -> list[dict]:
             "tests.fine_tuning.kubernetes.model_url": "s3://models/granite",
             "tests.fine_tuning.kubernetes.storage_class": "nfs"}, env={})
         for cell in cells_of(config, "fine_tuning"):
-            out += cell_manifests(cell.settings, namespace="ft", cell_index=cell.index,
-                                  block=config.get("tests.fine_tuning.kubernetes"))
+            out += cell_manifests(cell.typed_as(FineTuningSettings), namespace="ft",
+                                  cell_index=cell.index,
+                                  block=config.model.tests.fine_tuning.kubernetes)
     for spec in (SERVICE_MESH, RHOAI.model_copy(update={"version": "rhods-operator.2.13.0",
                                                         "catalog_image": "quay.io/x/y:1"}),
                  NFD, GPU_OPERATOR):
