@@ -6,10 +6,12 @@ cluster image from the ConfigMap mounted in the PyTorchJob. The file holds only 
 (the cell's hyper-parameters and the engine's paths), so the cluster image applies its own
 defaults for what the config leaves unset (``None``), as it always did.
 
-A LoRA ``r`` from ``--var`` to the trainer changes form four times: text → a YAML value
-(`projects.config.parse_override`) → the typed config (`projects.config.resolve`; the plan
-keeps each cell's typed settings, `projects.matrix.Cell.typed_as`) → `TrainerConfig` →
-the file's JSON. Its default and bounds are written once, in `projects.fine_tuning.models`.
+A LoRA ``r`` from ``--var`` to the trainer's file changes form four times: text → a YAML
+value (`projects.config.parse_override`) → the config (`projects.config.resolve`: its tree,
+validated by the model) → the cell's typed settings (the plan expands the matrix and
+validates each cell once: `projects.matrix.Cell.typed_as`) → the trainer's file
+(`TrainerConfig`, written as its JSON). Its default and bounds are written once, in
+`projects.fine_tuning.models`.
 """
 
 from __future__ import annotations
