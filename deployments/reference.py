@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, create_model
+from pydantic import BaseModel
 
 from core.terminal import ArgumentParser, say
 from projects import registry, schema
@@ -69,16 +69,7 @@ def _type_name(annotation: Any) -> str:
 
 def _nested(annotation: Any) -> type[BaseModel] | None:
     """The block a field holds, walked like every other key (`projects.schema`)."""
-    level = schema.level_at(_Holder[annotation], ["value"])  # type: ignore[index]
-    return level.model
-
-
-class _Holder(BaseModel):
-    """A one-field model to ask `projects.schema` about a bare annotation."""
-
-    @classmethod
-    def __class_getitem__(cls, annotation: Any) -> type[BaseModel]:  # type: ignore[override]
-        return create_model("_Holder", value=(annotation, ...))
+    return schema.level_of(annotation).model
 
 
 def _shown(value: Any) -> str:

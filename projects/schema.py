@@ -26,7 +26,7 @@ from pydantic import BaseModel, TypeAdapter
 from pydantic.fields import FieldInfo, PydanticUndefined
 
 __all__ = ["NO_DEFAULT", "Level", "UndeclaredKeyError", "default_of", "defaults_of", "element_of",
-           "is_free_mapping", "level_at", "models_in"]
+           "is_free_mapping", "level_at", "level_of", "models_in"]
 
 
 def models_in(annotation: Any) -> list[type[BaseModel]]:
@@ -104,7 +104,8 @@ class Level:
         return self.model is None and not self.free
 
 
-def _level(annotation: Any, info: FieldInfo | None) -> Level:
+def level_of(annotation: Any, info: FieldInfo | None = None) -> Level:
+    """What a value of ``annotation`` is: a block (its model), a free mapping, or a leaf."""
     if is_free_mapping(annotation):
         return Level(None, True, annotation, info)
     models = models_in(annotation)
@@ -133,10 +134,10 @@ def level_at(model: type[BaseModel], parts: Sequence[str]) -> Level:
     level = Level(model, False, model)
     for depth, part in enumerate(parts):
         if level.free:
-            level = _level(_mapping_value(level.annotation), None)
+            level = level_of(_mapping_value(level.annotation), None)
         elif level.model is not None and part in level.model.model_fields:
             info = level.model.model_fields[part]
-            level = _level(info.annotation, info)
+            level = level_of(info.annotation, info)
         else:
             raise UndeclaredKeyError(depth, level)
     return level
@@ -175,7 +176,7 @@ def defaults_of(model: type[BaseModel]) -> dict[str, Any]:
     for name, info in model.model_fields.items():
         value = default_of(info)
         if value is NO_DEFAULT:
-            level = _level(info.annotation, info)
+            level = level_of(info.annotation, info)
             if level.model is None:
                 continue
             value = defaults_of(level.model)
