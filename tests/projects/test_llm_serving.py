@@ -432,3 +432,51 @@ def test_goodput_is_bounded_on_any_sample_set(records: list, bounds: dict, succe
     assert 0.0 <= found.goodput_requests_per_second <= rps
     assert found.goodput_tokens_per_second is None or (
         tps is not None and 0.0 <= found.goodput_tokens_per_second <= tps * (1 + 1e-12))
+
+
+_STALLS_ONCE = '''
+import shutil, sys, time
+from pathlib import Path
+
+marker = Path(sys.argv[1])
+output = next(a.split("path=", 1)[1] for a in sys.argv if a.startswith("kind=json,path="))
+if not marker.exists():  # the first run: alive and idle, as GuideLLM hangs upstream
+    marker.write_text("stalled")
+    time.sleep(600)
+shutil.copy(sys.argv[2], output)
+'''
+
+
+def test_a_stalled_guidellm_is_killed_and_run_once_more(tmp_path: Path) -> None:
+    """GuideLLM's upstream hang (alive, idle, no report) costs its grace, not the cell's
+    deadline: the load step kills it and runs it again."""
+    import http.server
+    import threading
+
+    class Server(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (the handler's API)
+            body = b'{"version": "0"}' if self.path == "/version" else b"# metrics\n"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Server)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    fake = tmp_path / "guidellm.py"
+    fake.write_text(_STALLS_ONCE)
+    recorded = Path(__file__).resolve().parents[1] / "data" / "guidellm_light.json"
+    try:
+        done = _load(tmp_path, {**GOOD, "target": f"http://127.0.0.1:{server.server_port}",
+                                "guidellm": [sys.executable, str(fake),
+                                             str(tmp_path / "stalled"), str(recorded)],
+                                "stall_grace_s": 1})
+    finally:
+        server.shutdown()
+    assert (tmp_path / "stalled").exists()  # the first run did stall
+    assert "guidellm stalled" in done.stderr and "attempt 2 of 2" in done.stderr
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads((tmp_path / "out" / "load.json").read_text())["guidellm_exit_code"] == 0

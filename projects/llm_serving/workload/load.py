@@ -7,14 +7,16 @@
 ``concurrency``, ``prompt_tokens``, ``output_tokens``, ``duration_s``, ``request_format``,
 ``warmup_s`` (seconds of load left out of the statistics: a cold server's first requests),
 and optionally ``wait_ready_s`` (poll the server's ``/health`` that long first: on a
-cluster the load Pod may start before KServe has loaded the model).
+cluster the load Pod may start before KServe has loaded the model) and ``stall_grace_s``
+(default 120: see `stall_after_s`; a GuideLLM that stalls is killed and started once more).
 Standard library only, so the same file runs in the load generator's image on a cluster.
 
 Writes ``DIR/metrics_before.txt``, ``DIR/guidellm.json``, ``DIR/metrics_after.txt``,
 ``DIR/load.json`` (what ran, when, the server's version) and prints two lines: the result
 in compact form (``{"event": "guidellm", ...}``: the statistics the parser reads and up to
 200 requests' timings; a cluster keeps only the Pod's log) and a summary.
-Exit codes: 0 measured; 2 bad config; 3 GuideLLM failed; 4 no request succeeded. GuideLLM's
+Exit codes: 0 measured; 2 bad config; 3 GuideLLM failed (or stalled twice); 4 no request
+succeeded. GuideLLM's
 warnings are recorded (``load.json``: ``warnings``, and ``invalid_warnings``, those listed in
 ``invalid_on_warnings``, default ``generation_delay_ttft``: its own request generation
 bottlenecked the run). They make the measurement *invalid* (post-processing keeps it, never
@@ -92,6 +94,54 @@ def guidellm_argv(config, output):
             "--metrics", "kind=generative,sample_size=0",
             "--output", f"kind=json,path={output}",
             "--disable-console-interactive"]
+
+
+STALL_GRACE_S = 120
+"""Seconds past its load window (and at least twice its length) after which GuideLLM is
+taken for stalled: killed and started again once."""
+ATTEMPTS = 2
+
+
+def stall_after_s(config):
+    """How long GuideLLM may run before it counts as stalled.
+
+    Its warm-up and load window, then ``max(STALL_GRACE_S, 2 x duration)`` for its start
+    (tokenizer, workers) and its report.
+    """
+    duration = int(config["duration_s"])
+    grace = int(config.get("stall_grace_s") or STALL_GRACE_S)
+    return int(config.get("warmup_s") or 0) + duration + max(grace, 2 * duration)
+
+
+def _run_guidellm(command, stall_s):
+    """Run GuideLLM; a run that outlives ``stall_s`` is killed and started once more.
+
+    GuideLLM sometimes stops between its last request and its report, alive and idle
+    (upstream: vllm-project/guidellm#431 and #1152; seen once in this suite, after the
+    server had answered every request). Without this the cell waited for its own deadline
+    (10 minutes for a 10-second load) and failed. Returns the exit code of the last attempt
+    (124 when every attempt stalled).
+    """
+    for attempt in range(1, ATTEMPTS + 1):
+        print("$ " + " ".join(command), flush=True)
+        proc = subprocess.Popen(command)
+        try:
+            return proc.wait(timeout=stall_s)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            print(f"warning: guidellm stalled: still running {stall_s} s after it started "
+                  "(a known GuideLLM hang, vllm-project/guidellm#431): killed"
+                  + (f"; starting it again (attempt {attempt + 1} of {ATTEMPTS})"
+                     if attempt < ATTEMPTS else ""), file=sys.stderr, flush=True)
+        except BaseException:  # interrupted: GuideLLM goes with this step
+            proc.kill()
+            raise
+    return 124
 
 
 _READ = ("request_latency", "requests_per_second", "time_to_first_token_ms",
@@ -181,8 +231,7 @@ def main(argv):
             stream.write(before)
     result_file = os.path.join(out, "guidellm.json")
     command = guidellm_argv(config, result_file)
-    print("$ " + " ".join(command), flush=True)
-    code = subprocess.run(command, check=False).returncode
+    code = _run_guidellm(command, stall_after_s(config))
     after = _get(config["target"] + "/metrics")
     if after is not None:
         with open(os.path.join(out, "metrics_after.txt"), "w", encoding="utf-8") as stream:
