@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import os
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
@@ -43,7 +44,7 @@ class TelltaleEnv(BaseSettings):
                                   "deployment run, whose working dir a worker deletes).")
     force_reparse: bool = Field(default=False, description="Ignore the parse caches.")
 
-    @field_validator("data_dir", "runs_dir")
+    @field_validator("data_dir", "runs_dir", "prefect_api_home")
     @classmethod
     def _a_directory(cls, value: Path | None) -> Path | None:
         """A directory, or a path a directory can be made at (not a file, nor under one)."""
@@ -60,6 +61,14 @@ class TelltaleEnv(BaseSettings):
                               "(set by the Containerfile); recorded as a label.")
     ci_engine: str = Field(default="prefect", description="Recorded in each cell's "
                            "settings.yaml.")
+    prefect_api: Literal["reuse", "temporary"] = Field(
+        default="reuse", description="A command-line run's Prefect API when PREFECT_API_URL "
+        "is unset: `reuse` the local server runs share (started on first use, stopped when "
+        "idle; flows.local_api), or a `temporary` one for the run alone.")
+    prefect_api_home: Path | None = Field(default=None, description="The Prefect home of the "
+                                          "shared local API (default: PREFECT_HOME).")
+    prefect_api_idle_minutes: float = Field(default=20.0, gt=0, description="The shared local "
+                                            "API stops after this long unused.")
 
 
 def env_settings() -> TelltaleEnv:

@@ -1,4 +1,8 @@
-"""A temporary Prefect API for one command-line run, owned by the CLI.
+"""The Prefect API of a command-line run: the user's, the shared local one, or a temporary one.
+
+By default a run uses the local API runs share (`flows.local_api`: started on first use,
+stopped when idle, with Prefect's UI). ``TELLTALE_PREFECT_API=temporary`` gives the run a
+server of its own, described here:
 
 Without ``PREFECT_API_URL`` Prefect starts a temporary server as a child in the CLI's
 process group: a terminal's Ctrl-C killed it together with the run, and the run then spent
@@ -20,8 +24,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from core.environment import env_settings
 from core.errors import StepError
 from core.safeio import open_append
+from core.timeline import mark
 from tasks.process import free_port
 from tasks.runner import die_with_parent
 
@@ -54,13 +60,16 @@ def _drain_prefect_workers(timeout_s: float = 10.0) -> None:
 
 @contextmanager
 def prefect_api(log_file: Path | None = None) -> Iterator[str | None]:
-    """Use ``PREFECT_API_URL`` when set; else run a temporary API for the block's duration.
+    """Use ``PREFECT_API_URL`` when set; else the shared local API, or a temporary one.
+
+    The shared one is `flows.local_api`'s; with ``TELLTALE_PREFECT_API=temporary`` a server
+    runs for the block's duration only.
 
     Args:
         log_file: Where the server's own output goes (default: discarded).
 
     Yields:
-        The API URL of the temporary server, or None when ``PREFECT_API_URL`` was set.
+        The API URL of the server used, or None when ``PREFECT_API_URL`` was set.
 
     Raises:
         StepError: The server did not answer within
@@ -76,6 +85,18 @@ def prefect_api(log_file: Path | None = None) -> Iterator[str | None]:
 
     if PREFECT_API_URL.value():
         yield None
+        return
+    mark("prefect api")
+    if env_settings().prefect_api == "reuse":
+        from flows.local_api import shared_api
+
+        try:
+            with shared_api() as state, temporary_settings(
+                    updates={PREFECT_API_URL: state.url, PREFECT_UI_URL: state.ui_url}):
+                mark("flow start")
+                yield state.url
+        finally:
+            _drain_prefect_workers()
         return
     port = free_port()
     url = f"http://127.0.0.1:{port}/api"
@@ -103,6 +124,7 @@ def prefect_api(log_file: Path | None = None) -> Iterator[str | None]:
         # no UI link: Prefect's "View at http://127.0.0.1:<port>/runs/..." would point at an
         # API that is gone when the command ends (and this server serves no UI)
         with temporary_settings(updates={PREFECT_API_URL: url, PREFECT_UI_URL: ""}):
+            mark("flow start")
             yield url
     finally:
         _drain_prefect_workers()

@@ -32,6 +32,7 @@ from typing import Any
 
 from core.errors import ConfigError
 from core.safeio import write_text
+from core.timeline import mark, take
 from flows.cli import (
     EXIT_FAILED,
     EXIT_INCONCLUSIVE,
@@ -108,6 +109,7 @@ def orchestrate(project_name: str, presets: Sequence[str], overrides: dict[str, 
     Raises:
         TelltaleError: A user error before any cell ran (config, platform, prepare).
     """
+    mark("plan")
     log = _log()
     if _flow_run_id() is not None:
         send_telltale_logs_to_prefect()
@@ -147,15 +149,20 @@ def orchestrate(project_name: str, presets: Sequence[str], overrides: dict[str, 
         target = platform_factory(chosen)
         try:
             try:
+                mark("prepare")
                 run = _provision(run, creates)
                 target = platform_factory("kubernetes") if creates else target
                 target.prepare(run, plan.runnable)
                 with target.lock(run):
                     test_phase(plan.cells, run, target, outcome.cells)
+                    mark("validity")
                     validity_phase(plan.cells, run, target, outcome.cells)
+                    mark("confirm re-runs")
                     confirm_phase(plan.cells, run, target, outcome.cells)
+                mark("post-processing")
                 _postprocess_phase(outcome, run)
             finally:
+                mark("cleanup")
                 # Every cleanup step runs even when an earlier one fails; the first error wins.
                 error: BaseException | None = None
                 if clusters.cleanup_on_exit:
@@ -212,6 +219,7 @@ def _inside_runs_root(artifact_dir: str, root: Path) -> Path:
 
 
 def _write_outcome(root: Path, outcome: RunOutcome) -> None:
+    outcome.timeline = take()
     written(outcome)
     try:
         write_text(root / "outcome.json", outcome.model_dump_json(indent=2))

@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from core.errors import TelltaleError
+from core.timeline import Moment
 from flows.cli import EXIT_OK
 
 __all__ = ["CellOutcome", "RunFailed", "RunOutcome", "finish", "last_written", "outcome_of",
@@ -60,6 +61,9 @@ class RunOutcome(BaseModel):
                                  "(a deployment's run: its pull step's clone).")
     code_commit: str | None = Field(default=None, description="Its git commit, when a git "
                                     "checkout.")
+    timeline: list[Moment] = Field(default_factory=list, description="Where the run's "
+                                   "seconds went: each phase's start (since the process "
+                                   "started) and length (core.timeline).")
     leftovers: list[str] = Field(default_factory=list, description="What the cleanup could "
                                  "not remove and may still be active (a QUADS lease, a "
                                  "cluster), each with the command that removes it.")

@@ -28,6 +28,7 @@ from analysis.pipeline import PostprocessOutcome
 from blocks.s3 import S3Target
 from core.environment import env_settings
 from core.safeio import UnreadableInputError, read_text_bounded, write_text
+from core.timeline import mark
 from core.yamlio import dump_yaml
 from flows.cli import (
     is_terminated,
@@ -174,6 +175,7 @@ def test_phase(cells: Sequence[Cell], run: RunContext, platform: Platform,
             results.append(CellOutcome(name=cell.name, status="resumed", exit_code=0,
                                        dir=str(previous)))
         else:
+            mark(f"cell {cell.name}")
             result = _run_cell(cell, run, platform, results=results)
             results.append(result)
             stop = result.status == "failed" and run.test.stop_on_error

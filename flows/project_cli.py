@@ -19,6 +19,7 @@ from typing import Any
 
 from core.paths import writable_dir
 from core.terminal import say
+from core.timeline import mark
 from flows.cli import (
     EXIT_OK,
     add_config_arguments,
@@ -131,13 +132,17 @@ def project_main(project: str, argv: Sequence[str] | None = None) -> int:
         platform, _ = select_platform(requested, clusters.kubeconfig,
                                       creates_cluster=clusters.create.type is not None)
         prefect_defaults()
-        from flows.orchestration import run_from_cli
-
-        module = importlib.import_module(f"flows.{project}.flow")
         artifact_dir = Path(args.artifact_dir) if args.artifact_dir else None
-        # what the platform starts while Prefect's temporary API starts (`Platform.ahead`)
+        # What the platform starts before the run (`Platform.ahead`): first thing, so that
+        # Prometheus's first scrape (5 s after it starts) overlaps importing Prefect and the
+        # flow, and finding or starting the Prefect API.
+        mark("start ahead (prometheus, a first server)")
         with platform_type(platform).ahead(registry.load(project), config, artifact_dir), \
                 use_config(config):  # the flow takes it: resolved once (`resolve_once`)
+            mark("import prefect and the flow")
+            from flows.orchestration import run_from_cli
+
+            module = importlib.import_module(f"flows.{project}.flow")
             return run_from_cli(module.FLOW, presets=list(args.preset),
                                 overrides=config.request_overrides,
                                 platform=platform, artifact_dir=artifact_dir)

@@ -13,6 +13,12 @@ import pytest
 # Must be set before Prefect is imported anywhere in the session.
 _PREFECT_HOME = tempfile.mkdtemp(prefix="telltale-prefect-home-")
 os.environ.setdefault("PREFECT_HOME", _PREFECT_HOME)
+# Every command-line run of the session (both xdist workers: set before they start) shares
+# one local Prefect API (flows.local_api) instead of starting its own (~7 s each, far more
+# under load); `pytest_sessionfinish` stops it. Tests of the temporary API ask for it.
+# Never the user's own: the suite stops it at the end.
+if not os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["TELLTALE_PREFECT_API_HOME"] = tempfile.mkdtemp(prefix="telltale-prefect-api-")
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 if _WORKER:
     # pytest-xdist runs the suite in several processes: each gets its own Prefect home (its
@@ -106,3 +112,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     the others idle (the suite's tail); work stealing evens out the short ones after
     (measured: 12 min 23 s against 13 min 02 s in collection order)."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop the session's shared local Prefect API (the controller, once all workers end)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    from flows.local_api import stop
+
+    stop(Path(os.environ["TELLTALE_PREFECT_API_HOME"]))

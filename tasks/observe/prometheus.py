@@ -249,19 +249,26 @@ class PrometheusServer:
     def _wait_ready(self, timeout_s: float) -> None:
         self._wait(timeout_s, "ready", lambda: self._client.get("/-/ready").status_code == 200)
 
+    @property
+    def scraped(self) -> bool:
+        """`wait_scraped` has returned: every window from now on is sampled from its start."""
+        return self._scraped
+
     def wait_scraped(self, timeout_s: float = 120.0) -> None:
-        """Wait until the node exporter has been scraped twice (once per server).
+        """Wait until the node exporter has been scraped (once per server).
 
         Prometheus applies its scrape config on a 5 s discovery tick after start: a window
         opened earlier has no samples for its first seconds, and a short cell none at all
-        (its resource KPIs would come and go between runs); a rate needs two samples. The
-        local platform starts the server first thing in prepare and waits here before the
-        first cell, so the tick overlaps the preparation.
+        (its resource KPIs would come and go between runs). Once scraping has begun, every
+        window is sampled from its start: the two samples a rate needs are the window's own
+        (`wait_sample_after` adds its last), so one sample before it is enough. The server
+        is started ahead of the run (`start_ahead`) so that the tick overlaps the run's
+        own start.
         """
         if self._scraped:
             return
         self._wait(timeout_s, "scraping its node exporter",
-                   lambda: self._node_samples("count_over_time(up{job=\"node\"}[10m])") >= 2)
+                   lambda: self._node_samples("count_over_time(up{job=\"node\"}[10m])") >= 1)
         self._scraped = True
 
     def wait_sample_after(self, moment: datetime) -> None:

@@ -43,6 +43,7 @@ from core.safeio import (
     write_text,
 )
 from core.terminal import say
+from core.timeline import mark
 from projects.config import Config
 from projects.contract import (
     SCRATCH_DIR,
@@ -530,8 +531,10 @@ class LocalPlatform:
         found = meters(gpu=isinstance(gpus, int) and gpus > 0)
         if found:
             recorder = EnergyRecorder(found).start()
-        if self.prometheus is not None:
+        if self.prometheus is not None and not self.prometheus.scraped:
+            mark("wait for prometheus's first scrape")
             self.prometheus.wait_scraped(run_ctx.model.observe.prometheus.ready_timeout_s)
+            mark(f"cell {cell.name} (scraped)")
         start = datetime.now(UTC)
         try:
             yield

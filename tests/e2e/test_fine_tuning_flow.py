@@ -100,6 +100,21 @@ def test_cli_light_preset_end_to_end(tmp_path: Path) -> None:
     assert math.isclose(kpis["train_runtime"], logged, rel_tol=1e-6)
     assert (post / "report" / "index.html").is_file()
     assert "report    :" in proc.stdout
+    # where its seconds went: from the process's start, phase after phase, none left out
+    timeline = json.loads((run_dir / "outcome.json").read_text())["timeline"]
+    phases = [moment["phase"] for moment in timeline]
+    for phase in ("process start", "prefect api", "flow start", "plan", "prepare",
+                  "cell base", "post-processing", "cleanup", "outcome written"):
+        assert phase in phases, phases
+    assert phases[0] == "process start" and timeline[0]["at_s"] == 0.0
+    starts = [moment["at_s"] for moment in timeline]
+    assert starts == sorted(starts)
+    for moment, following in zip(timeline, timeline[1:], strict=False):
+        assert moment["seconds"] == pytest.approx(following["at_s"] - moment["at_s"], abs=2e-3)
+    # the suite's runs share one local Prefect API (flows.local_api): this one used it
+    from flows.local_api import status
+
+    assert status() is not None
     # energy: the package's counter sampled over the cell, integrated over the training steps
     # (the trainer's own bounds in its summary line), not over the process
     energy = pd.read_parquet(next(cell.glob("*__observe__capture_energy")) / "energy"

@@ -89,6 +89,10 @@ def test_ctrl_c_stops_the_workload_and_cleans_up(tmp_path: Path) -> None:
     assert outcome["exit_code"] == 130 and "interrupted" in outcome["failures"][0]
     assert yaml.safe_load((run_dir / "plan.yaml").read_text())["cells"][0]["name"] == "base"
     assert not _servers_of(tmp_path / "prefect-home")
+    # the shared local API it used is in its own session: the Ctrl-C did not reach it
+    from flows.local_api import status
+
+    assert status() is not None
 
 
 @pytest.mark.timeout(1800)
@@ -133,7 +137,9 @@ def test_sigterm_while_quads_is_down_names_the_lease_left_active(tmp_path: Path)
 
 
 def test_sigkill_of_the_cli_leaves_no_workload_and_no_server(tmp_path: Path) -> None:
-    proc, _, workload_pid = _start_long_run(tmp_path)
+    """With a temporary API of its own (the shared one outlives runs by design)."""
+    proc, _, workload_pid = _start_long_run(
+        tmp_path, env={**cli_env(tmp_path), "TELLTALE_PREFECT_API": "temporary"})
     servers = _servers_of(tmp_path / "prefect-home")
     assert servers, "the CLI's temporary API server was not found"
     proc.kill()

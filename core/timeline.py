@@ -1,0 +1,77 @@
+"""Where a run's seconds go: named moments, counted from the process's own start.
+
+The command line and the flow `mark` the moments that bound their phases (config resolved,
+the Prefect API answering, the flow started, each cell, post-processing, cleanup); the run
+writes them into ``outcome.json`` (`take`), each with the seconds until the next one, so a
+slow run says which phase was slow. The first moment is the process's start as the kernel
+recorded it: the interpreter's own start and every import are counted too.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from pydantic import BaseModel, Field
+
+__all__ = ["Moment", "mark", "process_start", "take"]
+
+_lock = threading.Lock()
+_marks: list[tuple[str, float]] = []
+_imported = time.time()
+
+
+class Moment(BaseModel):
+    """One moment of a run's timeline."""
+
+    phase: str = Field(description="What begins here (the name of the moment).")
+    at_s: float = Field(description="Seconds since the process started.")
+    seconds: float | None = Field(default=None, description="Until the next moment (None "
+                                  "for the last).")
+
+
+def process_start() -> float:
+    """This process's start (Unix time) from ``/proc``; the import of this module elsewhere."""
+    try:
+        with open("/proc/self/stat", "rb") as stat:
+            # field 22 (after the parenthesised name, which may hold spaces): clock ticks
+            ticks = int(stat.read().rsplit(b")", 1)[1].split()[19])
+        with open("/proc/stat", "rb") as system:
+            boot = next(int(line.split()[1]) for line in system if line.startswith(b"btime"))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return _imported
+
+
+def mark(phase: str) -> None:
+    """Record that ``phase`` begins now."""
+    with _lock:
+        _marks.append((phase, time.time()))
+
+
+def take(end: str = "outcome written") -> list[Moment]:
+    """The moments marked since the last `take` (then forgotten), ``end`` last, as a timeline.
+
+    The first moment is the process's start when this is the process's first run; a later
+    run in the same process (a test, a served deployment) starts at its first mark.
+    """
+    global _first_taken
+    mark(end)
+    with _lock:
+        marks = list(_marks)
+        _marks.clear()
+        first = not _first_taken
+        _first_taken = True
+    origin = process_start() if first else marks[0][1]
+    if first:
+        marks.insert(0, ("process start", origin))
+    moments = []
+    for index, (phase, at) in enumerate(marks):
+        following = marks[index + 1][1] if index + 1 < len(marks) else None
+        moments.append(Moment(phase=phase, at_s=round(at - origin, 3),
+                              seconds=None if following is None else round(following - at, 3)))
+    return moments
+
+
+_first_taken = False

@@ -1,0 +1,310 @@
+"""A local Prefect API that command-line runs share, started on first use, stopped when idle.
+
+A command-line run needs a Prefect API. Starting one for each run cost ~6.7 s of this
+project's ~22 s light run on 2 cores (4 s of it importing Prefect's server). The first run
+starts this one instead; later runs find it and use it at once, and Prefect's UI on it shows
+every run (``python -m flows.local_api status`` prints its address).
+
+- **Where**: its state (``state.json``, its log, who uses it) lives in ``telltale-api/``
+  under ``TELLTALE_PREFECT_API_HOME`` (default: ``PREFECT_HOME``); the server runs with that
+  Prefect home, so its database is that home's. One server per home.
+- **Who may stop it**: it stops itself once no run has used it for
+  ``TELLTALE_PREFECT_API_IDLE_MINUTES`` (default 20) and no process that registered as its
+  user is alive; ``python -m flows.local_api stop`` stops it at once.
+- **Races**: finding or starting it happens under an exclusive ``flock`` of the state
+  directory, so two runs started together share one server.
+- **Interrupts**: it runs in its own session, so a terminal's Ctrl-C reaches only the run,
+  whose cleanup still has an API; a SIGKILLed run leaves it to its idle timer.
+- **A stale one** (another interpreter or Prefect version, a dead process, a port that does
+  not answer) is never used: a new one is started, and the old one, when alive and unused,
+  is stopped.
+
+``TELLTALE_PREFECT_API=temporary`` keeps the one-run server of `flows.api_server`. A
+``PREFECT_API_URL`` the user set wins over both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from core.environment import env_settings
+from core.errors import StepError
+from core.safeio import UnreadableInputError, open_append, read_bounded, write_text
+from core.terminal import say
+
+__all__ = ["ServerState", "api_home", "shared_api", "state_dir", "status", "stop"]
+
+STATE_DIR = "telltale-api"
+_CHECK_S = 2.0  # how often the server looks at its idle timer and its users
+
+
+class ServerState(BaseModel):
+    """``state.json``: the running server and what it was started with."""
+
+    pid: int
+    url: str
+    ui_url: str
+    python: str
+    prefect_version: str
+    started: float
+
+
+def api_home() -> Path:
+    """The Prefect home of the shared server (``TELLTALE_PREFECT_API_HOME``, else Prefect's)."""
+    chosen = env_settings().prefect_api_home
+    if chosen is not None:
+        return chosen
+    from prefect.settings import PREFECT_HOME
+
+    return Path(PREFECT_HOME.value()).expanduser()
+
+
+def state_dir(home: Path | None = None) -> Path:
+    """Where the shared server of ``home`` keeps its state."""
+    return (home or api_home()) / STATE_DIR
+
+
+def _healthy(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=timeout) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+def _alive(pid: int) -> bool:
+    """The process runs (an exited child not yet reaped by its parent does not)."""
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):  # gone, or someone else's pid now
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True  # no /proc to ask: the signal's answer stands
+
+
+def _read_state(directory: Path) -> ServerState | None:
+    try:
+        return ServerState.model_validate_json(
+            read_bounded(directory / "state.json", 64 * 1024, what="local API state"))
+    except (UnreadableInputError, ValidationError):
+        return None
+
+
+@contextlib.contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing drops the lock
+
+
+def _live_users(directory: Path) -> list[int]:
+    """The registered users still alive; a dead one's file is removed."""
+    alive = []
+    for entry in (directory / "users").glob("*"):
+        if entry.name.isdigit() and _alive(int(entry.name)):
+            alive.append(int(entry.name))
+        else:
+            entry.unlink(missing_ok=True)
+    return alive
+
+
+def _usable(state: ServerState | None) -> bool:
+    import prefect
+
+    return (state is not None and state.python == sys.executable
+            and state.prefect_version == prefect.__version__ and _alive(state.pid)
+            and _healthy(state.url))
+
+
+def _start(directory: Path, home: Path) -> ServerState:
+    """Start the server detached and wait until it answers (the caller holds the lock)."""
+    from tasks.process import free_port
+
+    limit = float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "60"))
+    idle_s = env_settings().prefect_api_idle_minutes * 60
+    port = free_port()
+    (directory / "state.json").unlink(missing_ok=True)
+    env = {**os.environ, "PREFECT_HOME": str(home)}
+    for name in ("PREFECT_API_URL", "PREFECT__SERVER_EPHEMERAL", "PREFECT__SERVER_FINAL"):
+        env.pop(name, None)
+    log = open_append(directory / "server.log")
+    try:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "flows.local_api", "serve", str(directory), str(port),
+             str(idle_s)], env=env, stdin=subprocess.DEVNULL, stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True, cwd=directory)
+    finally:
+        log.close()
+    deadline = time.monotonic() + limit
+    while True:
+        state = _read_state(directory)
+        if state is not None and state.pid == server.pid and _healthy(state.url):
+            return state
+        if server.poll() is not None:
+            raise StepError(f"the local Prefect API exited with {server.returncode} before "
+                            f"answering (its log: {directory / 'server.log'}); set "
+                            "PREFECT_API_URL to a running server, or "
+                            "TELLTALE_PREFECT_API=temporary")
+        if time.monotonic() > deadline:
+            server.terminate()
+            raise StepError(f"the local Prefect API did not answer within {limit:.0f} s "
+                            "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS; its log: "
+                            f"{directory / 'server.log'})")
+        time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def shared_api() -> Iterator[ServerState]:
+    """Use the shared local server (started when none answers); this process is its user.
+
+    Raises:
+        StepError: The server could not be started.
+    """
+    home = api_home()
+    directory = state_dir(home)
+    user = directory / "users" / str(os.getpid())
+    with _locked(directory):
+        state = _read_state(directory)
+        if not _usable(state):
+            if state is not None and _alive(state.pid) and not _live_users(directory):
+                _terminate(state.pid)  # stale and unused: nobody loses their API
+            state = _start(directory, home)
+        user.parent.mkdir(exist_ok=True)
+        write_text(user, "")
+    try:
+        yield state
+    finally:
+        user.unlink(missing_ok=True)
+
+
+def _terminate(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGTERM)
+
+
+def status(home: Path | None = None) -> ServerState | None:
+    """The shared server of ``home`` when it runs and answers, else None."""
+    state = _read_state(state_dir(home))
+    return state if state is not None and _alive(state.pid) and _healthy(state.url) else None
+
+
+def stop(home: Path | None = None, timeout_s: float = 30.0) -> bool:
+    """Stop the shared server of ``home`` now; True when one was running."""
+    directory = state_dir(home)
+    with _locked(directory):
+        state = _read_state(directory)
+        if state is None or not _alive(state.pid):
+            (directory / "state.json").unlink(missing_ok=True)
+            return False
+        _terminate(state.pid)
+        deadline = time.monotonic() + timeout_s
+        while _alive(state.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _alive(state.pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(state.pid, signal.SIGKILL)
+        (directory / "state.json").unlink(missing_ok=True)
+        return True
+
+
+def _serve(directory: Path, port: int, idle_s: float) -> int:
+    """The server process: Prefect's app (API and UI, no background services) under uvicorn.
+
+    It writes ``state.json`` once it answers, and exits when idle with no live user.
+    """
+    import prefect
+    import uvicorn
+
+    # the UI asks /ui-settings for the API's address: it is this port, not Prefect's 4200
+    os.environ["PREFECT_SERVER_API_HOST"] = "127.0.0.1"
+    os.environ["PREFECT_SERVER_API_PORT"] = str(port)
+    os.environ["PREFECT__SERVER_WEBSERVER_ONLY"] = "1"  # API and UI; no scheduler & co
+    from prefect.server.api.server import create_app
+
+    last = [time.monotonic()]
+    app = create_app()
+
+    async def recorded(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            last[0] = time.monotonic()
+        await app(scope, receive, send)
+
+    server = uvicorn.Server(uvicorn.Config(recorded, host="127.0.0.1", port=port,
+                                           log_level="error", lifespan="on"))
+    url = f"http://127.0.0.1:{port}"
+
+    def watch() -> None:
+        while not server.started and not server.should_exit:
+            time.sleep(0.05)
+        if server.started:
+            write_text(directory / "state.json", ServerState(
+                pid=os.getpid(), url=f"{url}/api", ui_url=url, python=sys.executable,
+                prefect_version=prefect.__version__, started=time.time()).model_dump_json())
+        while not server.should_exit:
+            time.sleep(_CHECK_S)
+            if time.monotonic() - last[0] > idle_s and not _live_users(directory):
+                server.should_exit = True
+
+    threading.Thread(target=watch, daemon=True, name="idle-timer").start()
+    try:
+        server.run()
+    finally:
+        state = _read_state(directory)
+        if state is not None and state.pid == os.getpid():
+            (directory / "state.json").unlink(missing_ok=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m flows.local_api status|stop`` (``serve`` is the server's own entry)."""
+    from flows.cli import make_parser
+
+    parser = make_parser("python -m flows.local_api",
+                         "The local Prefect API command-line runs share (and its UI).")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("status", help="print its API and UI addresses; exit 1 when none runs")
+    commands.add_parser("stop", help="stop it now")
+    serve = commands.add_parser("serve", help=argparse.SUPPRESS)
+    serve.add_argument("directory", type=Path)
+    serve.add_argument("port", type=int)
+    serve.add_argument("idle_s", type=float)
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        return _serve(args.directory, args.port, args.idle_s)
+    if args.command == "stop":
+        say("stopped" if stop() else "none was running")
+        return 0
+    state = status()
+    if state is None:
+        say(f"no local Prefect API runs for {api_home()}")
+        return 1
+    say(json.dumps({"api": state.url, "ui": state.ui_url, "pid": state.pid,
+                    "home": str(api_home())}, indent=2), keep_newlines=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""The local Prefect API that command-line runs share (`flows.local_api`), for real.
+
+Each test has a Prefect home of its own (``TELLTALE_PREFECT_API_HOME``), so it starts and
+stops its own server, never the suite's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from flows.local_api import STATE_DIR, _alive, shared_api, status, stop
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+_USER = """
+import sys
+from flows.local_api import shared_api
+with shared_api() as state:
+    print(state.url, state.pid, flush=True)
+    sys.stdin.readline()
+"""
+
+
+def _env(home: Path, idle_minutes: float = 20.0) -> dict[str, str]:
+    return {**os.environ, "TELLTALE_PREFECT_API_HOME": str(home),
+            "TELLTALE_PREFECT_API_IDLE_MINUTES": str(idle_minutes), "PYTHONPATH": str(ROOT)}
+
+
+def _user(home: Path, idle_minutes: float) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", _USER], env=_env(home, idle_minutes),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            cwd=ROOT)
+
+
+def _wait_gone(pid: int, timeout_s: float = 300) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_runs_started_together_share_one_server_which_stops_once_idle_and_unused(
+        tmp_path: Path) -> None:
+    idle_minutes = 0.05  # 3 s
+    users = [_user(tmp_path, idle_minutes) for _ in range(2)]
+    try:
+        answers = [user.stdout.readline().split() for user in users]  # type: ignore[union-attr]
+        assert all(len(a) == 2 for a in answers), answers
+        (url, pid), (url2, pid2) = answers
+        assert (url, pid) == (url2, pid2), "two servers for runs started together"
+        with urllib.request.urlopen(f"{url}/health", timeout=30) as response:
+            assert response.status == 200
+        with urllib.request.urlopen(url.removesuffix("/api"), timeout=30) as response:
+            assert b"<html" in response.read(2000).lower()  # Prefect's UI on the same port
+        # idle far longer than its timer, with a live user: it stays
+        time.sleep(idle_minutes * 60 + 3 * 2.0)
+        assert _alive(int(pid))
+        users[0].communicate("\n", timeout=120)
+        time.sleep(idle_minutes * 60 + 3 * 2.0)
+        assert _alive(int(pid)), "stopped while a run still used it"
+        users[1].communicate("\n", timeout=120)
+        assert _wait_gone(int(pid)), "still running, idle and unused"
+        assert not (tmp_path / STATE_DIR / "state.json").exists()
+    finally:
+        for user in users:
+            if user.poll() is None:
+                user.kill()
+        stop(tmp_path)
+
+
+def test_a_stale_server_record_is_never_used_and_stop_stops_the_live_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TELLTALE_PREFECT_API_HOME", str(tmp_path))
+    state = tmp_path / STATE_DIR
+    state.mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (state / "state.json").write_text(json.dumps({
+        "pid": dead.pid, "url": "http://127.0.0.1:9/api", "ui_url": "http://127.0.0.1:9",
+        "python": sys.executable, "prefect_version": "0.0.1", "started": 0.0}))
+    try:
+        with shared_api() as used:
+            assert used.pid != dead.pid and used.prefect_version != "0.0.1"
+            assert (state / "users" / str(os.getpid())).exists()
+            with urllib.request.urlopen(f"{used.url}/health", timeout=30) as response:
+                assert response.status == 200
+        assert not (state / "users" / str(os.getpid())).exists()
+        assert status() == used
+        # a record of another interpreter is stale too: a new server, the old one stopped
+        record = json.loads((state / "state.json").read_text())
+        (state / "state.json").write_text(json.dumps({**record, "python": "/other/python"}))
+        with shared_api() as again:
+            assert again.pid != used.pid
+        assert _wait_gone(used.pid), "the stale, unused server was left running"
+        assert stop() is True
+        assert status() is None and not _alive(again.pid)
+        assert stop() is False
+    finally:
+        stop(tmp_path)
