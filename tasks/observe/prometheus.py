@@ -255,20 +255,20 @@ class PrometheusServer:
         return self._scraped
 
     def wait_scraped(self, timeout_s: float = 120.0) -> None:
-        """Wait until the node exporter has been scraped (once per server).
+        """Wait until the node exporter has been scraped twice (once per server).
 
         Prometheus applies its scrape config on a 5 s discovery tick after start: a window
         opened earlier has no samples for its first seconds, and a short cell none at all
-        (its resource KPIs would come and go between runs). Once scraping has begun, every
-        window is sampled from its start: the two samples a rate needs are the window's own
-        (`wait_sample_after` adds its last), so one sample before it is enough. The server
-        is started ahead of the run (`start_ahead`) so that the tick overlaps the run's
-        own start.
+        (its resource KPIs would come and go between runs). Two samples, not one: a rate
+        evaluated at the window's start looks back over samples taken before it (one
+        sample there left a one-second cell with no CPU rate at all). The server is
+        started ahead of the run (`start_ahead`), so that the tick overlaps the run's own
+        start.
         """
         if self._scraped:
             return
         self._wait(timeout_s, "scraping its node exporter",
-                   lambda: self._node_samples("count_over_time(up{job=\"node\"}[10m])") >= 1)
+                   lambda: self._node_samples("count_over_time(up{job=\"node\"}[10m])") >= 2)
         self._scraped = True
 
     def wait_sample_after(self, moment: datetime) -> None:

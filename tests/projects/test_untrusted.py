@@ -26,7 +26,10 @@ from projects.untrusted import (
 )
 
 PROJECTS = registry.available()  # a new project is probed like the others
-BASE = {"fine_tuning": ["light"], "llm_serving": ["light"]}
+# Each project's light preset when it has one (a scaffolded project may not): derived, never
+# listed by hand, or a new project fails here only when hypothesis happens to draw it.
+BASE = {p: ["light"] if "light" in (resolve(p, env={}).get("ci_presets") or {}) else []
+        for p in PROJECTS}
 
 
 def _comment(key: str, value_text: str) -> str:
