@@ -49,8 +49,9 @@ def run_from_cli(flow_fn: Callable[..., RunOutcome], presets: list[str],
 
     from flows.api_server import prefect_api
 
-    # Heartbeats let a server notice a crashed run; with the temporary server of a CLI run,
-    # which dies with this process, they only cost ~1 s at flow exit (a thread join).
+    # Heartbeats let a server's services notice a crashed run; the API a CLI run starts
+    # (the shared local one, or a temporary one) runs none, so they would only cost ~1 s at
+    # flow exit (a thread join).
     updates = {} if PREFECT_API_URL.value() else {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
     try:
         with prefect_api(), temporary_settings(updates=updates):

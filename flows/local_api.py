@@ -46,6 +46,7 @@ from core.environment import env_settings
 from core.errors import StepError
 from core.safeio import UnreadableInputError, open_append, read_bounded, write_text
 from core.terminal import say
+from tasks.process import free_port, pid_alive
 
 __all__ = ["ServerState", "api_home", "shared_api", "state_dir", "status", "stop"]
 
@@ -87,19 +88,6 @@ def _healthy(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
-def _alive(pid: int) -> bool:
-    """The process runs (an exited child not yet reaped by its parent does not)."""
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, PermissionError):  # gone, or someone else's pid now
-        return False
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return True  # no /proc to ask: the signal's answer stands
-
-
 def _read_state(directory: Path) -> ServerState | None:
     try:
         return ServerState.model_validate_json(
@@ -124,7 +112,7 @@ def _live_users(directory: Path) -> list[int]:
     """The registered users still alive; a dead one's file is removed."""
     alive = []
     for entry in (directory / "users").glob("*"):
-        if entry.name.isdigit() and _alive(int(entry.name)):
+        if entry.name.isdigit() and pid_alive(int(entry.name)):
             alive.append(int(entry.name))
         else:
             entry.unlink(missing_ok=True)
@@ -135,14 +123,12 @@ def _usable(state: ServerState | None) -> bool:
     import prefect
 
     return (state is not None and state.python == sys.executable
-            and state.prefect_version == prefect.__version__ and _alive(state.pid)
+            and state.prefect_version == prefect.__version__ and pid_alive(state.pid)
             and _healthy(state.url))
 
 
 def _start(directory: Path, home: Path) -> ServerState:
     """Start the server detached and wait until it answers (the caller holds the lock)."""
-    from tasks.process import free_port
-
     limit = float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "60"))
     idle_s = env_settings().prefect_api_idle_minutes * 60
     port = free_port()
@@ -189,7 +175,7 @@ def shared_api() -> Iterator[ServerState]:
     with _locked(directory):
         state = _read_state(directory)
         if not _usable(state):
-            if state is not None and _alive(state.pid) and not _live_users(directory):
+            if state is not None and pid_alive(state.pid) and not _live_users(directory):
                 _terminate(state.pid)  # stale and unused: nobody loses their API
             state = _start(directory, home)
         user.parent.mkdir(exist_ok=True)
@@ -208,7 +194,7 @@ def _terminate(pid: int) -> None:
 def status(home: Path | None = None) -> ServerState | None:
     """The shared server of ``home`` when it runs and answers, else None."""
     state = _read_state(state_dir(home))
-    return state if state is not None and _alive(state.pid) and _healthy(state.url) else None
+    return state if state is not None and pid_alive(state.pid) and _healthy(state.url) else None
 
 
 def stop(home: Path | None = None, timeout_s: float = 30.0) -> bool:
@@ -216,14 +202,14 @@ def stop(home: Path | None = None, timeout_s: float = 30.0) -> bool:
     directory = state_dir(home)
     with _locked(directory):
         state = _read_state(directory)
-        if state is None or not _alive(state.pid):
+        if state is None or not pid_alive(state.pid):
             (directory / "state.json").unlink(missing_ok=True)
             return False
         _terminate(state.pid)
         deadline = time.monotonic() + timeout_s
-        while _alive(state.pid) and time.monotonic() < deadline:
+        while pid_alive(state.pid) and time.monotonic() < deadline:
             time.sleep(0.1)
-        if _alive(state.pid):
+        if pid_alive(state.pid):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(state.pid, signal.SIGKILL)
         (directory / "state.json").unlink(missing_ok=True)

@@ -216,6 +216,20 @@ def terminal_job(argv: list[str], env: dict[str, str]) -> Any:
                             start_new_session=True)
 
 
+def process_gone(pid: int, within_s: float = 600) -> bool:
+    """Wait until ``pid`` has exited (a zombie counts as exited); False after ``within_s``."""
+    import time
+
+    from tasks.process import pid_alive
+
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if not pid_alive(pid):
+            return True
+        time.sleep(0.2)
+    return False
+
+
 def cli_env(tmp_path: Any) -> dict[str, str]:
     """The environment of a CLI run in a test: its own Prefect home and history dir."""
     env = dict(os.environ)

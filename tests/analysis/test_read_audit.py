@@ -67,7 +67,7 @@ ALLOWED = {
     "tasks/publish/s3.py::_sha256": "a file of this run it is about to upload",
     "tasks/hostwatch.py::_read": "/proc files of this machine",
     "core/timeline.py::process_start": "/proc files: this process's start, the boot time",
-    "flows/local_api.py::_alive": "/proc/<pid>/stat: is a process a zombie",
+    "tasks/process.py::pid_alive": "/proc/<pid>/stat: is a process a zombie",
 }
 # Sites still reading run-dir files without the bounded reader: none left.
 NOT_YET: set[str] = set()

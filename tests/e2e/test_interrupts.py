@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.factories import cli_env, terminal_job
+from tests.factories import cli_env, process_gone, terminal_job
 
 pytestmark = pytest.mark.slow
 
@@ -51,17 +51,6 @@ def _communicate_or_dump(proc: subprocess.Popen[str], timeout: float = 900) -> s
                     f"{output[-8000:]}")
 
 
-def _gone(pid: int, within_s: float = 600) -> bool:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.2)
-    return False
-
-
 def _servers_of(prefect_home: Path) -> list[int]:
     """Temporary Prefect API servers started with this PREFECT_HOME."""
     found = []
@@ -82,7 +71,7 @@ def test_ctrl_c_stops_the_workload_and_cleans_up(tmp_path: Path) -> None:
     os.killpg(proc.pid, signal.SIGINT)
     output = _communicate_or_dump(proc)
     assert proc.returncode == 130, output[-3000:]
-    assert _gone(workload_pid)
+    assert process_gone(workload_pid)
     assert "Connection refused" not in output and "All connection attempts failed" not in output
     assert next(run_dir.glob("*__cleanup__cleanup"), None) is not None, output[-3000:]
     outcome = json.loads((run_dir / "outcome.json").read_text())
@@ -103,7 +92,7 @@ def test_sigterm_is_taken_the_ctrl_c_way(tmp_path: Path) -> None:
     proc.send_signal(signal.SIGTERM)
     output = _communicate_or_dump(proc)
     assert proc.returncode == 143, output[-3000:]
-    assert _gone(workload_pid)
+    assert process_gone(workload_pid)
     assert next(run_dir.glob("*__cleanup__cleanup"), None) is not None, output[-3000:]
     outcome = json.loads((run_dir / "outcome.json").read_text())
     assert outcome["exit_code"] == 143 and "terminated" in outcome["failures"][0]
@@ -144,5 +133,5 @@ def test_sigkill_of_the_cli_leaves_no_workload_and_no_server(tmp_path: Path) -> 
     assert servers, "the CLI's temporary API server was not found"
     proc.kill()
     proc.communicate(timeout=60)
-    assert _gone(workload_pid), "the trainer outlived the CLI"
-    assert all(_gone(pid) for pid in servers), "the API server outlived the CLI"
+    assert process_gone(workload_pid), "the trainer outlived the CLI"
+    assert all(process_gone(pid) for pid in servers), "the API server outlived the CLI"

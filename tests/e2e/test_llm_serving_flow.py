@@ -19,7 +19,7 @@ from analysis.discovery import ResultDir
 from analysis.kpi import compute_kpis
 from analysis.parsing import FileReader
 from projects import registry
-from tests.factories import cli_env, serving_venv_or_skip, terminal_job
+from tests.factories import cli_env, process_gone, serving_venv_or_skip, terminal_job
 
 pytestmark = pytest.mark.slow
 
@@ -28,23 +28,6 @@ pytestmark = pytest.mark.slow
 TWO_CELLS = ["--var", "tests.llm_serving.test_settings.duration_s=5",
              "--var", "tests.llm_serving.test_extra_settings=[{request_format: /v1/completions},"
                       " {request_format: /v1/chat/completions}]"]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except (ProcessLookupError, OSError):
-        return False
-
-
-def _gone(pid: int, within_s: float = 600) -> bool:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if not _alive(pid):
-            return True
-        time.sleep(0.2)
-    return False
 
 
 def test_two_cells_share_one_real_server_and_a_failed_cell_leaves_nothing(
@@ -64,7 +47,7 @@ def test_two_cells_share_one_real_server_and_a_failed_cell_leaves_nothing(
     assert len(services) == 1
     records = [json.loads((j / "artifacts" / "service.json").read_text()) for j in jobs]
     assert records[0]["pid"] == records[1]["pid"] and records[0]["url"] == records[1]["url"]
-    assert _gone(records[0]["pid"]), "the vLLM server outlived the run"
+    assert process_gone(records[0]["pid"]), "the vLLM server outlived the run"
     assert not list(run_dir.rglob("workload.pid"))
     assert "stopped_at" in json.loads((services[0] / "service.json").read_text())
     # the failed cell: the load step's own words in the outcome
@@ -120,7 +103,7 @@ def test_ctrl_c_while_the_server_starts_leaves_no_server(tmp_path: Path) -> None
     os.killpg(proc.pid, signal.SIGINT)
     output = proc.communicate(timeout=600)[0]
     assert proc.returncode == 130, output[-3000:]
-    assert _gone(server), "the vLLM server outlived a Ctrl-C"
+    assert process_gone(server), "the vLLM server outlived a Ctrl-C"
     assert json.loads((run_dir / "outcome.json").read_text())["exit_code"] == 130
 
 

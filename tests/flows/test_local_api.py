@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from flows.local_api import STATE_DIR, _alive, shared_api, status, stop
+from flows.local_api import STATE_DIR, shared_api, status, stop
+from tasks.process import pid_alive
+from tests.factories import process_gone
 
 pytestmark = pytest.mark.slow
 
@@ -41,15 +43,6 @@ def _user(home: Path, idle_minutes: float) -> subprocess.Popen[str]:
                             cwd=ROOT)
 
 
-def _wait_gone(pid: int, timeout_s: float = 300) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not _alive(pid):
-            return True
-        time.sleep(0.2)
-    return False
-
-
 def test_runs_started_together_share_one_server_which_stops_once_idle_and_unused(
         tmp_path: Path) -> None:
     idle_minutes = 0.05  # 3 s
@@ -65,12 +58,12 @@ def test_runs_started_together_share_one_server_which_stops_once_idle_and_unused
             assert b"<html" in response.read(2000).lower()  # Prefect's UI on the same port
         # idle far longer than its timer, with a live user: it stays
         time.sleep(idle_minutes * 60 + 3 * 2.0)
-        assert _alive(int(pid))
+        assert pid_alive(int(pid))
         users[0].communicate("\n", timeout=120)
         time.sleep(idle_minutes * 60 + 3 * 2.0)
-        assert _alive(int(pid)), "stopped while a run still used it"
+        assert pid_alive(int(pid)), "stopped while a run still used it"
         users[1].communicate("\n", timeout=120)
-        assert _wait_gone(int(pid)), "still running, idle and unused"
+        assert process_gone(int(pid)), "still running, idle and unused"
         assert not (tmp_path / STATE_DIR / "state.json").exists()
     finally:
         for user in users:
@@ -102,9 +95,9 @@ def test_a_stale_server_record_is_never_used_and_stop_stops_the_live_one(
         (state / "state.json").write_text(json.dumps({**record, "python": "/other/python"}))
         with shared_api() as again:
             assert again.pid != used.pid
-        assert _wait_gone(used.pid), "the stale, unused server was left running"
+        assert process_gone(used.pid), "the stale, unused server was left running"
         assert stop() is True
-        assert status() is None and not _alive(again.pid)
+        assert status() is None and not pid_alive(again.pid)
         assert stop() is False
     finally:
         stop(tmp_path)
