@@ -6,7 +6,8 @@ starts this one instead; later runs find it and use it at once, and Prefect's UI
 every run (``python -m flows.local_api status`` prints its address).
 
 - **Where**: its state (``state.json``, its log, who uses it) lives in ``telltale-api/``
-  under ``TELLTALE_PREFECT_API_HOME`` (default: ``PREFECT_HOME``); the server runs with that
+  under ``TELLTALE_PREFECT_API_HOME`` (default: the ``PREFECT_HOME`` variable, else
+  ``~/.prefect``); the server runs with that
   Prefect home, so its database is that home's. One server per home.
 - **Who may stop it**: it stops itself once no run has used it for
   ``TELLTALE_PREFECT_API_IDLE_MINUTES`` (default 20) and no process that registered as its
@@ -35,6 +36,7 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,7 +50,8 @@ from core.safeio import UnreadableInputError, open_append, read_bounded, write_t
 from core.terminal import say
 from tasks.process import free_port, pid_alive
 
-__all__ = ["ServerState", "api_home", "shared_api", "state_dir", "status", "stop"]
+__all__ = ["ServerState", "api_home", "shared_api", "state_dir", "status", "stop",
+           "warm_up"]
 
 STATE_DIR = "telltale-api"
 _CHECK_S = 2.0  # how often the server looks at its idle timer and its users
@@ -66,13 +69,35 @@ class ServerState(BaseModel):
 
 
 def api_home() -> Path:
-    """The Prefect home of the shared server (``TELLTALE_PREFECT_API_HOME``, else Prefect's)."""
+    """The Prefect home of the shared server.
+
+    ``TELLTALE_PREFECT_API_HOME``, else the ``PREFECT_HOME`` variable, else ``~/.prefect``
+    (Prefect's default). Read without importing Prefect (1.3 s): `warm_up` runs before it.
+    """
     chosen = env_settings().prefect_api_home
     if chosen is not None:
         return chosen
-    from prefect.settings import PREFECT_HOME
+    return Path(os.environ.get("PREFECT_HOME") or "~/.prefect").expanduser()
 
-    return Path(PREFECT_HOME.value()).expanduser()
+
+def api_url_configured() -> bool:
+    """``PREFECT_API_URL`` is set: in the environment or in the active Prefect profile.
+
+    Read without importing Prefect, from the profiles file Prefect reads
+    (``PREFECT_PROFILES_PATH``, default ``<PREFECT_HOME>/profiles.toml``).
+    """
+    if os.environ.get("PREFECT_API_URL"):
+        return True
+    home = Path(os.environ.get("PREFECT_HOME") or "~/.prefect").expanduser()
+    path = Path(os.environ.get("PREFECT_PROFILES_PATH") or home / "profiles.toml")
+    try:
+        profiles = tomllib.loads(read_bounded(path, 1 << 20, what="Prefect profiles",
+                                              follow_links=True).decode())
+    except (UnreadableInputError, ValueError, UnicodeDecodeError):
+        return False
+    active = os.environ.get("PREFECT_PROFILE") or profiles.get("active") or "ephemeral"
+    settings = (profiles.get("profiles") or {}).get(active)
+    return isinstance(settings, dict) and bool(settings.get("PREFECT_API_URL"))
 
 
 def state_dir(home: Path | None = None) -> Path:
@@ -127,9 +152,12 @@ def _usable(state: ServerState | None) -> bool:
             and _healthy(state.url))
 
 
-def _start(directory: Path, home: Path) -> ServerState:
-    """Start the server detached and wait until it answers (the caller holds the lock)."""
-    limit = float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "60"))
+def _spawn(directory: Path, home: Path) -> int:
+    """Start the server detached; record it in ``starting.json`` (the caller holds the lock).
+
+    Returns:
+        Its pid.
+    """
     idle_s = env_settings().prefect_api_idle_minutes * 60
     port = free_port()
     (directory / "state.json").unlink(missing_ok=True)
@@ -144,22 +172,71 @@ def _start(directory: Path, home: Path) -> ServerState:
             stderr=subprocess.STDOUT, start_new_session=True, cwd=directory)
     finally:
         log.close()
+    write_text(directory / "starting.json", json.dumps({"pid": server.pid}))
+    return server.pid
+
+
+def _starting(directory: Path) -> int | None:
+    """The pid of a server being started (`_spawn`) and still alive, else None."""
+    try:
+        pid = json.loads(read_bounded(directory / "starting.json", 1024,
+                                      what="local API state")).get("pid")
+    except (UnreadableInputError, ValueError, AttributeError):
+        return None
+    return pid if isinstance(pid, int) and pid_alive(pid) else None
+
+
+def _await(directory: Path, pid: int) -> ServerState:
+    """Wait until the server ``pid`` answers (the caller holds the lock)."""
+    limit = float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "60"))
     deadline = time.monotonic() + limit
     while True:
         state = _read_state(directory)
-        if state is not None and state.pid == server.pid and _healthy(state.url):
+        if state is not None and state.pid == pid and _healthy(state.url):
+            (directory / "starting.json").unlink(missing_ok=True)
             return state
-        if server.poll() is not None:
-            raise StepError(f"the local Prefect API exited with {server.returncode} before "
-                            f"answering (its log: {directory / 'server.log'}); set "
-                            "PREFECT_API_URL to a running server, or "
-                            "TELLTALE_PREFECT_API=temporary")
+        if not pid_alive(pid):
+            raise StepError(f"the local Prefect API exited before answering (its log: "
+                            f"{directory / 'server.log'}); set PREFECT_API_URL to a running "
+                            "server, or TELLTALE_PREFECT_API=temporary")
         if time.monotonic() > deadline:
-            server.terminate()
+            _terminate(pid)
             raise StepError(f"the local Prefect API did not answer within {limit:.0f} s "
                             "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS; its log: "
                             f"{directory / 'server.log'})")
         time.sleep(0.1)
+
+
+def warm_up() -> None:
+    """Start the shared server now when none runs or starts, without waiting for it.
+
+    A command-line run calls it first thing, so that the server's start (~7 s on 2 cores,
+    its first use only) overlaps the run's own imports; `shared_api` then waits for it.
+    Never blocks: when another process holds the lock, it is starting one already.
+    """
+    if env_settings().prefect_api != "reuse" or api_url_configured():
+        return
+    directory = state_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return
+        if _starting(directory) is None and not _usable(_read_state(directory)):
+            _replace_stale(directory)
+            _spawn(directory, api_home())
+    finally:
+        os.close(fd)  # closing drops the lock
+
+
+def _replace_stale(directory: Path) -> None:
+    """Stop the recorded server when it is alive but unusable and nobody uses it."""
+    state = _read_state(directory)
+    if state is not None and pid_alive(state.pid) and not _live_users(directory):
+        _terminate(state.pid)  # stale and unused: nobody loses their API
 
 
 @contextlib.contextmanager
@@ -173,11 +250,14 @@ def shared_api() -> Iterator[ServerState]:
     directory = state_dir(home)
     user = directory / "users" / str(os.getpid())
     with _locked(directory):
-        state = _read_state(directory)
-        if not _usable(state):
-            if state is not None and pid_alive(state.pid) and not _live_users(directory):
-                _terminate(state.pid)  # stale and unused: nobody loses their API
-            state = _start(directory, home)
+        found = _read_state(directory)
+        state = found if _usable(found) else None
+        if state is None:
+            pid = _starting(directory)
+            if pid is None:
+                _replace_stale(directory)
+                pid = _spawn(directory, home)
+            state = _await(directory, pid)
         user.parent.mkdir(exist_ok=True)
         write_text(user, "")
     try:
@@ -201,10 +281,14 @@ def stop(home: Path | None = None, timeout_s: float = 30.0) -> bool:
     """Stop the shared server of ``home`` now; True when one was running."""
     directory = state_dir(home)
     with _locked(directory):
+        starting = _starting(directory)
+        if starting is not None:  # one still starting (`warm_up`): never left behind
+            _terminate(starting)
+            (directory / "starting.json").unlink(missing_ok=True)
         state = _read_state(directory)
         if state is None or not pid_alive(state.pid):
             (directory / "state.json").unlink(missing_ok=True)
-            return False
+            return starting is not None
         _terminate(state.pid)
         deadline = time.monotonic() + timeout_s
         while pid_alive(state.pid) and time.monotonic() < deadline:

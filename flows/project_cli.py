@@ -29,6 +29,7 @@ from flows.cli import (
     prefect_defaults,
     resolve_from_args,
 )
+from flows.local_api import warm_up
 from projects import registry
 from projects.config import json_schema, resolve, use_config
 from projects.plan import format_plan
@@ -132,6 +133,7 @@ def project_main(project: str, argv: Sequence[str] | None = None) -> int:
         platform, _ = select_platform(requested, clusters.kubeconfig,
                                       creates_cluster=clusters.create.type is not None)
         prefect_defaults()
+        warm_up()  # the shared Prefect API's first start overlaps everything below
         artifact_dir = Path(args.artifact_dir) if args.artifact_dir else None
         # What the platform starts before the run (`Platform.ahead`): first thing, so that
         # Prometheus's first scrape (5 s after it starts) overlaps importing Prefect and the

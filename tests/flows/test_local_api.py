@@ -101,3 +101,48 @@ def test_a_stale_server_record_is_never_used_and_stop_stops_the_live_one(
         assert stop() is False
     finally:
         stop(tmp_path)
+
+
+def test_a_warm_up_starts_it_without_waiting_and_the_run_then_uses_that_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from flows.local_api import _starting, warm_up
+
+    monkeypatch.setenv("TELLTALE_PREFECT_API_HOME", str(tmp_path))
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.setenv("PREFECT_PROFILES_PATH", str(tmp_path / "no-profiles.toml"))
+    try:
+        warm_up()
+        spawned = _starting(tmp_path / STATE_DIR)
+        assert spawned is not None  # started, not waited for
+        warm_up()  # a second run's warm-up while it starts: the same one
+        assert _starting(tmp_path / STATE_DIR) == spawned
+        with shared_api() as used:
+            assert used.pid == spawned
+        assert _starting(tmp_path / STATE_DIR) is None  # started: no longer "starting"
+    finally:
+        stop(tmp_path)
+
+
+def test_no_warm_up_when_the_user_has_an_api(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from flows.local_api import api_url_configured, warm_up
+
+    monkeypatch.setenv("TELLTALE_PREFECT_API_HOME", str(tmp_path))
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.delenv("PREFECT_PROFILE", raising=False)
+    profiles = tmp_path / "profiles.toml"
+    monkeypatch.setenv("PREFECT_PROFILES_PATH", str(profiles))
+    assert not api_url_configured()  # no profiles file
+    profiles.write_text('active = "work"\n[profiles.work]\n'
+                        'PREFECT_API_URL = "http://prefect.example:4200/api"\n')
+    assert api_url_configured()
+    monkeypatch.setenv("PREFECT_PROFILE", "other")  # another profile is active: not set
+    assert not api_url_configured()
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
+    assert api_url_configured()
+    warm_up()
+    assert not (tmp_path / STATE_DIR / "starting.json").exists()
+    monkeypatch.delenv("PREFECT_API_URL")
+    monkeypatch.setenv("TELLTALE_PREFECT_API", "temporary")
+    warm_up()
+    assert not (tmp_path / STATE_DIR / "starting.json").exists()
