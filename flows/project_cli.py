@@ -133,7 +133,6 @@ def project_main(project: str, argv: Sequence[str] | None = None) -> int:
         platform, _ = select_platform(requested, clusters.kubeconfig,
                                       creates_cluster=clusters.create.type is not None)
         prefect_defaults()
-        warm_up()  # the shared Prefect API's first start overlaps everything below
         artifact_dir = Path(args.artifact_dir) if args.artifact_dir else None
         # What the platform starts before the run (`Platform.ahead`): first thing, so that
         # Prometheus's first scrape (5 s after it starts) overlaps importing Prefect and the
@@ -141,6 +140,9 @@ def project_main(project: str, argv: Sequence[str] | None = None) -> int:
         mark("start ahead (prometheus, a first server)")
         with platform_type(platform).ahead(registry.load(project), config, artifact_dir), \
                 use_config(config):  # the flow takes it: resolved once (`resolve_once`)
+            # the shared Prefect API's first start overlaps the imports and the flow's
+            # start; Prometheus went first: its scrape tick is the longer wait of a warm run
+            warm_up()
             mark("import prefect and the flow")
             from flows.orchestration import run_from_cli
 
