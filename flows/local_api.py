@@ -43,7 +43,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from core.environment import env_settings
 from core.errors import StepError
@@ -62,8 +62,9 @@ class ServerState(BaseModel):
     """``state.json``: the running server and what it was started with."""
 
     pid: int
-    url: str
-    ui_url: str
+    # only this machine's loopback: a record edited to point elsewhere is refused, never used
+    url: str = Field(pattern=r"^http://127\.0\.0\.1:[0-9]{1,5}/api$")
+    ui_url: str = Field(pattern=r"^http://127\.0\.0\.1:[0-9]{1,5}$")
     python: str
     prefect_version: str
     started: float
@@ -122,9 +123,14 @@ def _read_state(directory: Path) -> ServerState | None:
         return None
 
 
+def _make_dir(directory: Path) -> None:
+    # its own user only: the record says which server a run talks to
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
 @contextlib.contextmanager
 def _locked(directory: Path) -> Iterator[None]:
-    directory.mkdir(parents=True, exist_ok=True)
+    _make_dir(directory)
     fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o600)
     try:
@@ -222,7 +228,7 @@ def warm_up() -> None:
     if env_settings().prefect_api != "reuse" or api_url_configured():
         return
     directory = state_dir()
-    directory.mkdir(parents=True, exist_ok=True)
+    _make_dir(directory)
     fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o600)
     try:

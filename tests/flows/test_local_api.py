@@ -146,3 +146,12 @@ def test_no_warm_up_when_the_user_has_an_api(tmp_path: Path,
     monkeypatch.setenv("TELLTALE_PREFECT_API", "temporary")
     warm_up()
     assert not (tmp_path / STATE_DIR / "starting.json").exists()
+
+
+def test_a_record_pointing_off_this_machine_is_never_used(tmp_path: Path) -> None:
+    state = tmp_path / STATE_DIR
+    state.mkdir()
+    (state / "state.json").write_text(json.dumps({
+        "pid": os.getpid(), "url": "http://192.0.2.1:80/api", "ui_url": "http://192.0.2.1:80",
+        "python": sys.executable, "prefect_version": "3.8.8", "started": 0.0}))
+    assert status(tmp_path) is None  # refused as a record: a run would start its own
