@@ -112,6 +112,9 @@ def main() -> int:
         env = {**os.environ, "PREFECT_HOME": str(tmp / "prefect-home"), "DO_NOT_TRACK": "1",
                "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
                "TELLTALE_DATA_DIR": str(tmp / "data"),
+               # `cli` measures a run with its own temporary API, as this script always has
+               # (benchmarks/main_job.py measures the shared one); none is left behind
+               "TELLTALE_PREFECT_API": "temporary",
                "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "60"}
         if not args.skip_cli:
             run_cli(tmp, env)
