@@ -19,7 +19,6 @@ import os
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,18 +27,11 @@ from core.environment import env_settings
 from core.errors import StepError
 from core.safeio import open_append
 from core.timeline import mark
+from flows.local_api import healthy
 from tasks.process import free_port
 from tasks.runner import die_with_parent
 
 __all__ = ["prefect_api"]
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
 
 
 def _drain_prefect_workers(timeout_s: float = 10.0) -> None:
@@ -113,7 +105,7 @@ def prefect_api(log_file: Path | None = None) -> Iterator[str | None]:
     try:
         limit = float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "60"))
         deadline = time.monotonic() + limit
-        while not _healthy(url):
+        while not healthy(url):
             if server.poll() is not None:
                 raise StepError(f"the temporary Prefect API exited with {server.returncode} "
                                 "before answering; set PREFECT_API_URL to a running server")

@@ -79,6 +79,10 @@ def api_home() -> Path:
     chosen = env_settings().prefect_api_home
     if chosen is not None:
         return chosen
+    return _prefect_home()
+
+
+def _prefect_home() -> Path:
     return Path(os.environ.get("PREFECT_HOME") or "~/.prefect").expanduser()
 
 
@@ -90,8 +94,7 @@ def api_url_configured() -> bool:
     """
     if os.environ.get("PREFECT_API_URL"):
         return True
-    home = Path(os.environ.get("PREFECT_HOME") or "~/.prefect").expanduser()
-    path = Path(os.environ.get("PREFECT_PROFILES_PATH") or home / "profiles.toml")
+    path = Path(os.environ.get("PREFECT_PROFILES_PATH") or _prefect_home() / "profiles.toml")
     try:
         profiles = tomllib.loads(read_bounded(path, 1 << 20, what="Prefect profiles",
                                               follow_links=True).decode())
@@ -107,7 +110,8 @@ def state_dir(home: Path | None = None) -> Path:
     return (home or api_home()) / STATE_DIR
 
 
-def _healthy(url: str, timeout: float = 2.0) -> bool:
+def healthy(url: str, timeout: float = 2.0) -> bool:
+    """The Prefect API at ``url`` answers its health check."""
     try:
         with urllib.request.urlopen(f"{url}/health", timeout=timeout) as response:
             return bool(response.status == 200)
@@ -129,13 +133,18 @@ def _make_dir(directory: Path) -> None:
 
 
 @contextlib.contextmanager
-def _locked(directory: Path) -> Iterator[None]:
+def _locked(directory: Path, *, wait: bool = True) -> Iterator[bool]:
+    """Hold the state dir's lock (yields False, unheld, when not ``wait``ing and taken)."""
     _make_dir(directory)
     fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
     finally:
         os.close(fd)  # closing drops the lock
 
@@ -160,7 +169,7 @@ def _prefect_version() -> str:
 def _usable(state: ServerState | None) -> bool:
     return (state is not None and state.python == sys.executable
             and state.prefect_version == _prefect_version() and pid_alive(state.pid)
-            and _healthy(state.url))
+            and healthy(state.url))
 
 
 def _spawn(directory: Path, home: Path) -> int:
@@ -203,7 +212,7 @@ def _await(directory: Path, pid: int) -> ServerState:
     deadline = time.monotonic() + limit
     while True:
         state = _read_state(directory)
-        if state is not None and state.pid == pid and _healthy(state.url):
+        if state is not None and state.pid == pid and healthy(state.url):
             (directory / "starting.json").unlink(missing_ok=True)
             return state
         if not pid_alive(pid):
@@ -228,19 +237,10 @@ def warm_up() -> None:
     if env_settings().prefect_api != "reuse" or api_url_configured():
         return
     directory = state_dir()
-    _make_dir(directory)
-    fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 0o600)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return
-        if _starting(directory) is None and not _usable(_read_state(directory)):
+    with _locked(directory, wait=False) as held:
+        if held and _starting(directory) is None and not _usable(_read_state(directory)):
             _replace_stale(directory)
             _spawn(directory, api_home())
-    finally:
-        os.close(fd)  # closing drops the lock
 
 
 def _replace_stale(directory: Path) -> None:
@@ -285,7 +285,7 @@ def _terminate(pid: int) -> None:
 def status(home: Path | None = None) -> ServerState | None:
     """The shared server of ``home`` when it runs and answers, else None."""
     state = _read_state(state_dir(home))
-    return state if state is not None and pid_alive(state.pid) and _healthy(state.url) else None
+    return state if state is not None and pid_alive(state.pid) and healthy(state.url) else None
 
 
 def stop(home: Path | None = None, timeout_s: float = 30.0) -> bool:
