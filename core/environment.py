@@ -67,8 +67,10 @@ class TelltaleEnv(BaseSettings):
         "idle; flows.local_api), or a `temporary` one for the run alone.")
     prefect_api_home: Path | None = Field(default=None, description="The Prefect home of the "
                                           "shared local API (default: PREFECT_HOME).")
-    prefect_api_idle_minutes: float = Field(default=20.0, gt=0, description="The shared local "
-                                            "API stops after this long unused.")
+    prefect_api_idle_minutes: float = Field(default=20.0, gt=0, le=7 * 24 * 60,
+                                            allow_inf_nan=False, description="The shared "
+                                            "local API stops after this long unused (at most "
+                                            "a week: an infinite one would never stop).")
 
 
 def env_settings() -> TelltaleEnv:
