@@ -84,8 +84,6 @@ def test_the_cli_says_which_variable_names_a_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize("value", ["inf", "nan", "-1", "0", "1e9", "soon"])
 def test_the_shared_api_idle_time_is_a_finite_bounded_number(
         value: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from core.errors import ConfigError
-
     monkeypatch.setenv("TELLTALE_PREFECT_API_IDLE_MINUTES", value)
     with pytest.raises(ConfigError, match="TELLTALE_PREFECT_API_IDLE_MINUTES"):
         env_settings()
