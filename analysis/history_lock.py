@@ -9,9 +9,9 @@ check (it reads, then writes). `local_append_lock` serves a history on a local d
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+
+from core.filelock import dir_lock
 
 __all__ = ["LOCK_FILE", "AppendLock", "local_append_lock"]
 
@@ -27,16 +27,7 @@ def local_append_lock(directory: str) -> AppendLock:
     The kernel drops it when its holder dies, so a crashed writer never leaves it held.
     """
 
-    @contextlib.contextmanager
-    def hold() -> Iterator[object]:
-        os.makedirs(directory, exist_ok=True)
-        # no link followed; the file's content is never read or written, only locked
-        fd = os.open(os.path.join(directory, LOCK_FILE),
-                     os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield fd
-        finally:
-            os.close(fd)  # closing drops the lock
+    def hold() -> contextlib.AbstractContextManager[object]:
+        return dir_lock(directory, LOCK_FILE)
 
     return hold

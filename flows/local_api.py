@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import importlib.metadata
 import json
 import os
@@ -47,6 +46,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from core.environment import env_settings
 from core.errors import StepError
+from core.filelock import dir_lock
 from core.safeio import UnreadableInputError, open_append, read_bounded, write_text
 from core.terminal import say
 from tasks.process import free_port, pid_alive
@@ -136,17 +136,8 @@ def _make_dir(directory: Path) -> None:
 def _locked(directory: Path, *, wait: bool = True) -> Iterator[bool]:
     """Hold the state dir's lock (yields False, unheld, when not ``wait``ing and taken)."""
     _make_dir(directory)
-    fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 0o600)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        yield True
-    finally:
-        os.close(fd)  # closing drops the lock
+    with dir_lock(directory, "lock", wait=wait, mode=0o600) as held:
+        yield held
 
 
 def _live_users(directory: Path) -> list[int]:

@@ -16,7 +16,6 @@ A step dir holds:
 from __future__ import annotations
 
 import contextvars
-import fcntl
 import functools
 import inspect
 import logging
@@ -33,6 +32,7 @@ from typing import Any, ParamSpec, TypeVar
 from pydantic import BaseModel
 
 from core.errors import StepError, is_transient
+from core.filelock import dir_lock
 from core.redact import RedactingFilter, redact
 from core.safeio import open_append, output_root, write_json, write_text
 from core.yamlio import dump_yaml
@@ -102,10 +102,7 @@ def allocate_dir(parent: str | Path, name: str) -> Path:
         raise StepError(f"invalid artifact dir name {name!r}")
     parent = Path(parent)
     parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(parent / _LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with dir_lock(parent, _LOCK_NAME):
         highest = -1
         with os.scandir(parent) as entries:
             for entry in entries:
@@ -115,8 +112,6 @@ def allocate_dir(parent: str | Path, name: str) -> Path:
         path = parent / f"{highest + 1:03d}__{name}"
         path.mkdir()
         return path
-    finally:
-        os.close(fd)  # closing releases the lock
 
 
 @contextmanager
