@@ -1,6 +1,6 @@
 """The main job end to end against its own workload: ``./telltale fine_tuning --preset light``.
 
-    python benchmarks/main_job.py [--runs 5] [--api reuse|temporary]
+    python benchmarks/main_job.py [--runs 5] [--api reuse|temporary] [--no-spare]
 
 Runs, alternating, the command line as a user types it (``python -m flows.fine_tuning
 --preset light``) and the trainer alone with the same config (the ``config_final.json``
@@ -12,6 +12,10 @@ the default; its own Prefect home, stopped at the end): it is reported apart, as
 run". ``--api temporary`` gives every run a server of its own, as before #43. The runs'
 history is a fresh data dir, so their verdicts (and a suspect's re-run) are what a new
 user's first runs get.
+
+Each run leaves a spare Prometheus, already scraping, that the next adopts
+(`tasks.observe.spare`); ``--no-spare`` sets ``TELLTALE_SPARE_PROMETHEUS_MINUTES=0``, and
+every run starts its own. The runs that adopted one are counted.
 """
 
 from __future__ import annotations
@@ -66,17 +70,20 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--api", choices=["reuse", "temporary"], default="reuse")
+    parser.add_argument("--no-spare", action="store_true",
+                        help="no spare Prometheus: every run starts its own")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="telltale-main-job-") as scratch:
         tmp = Path(scratch)
         env = {**os.environ, "TELLTALE_DATA_DIR": str(tmp / "data"),
                "TELLTALE_PREFECT_API": args.api, "TELLTALE_PREFECT_API_HOME": str(tmp / "api"),
-               "PREFECT_HOME": str(tmp / "prefect")}
+               "PREFECT_HOME": str(tmp / "prefect"),
+               "TELLTALE_SPARE_PROMETHEUS_MINUTES": "0" if args.no_spare else "10"}
         env.pop("PREFECT_API_URL", None)
         try:
             first, first_dir = _cli(tmp, "run-0", env)
             config = _trainer_config(first_dir, tmp)
-            cli, alone, cells = [], [], []
+            cli, alone, cells, adopted = [], [], [], 0
             phases: dict[str, list[float]] = defaultdict(list)
             for index in range(1, args.runs + 1):
                 wall, run_dir = _cli(tmp, f"run-{index}", env)
@@ -84,6 +91,7 @@ def main() -> int:
                 alone.append(_trainer(config, env))
                 outcome = json.loads((run_dir / "outcome.json").read_text())
                 cells.append(len(outcome["cells"]))
+                adopted += (run_dir / "prometheus" / "adopted-spare.json").is_file()
                 summed: dict[str, float] = defaultdict(float)
                 for moment in outcome["timeline"]:  # every cell's moments as one phase
                     name = moment["phase"]
@@ -94,7 +102,8 @@ def main() -> int:
         finally:
             subprocess.run([sys.executable, "-m", "flows.local_api", "stop"], cwd=REPO,
                            env=env, capture_output=True, check=False)
-    print(f"api: {args.api}; {os.cpu_count()} CPU(s)")
+    print(f"api: {args.api}; spare prometheus: {'off' if args.no_spare else 'on'} "
+          f"(adopted by {adopted} of {len(cli)} runs); {os.cpu_count()} CPU(s)")
     print(f"first run            {first:6.2f} s" + ("  (starts the shared API)"
                                                     if args.api == "reuse" else ""))
     # a run whose KPI is suspected re-runs its cell at once (the light preset confirms):

@@ -24,7 +24,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from core.errors import ConfigError
 
-__all__ = ["TelltaleEnv", "env_settings"]
+__all__ = ["TelltaleEnv", "env_settings", "local_services_home", "prefect_home"]
 
 
 class TelltaleEnv(BaseSettings):
@@ -71,6 +71,27 @@ class TelltaleEnv(BaseSettings):
                                             allow_inf_nan=False, description="The shared "
                                             "local API stops after this long unused (at most "
                                             "a week: an infinite one would never stop).")
+    spare_prometheus_minutes: float = Field(
+        default=10.0, ge=0, le=7 * 24 * 60, allow_inf_nan=False, description="A command-line "
+        "run on this machine leaves a spare Prometheus, already scraping, that the next run "
+        "adopts (tasks.observe.spare); unadopted, it stops after this long. 0: none.")
+
+
+def local_services_home() -> Path:
+    """Where the local services command-line runs share keep their state.
+
+    The shared Prefect API (`flows.local_api`) and the spare Prometheus
+    (`tasks.observe.spare`): ``TELLTALE_PREFECT_API_HOME``, else the ``PREFECT_HOME``
+    variable, else ``~/.prefect`` (Prefect's default). Read without importing Prefect
+    (1.3 s): a run asks before it imports it.
+    """
+    chosen = env_settings().prefect_api_home
+    return chosen if chosen is not None else prefect_home()
+
+
+def prefect_home() -> Path:
+    """Prefect's home as Prefect reads it: ``PREFECT_HOME``, else ``~/.prefect``."""
+    return Path(os.environ.get("PREFECT_HOME") or "~/.prefect").expanduser()
 
 
 def env_settings() -> TelltaleEnv:

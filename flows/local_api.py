@@ -44,11 +44,12 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
-from core.environment import env_settings
+from core.environment import env_settings, local_services_home, prefect_home
 from core.errors import StepError
 from core.filelock import dir_lock
 from core.safeio import UnreadableInputError, open_append, read_bounded, write_text
 from core.terminal import say
+from tasks.observe.spare import spare_base, spares, stop_spares
 from tasks.process import free_port, pid_alive
 
 __all__ = ["ServerState", "api_home", "shared_api", "state_dir", "status", "stop",
@@ -71,19 +72,8 @@ class ServerState(BaseModel):
 
 
 def api_home() -> Path:
-    """The Prefect home of the shared server.
-
-    ``TELLTALE_PREFECT_API_HOME``, else the ``PREFECT_HOME`` variable, else ``~/.prefect``
-    (Prefect's default). Read without importing Prefect (1.3 s): `warm_up` runs before it.
-    """
-    chosen = env_settings().prefect_api_home
-    if chosen is not None:
-        return chosen
-    return _prefect_home()
-
-
-def _prefect_home() -> Path:
-    return Path(os.environ.get("PREFECT_HOME") or "~/.prefect").expanduser()
+    """The Prefect home of the shared server (`core.environment.local_services_home`)."""
+    return local_services_home()
 
 
 def api_url_configured() -> bool:
@@ -94,7 +84,7 @@ def api_url_configured() -> bool:
     """
     if os.environ.get("PREFECT_API_URL"):
         return True
-    path = Path(os.environ.get("PREFECT_PROFILES_PATH") or _prefect_home() / "profiles.toml")
+    path = Path(os.environ.get("PREFECT_PROFILES_PATH") or prefect_home() / "profiles.toml")
     try:
         profiles = tomllib.loads(read_bounded(path, 1 << 20, what="Prefect profiles",
                                               follow_links=True).decode())
@@ -357,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
                          "The local Prefect API command-line runs share (and its UI).")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("status", help="print its API and UI addresses; exit 1 when none runs")
-    commands.add_parser("stop", help="stop it now")
+    commands.add_parser("stop", help="stop it now, and the spare Prometheus runs leave")
     serve = commands.add_parser("serve", help=argparse.SUPPRESS)
     serve.add_argument("directory", type=Path)
     serve.add_argument("port", type=int)
@@ -367,13 +357,17 @@ def main(argv: list[str] | None = None) -> int:
         return _serve(args.directory, args.port, args.idle_s)
     if args.command == "stop":
         say("stopped" if stop() else "none was running")
+        stopped = stop_spares(spare_base())
+        if stopped:
+            say(f"stopped {stopped} spare prometheus")
         return 0
     state = status()
     if state is None:
         say(f"no local Prefect API runs for {api_home()}")
         return 1
     say(json.dumps({"api": state.url, "ui": state.ui_url, "pid": state.pid,
-                    "home": str(api_home())}, indent=2), keep_newlines=True)
+                    "home": str(api_home()), "spare_prometheus": len(spares(spare_base()))},
+                   indent=2), keep_newlines=True)
     return 0
 
 

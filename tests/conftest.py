@@ -115,9 +115,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Stop the session's shared local Prefect API (the controller, once all workers end)."""
+    """Stop the session's shared local Prefect API and spare Prometheus (the controller, once
+    all workers end)."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         return
     from flows.local_api import stop
+    from tasks.observe.spare import SPARES_DIR, stop_spares
 
-    stop(Path(os.environ["TELLTALE_PREFECT_API_HOME"]))
+    home = Path(os.environ["TELLTALE_PREFECT_API_HOME"])
+    stop(home)
+    stop_spares(home / SPARES_DIR)

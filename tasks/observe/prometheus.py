@@ -38,8 +38,8 @@ from core.safeio import atomic_open, write_text
 from tasks.process import ManagedProcess, free_port
 
 __all__ = ["CLUSTER_QUERIES", "LOCAL_QUERIES", "PrometheusServer", "QueryResult", "Series",
-           "capture_window", "find_binaries", "local_wanted", "series_rows", "start_ahead",
-           "stop_ahead", "take_ahead"]
+           "capture_window", "find_binaries", "keep_ahead", "local_wanted", "relocate",
+           "series_rows", "start_ahead", "stop_ahead", "take_ahead"]
 
 logger = logging.getLogger("telltale.prometheus")
 
@@ -243,6 +243,14 @@ class PrometheusServer:
         """Every process we started still runs."""
         return all(p.proc.poll() is None for p in self._processes)
 
+    def _check_alive(self) -> None:
+        """Raise when a process we started has exited (with its log's tail)."""
+        for process in self._processes:
+            if process.proc.poll() is not None:
+                raise PermanentServiceError(
+                    f"{process.name} exited with {process.proc.returncode}: "
+                    f"{process.tail().strip()[-500:]}", service="prometheus")
+
     def __repr__(self) -> str:  # step parameters show this
         return f"PrometheusServer({self.url!r})"
 
@@ -290,11 +298,7 @@ class PrometheusServer:
     def _wait(self, timeout_s: float, what: str, done: Callable[[], bool]) -> None:
         deadline = time.monotonic() + timeout_s
         while True:
-            for process in self._processes:
-                if process.proc.poll() is not None:
-                    raise PermanentServiceError(
-                        f"{process.name} exited with {process.proc.returncode}: "
-                        f"{process.tail().strip()[-500:]}", service="prometheus")
+            self._check_alive()
             try:
                 if done():
                     return
@@ -372,18 +376,30 @@ class PrometheusServer:
         logs into the run's ``prometheus/`` dir: the artifact holds them as if it had been
         started there.
         """
-        for process in reversed(self._processes):
-            process.stop()
+        self._stop_processes()
         self._client.close()
-        if self.relocate_to is not None and self._processes:
-            home = self._processes[0].home.parent
-            self.relocate_to.mkdir(parents=True, exist_ok=True)
-            for entry in sorted(home.iterdir()):
-                # safeio-exempt: moves this run's own Prometheus files into its artifact dir
-                shutil.move(str(entry), str(self.relocate_to / entry.name))
-            shutil.rmtree(home, ignore_errors=True)
+        if self.relocate_to is not None and self.home is not None:
+            relocate(self.home, self.relocate_to)
             self.data_dir = self.relocate_to / "data"
             self.relocate_to = None
+
+    def _stop_processes(self) -> None:
+        for process in reversed(self._processes):
+            process.stop()
+
+    @property
+    def home(self) -> Path | None:
+        """The dir of its config, logs and TSDB, when we started it."""
+        return self._processes[0].home.parent if self._processes else None
+
+
+def relocate(home: Path, target: Path) -> None:
+    """Move a stopped server's files (config, logs, TSDB) from ``home`` into ``target``."""
+    target.mkdir(parents=True, exist_ok=True)
+    for entry in sorted(home.iterdir()):
+        # safeio-exempt: moves this run's own Prometheus files into its artifact dir
+        shutil.move(str(entry), str(target / entry.name))
+    shutil.rmtree(home, ignore_errors=True)
 
 
 _AHEAD: list[PrometheusServer] = []  # started by a CLI before its run exists (one per process)
@@ -403,6 +419,11 @@ def start_ahead(parent: Path, *, scrape_interval_s: float, ready_timeout_s: floa
                                                ready_timeout_s=ready_timeout_s))
 
 
+def keep_ahead(server: PrometheusServer) -> None:
+    """Hold ``server`` (a spare this run adopted) for the run to take, as if started ahead."""
+    _AHEAD.append(server)
+
+
 def take_ahead(home: Path, scrape_interval_s: float) -> PrometheusServer | None:
     """The server started ahead (its files go to ``home`` when it stops), or None."""
     while _AHEAD:
@@ -419,8 +440,8 @@ def stop_ahead() -> None:
     while _AHEAD:
         server = _AHEAD.pop()
         server.stop()
-        if server._processes:
-            shutil.rmtree(server._processes[0].home.parent, ignore_errors=True)
+        if server.home is not None:
+            shutil.rmtree(server.home, ignore_errors=True)
 
 
 def series_rows(name: str, series: Sequence[Series]) -> list[dict[str, Any]]:

@@ -42,13 +42,11 @@ from core.safeio import (
     read_text_bounded,
     write_text,
 )
-from core.terminal import say
 from core.timeline import mark
 from projects.config import Config
 from projects.contract import (
     SCRATCH_DIR,
     SERVICE_URL_ENV,
-    CellContext,
     LocalWorkload,
     Project,
 )
@@ -69,6 +67,7 @@ from tasks.platforms.base import (
     read_users,
     tail_lines,
 )
+from tasks.platforms.local_ahead import ahead
 from tasks.platforms.service import SERVICE_FILE, RunningService, start_service
 from tasks.progress import LogProgress, ProgressArtifact
 from tasks.runner import CMDLINE_FILE, PID_FILE, CommandTimeout, die_with_parent, run
@@ -390,48 +389,6 @@ def cleanup(root: str) -> dict[str, Any]:
     return summary
 
 
-def _observe_ahead(block: Any, artifact_dir: Path | None) -> None:
-    """Start the run's Prometheus while Prefect's temporary API starts (see `start_ahead`)."""
-    from tasks.observe.prometheus import find_binaries, local_wanted, start_ahead
-
-    if not local_wanted(block) or find_binaries() is None:
-        return  # "on" without binaries: the platform says so, with the config key
-    try:
-        start_ahead(artifact_dir.parent if artifact_dir else Path("runs"),
-                    scrape_interval_s=block.scrape_interval_s,
-                    ready_timeout_s=block.ready_timeout_s)
-    except Exception as exc:  # the platform starts its own, and reports what goes wrong
-        say(f"note: prometheus not started ahead: {exc}", error=True)
-
-
-def _service_ahead(hooks: Project, config: Config, artifact_dir: Path | None) -> None:
-    """Start the first cell's server (a project's `LocalService`) while Prefect starts.
-
-    Best effort: the run takes it when its first cell asks for the same server, or starts
-    its own (and reports what goes wrong); a command that is not there yet (the serving
-    venv of a first run) is not tried.
-    """
-    from projects.plan import cells_of
-    from tasks.platforms.service import start_ahead
-
-    if hooks.local_service is None:
-        return
-    try:
-        cells = [c for c in cells_of(config, hooks.name) if not c.skip_reason]
-        if not cells:
-            return
-        context = CellContext(
-            settings=cells[0].typed_as(hooks.settings_model),
-            test=hooks.test_block(config.model), index=cells[0].index, name=cells[0].name,
-            workdir=Path("."), data_dir=hooks.data_dir, run_id="ahead")
-        spec = hooks.local_service(context)
-        if not Path(str(spec.argv[0])).exists():
-            return
-        start_ahead(spec, artifact_dir.parent if artifact_dir else Path("runs"))
-    except Exception as exc:  # the platform starts its own, and reports what goes wrong
-        say(f"note: server not started ahead: {exc}", error=True)
-
-
 class LocalPlatform:
     """This machine: the workload as a local process (see the module docstring)."""
 
@@ -442,21 +399,9 @@ class LocalPlatform:
     @contextmanager
     def ahead(cls, project: Project, config: Config,
               artifact_dir: Path | None) -> Iterator[None]:
-        """Start the run's Prometheus and the first cell's server before the flow.
-
-        Both start while Prefect's temporary API starts (seconds each); the run takes them
-        when it asks for the same ones, and whatever it did not take is stopped at the end.
-        """
-        from tasks.observe.prometheus import stop_ahead
-        from tasks.platforms.service import stop_ahead as stop_service_ahead
-
-        _observe_ahead(config.model.observe.prometheus, artifact_dir)
-        _service_ahead(project, config, artifact_dir)
-        try:
+        """What the run takes at its start, started before the flow (`local_ahead.ahead`)."""
+        with ahead(project, config, artifact_dir):
             yield
-        finally:
-            stop_service_ahead()
-            stop_ahead()
 
     def __init__(self) -> None:
         self.prometheus: PrometheusServer | None = None

@@ -87,3 +87,13 @@ def test_the_shared_api_idle_time_is_a_finite_bounded_number(
     monkeypatch.setenv("TELLTALE_PREFECT_API_IDLE_MINUTES", value)
     with pytest.raises(ConfigError, match="TELLTALE_PREFECT_API_IDLE_MINUTES"):
         env_settings()
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-1", "1e9", "soon"])
+def test_the_spare_prometheus_minutes_are_a_finite_bounded_number(
+        value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TELLTALE_SPARE_PROMETHEUS_MINUTES", value)
+    with pytest.raises(ConfigError, match="TELLTALE_SPARE_PROMETHEUS_MINUTES"):
+        env_settings()
+    monkeypatch.setenv("TELLTALE_SPARE_PROMETHEUS_MINUTES", "0")  # 0: no spare, valid
+    assert env_settings().spare_prometheus_minutes == 0

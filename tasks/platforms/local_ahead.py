@@ -1,0 +1,112 @@
+"""What a command-line run on this machine starts before its flow, and leaves after it.
+
+Prometheus (a spare the previous run left, already scraping, or one of its own) and the
+first cell's server start while Prefect is imported and its API found; the run takes them
+when it asks for the same ones (`tasks.observe.prometheus.take_ahead`,
+`tasks.platforms.service.take_ahead`). A run that ends normally leaves a spare Prometheus
+for the next (`tasks.observe.spare`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from core.environment import env_settings
+from core.terminal import say
+from projects.config import Config
+from projects.contract import CellContext, Project
+from tasks.observe.prometheus import (
+    find_binaries,
+    keep_ahead,
+    local_wanted,
+    start_ahead,
+    stop_ahead,
+)
+from tasks.observe.spare import adopt, offer, spare_base
+from tasks.platforms import service
+
+__all__ = ["ahead"]
+
+
+@contextmanager
+def ahead(project: Project, config: Config, artifact_dir: Path | None) -> Iterator[None]:
+    """Start the run's Prometheus and the first cell's server before the flow.
+
+    Both start while Prefect is imported and its API found (seconds each); the run takes
+    them when it asks for the same ones, and whatever it did not take is stopped at the
+    end. Prometheus is a spare the previous run left, already scraping, when there is
+    one; a run that ends normally leaves one for the next (`tasks.observe.spare`).
+    """
+    block = config.model.observe.prometheus
+    _observe_ahead(block, artifact_dir)
+    _service_ahead(project, config, artifact_dir)
+    try:
+        yield
+    finally:
+        service.stop_ahead()
+        stop_ahead()
+    _offer_spare(block)  # not after an interrupted run: the user wants it all stopped
+
+
+def _observe_ahead(block: Any, artifact_dir: Path | None) -> None:
+    """Adopt a spare Prometheus, already scraping (`tasks.observe.spare`), or start one.
+
+    The run's own starts while Prefect's API is found and the flow imported (`start_ahead`).
+    """
+    if not local_wanted(block) or find_binaries() is None:
+        return  # "on" without binaries: the platform says so, with the config key
+    try:
+        spare = adopt(spare_base(), scrape_interval_s=block.scrape_interval_s)
+    except Exception as exc:  # a broken spare never stops a run: it starts its own
+        say(f"note: no spare prometheus adopted: {exc}", error=True)
+        spare = None
+    if spare is not None:
+        keep_ahead(spare)
+        return
+    try:
+        start_ahead(artifact_dir.parent if artifact_dir else Path("runs"),
+                    scrape_interval_s=block.scrape_interval_s,
+                    ready_timeout_s=block.ready_timeout_s)
+    except Exception as exc:  # the platform starts its own, and reports what goes wrong
+        say(f"note: prometheus not started ahead: {exc}", error=True)
+
+
+def _service_ahead(hooks: Project, config: Config, artifact_dir: Path | None) -> None:
+    """Start the first cell's server (a project's `LocalService`) while Prefect starts.
+
+    Best effort: the run takes it when its first cell asks for the same server, or starts
+    its own (and reports what goes wrong); a command that is not there yet (the serving
+    venv of a first run) is not tried.
+    """
+    from projects.plan import cells_of
+
+    if hooks.local_service is None:
+        return
+    try:
+        cells = [c for c in cells_of(config, hooks.name) if not c.skip_reason]
+        if not cells:
+            return
+        context = CellContext(
+            settings=cells[0].typed_as(hooks.settings_model),
+            test=hooks.test_block(config.model), index=cells[0].index, name=cells[0].name,
+            workdir=Path("."), data_dir=hooks.data_dir, run_id="ahead")
+        spec = hooks.local_service(context)
+        if not Path(str(spec.argv[0])).exists():
+            return
+        service.start_ahead(spec, artifact_dir.parent if artifact_dir else Path("runs"))
+    except Exception as exc:  # the platform starts its own, and reports what goes wrong
+        say(f"note: server not started ahead: {exc}", error=True)
+
+
+def _offer_spare(block: Any) -> None:
+    """Leave a spare Prometheus for the next command-line run (`tasks.observe.spare`)."""
+    if not local_wanted(block) or find_binaries() is None:
+        return
+    try:
+        offer(spare_base(), scrape_interval_s=block.scrape_interval_s,
+              minutes=env_settings().spare_prometheus_minutes)
+    except Exception as exc:  # the next run starts its own
+        say(f"note: no spare prometheus left for the next run: {exc}", error=True)

@@ -1,0 +1,166 @@
+"""The spare Prometheus a command-line run leaves for the next (`tasks.observe.spare`), for real:
+a keeper process, a real Prometheus and exporters, adopters that finish or are SIGKILLed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from tasks.observe.prometheus import LOCAL_QUERIES, capture_window
+from tasks.observe.spare import ADOPTED_FILE, adopt, offer, spares, stop_spares
+from tasks.process import pid_alive
+from tests.factories import prometheus_required
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(autouse=True)
+def _binaries() -> None:
+    if not prometheus_required():
+        pytest.skip("prometheus/prometheus-node-exporter not installed")
+
+
+def _until(condition: Callable[[], bool], what: str, timeout_s: float = 300.0) -> None:
+    """Wait on a condition (never a fixed sleep); fail after a generous deadline."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"not {what} after {timeout_s:.0f} s")
+        time.sleep(0.1)
+
+
+def _ready(directory: Path) -> int:
+    """Wait for the keeper's record; the keeper's pid."""
+    _until(lambda: (directory / "spare.json").exists(), "ready")
+    return int(json.loads((directory / "spare.json").read_text())["keeper_pid"])
+
+
+def _server_pids(directory: Path) -> list[int]:
+    return [int(p.read_text()) for p in (directory / "prometheus").rglob("*.pid")]
+
+
+def test_a_spare_is_adopted_once_queried_as_the_runs_own_and_moved_into_the_run(
+        tmp_path: Path) -> None:
+    base = tmp_path / "spares"
+    directory = offer(base, scrape_interval_s=0.5, minutes=10)
+    assert directory is not None
+    assert offer(base, scrape_interval_s=0.5, minutes=10) is None  # one unclaimed at a time
+    keeper = _ready(directory)
+    assert adopt(base, scrape_interval_s=1.0) is None  # another interval: not this one
+    server = adopt(base, scrape_interval_s=0.5)
+    assert server is not None and server.local
+    assert adopt(base, scrape_interval_s=0.5) is None  # claimed: never adopted twice
+    pids = _server_pids(directory)
+    assert pids and all(pid_alive(p) for p in pids)
+    try:
+        server.wait_scraped()
+        start = datetime.now(UTC)
+        _until(lambda: server._node_samples('timestamp(up{job="node"})')
+               > start.timestamp() + 2, "scraped after the window's start")
+        summary = capture_window(server, LOCAL_QUERIES, start, datetime.now(UTC),
+                                 tmp_path / "cell")
+        assert summary["queries"]["load1"]["rows"] >= 2
+        # a claimed spare is the run's: stop_spares leaves it, and offer leaves another
+        assert stop_spares(base) == 0 and server.alive()
+        second = offer(base, scrape_interval_s=0.5, minutes=10)
+        assert second is not None and second != directory
+    finally:
+        server.relocate_to = tmp_path / "run" / "prometheus"
+        server.stop()
+    assert not pid_alive(keeper) and not any(pid_alive(p) for p in pids)
+    assert not directory.exists()
+    moved = tmp_path / "run" / "prometheus"
+    assert (moved / "data").is_dir() and (moved / "prometheus.yml").is_file()
+    adopted = json.loads((moved / ADOPTED_FILE).read_text())
+    assert adopted["keeper_pid"] == keeper and adopted["adopted"] >= adopted["started"]
+    assert server.data_dir == moved / "data"
+    assert stop_spares(base) == 1 and spares(base) == []
+
+
+def test_an_unadopted_spare_stops_itself_and_a_stopped_ones_dir_is_swept(
+        tmp_path: Path) -> None:
+    base = tmp_path / "spares"
+    assert offer(base, scrape_interval_s=1.0, minutes=0) is None  # 0: none is ever left
+    directory = offer(base, scrape_interval_s=1.0, minutes=0.02)  # 1.2 s
+    assert directory is not None
+    keeper = _ready(directory)
+    pids = _server_pids(directory)
+    _until(lambda: not pid_alive(keeper), "stopped once its minutes passed")
+    assert not directory.exists() and not any(pid_alive(p) for p in pids)
+    # a keeper SIGKILLed takes its server with it; the next offer removes what it left
+    third = offer(base, scrape_interval_s=1.0, minutes=10)
+    assert third is not None
+    keeper = _ready(third)
+    pids = _server_pids(third)
+    os.kill(keeper, signal.SIGKILL)
+    _until(lambda: not any(pid_alive(p) for p in pids), "gone with its keeper")
+    assert adopt(base, scrape_interval_s=1.0) is None
+    fourth = offer(base, scrape_interval_s=1.0, minutes=10)
+    assert fourth is not None and not third.exists()
+    _ready(fourth)
+    assert stop_spares(base) == 1 and not fourth.exists()
+
+
+_ADOPTER = """
+import sys
+from pathlib import Path
+from tasks.observe.spare import adopt
+server = adopt(Path(sys.argv[1]), scrape_interval_s=1.0)
+server.relocate_to = Path(sys.argv[2])
+print("adopted", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_run_killed_while_it_holds_a_spare_still_gets_its_files(tmp_path: Path) -> None:
+    base = tmp_path / "spares"
+    directory = offer(base, scrape_interval_s=1.0, minutes=10)
+    assert directory is not None
+    keeper = _ready(directory)
+    target = tmp_path / "run" / "prometheus"
+    adopter = subprocess.Popen([sys.executable, "-c", _ADOPTER, str(base), str(target)],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                               cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert adopter.stdout is not None and adopter.stdout.readline().strip() == "adopted"
+        adopter.kill()
+        adopter.wait()
+    finally:
+        if adopter.poll() is None:
+            adopter.kill()
+    _until(lambda: not pid_alive(keeper), "stopped after its adopter died")
+    assert (target / "data").is_dir() and (target / ADOPTED_FILE).is_file()
+    assert not directory.exists()
+
+
+def test_an_edited_record_is_never_adopted(tmp_path: Path) -> None:
+    base = tmp_path / "spares"
+    directory = offer(base, scrape_interval_s=1.0, minutes=10)
+    assert directory is not None
+    _ready(directory)
+    record = json.loads((directory / "spare.json").read_text())
+    try:
+        for url in ("http://10.0.0.1:9090", "http://127.0.0.1:9090/x", "file:///etc"):
+            (directory / "spare.json").write_text(json.dumps({**record, "url": url}))
+            assert adopt(base, scrape_interval_s=1.0) is None
+        (directory / "spare.json").write_text(json.dumps({**record, "keeper_pid": 1}))
+        assert adopt(base, scrape_interval_s=1.0) is None
+        (directory / "spare.json").write_text(json.dumps(record))
+        server = adopt(base, scrape_interval_s=1.0)
+        assert server is not None
+        assert server.alive()
+        server.stop()
+    finally:
+        stop_spares(base)
+    assert spares(base) == []
