@@ -1,4 +1,4 @@
-"""A spare local Prometheus: started when a command-line run ends, adopted by the next one.
+"""A spare local Prometheus: started when a local run ends, adopted by the next one.
 
 Prometheus applies its scrape config on a 5 s discovery tick, and its scrape manager reloads
 on another 5 s tick (2.42 has no flag for either): a fresh server gives its first samples
@@ -26,8 +26,10 @@ Who owns what:
 
 At most one unclaimed spare exists per home (`offer` under the lock); the spares live under
 ``<local services home>/telltale-spare-prometheus`` (`core.environment.local_services_home`,
-beside the shared Prefect API's state). Only the command line offers and adopts spares
-(`tasks.platforms.local.LocalPlatform.ahead`): a deployment's run starts its own server.
+beside the shared Prefect API's state). Every run on the local platform takes part
+(`tasks.platforms.local_ahead`): a command line adopts one before it imports Prefect, any
+other run (a deployment's, a test's) when its platform prepares; each run that ends without
+an error or an interrupt offers one in its cleanup.
 """
 
 from __future__ import annotations
@@ -111,8 +113,9 @@ def _keeper_alive(pid: int, directory: Path) -> bool:
     if not pid_alive(pid):
         return False
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()  # read-audit: a pid's own argv
-    except OSError:
+        cmdline = read_bounded(f"/proc/{pid}/cmdline", 1 << 20, what="cmdline",
+                               follow_links=True)
+    except (UnreadableInputError, OSError):
         return False
     return b"tasks.observe.spare" in cmdline and os.fsencode(directory) in cmdline
 

@@ -67,7 +67,7 @@ from tasks.platforms.base import (
     read_users,
     tail_lines,
 )
-from tasks.platforms.local_ahead import ahead
+from tasks.platforms.local_ahead import adopt_spare, ahead, offer_spare
 from tasks.platforms.service import SERVICE_FILE, RunningService, start_service
 from tasks.progress import LogProgress, ProgressArtifact
 from tasks.runner import CMDLINE_FILE, PID_FILE, CommandTimeout, die_with_parent, run
@@ -426,6 +426,7 @@ class LocalPlatform:
         # child fires when the thread that started it ends.
         home = run_ctx.root / "prometheus"
         self.prometheus = take_ahead(home, block.scrape_interval_s) or \
+            adopt_spare(block, home) or \
             PrometheusServer.start_local(home, scrape_interval_s=block.scrape_interval_s,
                                          ready_timeout_s=block.ready_timeout_s)
 
@@ -522,6 +523,8 @@ class LocalPlatform:
                 self.prometheus = None
             if snapshot is not None and data is not None:
                 logger.info("prometheus TSDB snapshot: %s", data / "snapshots" / snapshot.name)
+            if sys.exc_info()[0] is None:  # not after a failed or interrupted run
+                offer_spare(run_ctx.model.observe.prometheus)
         cleanup(str(run_ctx.root))
 
     @contextmanager

@@ -4,7 +4,8 @@ Prometheus (a spare the previous run left, already scraping, or one of its own) 
 first cell's server start while Prefect is imported and its API found; the run takes them
 when it asks for the same ones (`tasks.observe.prometheus.take_ahead`,
 `tasks.platforms.service.take_ahead`). A run that ends normally leaves a spare Prometheus
-for the next (`tasks.observe.spare`).
+for the next (`offer_spare`, in the run's cleanup), which the next run adopts (`adopt_spare`:
+here for a command line, in the platform's prepare for any other run).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from core.terminal import say
 from projects.config import Config
 from projects.contract import CellContext, Project
 from tasks.observe.prometheus import (
+    PrometheusServer,
     find_binaries,
     keep_ahead,
     local_wanted,
@@ -28,7 +30,7 @@ from tasks.observe.prometheus import (
 from tasks.observe.spare import adopt, offer, spare_base
 from tasks.platforms import service
 
-__all__ = ["ahead"]
+__all__ = ["adopt_spare", "ahead", "offer_spare"]
 
 
 @contextmanager
@@ -38,7 +40,7 @@ def ahead(project: Project, config: Config, artifact_dir: Path | None) -> Iterat
     Both start while Prefect is imported and its API found (seconds each); the run takes
     them when it asks for the same ones, and whatever it did not take is stopped at the
     end. Prometheus is a spare the previous run left, already scraping, when there is
-    one; a run that ends normally leaves one for the next (`tasks.observe.spare`).
+    one (`adopt_spare`).
     """
     block = config.model.observe.prometheus
     _observe_ahead(block, artifact_dir)
@@ -48,7 +50,6 @@ def ahead(project: Project, config: Config, artifact_dir: Path | None) -> Iterat
     finally:
         service.stop_ahead()
         stop_ahead()
-    _offer_spare(block)  # not after an interrupted run: the user wants it all stopped
 
 
 def _observe_ahead(block: Any, artifact_dir: Path | None) -> None:
@@ -58,11 +59,7 @@ def _observe_ahead(block: Any, artifact_dir: Path | None) -> None:
     """
     if not local_wanted(block) or find_binaries() is None:
         return  # "on" without binaries: the platform says so, with the config key
-    try:
-        spare = adopt(spare_base(), scrape_interval_s=block.scrape_interval_s)
-    except Exception as exc:  # a broken spare never stops a run: it starts its own
-        say(f"note: no spare prometheus adopted: {exc}", error=True)
-        spare = None
+    spare = adopt_spare(block)
     if spare is not None:
         keep_ahead(spare)
         return
@@ -101,8 +98,24 @@ def _service_ahead(hooks: Project, config: Config, artifact_dir: Path | None) ->
         say(f"note: server not started ahead: {exc}", error=True)
 
 
-def _offer_spare(block: Any) -> None:
-    """Leave a spare Prometheus for the next command-line run (`tasks.observe.spare`)."""
+def adopt_spare(block: Any, home: Path | None = None) -> PrometheusServer | None:
+    """A spare Prometheus this run adopts (`tasks.observe.spare`), or None.
+
+    ``home``: the run's ``prometheus/`` dir, where its files go when it stops (a command
+    line adopts before its run dir exists: `take_ahead` tells it later).
+    """
+    try:
+        spare = adopt(spare_base(), scrape_interval_s=block.scrape_interval_s)
+    except Exception as exc:  # a broken spare never stops a run: it starts its own
+        say(f"note: no spare prometheus adopted: {exc}", error=True)
+        return None
+    if spare is not None and home is not None:
+        spare.relocate_to = home
+    return spare
+
+
+def offer_spare(block: Any) -> None:
+    """Leave a spare Prometheus for the next run on this machine (`tasks.observe.spare`)."""
     if not local_wanted(block) or find_binaries() is None:
         return
     try:
