@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 import os
 import random
+import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
@@ -218,8 +220,6 @@ def terminal_job(argv: list[str], env: dict[str, str]) -> Any:
 
 def process_gone(pid: int, within_s: float = 600) -> bool:
     """Wait until ``pid`` has exited (a zombie counts as exited); False after ``within_s``."""
-    import time
-
     from tasks.process import pid_alive
 
     deadline = time.monotonic() + within_s
@@ -284,3 +284,14 @@ def serving_cell(cell: Path, *, concurrency: int, latency: float = 1.0,
     (cell / "test_start_end.json").write_text(json.dumps(
         {"start": start.isoformat(), "end": (start + timedelta(seconds=15)).isoformat()}))
     return cell
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 600.0) -> None:
+    """Wait on a condition (never a fixed sleep); fail the test after a generous deadline."""
+    import pytest
+
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"not {what} after {timeout_s:.0f} s")
+        time.sleep(0.1)

@@ -18,6 +18,7 @@ bounded in size.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -38,8 +39,8 @@ from core.safeio import atomic_open, write_text
 from tasks.process import ManagedProcess, free_port
 
 __all__ = ["CLUSTER_QUERIES", "LOCAL_QUERIES", "PrometheusServer", "QueryResult", "Series",
-           "capture_window", "find_binaries", "keep_ahead", "local_wanted", "relocate",
-           "series_rows", "start_ahead", "stop_ahead", "take_ahead"]
+           "capture_window", "find_binaries", "keep_ahead", "local_layout", "local_wanted",
+           "relocate", "series_rows", "start_ahead", "stop_ahead", "take_ahead"]
 
 logger = logging.getLogger("telltale.prometheus")
 
@@ -124,6 +125,28 @@ def find_binaries() -> tuple[str, str] | None:
     return (server, exporter) if server and exporter else None
 
 
+# what `PrometheusServer.start_local` runs besides ports and paths (`local_layout` digests it)
+_NODE_FLAGS = ("--collector.disable-defaults", "--collector.cpu", "--collector.meminfo",
+               "--collector.loadavg", "--collector.stat")
+_SERVER_FLAGS = ("--web.enable-admin-api", "--storage.tsdb.retention.time=30d",
+                 "--log.level=warn")
+
+
+def _process_exporter() -> str | None:
+    return shutil.which("prometheus-process-exporter") or shutil.which("process-exporter")
+
+
+def local_layout() -> str:
+    """A digest of what `PrometheusServer.start_local` would start now.
+
+    Its binaries, flags and process groups: a server started by other code or other binaries
+    is not the same server.
+    """
+    parts = [find_binaries(), _process_exporter(), _NODE_FLAGS, _SERVER_FLAGS,
+             _PROCESS_GROUPS]
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def _duration(seconds: float) -> str:
     """A Prometheus duration (integers only: "500ms", not "0.5s")."""
     return f"{max(int(round(seconds * 1000)), 1)}ms"
@@ -172,13 +195,11 @@ class PrometheusServer:
         home.mkdir(parents=True, exist_ok=True)
         exporter_port, server_port = free_port(), free_port()
         exporter = ManagedProcess("node-exporter", [
-            exporter_bin, f"--web.listen-address=127.0.0.1:{exporter_port}",
-            "--collector.disable-defaults", "--collector.cpu", "--collector.meminfo",
-            "--collector.loadavg", "--collector.stat"], home / "node-exporter")
+            exporter_bin, f"--web.listen-address=127.0.0.1:{exporter_port}", *_NODE_FLAGS],
+            home / "node-exporter")
         processes = [exporter]
         targets = {"node": f"127.0.0.1:{exporter_port}"}
-        process_bin = shutil.which("prometheus-process-exporter") or \
-            shutil.which("process-exporter")
+        process_bin = _process_exporter()
         if process_bin:  # optional: the workload's own processes, apart from the machine
             port = free_port()
             write_text(home / "process-exporter.yml", json.dumps(_PROCESS_GROUPS))
@@ -197,8 +218,7 @@ class PrometheusServer:
         server = ManagedProcess("prometheus", [
             server_bin, f"--config.file={home / 'prometheus.yml'}",
             f"--storage.tsdb.path={data}", f"--web.listen-address=127.0.0.1:{server_port}",
-            "--web.enable-admin-api", "--storage.tsdb.retention.time=30d",
-            "--log.level=warn"], home / "server")
+            *_SERVER_FLAGS], home / "server")
         prometheus = cls(f"http://127.0.0.1:{server_port}", processes=[*processes, server],
                          data_dir=data, scrape_interval_s=scrape_interval_s)
         try:

@@ -53,7 +53,7 @@ from core.errors import PermanentServiceError
 from core.filelock import dir_lock
 from core.safeio import UnreadableInputError, open_append, read_bounded, write_text
 from core.terminal import ArgumentParser, say
-from tasks.observe.prometheus import PrometheusServer, relocate
+from tasks.observe.prometheus import PrometheusServer, local_layout, relocate
 from tasks.process import pid_alive
 
 __all__ = ["ADOPTED_FILE", "SPARES_DIR", "SparePrometheus", "adopt", "offer", "spare_base",
@@ -81,6 +81,7 @@ class SpareRecord(BaseModel):
     keeper_pid: int = Field(gt=1)
     url: str = Field(pattern=_LOOPBACK_URL)  # an edited record never points elsewhere
     scrape_interval_s: float = Field(gt=0)
+    layout: str = Field(max_length=64)  # `local_layout` of the code that started it
     started: float
 
 
@@ -221,20 +222,29 @@ class SparePrometheus(PrometheusServer):
     def stop(self) -> None:
         """Stop it, move its files to the run's dir (when taken), remove the spare's dir."""
         if not self.directory.exists():
+            self._client.close()
             return  # its keeper moved them already (this run was taken for dead)
         super().stop()
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def adopt(base: Path, *, scrape_interval_s: float) -> SparePrometheus | None:
-    """Claim a ready spare scraping every ``scrape_interval_s``; None when there is none."""
+def adopt(base: Path, *, scrape_interval_s: float,
+          starting_wait_s: float = 20.0) -> SparePrometheus | None:
+    """Claim a ready spare scraping every ``scrape_interval_s``; None when there is none.
+
+    A spare whose keeper is still starting it is waited for (up to ``starting_wait_s``): it
+    is still closer to its first scrape than a server started now. One started by other
+    code or binaries (`local_layout`) is left alone.
+    """
     if not base.is_dir():
         return None
+    layout = local_layout()
     with dir_lock(base, _LOCK, mode=0o600):
         for directory in spares(base):
-            record = _record(directory)
+            record = _record(directory) or _await_record(directory, starting_wait_s)
             if record is None or _claim(directory) is not None \
-                    or record.scrape_interval_s != scrape_interval_s:
+                    or record.scrape_interval_s != scrape_interval_s \
+                    or record.layout != layout:
                 continue
             server = SparePrometheus(directory, record)
             try:
@@ -248,6 +258,17 @@ def adopt(base: Path, *, scrape_interval_s: float) -> SparePrometheus | None:
                 {**record.model_dump(), "adopted": time.time()}, indent=2) + "\n")
             return server
     return None
+
+
+def _await_record(directory: Path, timeout_s: float) -> SpareRecord | None:
+    """The record of a spare still starting, once written; None if its keeper gives up."""
+    pid = _starting_pid(directory)
+    deadline = time.monotonic() + timeout_s
+    while pid is not None and _keeper_alive(pid, directory) and time.monotonic() < deadline:
+        if (directory / _RECORD).exists():  # written: usable or not, no more waiting
+            return _record(directory)
+        time.sleep(0.05)
+    return _record(directory)
 
 
 def stop_spares(base: Path, timeout_s: float = 30.0) -> int:
@@ -283,7 +304,7 @@ def _keep(directory: Path, scrape_interval_s: float, idle_s: float) -> int:
         return 1
     write_text(directory / _RECORD, SpareRecord(
         keeper_pid=os.getpid(), url=server.url, scrape_interval_s=scrape_interval_s,
-        started=time.time()).model_dump_json())
+        layout=local_layout(), started=time.time()).model_dump_json())
     deadline = time.monotonic() + idle_s
     keep_files = False
     while not stopping.wait(_TICK_S):

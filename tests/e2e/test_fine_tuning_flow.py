@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from analysis.history import HistoryStore
-from tests.factories import cli_env, prometheus_required
+from tests.factories import cli_env, prometheus_required, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -147,14 +147,33 @@ def test_cli_light_preset_end_to_end(tmp_path: Path) -> None:
         assert not list(run_dir.parent.glob(".prometheus-*"))
 
 
-def test_successive_runs_build_history_and_verdicts(tmp_path: Path, prefect_harness) -> None:
+def test_successive_runs_build_history_and_verdicts(tmp_path: Path, prefect_harness,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     from flows.fine_tuning.flow import fine_tuning
     from flows.orchestration import outcome_of
+    from tasks.observe.spare import ADOPTED_FILE, SPARES_DIR, stop_spares
 
+    # spares of their own (the suite's other worker takes the suite's): each run leaves one,
+    # the next adopts it (tasks.observe.spare)
+    monkeypatch.setenv("TELLTALE_PREFECT_API_HOME", str(tmp_path / "services"))
+    spares = tmp_path / "services" / SPARES_DIR
     overrides = {**JUDGED, "analysis.history_uri": str(tmp_path / "history")}
-    outcomes = [outcome_of(fine_tuning(presets=["light"], overrides=overrides,
-                            artifact_dir=str(tmp_path / f"run{i}"), return_state=True)) for i in range(4)]
+    outcomes = []
+    try:
+        for i in range(4):
+            outcomes.append(outcome_of(fine_tuning(
+                presets=["light"], overrides=overrides, artifact_dir=str(tmp_path / f"run{i}"),
+                return_state=True)))
+            if prometheus_required():  # a condition, not a sleep: the spare is ready
+                wait_until(lambda: any((d / "spare.json").exists() for d in spares.glob("*/")),
+                       "a spare left by the run")
+    finally:
+        stop_spares(spares)
     assert all(o.exit_code == 0 for o in outcomes), [o.failures for o in outcomes]
+    if prometheus_required():  # the first run started its own; each later one adopted one
+        assert [(tmp_path / f"run{i}" / "prometheus" / ADOPTED_FILE).is_file()
+                for i in range(4)] == [False, True, True, True]
+        assert all((tmp_path / f"run{i}" / "prometheus" / "data").is_dir() for i in range(4))
     # 5 workload KPIs (a CPU-only run has no GPU-named ones), and the resource KPIs where
     # the run had its Prometheus: every KPI not ignored for regression is judged
     first = pd.read_parquet(next((tmp_path / "run0").glob("*__analysis__postprocess_results")) / "kpis.parquet")

@@ -8,8 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -18,7 +16,7 @@ import pytest
 from tasks.observe.prometheus import LOCAL_QUERIES, capture_window
 from tasks.observe.spare import ADOPTED_FILE, adopt, offer, spares, stop_spares
 from tasks.process import pid_alive
-from tests.factories import prometheus_required
+from tests.factories import prometheus_required, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -31,18 +29,9 @@ def _binaries() -> None:
         pytest.skip("prometheus/prometheus-node-exporter not installed")
 
 
-def _until(condition: Callable[[], bool], what: str, timeout_s: float = 300.0) -> None:
-    """Wait on a condition (never a fixed sleep); fail after a generous deadline."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"not {what} after {timeout_s:.0f} s")
-        time.sleep(0.1)
-
-
 def _ready(directory: Path) -> int:
     """Wait for the keeper's record; the keeper's pid."""
-    _until(lambda: (directory / "spare.json").exists(), "ready")
+    wait_until(lambda: (directory / "spare.json").exists(), "ready")
     return int(json.loads((directory / "spare.json").read_text())["keeper_pid"])
 
 
@@ -66,7 +55,7 @@ def test_a_spare_is_adopted_once_queried_as_the_runs_own_and_moved_into_the_run(
     try:
         server.wait_scraped()
         start = datetime.now(UTC)
-        _until(lambda: server._node_samples('timestamp(up{job="node"})')
+        wait_until(lambda: server._node_samples('timestamp(up{job="node"})')
                > start.timestamp() + 2, "scraped after the window's start")
         summary = capture_window(server, LOCAL_QUERIES, start, datetime.now(UTC),
                                  tmp_path / "cell")
@@ -96,7 +85,7 @@ def test_an_unadopted_spare_stops_itself_and_a_stopped_ones_dir_is_swept(
     assert directory is not None
     keeper = _ready(directory)
     pids = _server_pids(directory)
-    _until(lambda: not pid_alive(keeper), "stopped once its minutes passed")
+    wait_until(lambda: not pid_alive(keeper), "stopped once its minutes passed")
     assert not directory.exists() and not any(pid_alive(p) for p in pids)
     # a keeper SIGKILLed takes its server with it; the next offer removes what it left
     third = offer(base, scrape_interval_s=1.0, minutes=10)
@@ -104,7 +93,7 @@ def test_an_unadopted_spare_stops_itself_and_a_stopped_ones_dir_is_swept(
     keeper = _ready(third)
     pids = _server_pids(third)
     os.kill(keeper, signal.SIGKILL)
-    _until(lambda: not any(pid_alive(p) for p in pids), "gone with its keeper")
+    wait_until(lambda: not any(pid_alive(p) for p in pids), "gone with its keeper")
     assert adopt(base, scrape_interval_s=1.0) is None
     fourth = offer(base, scrape_interval_s=1.0, minutes=10)
     assert fourth is not None and not third.exists()
@@ -139,7 +128,7 @@ def test_a_run_killed_while_it_holds_a_spare_still_gets_its_files(tmp_path: Path
     finally:
         if adopter.poll() is None:
             adopter.kill()
-    _until(lambda: not pid_alive(keeper), "stopped after its adopter died")
+    wait_until(lambda: not pid_alive(keeper), "stopped after its adopter died")
     assert (target / "data").is_dir() and (target / ADOPTED_FILE).is_file()
     assert not directory.exists()
 
@@ -156,6 +145,9 @@ def test_an_edited_record_is_never_adopted(tmp_path: Path) -> None:
             assert adopt(base, scrape_interval_s=1.0) is None
         (directory / "spare.json").write_text(json.dumps({**record, "keeper_pid": 1}))
         assert adopt(base, scrape_interval_s=1.0) is None
+        # started by other code or other binaries: not the server this code would start
+        (directory / "spare.json").write_text(json.dumps({**record, "layout": "other"}))
+        assert adopt(base, scrape_interval_s=1.0) is None
         (directory / "spare.json").write_text(json.dumps(record))
         server = adopt(base, scrape_interval_s=1.0)
         assert server is not None
@@ -164,3 +156,16 @@ def test_an_edited_record_is_never_adopted(tmp_path: Path) -> None:
     finally:
         stop_spares(base)
     assert spares(base) == []
+
+
+def test_a_spare_still_starting_is_waited_for_not_passed_over(tmp_path: Path) -> None:
+    base = tmp_path / "spares"
+    directory = offer(base, scrape_interval_s=1.0, minutes=10)
+    assert directory is not None and not (directory / "spare.json").exists()
+    server = adopt(base, scrape_interval_s=1.0)  # at once: its keeper is still starting it
+    try:
+        assert server is not None and server.directory == directory
+    finally:
+        if server is not None:
+            server.stop()
+        stop_spares(base)
