@@ -8,7 +8,8 @@ test would wait on). Linux only; elsewhere, or when ``/proc`` is unreadable, no 
 written and the checks that need it are not made.
 
 The run's process tree is this process and its descendants (the flow, the workloads, the
-model server, Prometheus and its exporters): their CPU time is the run's, everything else's
+model server, Prometheus and its exporters; an adopted spare Prometheus's keeper and its
+children too, `count_as_run`): their CPU time is the run's, everything else's
 is "other processes" (four busy loops beside a 2-core run show as ~80 % here). A child
 reaped within the window counts through its parent's ``cutime``. The load is sampled the
 same way: threads of other processes running or ready to run (the machine's load average
@@ -29,7 +30,7 @@ from typing import Any
 from analysis.validity import HOST_FILE, HostWindow
 from core.safeio import write_json
 
-__all__ = ["HostWatch", "watch_host"]
+__all__ = ["HostWatch", "count_as_run", "uncount", "watch_host"]
 
 logger = logging.getLogger("telltale.hostwatch")
 
@@ -74,12 +75,31 @@ def _processes() -> dict[int, tuple[int, int]]:
     return out
 
 
+_ALSO_RUN: set[int] = set()  # roots of trees counted as the run's besides its own
+
+
+def count_as_run(pid: int) -> None:
+    """Count ``pid``'s tree as the run's own from now on (`uncount` ends it).
+
+    An adopted spare Prometheus (`tasks.observe.spare`) is the run's observer, but its
+    keeper is not a descendant of the run: without this, its CPU time and threads would be
+    "other processes" to the validity checks, as they never were when the run started its
+    own.
+    """
+    _ALSO_RUN.add(pid)
+
+
+def uncount(pid: int) -> None:
+    """Stop counting ``pid``'s tree as the run's (see `count_as_run`)."""
+    _ALSO_RUN.discard(pid)
+
+
 def _tree(root: int, processes: dict[int, tuple[int, int]]) -> set[int]:
-    """``root`` and its live descendants."""
+    """``root`` and its live descendants, and those of the trees counted as the run's."""
     children: dict[int, list[int]] = {}
     for pid, (parent, _) in processes.items():
         children.setdefault(parent, []).append(pid)
-    found, todo = set(), [root]
+    found, todo = set(), [root, *_ALSO_RUN]
     while todo:
         pid = todo.pop()
         found.add(pid)

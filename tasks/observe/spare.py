@@ -53,6 +53,7 @@ from core.errors import PermanentServiceError
 from core.filelock import dir_lock
 from core.safeio import UnreadableInputError, open_append, read_bounded, write_text
 from core.terminal import ArgumentParser, say
+from tasks.hostwatch import count_as_run, uncount
 from tasks.observe.prometheus import PrometheusServer, local_layout, relocate
 from tasks.process import pid_alive
 
@@ -181,6 +182,7 @@ class SparePrometheus(PrometheusServer):
         self.local = True  # it scrapes this machine's exporters
         self.directory = directory
         self.keeper_pid = record.keeper_pid
+        count_as_run(self.keeper_pid)  # the run's observer: its CPU is the run's, not others'
 
     @property  # type: ignore[override]
     def relocate_to(self) -> Path | None:
@@ -221,6 +223,7 @@ class SparePrometheus(PrometheusServer):
 
     def stop(self) -> None:
         """Stop it, move its files to the run's dir (when taken), remove the spare's dir."""
+        uncount(self.keeper_pid)
         if not self.directory.exists():
             self._client.close()
             return  # its keeper moved them already (this run was taken for dead)
@@ -250,6 +253,7 @@ def adopt(base: Path, *, scrape_interval_s: float,
             try:
                 server._wait_ready(5.0)
             except Exception:
+                uncount(server.keeper_pid)
                 server._client.close()
                 continue
             server.relocate_to = None  # writes the claim

@@ -130,6 +130,41 @@ def test_the_watch_tells_the_runs_cpu_from_other_processes(tmp_path: Path) -> No
     assert other.other_runnable_mean * other.window_s >= 0.8
 
 
+_SPIN_THEN_WAIT = ("import os, sys, time\n"
+                   "while time.process_time() < 1.0:\n    pass\n"
+                   "open(sys.argv[1], 'w').close()\n"
+                   "while not os.path.exists(sys.argv[2]):\n    time.sleep(0.05)\n")
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="Linux /proc only")
+def test_a_tree_counted_as_the_runs_is_the_runs_cpu(tmp_path: Path) -> None:
+    """An adopted spare Prometheus is not a descendant of the run: `count_as_run` makes its
+    keeper's tree the run's, as a Prometheus the run started was."""
+    from tasks.hostwatch import count_as_run, uncount
+
+    spun, leave, pid_file = tmp_path / "spun", tmp_path / "leave", tmp_path / "pid"
+    # not ours by descent: double-forked, its parent gone (init adopts it)
+    subprocess.run([sys.executable, "-c",
+                    "import os, subprocess, sys\n"
+                    f"p = subprocess.Popen([sys.executable, '-c', {_SPIN_THEN_WAIT!r}, "
+                    f"{str(spun)!r}, {str(leave)!r}], start_new_session=True)\n"
+                    f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+                    "os._exit(0)\n"], check=True)
+    pid = int(pid_file.read_text())
+    watch = HostWatch(interval_s=0.05)
+    count_as_run(pid)
+    try:
+        assert watch.start()
+        while not spun.exists():
+            time.sleep(0.05)
+        counted = watch.stop()
+    finally:
+        uncount(pid)
+        leave.touch()
+        _wait_gone(pid)
+    assert counted is not None and counted.run_cpu_s >= 0.9
+
+
 def _busy_host(cell: Path) -> None:
     (cell / HOST_FILE).write_text(HostWindow(
         cores=2, window_s=40, cpu_total_s=80, cpu_busy_s=78, run_cpu_s=20,
