@@ -121,7 +121,7 @@ class FileReader:
         return known
 
     def _fingerprint(self, rel: str, st: os.stat_result | None) -> None:
-        self.fingerprints[rel] = None if st is None else [st.st_size, st.st_mtime_ns]
+        self.fingerprints[rel] = None if st is None else [st.st_size, st.st_mtime_ns]  # file_stamp
 
     def problem(self, rel: str, message: str, line: int | None = None) -> None:
         """Record a problem with a file (for parser-detected inconsistencies)."""
@@ -465,6 +465,18 @@ def _tail(stream: IO[bytes], lines: int = 5, limit: int = 64 * 1024) -> str | No
 def _short(line: str, width: int = TAIL_WIDTH) -> str:
     """A log line cut to ``width`` characters, saying how much was left out."""
     return line if len(line) <= width else f"{line[:width]}… ({len(line) - width} more chars)"
+
+
+def file_stamp(path: str) -> list[int] | None:
+    """How the parse cache records a file it depends on: its ``lstat``'s size and mtime.
+
+    None when it is missing: its later appearance invalidates the cache too.
+    """
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns]
 
 
 def _listdir(path: str | Path) -> list[str]:

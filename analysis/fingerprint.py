@@ -20,6 +20,7 @@ step. `changes` and `what_changed` say which entries differ.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import logging
 import os
@@ -28,10 +29,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from analysis.file_reader import file_stamp
 from core.safeio import UnreadableInputError, read_text_bounded
 
-__all__ = ["FINGERPRINT_FILE", "Fingerprint", "changes", "decode", "encode", "fingerprint_of",
-           "shown", "what_changed"]
+__all__ = ["FINGERPRINT_FILE", "Fingerprint", "Inputs", "VISIBLE", "changes", "decode", "encode",
+           "fingerprint_of", "shown", "what_changed"]
 
 logger = logging.getLogger("telltale.fingerprint")
 
@@ -64,7 +66,17 @@ def _put(out: Fingerprint, key: str, value: Any) -> None:
     out[name] = "".join(c for c in text if c.isprintable())[:_MAX_VALUE]
 
 
-def _json(path: Path) -> Any:
+VISIBLE = "[!.]*"
+"""The names a recorded listing holds: not the hidden ones (the parse cache, ``.uuid``...)
+that are written into a cell dir after it is first read."""
+Inputs = dict[str, Any]
+"""What a reading depended on, in the parse cache's form (`analysis.parsing`): a file's
+relative path -> its `file_stamp`, ``list:<dir>/*`` -> the dir's sorted names."""
+
+
+def _json(path: Path, inputs: Inputs | None = None, rel: str = "") -> Any:
+    if inputs is not None:  # stamped before it is read: a change after it re-reads
+        inputs[rel] = file_stamp(str(path))
     try:
         return json.loads(read_text_bounded(path, _MAX_FILE, what="capture file"))
     except (UnreadableInputError, ValueError) as exc:
@@ -80,24 +92,35 @@ class _Files:
     time; one ``scandir`` per dir lists them all.
     """
 
-    def __init__(self, cell: Path) -> None:
+    def __init__(self, cell: Path, inputs: Inputs | None = None) -> None:
         self.root = cell
+        self.inputs = inputs
         # paths as the strings scandir gives: a Path object per entry was a third of this
         self.top: dict[str, str] = {}
         self.steps: list[tuple[str, dict[str, str]]] = []
         self.with_artifacts: set[str] = set()
-        for entry in _entries(str(cell)):
+        top = _entries(str(cell))
+        for entry in top:
             if entry.is_file(follow_symlinks=False):
                 self.top[entry.name] = entry.path
             elif entry.is_dir(follow_symlinks=False):
                 files: dict[str, str] = {}
-                for inner in _entries(entry.path):
+                inner_entries = _entries(entry.path)
+                for inner in inner_entries:
                     if inner.is_file(follow_symlinks=False):
                         files[inner.name] = inner.path
                     elif inner.name == "artifacts" and inner.is_dir(follow_symlinks=False):
                         self.with_artifacts.add(entry.name)
                 self.steps.append((entry.name, files))
+                if inputs is not None:
+                    inputs[f"list:{entry.name}/{VISIBLE}"] = _visible(inner_entries)
+        if inputs is not None:
+            inputs[f"list:/{VISIBLE}"] = _visible(top)
         self.steps.sort(key=lambda step: step[0])
+
+    def read(self, path: Path) -> Any:
+        """A capture file's JSON (stamped in ``inputs``), None when unusable."""
+        return _json(path, self.inputs, os.path.relpath(path, self.root))
 
     def own(self, name: str) -> Path | None:
         """``name`` in the cell dir itself."""
@@ -116,11 +139,17 @@ class _Files:
             if dirname not in self.with_artifacts:
                 continue
             candidate = self.root / dirname / "artifacts" / "pod.json"
+            if self.inputs is not None:
+                self.inputs[f"{dirname}/artifacts/pod.json"] = file_stamp(str(candidate))
             if candidate.is_file() and not candidate.is_symlink():
                 found.append(candidate)
                 if len(found) == 4:
                     break
         return found
+
+
+def _visible(entries: list[os.DirEntry[str]]) -> list[str]:
+    return sorted(fnmatch.filter((e.name for e in entries), VISIBLE))
 
 
 def _entries(directory: str) -> list[os.DirEntry[str]]:
@@ -134,16 +163,18 @@ def _entries(directory: str) -> list[os.DirEntry[str]]:
 _OCP_VERSION = re.compile(r"^openshiftVersion:[ \t]*['\"]?([^'\"\s#]+)", re.MULTILINE)
 
 
-def fingerprint_of(cell_dir: str | Path) -> Fingerprint:
+def fingerprint_of(cell_dir: str | Path, inputs: Inputs | None = None) -> Fingerprint:
     """The environment fingerprint of one cell, from the files its run captured.
 
     Files absent or unreadable contribute nothing (logged); never raises for bad content.
+    ``inputs``: filled with what the fingerprint depends on (every listing and file it
+    looked at), so the parse cache can keep it with the parsed result.
     """
     cell = Path(cell_dir)
     out: Fingerprint = {}
-    files = _Files(cell)
+    files = _Files(cell, inputs)
     own = files.own(FINGERPRINT_FILE)
-    data = _json(own) if own else None
+    data = files.read(own) if own else None
     if isinstance(data, dict):
         for key, value in data.items():
             if isinstance(value, dict):
@@ -152,7 +183,7 @@ def fingerprint_of(cell_dir: str | Path) -> Fingerprint:
             else:
                 _put(out, key, value)
     machine = files.first("machine.json", "__cluster")
-    data = _json(machine) if machine else None
+    data = files.read(machine) if machine else None
     if isinstance(data, dict):
         for key, name in _MACHINE.items():
             _put(out, name, data.get(key))
@@ -162,7 +193,7 @@ def fingerprint_of(cell_dir: str | Path) -> Fingerprint:
 
 def _cluster(files: _Files, out: Fingerprint) -> None:
     nodes = files.first("nodes.json")
-    data = _json(nodes) if nodes else None
+    data = files.read(nodes) if nodes else None
     items = data.get("items") if isinstance(data, dict) else None
     for node in items if isinstance(items, list) else []:
         if not isinstance(node, dict):
@@ -180,6 +211,8 @@ def _cluster(files: _Files, out: Fingerprint) -> None:
                     _put(out, name, value)
     version = files.first("ocp_version.yml")
     if version is not None:
+        if files.inputs is not None:
+            files.inputs[os.path.relpath(version, files.root)] = file_stamp(str(version))
         # the capture step's one line (``openshiftVersion: 4.16.3``), read by a pattern: a
         # full safe YAML parse of it was half of a warm post-processing's fingerprint time
         try:
@@ -191,14 +224,14 @@ def _cluster(files: _Files, out: Fingerprint) -> None:
         if found and found.group(1) not in ("null", "~"):
             _put(out, "openshift", found.group(1))
     operators = files.first("operators.json")
-    data = _json(operators) if operators else None
+    data = files.read(operators) if operators else None
     if isinstance(data, dict):
         for name, csv in sorted(data.items())[:64]:
             if isinstance(csv, dict):
                 # the CSV's name carries its version (rhods-operator.2.25.0): the package
                 _put(out, f"operator:{str(name).split('.')[0]}", csv.get("version"))
     for pod_file in files.pods():
-        pod = _json(pod_file)
+        pod = files.read(pod_file)
         statuses = ((pod or {}).get("status") or {}).get("containerStatuses") \
             if isinstance(pod, dict) else None
         for status in statuses if isinstance(statuses, list) else []:

@@ -18,16 +18,16 @@ import pandas as pd
 from pydantic import BaseModel, Field
 
 from analysis.discovery import Discovery, SkippedDir, discover
-from analysis.fingerprint import Fingerprint, fingerprint_of
+from analysis.fingerprint import Fingerprint
 from analysis.history import (
     run_identity,
 )
 from analysis.kpi import Kpi, compute_kpis, label_strings
 from analysis.lts import LtsKpi, LtsMetadata, LtsPayload
-from analysis.parsing import ParsedResult, parse_dirs
+from analysis.parsing import ParsedResult, engine_inputs, parse_dirs
 from analysis.project import AnalysisProject
 from analysis.settings import ValidityPolicy
-from analysis.validity import Validity, judge_validity
+from analysis.validity import MachineInputs, Validity, judge_validity
 from core.errors import ResultsError
 from core.progress import StageProgress
 from core.redact import redact
@@ -92,8 +92,11 @@ def _timestamp(start: str | None, result: ParsedResult) -> str:
 
 
 def result_validity(project: AnalysisProject, result: ParsedResult,
-                    policy: ValidityPolicy) -> Validity:
-    """One result's validity: the engine's checks on its dir and the project's own."""
+                    policy: ValidityPolicy, machine: MachineInputs | None = None) -> Validity:
+    """One result's validity: the engine's checks on its dir and the project's own.
+
+    ``machine``: what the engine's checks read, when already read (`engine_inputs`).
+    """
     window = None
     if project.measured_window is not None and result.exit_code == 0:
         try:
@@ -103,7 +106,8 @@ def result_validity(project: AnalysisProject, result: ParsedResult,
     checks = project.validity
     return judge_validity(result.path, result.exit_code, policy,
                           project_reasons=(lambda: checks(result)) if checks else None,
-                          measured_window_s=window, min_window_s=project.min_window_s)
+                          measured_window_s=window, min_window_s=project.min_window_s,
+                          machine=machine)
 
 
 def analyse_run(project: AnalysisProject, result: ParsedResult,
@@ -121,8 +125,9 @@ def analyse_run(project: AnalysisProject, result: ParsedResult,
     if not isinstance(run_uuid, str):
         raise TypeError(f"the project's run uuid is {type(run_uuid).__name__}, not a string")
     parsed_presets = getattr(result, "presets", None)
-    validity = result_validity(project, result, policy or ValidityPolicy())
-    fingerprint = fingerprint_of(result.path)
+    engine = engine_inputs(result)  # kept by the parse cache: not read again when warm
+    validity = result_validity(project, result, policy or ValidityPolicy(), engine.machine)
+    fingerprint = engine.fingerprint
     metadata = LtsMetadata(
         project=project.name, run_uuid=run_uuid, start=start, end=end,
         presets=list(presets) if presets is not None else parsed_presets,

@@ -23,26 +23,32 @@ made: validity never invents a measurement. Thresholds are `ValidityPolicy`'s.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import logging
 import math
+import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
+from analysis.file_reader import file_stamp
+from analysis.fingerprint import VISIBLE
 from analysis.settings import ValidityPolicy
 from core.safeio import UnreadableInputError, read_text_bounded
 
 __all__ = [
     "HOST_FILE",
     "HostWindow",
+    "MachineInputs",
     "Validity",
     "ValidityStatus",
     "engine_reasons",
     "judge_validity",
     "read_host_window",
+    "read_machine_inputs",
 ]
 
 logger = logging.getLogger("telltale.validity")
@@ -103,9 +109,37 @@ class Validity(BaseModel):
         return self.status + (f": {'; '.join(self.reasons)}" if self.reasons else "")
 
 
-def read_host_window(cell_dir: str | Path) -> HostWindow | None:
+class MachineInputs(BaseModel):
+    """What the engine's checks read from a cell's dir (the parse cache keeps them)."""
+
+    host: HostWindow | None = None
+    throttled_share: float | None = Field(default=None, description="The share of CFS "
+                                          "periods throttled: the run's cgroup's, else its "
+                                          "Prometheus capture's (a cluster's pods).")
+
+
+def read_machine_inputs(cell_dir: str | Path,
+                        inputs: dict[str, Any] | None = None) -> MachineInputs:
+    """The cell's `MachineInputs`, read from its files.
+
+    ``inputs``: filled with the files and listings read, in the parse cache's form
+    (`analysis.fingerprint.Inputs`), so the cache can keep the result.
+    """
+    cell = Path(cell_dir)
+    host = read_host_window(cell, inputs)
+    if host is not None and host.periods and host.throttled_periods is not None:
+        throttled: float | None = host.throttled_periods / host.periods
+    else:
+        throttled = _prometheus_mean(cell, "cpu_throttled_share", inputs)
+    return MachineInputs(host=host, throttled_share=throttled)
+
+
+def read_host_window(cell_dir: str | Path,
+                     inputs: dict[str, Any] | None = None) -> HostWindow | None:
     """The cell's `HostWindow`, or None when it has none (or an unreadable one: logged)."""
     path = Path(cell_dir) / HOST_FILE
+    if inputs is not None:  # stamped before it is read: a change after it reads it again
+        inputs[HOST_FILE] = file_stamp(str(path))
     if not path.is_file():
         return None
     try:
@@ -117,12 +151,25 @@ def read_host_window(cell_dir: str | Path) -> HostWindow | None:
         return None
 
 
-def _prometheus_mean(cell_dir: Path, query: str) -> float | None:
+def _prometheus_mean(cell_dir: Path, query: str,
+                     inputs: dict[str, Any] | None = None) -> float | None:
     """The mean of one query's samples in the cell's Prometheus capture, if it has any."""
+    paths = sorted(cell_dir.glob("*/prometheus/series.parquet"))[:8]
+    if inputs is not None:  # what a new capture would change: the dir's steps, their files
+        try:
+            names = sorted(fnmatch.filter(os.listdir(cell_dir), VISIBLE))
+        except OSError:
+            names = []
+        inputs[f"list:/{VISIBLE}"] = names
+        for name in names:
+            rel = f"{name}/prometheus/series.parquet"
+            inputs[rel] = file_stamp(str(cell_dir / rel))
+    if not paths:
+        return None
     import pandas as pd  # only runs with a Prometheus capture pay for it
 
     values: list[float] = []
-    for path in sorted(cell_dir.glob("*/prometheus/series.parquet"))[:8]:
+    for path in paths:
         if path.is_symlink():
             continue
         try:
@@ -137,7 +184,8 @@ def _prometheus_mean(cell_dir: Path, query: str) -> float | None:
 
 def engine_reasons(cell_dir: str | Path, policy: ValidityPolicy, *,
                    measured_window_s: float | None = None,
-                   min_window_s: float = 0.0) -> list[str]:
+                   min_window_s: float = 0.0,
+                   machine: MachineInputs | None = None) -> list[str]:
     """Why the machine (not the system under test) decided this cell's numbers (engine checks).
 
     Args:
@@ -145,13 +193,16 @@ def engine_reasons(cell_dir: str | Path, policy: ValidityPolicy, *,
         policy: The thresholds.
         measured_window_s: The workload's own measured window (the project tells).
         min_window_s: The project's declared minimum window (the policy's may be larger).
+        machine: The cell's `MachineInputs` when already read (the parse cache keeps them);
+            None: read from ``cell_dir``.
 
     Returns:
         One reason per failed check, each with the number and the threshold; none: valid.
     """
     cell = Path(cell_dir)
     reasons: list[str] = []
-    host = read_host_window(cell)
+    machine = machine or read_machine_inputs(cell)
+    host = machine.host
     if host is not None and host.cpu_total_s > 0:
         other = host.other_cpu_share
         if other > policy.max_other_cpu_share:
@@ -179,8 +230,7 @@ def engine_reasons(cell_dir: str | Path, policy: ValidityPolicy, *,
             if share < policy.min_memory_available_share:
                 reasons.append(f"memory pressure: only {share:.1%} of the memory available "
                                f"(at least {policy.min_memory_available_share:.0%})")
-    throttled = host.throttled_periods / host.periods if host is not None and host.periods \
-        and host.throttled_periods is not None else _prometheus_mean(cell, "cpu_throttled_share")
+    throttled = machine.throttled_share
     if throttled is not None and throttled > policy.max_throttled_share:
         reasons.append(f"CPU throttled in {throttled:.0%} of the CFS periods "
                        f"(at most {policy.max_throttled_share:.0%})")
@@ -194,7 +244,8 @@ def engine_reasons(cell_dir: str | Path, policy: ValidityPolicy, *,
 def judge_validity(cell_dir: str | Path, exit_code: int, policy: ValidityPolicy, *,
                    project_reasons: Callable[[], Iterable[str]] | None = None,
                    measured_window_s: float | None = None,
-                   min_window_s: float = 0.0) -> Validity:
+                   min_window_s: float = 0.0,
+                   machine: MachineInputs | None = None) -> Validity:
     """The validity of one cell result: failed, or the engine's and the project's checks.
 
     ``project_reasons`` is called only for a result that exited 0 (a project's checks read
@@ -205,7 +256,7 @@ def judge_validity(cell_dir: str | Path, exit_code: int, policy: ValidityPolicy,
     if policy.mode == "off":
         return Validity()
     reasons = engine_reasons(cell_dir, policy, measured_window_s=measured_window_s,
-                             min_window_s=min_window_s)
+                             min_window_s=min_window_s, machine=machine)
     if project_reasons is not None:
         try:
             reasons.extend(str(r) for r in project_reasons())

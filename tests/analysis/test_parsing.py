@@ -230,3 +230,57 @@ def test_a_failed_workloads_tail_shows_its_reason_and_no_wall_of_text(
     tail = read_tail(path) or ""
     assert f"error: {reason}".strip()[:TAIL_WIDTH] in tail
     assert all(len(line) <= TAIL_WIDTH + 30 for line in tail.splitlines())
+
+
+def test_the_cache_keeps_the_engines_inputs_until_one_of_their_files_changes(
+        tmp_path: Path) -> None:
+    """The fingerprint and the validity checks' inputs come with a warm parse; a change to
+    any file (or listing) they read reads them again, like a parsed file's change."""
+    from analysis.parsing import engine_inputs
+    from analysis.validity import HOST_FILE, HostWindow
+
+    run = make_result_dir(tmp_path, "000__cell")
+    host = HostWindow(cores=2, window_s=10, cpu_total_s=20, cpu_busy_s=5, run_cpu_s=4)
+    (run / HOST_FILE).write_text(host.model_dump_json())
+    first = engine_inputs(parse_one(_only(tmp_path), PARSER))
+    assert first.fingerprint["openshift"] == "4.16.3"
+    assert first.machine.host == host
+    header = json.loads((run / CACHE_FILE).read_text().splitlines()[0])
+    assert {HOST_FILE, "000__cluster__capture_environment/nodes.json",
+            "000__cluster__capture_environment/ocp_version.yml"} <= set(header["fingerprints"])
+    # warm: served from the cache (a change that keeps size and mtime is not seen, as for
+    # every file the cache stamps)
+    version = run / "000__cluster__capture_environment/ocp_version.yml"
+    stamp = version.stat()
+    version.write_text("openshiftVersion: 4.16.4\n")
+    os.utime(version, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    assert engine_inputs(parse_one(_only(tmp_path), PARSER)).fingerprint["openshift"] == \
+        "4.16.3"
+    # a real change is read again: the file's stamp...
+    os.utime(version, ns=(1, 1))
+    assert engine_inputs(parse_one(_only(tmp_path), PARSER)).fingerprint["openshift"] == \
+        "4.16.4"
+    busy = host.model_copy(update={"run_cpu_s": 0.5})
+    (run / HOST_FILE).write_text(busy.model_dump_json() + " ")
+    assert engine_inputs(parse_one(_only(tmp_path), PARSER)).machine.host == busy
+    # ...or a capture file that appears where there was none
+    (run / "000__cluster__capture_environment/operators.json").write_text(
+        json.dumps({"rhods-operator.2.25.0": {"version": "2.25.0"}}))
+    assert engine_inputs(parse_one(_only(tmp_path), PARSER)).fingerprint[
+        "operator:rhods-operator"] == "2.25.0"
+    step = run / "002__capture__prometheus" / "prometheus"
+    step.mkdir(parents=True)
+    import pandas as pd
+
+    pd.DataFrame({"query": ["cpu_throttled_share"], "labels": ["{}"],
+                  "timestamp": pd.to_datetime([0], unit="s", utc=True),
+                  "value": [0.5]}).to_parquet(step / "series.parquet")
+    (run / HOST_FILE).unlink()  # a cluster's cell: throttling from its Prometheus capture
+    assert engine_inputs(parse_one(_only(tmp_path), PARSER)).machine.throttled_share == 0.5
+    # workers parse cold dirs in other processes: the inputs come back with the result
+    for i in range(1, 20):
+        make_result_dir(tmp_path, f"{i:03d}__cell", seed=i)
+    found = discover(tmp_path, project="fine_tuning").results
+    results = parse_dirs(found, PARSER, project="fine_tuning", workers=2)
+    assert all(engine_inputs(r).fingerprint.get("openshift") for r in results)
+    assert all(getattr(r, "_engine", None) is not None for r in results)
