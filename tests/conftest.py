@@ -115,8 +115,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Stop the session's shared local Prefect API and spare Prometheus (the controller, once
-    all workers end)."""
+    """Stop the session's shared local Prefect API and the spare Prometheus its runs left
+    (the controller, once all workers end).
+
+    Runs with a home of their own (a deployed run under a worker's minimal environment) leave
+    their spares under the session's temporary dirs: those are stopped too, so the suite
+    leaves no process behind (a spare would otherwise stop itself 10 minutes later).
+    """
     if os.environ.get("PYTEST_XDIST_WORKER"):
         return
     from flows.local_api import stop
@@ -125,3 +130,21 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     home = Path(os.environ["TELLTALE_PREFECT_API_HOME"])
     stop(home)
     stop_spares(home / SPARES_DIR)
+    basetemp = session.config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
+    for base in _spare_bases_under(basetemp):
+        stop_spares(base)
+
+
+def _spare_bases_under(root: Path) -> set[Path]:
+    """The dirs of spare Prometheus whose keeper runs and whose dir is under ``root``."""
+    bases = set()
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"tasks.observe.spare" in argv and len(argv) > 3:
+            directory = Path(os.fsdecode(argv[3]))
+            if directory.is_relative_to(root):
+                bases.add(directory.parent)
+    return bases

@@ -70,6 +70,17 @@ def _deployed(tmp_path: Path) -> Iterator[tuple[str, dict[str, str], Path, str]]
         yield api, user, clone, commit
 
 
+Deployed = tuple[str, dict[str, str], Path, str]
+
+
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
+    """One server with the deployments, shared by the worker tests of this module (each
+    starts its own worker and run): the deploy is ~30 s of Prefect commands a test."""
+    with _deployed(tmp_path_factory.mktemp("deployed")) as found:
+        yield found
+
+
 def _start(user: dict[str, str], clone: Path, overrides: dict[str, object]) -> str:
     started = _prefect(user, clone, "deployment", "run", "fine-tuning/fine-tuning-manual",
                        "--params", json.dumps({"presets": ["light"], "overrides": overrides}))
@@ -77,24 +88,25 @@ def _start(user: dict[str, str], clone: Path, overrides: dict[str, object]) -> s
                 for word in line.split() if len(word) == 36 and word.count("-") == 4)
 
 
-def test_a_process_worker_runs_a_deployment_from_a_fresh_clone(tmp_path: Path) -> None:
-    with _deployed(tmp_path) as (api, user, clone, commit):
-        run_id = _start(user, clone, FAST)
+def test_a_process_worker_runs_a_deployment_from_a_fresh_clone(tmp_path: Path,
+                                                              deployed: Deployed) -> None:
+    api, user, clone, commit = deployed
+    run_id = _start(user, clone, FAST)
 
-        # the worker: an empty dir, a minimal environment (no TELLTALE_*, no checkout)
-        worker_home = tmp_path / "worker"
-        workdir = worker_home / "empty"
-        workdir.mkdir(parents=True)
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "prefect", "worker", "start", "--pool", "telltale-local",
-             "--type", "process", "--run-once"], cwd=workdir,
-            env=clean_env(worker_home, PREFECT_API_URL=api),
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        # --run-once: the worker takes the scheduled run, runs it, and exits
-        output, _ = worker.communicate(timeout=1200)
-        assert worker.returncode == 0, output[-4000:]
-        state = _prefect(user, clone, "flow-run", "inspect", run_id)
-        assert "COMPLETED" in state, output[-4000:]
+    # the worker: an empty dir, a minimal environment (no TELLTALE_*, no checkout)
+    worker_home = tmp_path / "worker"
+    workdir = worker_home / "empty"
+    workdir.mkdir(parents=True)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "prefect", "worker", "start", "--pool", "telltale-local",
+         "--type", "process", "--run-once"], cwd=workdir,
+        env=clean_env(worker_home, PREFECT_API_URL=api),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # --run-once: the worker takes the scheduled run, runs it, and exits
+    output, _ = worker.communicate(timeout=1200)
+    assert worker.returncode == 0, output[-4000:]
+    state = _prefect(user, clone, "flow-run", "inspect", run_id)
+    assert "COMPLETED" in state, output[-4000:]
 
     runs = list((worker_home / ".local" / "share" / "telltale" / "runs").glob(
         f"*-fine_tuning-{run_id[:8]}"))
@@ -112,8 +124,8 @@ def _parent_of(pid: int) -> int:
 
 
 @pytest.mark.parametrize("how", ["cancel", "crash", "sigterm"])
-def test_a_deployed_run_cancelled_or_crashed_runs_its_cleanup_hook(tmp_path: Path,
-                                                                   how: str) -> None:
+def test_a_deployed_run_cancelled_or_crashed_runs_its_cleanup_hook(tmp_path: Path, how: str,
+                                                                   deployed: Deployed) -> None:
     """The runner calls ``on_cancellation``/``on_crashed`` hooks by keyword: the hook must
     complete. Cancelled from the API, crashed (its flow process SIGKILLed), or terminated
     (SIGTERM to the flow process: its own cleanup runs, then the hook)."""
@@ -121,35 +133,35 @@ def test_a_deployed_run_cancelled_or_crashed_runs_its_cleanup_hook(tmp_path: Pat
     workdir = worker_home / "empty"
     workdir.mkdir(parents=True)
     runs = worker_home / ".local" / "share" / "telltale" / "runs"
-    with _deployed(tmp_path) as (api, user, clone, _commit):
-        run_id = _start(user, clone, {"tests.fine_tuning.test_settings.max_steps": 1_000_000,
-                                      "tests.fine_tuning.test_settings.dataset_replication": 1})
-        log = (worker_home / "worker.log").open("w")
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "prefect", "worker", "start", "--pool", "telltale-local",
-             "--type", "process"], cwd=workdir, env=clean_env(worker_home, PREFECT_API_URL=api),
-            stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        try:
-            # the workload is running once its pid file exists in the run's dir
-            pid_file = wait_for("running workload", lambda: next(runs.glob(
-                f"*-fine_tuning-{run_id[:8]}/**/workload.pid"), None), worker, 900)
-            if how == "cancel":
-                _prefect(user, clone, "flow-run", "cancel", run_id)
-            else:  # the flow process (the workload's parent): killed, or terminated
-                os.kill(_parent_of(int(pid_file.read_text())),
-                        signal.SIGKILL if how == "crash" else signal.SIGTERM)
-            run_dir = next(runs.glob(f"*-fine_tuning-{run_id[:8]}"))
-            record = wait_for("crash_cleanup.json", lambda: (
-                run_dir / "crash_cleanup.json").is_file(), worker, 900)
-            assert record
-            state = wait_for("a final state", lambda: next(
-                (s for s in ("CANCELLED", "COMPLETED", "FAILED", "CRASHED")
-                 if s in _prefect(user, clone, "flow-run", "inspect", run_id)), None), worker, 900)
-            assert state == ("CANCELLED" if how == "cancel" else "CRASHED")
-        finally:
-            worker.terminate()
-            worker.wait(timeout=120)
-            log.close()
+    api, user, clone, _commit = deployed
+    run_id = _start(user, clone, {"tests.fine_tuning.test_settings.max_steps": 1_000_000,
+                                  "tests.fine_tuning.test_settings.dataset_replication": 1})
+    log = (worker_home / "worker.log").open("w")
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "prefect", "worker", "start", "--pool", "telltale-local",
+         "--type", "process"], cwd=workdir, env=clean_env(worker_home, PREFECT_API_URL=api),
+        stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        # the workload is running once its pid file exists in the run's dir
+        pid_file = wait_for("running workload", lambda: next(runs.glob(
+            f"*-fine_tuning-{run_id[:8]}/**/workload.pid"), None), worker, 900)
+        if how == "cancel":
+            _prefect(user, clone, "flow-run", "cancel", run_id)
+        else:  # the flow process (the workload's parent): killed, or terminated
+            os.kill(_parent_of(int(pid_file.read_text())),
+                    signal.SIGKILL if how == "crash" else signal.SIGTERM)
+        run_dir = next(runs.glob(f"*-fine_tuning-{run_id[:8]}"))
+        record = wait_for("crash_cleanup.json", lambda: (
+            run_dir / "crash_cleanup.json").is_file(), worker, 900)
+        assert record
+        state = wait_for("a final state", lambda: next(
+            (s for s in ("CANCELLED", "COMPLETED", "FAILED", "CRASHED")
+             if s in _prefect(user, clone, "flow-run", "inspect", run_id)), None), worker, 900)
+        assert state == ("CANCELLED" if how == "cancel" else "CRASHED")
+    finally:
+        worker.terminate()
+        worker.wait(timeout=120)
+        log.close()
     output = (worker_home / "worker.log").read_text()
     assert "An error was encountered while running hook" not in output, output[-4000:]
     cleanup = json.loads((run_dir / "crash_cleanup.json").read_text())
