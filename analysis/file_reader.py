@@ -121,7 +121,7 @@ class FileReader:
         return known
 
     def _fingerprint(self, rel: str, st: os.stat_result | None) -> None:
-        self.fingerprints[rel] = None if st is None else [st.st_size, st.st_mtime_ns]  # file_stamp
+        self.fingerprints[rel] = stamp_of(st)
 
     def problem(self, rel: str, message: str, line: int | None = None) -> None:
         """Record a problem with a file (for parser-detected inconsistencies)."""
@@ -467,16 +467,25 @@ def _short(line: str, width: int = TAIL_WIDTH) -> str:
     return line if len(line) <= width else f"{line[:width]}… ({len(line) - width} more chars)"
 
 
-def file_stamp(path: str) -> list[int] | None:
+def stamp_of(st: os.stat_result | None) -> list[int] | None:
     """How the parse cache records a file it depends on: its ``lstat``'s size and mtime.
 
     None when it is missing: its later appearance invalidates the cache too.
     """
+    return None if st is None else [st.st_size, st.st_mtime_ns]
+
+
+def lstat_or_none(path: str) -> os.stat_result | None:
+    """``os.lstat(path)``, None when it cannot be stat'ed (missing)."""
     try:
-        st = os.lstat(path)
+        return os.lstat(path)
     except OSError:
         return None
-    return [st.st_size, st.st_mtime_ns]
+
+
+def file_stamp(path: str) -> list[int] | None:
+    """The `stamp_of` the file at ``path`` now."""
+    return stamp_of(lstat_or_none(path))
 
 
 def _listdir(path: str | Path) -> list[str]:

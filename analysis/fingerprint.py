@@ -25,11 +25,12 @@ import json
 import logging
 import os
 import re
+import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from analysis.file_reader import file_stamp
+from analysis.file_reader import file_stamp, lstat_or_none, stamp_of
 from core.safeio import UnreadableInputError, read_text_bounded
 
 __all__ = ["FINGERPRINT_FILE", "Fingerprint", "Inputs", "VISIBLE", "changes", "decode", "encode",
@@ -120,7 +121,11 @@ class _Files:
 
     def read(self, path: Path) -> Any:
         """A capture file's JSON (stamped in ``inputs``), None when unusable."""
-        return _json(path, self.inputs, os.path.relpath(path, self.root))
+        return _json(path, self.inputs, self.rel(path))
+
+    def rel(self, path: Path) -> str:
+        """``path`` (one of this cell's) relative to the cell dir."""
+        return str(path)[len(str(self.root)) + 1:]  # relpath's cost, a third of a warm read
 
     def own(self, name: str) -> Path | None:
         """``name`` in the cell dir itself."""
@@ -139,9 +144,10 @@ class _Files:
             if dirname not in self.with_artifacts:
                 continue
             candidate = self.root / dirname / "artifacts" / "pod.json"
+            st = lstat_or_none(str(candidate))  # a link is not followed, nor read
             if self.inputs is not None:
-                self.inputs[f"{dirname}/artifacts/pod.json"] = file_stamp(str(candidate))
-            if candidate.is_file() and not candidate.is_symlink():
+                self.inputs[f"{dirname}/artifacts/pod.json"] = stamp_of(st)
+            if st is not None and stat.S_ISREG(st.st_mode):
                 found.append(candidate)
                 if len(found) == 4:
                     break
@@ -212,7 +218,7 @@ def _cluster(files: _Files, out: Fingerprint) -> None:
     version = files.first("ocp_version.yml")
     if version is not None:
         if files.inputs is not None:
-            files.inputs[os.path.relpath(version, files.root)] = file_stamp(str(version))
+            files.inputs[files.rel(version)] = file_stamp(str(version))
         # the capture step's one line (``openshiftVersion: 4.16.3``), read by a pattern: a
         # full safe YAML parse of it was half of a warm post-processing's fingerprint time
         try:

@@ -28,13 +28,14 @@ import json
 import logging
 import math
 import os
+import stat
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from analysis.file_reader import file_stamp
+from analysis.file_reader import lstat_or_none, stamp_of
 from analysis.fingerprint import VISIBLE
 from analysis.settings import ValidityPolicy
 from core.safeio import UnreadableInputError, read_text_bounded
@@ -138,9 +139,10 @@ def read_host_window(cell_dir: str | Path,
                      inputs: dict[str, Any] | None = None) -> HostWindow | None:
     """The cell's `HostWindow`, or None when it has none (or an unreadable one: logged)."""
     path = Path(cell_dir) / HOST_FILE
+    st = lstat_or_none(str(path))
     if inputs is not None:  # stamped before it is read: a change after it reads it again
-        inputs[HOST_FILE] = file_stamp(str(path))
-    if not path.is_file():
+        inputs[HOST_FILE] = stamp_of(st)
+    if st is None or not stat.S_ISREG(st.st_mode):
         return None
     try:
         return HostWindow.model_validate(json.loads(
@@ -153,25 +155,32 @@ def read_host_window(cell_dir: str | Path,
 
 def _prometheus_mean(cell_dir: Path, query: str,
                      inputs: dict[str, Any] | None = None) -> float | None:
-    """The mean of one query's samples in the cell's Prometheus capture, if it has any."""
-    paths = sorted(cell_dir.glob("*/prometheus/series.parquet"))[:8]
-    if inputs is not None:  # what a new capture would change: the dir's steps, their files
-        try:
-            names = sorted(fnmatch.filter(os.listdir(cell_dir), VISIBLE))
-        except OSError:
-            names = []
+    """The mean of one query's samples in the cell's Prometheus capture, if it has any.
+
+    The captures are ``<step>/prometheus/series.parquet`` (regular files, the first eight
+    steps that have one); every step's is stamped in ``inputs``, present or not, so a new
+    capture invalidates a cached reading.
+    """
+    try:
+        names = sorted(fnmatch.filter(os.listdir(cell_dir), VISIBLE))
+    except OSError:
+        names = []
+    if inputs is not None:
         inputs[f"list:/{VISIBLE}"] = names
-        for name in names:
-            rel = f"{name}/prometheus/series.parquet"
-            inputs[rel] = file_stamp(str(cell_dir / rel))
+    paths: list[str] = []
+    for name in names:
+        rel = f"{name}/prometheus/series.parquet"
+        st = lstat_or_none(os.path.join(cell_dir, rel))
+        if inputs is not None:
+            inputs[rel] = stamp_of(st)
+        if st is not None and stat.S_ISREG(st.st_mode) and len(paths) < 8:
+            paths.append(os.path.join(cell_dir, rel))
     if not paths:
         return None
     import pandas as pd  # only runs with a Prometheus capture pay for it
 
     values: list[float] = []
     for path in paths:
-        if path.is_symlink():
-            continue
         try:
             frame = pd.read_parquet(path, columns=["query", "value"])
         except (OSError, ValueError, KeyError) as exc:
