@@ -143,10 +143,16 @@ def _starting_pid(directory: Path) -> int | None:
 
 
 def _sweep(base: Path) -> None:
-    """Remove the dirs of keepers that are gone (a crashed keeper's, a stale copy)."""
+    """Remove the dirs of keepers that are gone (a crashed keeper's, a stale copy).
+
+    Not one a live run still holds: that run moves its files into its own dir when it stops.
+    """
     live = set(spares(base))
     for directory in base.glob("spare-*"):
-        if directory not in live and directory.is_dir():
+        if directory in live or not directory.is_dir():
+            continue
+        claim = _claim(directory)
+        if claim is None or not pid_alive(claim.pid):
             shutil.rmtree(directory, ignore_errors=True)
 
 
