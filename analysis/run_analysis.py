@@ -246,7 +246,9 @@ def _slimmed(result: ParsedResult, hooks: AnalysisProject) -> ParsedResult:
     model = type(result)
     drop = {name: _empty(model, name) for name in (*hooks.bulky, *hooks.analysis_only)
             if name in model.model_fields and not model.model_fields[name].is_required()}
-    return result.model_copy(update={**drop, "settings": _shared_settings(result.settings)})
+    slim = result.model_copy(update={**drop, "settings": _shared_settings(result.settings)})
+    slim._engine = None  # read into the run's fingerprint and validity already
+    return slim
 
 
 _SETTINGS: dict[str, dict[str, Any]] = {}
