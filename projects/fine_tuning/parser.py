@@ -13,7 +13,7 @@ the last in sort order wins.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field
@@ -26,7 +26,7 @@ from projects.fine_tuning.logparse import (
     TrainSummary,
     parse_numbered_lines,
 )
-from projects.library.energy import read_energy
+from projects.library.energy import kpi_window, read_energy
 from projects.library.runs import RunResult, first_line, read_run, telltale_image
 
 __all__ = ["FineTuningParser", "FineTuningResult", "PlatformFacts", "UserResult",
@@ -146,10 +146,9 @@ def _train_window(out: FineTuningResult, finished: datetime | None
     if summary is None:
         return None, None
     if summary.train_start is not None and summary.train_end is not None:
-        return (datetime.fromtimestamp(summary.train_start, UTC),
-                datetime.fromtimestamp(summary.train_end, UTC))
+        return kpi_window(summary.train_start, summary.train_end)
     if finished is not None and summary.train_runtime and finished.tzinfo is not None:
-        return finished - timedelta(seconds=summary.train_runtime), finished
+        return kpi_window(end=finished, seconds=summary.train_runtime)
     return None, None
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -29,8 +29,8 @@ from pydantic import BaseModel, Field
 from analysis.kpi import KpiDefinition
 from analysis.parsing import FileReader
 
-__all__ = ["ENERGY_GLOB", "ENERGY_QUERIES", "EnergyUse", "energy_in_window", "energy_kpis",
-           "read_energy"]
+__all__ = ["ENERGY_GLOB", "ENERGY_QUERIES", "EnergyUse", "Window", "energy_in_window",
+           "energy_kpis", "kpi_window", "read_energy"]
 
 ENERGY_GLOB = "*__observe__capture_energy"
 ENERGY_FILE = "energy/series.parquet"
@@ -125,6 +125,39 @@ def energy_in_window(frame: Any, start: datetime, end: datetime) -> EnergyUse | 
                      energy_joules=total, gpu_energy_joules=gpu, cpu_energy_joules=cpu,
                      power_watts_mean=total / window,
                      power_watts_max=max(power_at.values()) if len(power_at) > 1 else None)
+
+
+Window = tuple[datetime | None, datetime | None]
+"""A KPI's own window; ``(None, None)``: unknown."""
+
+
+def kpi_window(start: float | datetime | None = None, end: float | datetime | None = None,
+               *, seconds: float | None = None) -> Window:
+    """A KPI's window from a result's own numbers: epoch seconds, aware datetimes, a length.
+
+    Two of ``start``, ``end`` and ``seconds`` make it. The numbers come from an untrusted
+    tree: one that is not a time (NaN, a length of 1e40 s, a year past 9999, a negative
+    length, a naive datetime) gives ``(None, None)``, never an exception. Every parser builds
+    its windows here (a test holds them to it).
+    """
+    try:
+        first, last = _moment(start), _moment(end)
+        if seconds is not None:
+            if not math.isfinite(seconds) or seconds < 0:
+                return None, None
+            if first is None and last is not None:
+                first = last - timedelta(seconds=seconds)
+            elif first is not None and last is None:
+                last = first + timedelta(seconds=seconds)
+    except (OverflowError, ValueError, OSError, TypeError):
+        return None, None
+    return (first, last) if first is not None and last is not None else (None, None)
+
+
+def _moment(value: float | datetime | None) -> datetime | None:
+    if value is None or isinstance(value, datetime):
+        return value if value is None or value.tzinfo is not None else None
+    return datetime.fromtimestamp(value, UTC) if math.isfinite(value) else None
 
 
 def read_energy(reader: FileReader, start: datetime | None, end: datetime | None

@@ -20,14 +20,13 @@ from __future__ import annotations
 import json
 import math
 import re
-from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from analysis.discovery import ResultDir
 from analysis.parsing import FileReader, ParsedResult
-from projects.library.energy import read_energy
+from projects.library.energy import kpi_window, read_energy
 from projects.library.runs import RunResult, read_run, telltale_image
 from projects.llm_serving.goodput import RequestTimes, ServingSlo, goodput
 
@@ -330,8 +329,8 @@ class ServingParser:
             return
         if bench.start_time is not None and bench.duration:
             # the load window's energy (the server's start-up and warm-up left out)
-            start = datetime.fromtimestamp(bench.start_time, UTC)
-            out.energy = read_energy(reader, start, start + timedelta(seconds=bench.duration))
+            out.energy = read_energy(reader, *kpi_window(bench.start_time,
+                                                         seconds=bench.duration))
         out.ttft_ms = _stats(metrics.time_to_first_token_ms.successful)
         out.itl_ms = _stats(metrics.inter_token_latency_ms.successful)
         out.tpot_ms = _stats(metrics.time_per_output_token_ms.successful)
