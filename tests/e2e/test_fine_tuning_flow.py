@@ -345,41 +345,32 @@ def test_a_one_off_slow_run_is_rerun_and_dismissed_as_an_outlier(
     tokens = [v for v in verdicts if v["kpi"] == "train_tokens_per_second"]
     assert len(tokens) == 2 and all(len(v["repeats"]) == 2 for v in tokens)
     slowed, again = tokens[0]["repeats"]
-    level = float(np.median(pd.read_parquet(tmp_path / "history").query(
-        "kpi == 'train_tokens_per_second'")["value"]))
-    if abs(math.log(again / level)) > 0.2:
-        # The load moved the re-run away from the machine's level too (seen: 6x slower with
-        # the suite's other worker busy): the pair then agrees on a change, and a confirmed
-        # change is the right answer — in the direction the re-run moved
-        moved = "regression" if again < level else "improvement"
-        # (or, at the threshold's edge, a joint judgement that the two do not agree on a
-        # shift: seen at 2.39 SE of the 2.4 needed, a loaded CI's two slowed runs)
-        assert all(v["verdict"] == moved or (v["verdict"] == "no_change" and "2 repeats" in
-                                             v["explanation"] and "do not agree" in
-                                             v["explanation"]) for v in tokens), [
-            (v["verdict"], v["explanation"], level) for v in tokens]
-        return
     from analysis.regression import verdict
 
     earlier = pd.read_parquet(tmp_path / "history").query(
         "kpi == 'train_tokens_per_second'").sort_values("timestamp")
     earlier = earlier[~earlier["run_uuid"].isin([v["run_uuid"] for v in tokens])]
-    if verdict(list(earlier["value"]), slowed, "higher_better").kind != "suspect":
-        # The neighbour barely slowed it (seen: 1.36x, on a loaded machine): another KPI was
-        # the cell's suspect, this one was never out of line — the pair is no change
-        assert all(v["verdict"] == "no_change" for v in tokens), [
-            (v["verdict"], v["explanation"], level) for v in tokens]
-        return
-    # the re-run is back at the machine's level: the slowed run was a one-off
-    assert all(v["verdict"] == "outlier" for v in tokens), [
-        (v["verdict"], v["explanation"], level) for v in tokens]
-    assert "1 re-run(s)" in tokens[0]["explanation"]
-    # (other KPIs are judged on their own: the resource KPIs of a first run in a process
-    # differ from the later runs' for reasons of their own, and may be confirmed changes)
-    assert not [line for line in outcome.regressions
-                if line.startswith("train_tokens_per_second ")]
-    assert any(line.startswith("outlier") and "train_tokens_per_second" in line
-               for line in outcome.findings)
+    # Whatever the machine's load did to the two runs, the flow judged exactly the numbers it
+    # measured, together, against the history it read: the same verdict as the analysis
+    # gives them (load has moved the re-run 28 % above the level, and a slowed run barely
+    # out of line: each gives its own right answer, and this is the one check of them all)
+    expected = verdict(list(earlier["value"]), [slowed, again], "higher_better")
+    assert all(v["verdict"] == expected.kind for v in tokens), [
+        (v["verdict"], v["explanation"], expected.explanation) for v in tokens]
+    level = float(np.median(earlier["value"]))
+    if (verdict(list(earlier["value"]), slowed, "higher_better").kind == "suspect"
+            and abs(math.log(again / level)) <= 0.2):
+        # The case this test is for: the slowed run was out of line and the re-run is back
+        # at the machine's level, so the slowed run was a one-off
+        assert expected.kind == "outlier", expected.explanation
+    if expected.kind == "outlier":
+        assert "1 re-run(s)" in tokens[0]["explanation"]
+        # (other KPIs are judged on their own: the resource KPIs of a first run in a process
+        # differ from the later runs' for reasons of their own, and may be confirmed changes)
+        assert not [line for line in outcome.regressions
+                    if line.startswith("train_tokens_per_second ")]
+        assert any(line.startswith("outlier") and "train_tokens_per_second" in line
+                   for line in outcome.findings)
 
 
 def _wait_for_glob(root: Path, pattern: str, stop: threading.Event) -> None:
