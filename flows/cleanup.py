@@ -33,6 +33,7 @@ from pydantic import BaseModel
 
 from core.errors import ConfigError
 from core.terminal import say
+from flows.api_server import prefect_api
 from flows.cli import EXIT_OK, main_guard, make_parser, prefect_defaults
 from projects.config import resolve
 from projects.registry import available, project_of_run
@@ -174,9 +175,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parse_age(args.older_than or "6h")  # a bad age is a usage error before Prefect starts
     prefect_defaults()
     if args.quads:
-        outcome = quads_janitor(older_than=args.older_than or "6h", dry_run=args.dry_run,
-                                artifacts=args.artifacts, project=str(project),
-                                presets=args.preset, artifact_dir=args.artifact_dir)
+        with prefect_api():
+            outcome = quads_janitor(older_than=args.older_than or "6h", dry_run=args.dry_run,
+                                    artifacts=args.artifacts, project=str(project),
+                                    presets=args.preset, artifact_dir=args.artifact_dir)
         verb = "would release" if outcome.dry_run else "released"
         say(f"{len(outcome.leaks)} QUADS lease(s) of dead runs; {verb} "
               f"{len(outcome.leaks) if outcome.dry_run else outcome.deleted}")
@@ -187,8 +189,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise ConfigError("no kubeconfig: pass --kubeconfig or set KUBECONFIG")
     with owned_clients():
         api_client(kubeconfig)  # an unusable one too (empty, not YAML, no context)
-    outcome = janitor(older_than=args.older_than, dry_run=args.dry_run,
-                      kubeconfig=kubeconfig)
+    with prefect_api():
+        outcome = janitor(older_than=args.older_than, dry_run=args.dry_run,
+                          kubeconfig=kubeconfig)
     verb = "would delete" if outcome.dry_run else "deleted"
     say(f"{len(outcome.leaks)} leak(s); {verb} "
           f"{len(outcome.leaks) if outcome.dry_run else outcome.deleted}")

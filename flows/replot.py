@@ -29,6 +29,7 @@ from analysis.settings import AnalysisSettings
 from blocks.s3 import S3Target
 from core.errors import ConfigError
 from core.terminal import say
+from flows.api_server import prefect_api
 from flows.cli import (
     EXIT_FAILED,
     EXIT_OK,
@@ -173,10 +174,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.source.startswith("s3://") and not Path(args.source).is_dir():
         parser.error(f"--from: no such directory: {args.source}")
     prefect_defaults()
-    outcome = replot(source=args.source, download=args.download, project=args.project,
-                     history_uri=args.history, presets=args.preset,
-                     overrides=overrides_from_args(args, policy_for(
-                         args.project or source_project(args.source))))
+    overrides = overrides_from_args(args, policy_for(args.project or
+                                                     source_project(args.source)))
+    with prefect_api():
+        outcome = replot(source=args.source, download=args.download, project=args.project,
+                         history_uri=args.history, presets=args.preset, overrides=overrides)
     say(f"outputs : {outcome.out_dir}")
     if outcome.report:
         say(f"report  : {outcome.report}")
