@@ -14,7 +14,8 @@ from projects.library.observe import PrometheusBlock
 from projects.library.secrets import SecretsBlock
 from tasks.artifacts import artifact_dir, step
 from tasks.observe.energy import write_series
-from tasks.observe.prometheus import CLUSTER_QUERIES, PrometheusServer, capture_window
+from tasks.observe.prometheus import PrometheusServer
+from tasks.observe.promql import CLUSTER_QUERIES, capture_window
 from tasks.secrets import secret_file
 
 __all__ = ["capture_energy", "capture_prometheus", "cluster_prometheus", "cluster_queries"]

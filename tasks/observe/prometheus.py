@@ -1,19 +1,15 @@
-"""Prometheus for a run: a real local server on this machine, range queries, TSDB snapshots.
+"""Prometheus for a run: a real local server on this machine, its lifetime, TSDB snapshots.
 
-The local platform starts, for the whole run, a ``prometheus-node-exporter`` and a
-``prometheus`` on 127.0.0.1 (free ports), the server's TSDB in ``<run>/prometheus/data``, a
-short scrape interval, the admin API on (for snapshots). After each cell, the cell's test
-window is queried (`capture_window`): the series of interest go to
-``<step dir>/prometheus/series.parquet`` — one row per sample: ``query``, ``labels`` (JSON),
-``timestamp`` (UTC), ``value`` — so post-processing and replot read them offline, without
-the server. The run's TSDB is snapshotted at the end (`PrometheusServer.snapshot`).
+The local platform starts, for the whole run, a ``prometheus-node-exporter`` (and
+``prometheus-process-exporter`` when installed) and a ``prometheus`` on 127.0.0.1 (free
+ports), the server's TSDB in ``<run>/prometheus/data``, a short scrape interval, the admin
+API on (for snapshots). After each cell, the cell's test window is queried
+(`tasks.observe.promql.capture_window`); the run's TSDB is snapshotted at the end
+(`PrometheusServer.snapshot`).
 
 Processes are started like workloads: their own session (a terminal's Ctrl-C leaves them to
 our cleanup), ``PR_SET_PDEATHSIG`` (a SIGKILLed CLI leaves no orphan), pid and command-line
 files the local cleanup and ``python -m flows.cleanup`` know.
-
-Answers from a Prometheus (ours or a cluster's) are untrusted: validated by pydantic,
-bounded in size.
 """
 
 from __future__ import annotations
@@ -29,85 +25,26 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import httpx
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import ValidationError
 
 from core.errors import ConfigError, PermanentServiceError, TransientServiceError
-from core.safeio import atomic_open, write_text
+from core.safeio import write_text
+from tasks.observe.promql import MAX_ANSWER, MAX_POINTS, QueryResult, Series, duration
 from tasks.process import ManagedProcess, free_port
 
-__all__ = ["CLUSTER_QUERIES", "LOCAL_QUERIES", "PrometheusServer", "QueryResult", "Series",
-           "capture_window", "find_binaries", "keep_ahead", "local_layout", "local_wanted",
-           "relocate", "series_rows", "start_ahead", "stop_ahead", "take_ahead"]
+__all__ = ["PrometheusServer", "find_binaries", "keep_ahead", "local_layout", "local_wanted",
+           "relocate", "start_ahead", "stop_ahead", "take_ahead"]
 
 logger = logging.getLogger("telltale.prometheus")
-
-_MAX_ANSWER = 64 * 1024 * 1024  # bytes of one query answer we accept
-_MAX_POINTS = 11_000  # Prometheus's own limit per series for a range query
-
-# What the local platform records for every cell: the machine as the workload used it.
-LOCAL_QUERIES: dict[str, str] = {
-    "cpu_cores_used": 'sum(rate(node_cpu_seconds_total{mode!="idle"}[{window}]))',
-    "memory_used_bytes": "node_memory_MemTotal_bytes - node_memory_MemAvailable_bytes",
-    "load1": "node_load1",
-    # with prometheus-process-exporter: the workload's own processes
-    "workload_cpu_cores": 'sum(rate(namedprocess_namegroup_cpu_seconds_total'
-                          '{groupname="workload"}[{window}]))',
-    "workload_memory_rss_bytes": 'sum(namedprocess_namegroup_memory_bytes'
-                                 '{groupname="workload",memtype="resident"})',
-}
-
 
 # process-exporter's group of the workloads of Telltale cells on this machine: a process
 # whose command line holds a cell's step dir (``.../NNN__cell/NNN__<project>__<step>/...``;
 # the CLI and Prefect's server name only the run dir). Fan-out users are forks of it.
 _PROCESS_GROUPS = {"process_names": [{"name": "workload",
                                       "cmdline": [r"/[0-9]+__cell/[0-9]+__[^/]+__[^/]+/"]}]}
-
-# A cluster: the workload's pods (cAdvisor, through the kubelet) and their GPUs (NVIDIA's DCGM
-# exporter; OpenShift labels each GPU series with the pod that holds it as exported_*).
-# FB_USED is in MiB. {namespace} is checked to be a DNS label before it is written in.
-CLUSTER_QUERIES: dict[str, str] = {
-    "cpu_cores_used": 'sum(rate(container_cpu_usage_seconds_total{namespace="{namespace}",'
-                      'container!="",container!="POD"}[{window}]))',
-    "memory_used_bytes": 'sum(container_memory_working_set_bytes{namespace="{namespace}",'
-                         'container!="",container!="POD"})',
-    "gpu_util_percent": 'DCGM_FI_DEV_GPU_UTIL{exported_namespace="{namespace}"}',
-    # what the validity check reads: the share of the pods' CFS periods throttled
-    "cpu_throttled_share": 'sum(rate(container_cpu_cfs_throttled_periods_total{namespace='
-                           '"{namespace}",container!=""}[{window}])) / sum(rate('
-                           'container_cpu_cfs_periods_total{namespace="{namespace}",'
-                           'container!=""}[{window}]))',
-    "gpu_memory_used_bytes": 'DCGM_FI_DEV_FB_USED{exported_namespace="{namespace}"} '
-                             '* 1048576',
-    # energy (projects.library.energy): the board's power (W) and its total-energy counter
-    # (mJ since the driver loaded; integrated over each KPI's own window at parse time)
-    "gpu_power_watts": 'DCGM_FI_DEV_POWER_USAGE{exported_namespace="{namespace}"}',
-    "gpu_energy_joules": 'DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{exported_namespace='
-                         '"{namespace}"} / 1000',
-}
-
-
-class Series(BaseModel):
-    """One series of a range query's answer."""
-
-    metric: dict[str, str] = Field(default_factory=dict)
-    values: list[tuple[float, str]] = Field(default_factory=list, max_length=_MAX_POINTS)
-
-
-class _Data(BaseModel):
-    resultType: Literal["matrix"]  # noqa: N815 (Prometheus's field name)
-    result: list[Series] = Field(default_factory=list, max_length=10_000)
-
-
-class QueryResult(BaseModel):
-    """The ``/api/v1/query_range`` answer (status ``success``)."""
-
-    status: Literal["success"]
-    data: _Data
-
 
 def local_wanted(block: Any) -> bool:
     """Whether a run's ``observe.prometheus`` block asks for a local Prometheus now.
@@ -145,11 +82,6 @@ def local_layout() -> str:
     parts = [find_binaries(), _process_exporter(), _NODE_FLAGS, _SERVER_FLAGS,
              _PROCESS_GROUPS]
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _duration(seconds: float) -> str:
-    """A Prometheus duration (integers only: "500ms", not "0.5s")."""
-    return f"{max(int(round(seconds * 1000)), 1)}ms"
 
 
 class PrometheusServer:
@@ -208,7 +140,7 @@ class PrometheusServer:
                 f"-config.path={home / 'process-exporter.yml'}", "-threads=false"],
                 home / "process-exporter"))
             targets["process"] = f"127.0.0.1:{port}"
-        interval = _duration(max(scrape_interval_s, 0.2))
+        interval = duration(max(scrape_interval_s, 0.2))
         targets.update(extra_targets or {})
         config = {"global": {"scrape_interval": interval, "evaluation_interval": interval},
                   "scrape_configs": [{"job_name": job, "static_configs": [
@@ -339,7 +271,7 @@ class PrometheusServer:
         """
         # Prometheus refuses more than 11 000 points a series: widen the step to fit
         span = max((end - start).total_seconds(), 0.0)
-        step = max(step_s, math.ceil(span / (_MAX_POINTS - 1) * 1000) / 1000, 0.001)
+        step = max(step_s, math.ceil(span / (MAX_POINTS - 1) * 1000) / 1000, 0.001)
         # evaluate at ``end`` itself (the last point a range query gives is on the step
         # grid from ``start``): the grid is moved back by less than one step
         start = end - timedelta(seconds=math.ceil(span / step) * step)
@@ -357,8 +289,8 @@ class PrometheusServer:
             raise PermanentServiceError(
                 f"prometheus {self.url} refused {query!r}: HTTP {answer.status_code} "
                 f"{answer.text[:200]!r}", service="prometheus")
-        if len(answer.content) > _MAX_ANSWER:
-            raise PermanentServiceError(f"prometheus answer over {_MAX_ANSWER} bytes",
+        if len(answer.content) > MAX_ANSWER:
+            raise PermanentServiceError(f"prometheus answer over {MAX_ANSWER} bytes",
                                         service="prometheus")
         try:
             return QueryResult.model_validate_json(answer.content).data.result
@@ -462,57 +394,3 @@ def stop_ahead() -> None:
         server.stop()
         if server.home is not None:
             shutil.rmtree(server.home, ignore_errors=True)
-
-
-def series_rows(name: str, series: Sequence[Series]) -> list[dict[str, Any]]:
-    """Tidy rows (query, labels, timestamp, value) of one query's series."""
-    rows = []
-    for one in series:
-        labels = json.dumps(one.metric, sort_keys=True)
-        for stamp, value in one.values:
-            try:
-                number = float(value)
-            except ValueError:
-                continue
-            rows.append({"query": name, "labels": labels, "timestamp": stamp, "value": number})
-    return rows
-
-
-def capture_window(prometheus: PrometheusServer, queries: Mapping[str, str], start: datetime,
-                   end: datetime, out_dir: Path) -> dict[str, Any]:
-    """Query ``queries`` over [start, end] and write ``out_dir/series.parquet``.
-
-    A query's ``{window}`` is replaced by a rate window of four scrape intervals. A query
-    that fails is recorded in ``out_dir/capture.json`` and the others are still written.
-
-    Returns:
-        The capture summary (also in ``capture.json``): rows per query, errors.
-    """
-    import pandas as pd
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if prometheus.local and (end - start).total_seconds() < 4 * prometheus.scrape_interval_s:
-        try:  # a cell shorter than the rate window: its last evaluation needs a new sample
-            prometheus.wait_sample_after(end)
-        except (TransientServiceError, PermanentServiceError) as exc:
-            logger.warning("prometheus: %s", exc)  # the window is queried as it is
-    window = _duration(max(4 * prometheus.scrape_interval_s, 1.0))
-    rows: list[dict[str, Any]] = []
-    summary: dict[str, Any] = {"url": prometheus.url, "start": start.isoformat(),
-                               "end": end.isoformat(), "queries": {}, "errors": {}}
-    for name, query in queries.items():
-        text = query.replace("{window}", window)
-        try:
-            found = series_rows(name, prometheus.query_range(
-                text, start, end, prometheus.scrape_interval_s))
-        except (TransientServiceError, PermanentServiceError) as exc:
-            summary["errors"][name] = str(exc)
-            continue
-        summary["queries"][name] = {"query": text, "rows": len(found)}
-        rows += found
-    frame = pd.DataFrame(rows, columns=["query", "labels", "timestamp", "value"])
-    frame["timestamp"] = pd.to_datetime(frame["timestamp"], unit="s", utc=True)
-    with atomic_open(out_dir / "series.parquet") as stream:
-        frame.to_parquet(stream, index=False)
-    write_text(out_dir / "capture.json", json.dumps(summary, indent=2) + "\n")
-    return summary

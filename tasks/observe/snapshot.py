@@ -21,7 +21,8 @@ from pathlib import Path
 from core.errors import ResultsError
 from core.safeio import UnreadableInputError, read_text_bounded
 from tasks.artifacts import allocate_dir
-from tasks.observe.prometheus import LOCAL_QUERIES, PrometheusServer, capture_window
+from tasks.observe.prometheus import PrometheusServer
+from tasks.observe.promql import LOCAL_QUERIES, capture_window
 
 __all__ = ["latest_snapshot", "requery_run"]
 

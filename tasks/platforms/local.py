@@ -54,12 +54,8 @@ from projects.matrix import Cell
 from tasks.artifacts import artifact_dir, step
 from tasks.observe.capture import capture_energy, capture_prometheus
 from tasks.observe.energy import EnergyRecorder, meters
-from tasks.observe.prometheus import (
-    LOCAL_QUERIES,
-    PrometheusServer,
-    local_wanted,
-    take_ahead,
-)
+from tasks.observe.prometheus import PrometheusServer, local_wanted, take_ahead
+from tasks.observe.promql import LOCAL_QUERIES
 from tasks.platforms.base import (
     CellResult,
     RunContext,

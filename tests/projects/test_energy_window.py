@@ -126,7 +126,8 @@ def test_a_cluster_cell_gets_dcgm_energy_over_its_training_steps(tmp_path: Path)
     from analysis.kpi import compute_kpis
     from projects import registry
     from tasks.observe.capture import cluster_queries
-    from tasks.observe.prometheus import PrometheusServer, capture_window
+    from tasks.observe.prometheus import PrometheusServer
+    from tasks.observe.promql import capture_window
     from tests.factories import make_result_dir
     from tests.servers.prometheus import prometheus_api
 

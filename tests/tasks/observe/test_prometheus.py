@@ -20,7 +20,8 @@ import pytest
 from analysis.parsing import FileReader
 from core.errors import ConfigError, PermanentServiceError, TransientServiceError
 from projects.library.resources import read_resources
-from tasks.observe.prometheus import LOCAL_QUERIES, PrometheusServer, capture_window
+from tasks.observe.prometheus import PrometheusServer
+from tasks.observe.promql import LOCAL_QUERIES, capture_window
 from tests.factories import prometheus_required
 
 _EXPORTERS = 2 if shutil.which("prometheus-process-exporter") else 1

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.observe.prometheus import LOCAL_QUERIES, capture_window
+from tasks.observe.promql import LOCAL_QUERIES, capture_window
 from tasks.observe.spare import ADOPTED_FILE, adopt, offer, spares, stop_spares
 from tasks.process import pid_alive
 from tests.factories import prometheus_required, wait_until
