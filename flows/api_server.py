@@ -25,6 +25,7 @@ from pathlib import Path
 
 from core.environment import env_settings
 from core.errors import StepError
+from core.loopback import LOOPBACK_HOST, loopback_url
 from core.safeio import open_append
 from core.timeline import mark
 from flows.local_api import healthy
@@ -91,13 +92,13 @@ def prefect_api(log_file: Path | None = None) -> Iterator[str | None]:
             _drain_prefect_workers()
         return
     port = free_port()
-    url = f"http://127.0.0.1:{port}/api"
+    url = f"{loopback_url(port)}/api"
     env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
            "PREFECT__SERVER_FINAL": "1",
            **get_current_settings().to_environment_variables(exclude_unset=True)}
     argv = die_with_parent([sys.executable, "-m", "uvicorn", "--app-dir",
                             str(Path(prefect.__file__).parent.parent), "--factory",
-                            "prefect.server.api.server:create_app", "--host", "127.0.0.1",
+                            "prefect.server.api.server:create_app", "--host", LOOPBACK_HOST,
                             "--port", str(port), "--log-level", "error", "--lifespan", "on"])
     out = open_append(log_file) if log_file is not None else subprocess.DEVNULL
     server = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out,

@@ -47,6 +47,7 @@ from pydantic import BaseModel, Field, ValidationError
 from core.environment import env_settings, local_services_home, prefect_home
 from core.errors import StepError
 from core.filelock import dir_lock
+from core.loopback import LOOPBACK_HOST, LOOPBACK_URL, loopback_url
 from core.safeio import UnreadableInputError, open_append, read_bounded, write_text
 from core.terminal import say
 from tasks.observe.spare import spare_base, spares, stop_spares
@@ -64,8 +65,8 @@ class ServerState(BaseModel):
 
     pid: int
     # only this machine's loopback: a record edited to point elsewhere is refused, never used
-    url: str = Field(pattern=r"^http://127\.0\.0\.1:[0-9]{1,5}/api$")
-    ui_url: str = Field(pattern=r"^http://127\.0\.0\.1:[0-9]{1,5}$")
+    url: str = Field(pattern=LOOPBACK_URL.removesuffix("$") + "/api$")
+    ui_url: str = Field(pattern=LOOPBACK_URL)
     python: str
     prefect_version: str
     started: float
@@ -300,7 +301,7 @@ def _serve(directory: Path, port: int, idle_s: float) -> int:
     import uvicorn
 
     # the UI asks /ui-settings for the API's address: it is this port, not Prefect's 4200
-    os.environ["PREFECT_SERVER_API_HOST"] = "127.0.0.1"
+    os.environ["PREFECT_SERVER_API_HOST"] = LOOPBACK_HOST
     os.environ["PREFECT_SERVER_API_PORT"] = str(port)
     os.environ["PREFECT__SERVER_WEBSERVER_ONLY"] = "1"  # API and UI; no scheduler & co
     from prefect.server.api.server import create_app
@@ -313,9 +314,9 @@ def _serve(directory: Path, port: int, idle_s: float) -> int:
             last[0] = time.monotonic()
         await app(scope, receive, send)
 
-    server = uvicorn.Server(uvicorn.Config(recorded, host="127.0.0.1", port=port,
+    server = uvicorn.Server(uvicorn.Config(recorded, host=LOOPBACK_HOST, port=port,
                                            log_level="error", lifespan="on"))
-    url = f"http://127.0.0.1:{port}"
+    url = loopback_url(port)
 
     def watch() -> None:
         while not server.started and not server.should_exit:

@@ -15,6 +15,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from core.loopback import LOOPBACK_HOST
 from core.safeio import open_append, write_text
 from tasks.runner import CMDLINE_FILE, PID_FILE, die_with_parent
 
@@ -37,7 +38,7 @@ def pid_alive(pid: int) -> bool:
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 now (the child binds it a moment later)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((LOOPBACK_HOST, 0))
         return int(sock.getsockname()[1])
 
 

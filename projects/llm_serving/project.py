@@ -27,6 +27,7 @@ import platformdirs
 from analysis.curve import CurveSpec
 from analysis.parsing import ParsedResult
 from core.errors import ConfigError
+from core.loopback import LOOPBACK_HOST
 from projects.contract import (
     USER_RESULT_DIR,
     USERS_CONFIG_PATH,
@@ -148,7 +149,7 @@ def local_service(ctx: CellContext) -> LocalService:
         key=f"vllm-{settings.model_name}-{settings.max_model_len}"
             f"{'-eager' if test.local.enforce_eager else ''}",
         argv=[str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-              "--host", "127.0.0.1", "--port", "{port}",
+              "--host", LOOPBACK_HOST, "--port", "{port}",
               "--max-model-len", str(settings.max_model_len),
               "--served-model-name", str(settings.model_name),
               *(["--enforce-eager"] if test.local.enforce_eager else [])],

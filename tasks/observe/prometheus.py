@@ -31,6 +31,7 @@ import httpx
 from pydantic import ValidationError
 
 from core.errors import ConfigError, PermanentServiceError, TransientServiceError
+from core.loopback import loopback_address, loopback_url
 from core.safeio import write_text
 from tasks.observe.promql import MAX_ANSWER, MAX_POINTS, QueryResult, Series, duration
 from tasks.process import ManagedProcess, free_port
@@ -127,19 +128,20 @@ class PrometheusServer:
         home.mkdir(parents=True, exist_ok=True)
         exporter_port, server_port = free_port(), free_port()
         exporter = ManagedProcess("node-exporter", [
-            exporter_bin, f"--web.listen-address=127.0.0.1:{exporter_port}", *_NODE_FLAGS],
+            exporter_bin, f"--web.listen-address={loopback_address(exporter_port)}",
+            *_NODE_FLAGS],
             home / "node-exporter")
         processes = [exporter]
-        targets = {"node": f"127.0.0.1:{exporter_port}"}
+        targets = {"node": loopback_address(exporter_port)}
         process_bin = _process_exporter()
         if process_bin:  # optional: the workload's own processes, apart from the machine
             port = free_port()
             write_text(home / "process-exporter.yml", json.dumps(_PROCESS_GROUPS))
             processes.append(ManagedProcess("process-exporter", [
-                process_bin, f"-web.listen-address=127.0.0.1:{port}",
+                process_bin, f"-web.listen-address={loopback_address(port)}",
                 f"-config.path={home / 'process-exporter.yml'}", "-threads=false"],
                 home / "process-exporter"))
-            targets["process"] = f"127.0.0.1:{port}"
+            targets["process"] = loopback_address(port)
         interval = duration(max(scrape_interval_s, 0.2))
         targets.update(extra_targets or {})
         config = {"global": {"scrape_interval": interval, "evaluation_interval": interval},
@@ -149,9 +151,10 @@ class PrometheusServer:
         data = home / "data"
         server = ManagedProcess("prometheus", [
             server_bin, f"--config.file={home / 'prometheus.yml'}",
-            f"--storage.tsdb.path={data}", f"--web.listen-address=127.0.0.1:{server_port}",
+            f"--storage.tsdb.path={data}",
+            f"--web.listen-address={loopback_address(server_port)}",
             *_SERVER_FLAGS], home / "server")
-        prometheus = cls(f"http://127.0.0.1:{server_port}", processes=[*processes, server],
+        prometheus = cls(loopback_url(server_port), processes=[*processes, server],
                          data_dir=data, scrape_interval_s=scrape_interval_s)
         try:
             prometheus._wait_ready(ready_timeout_s)
@@ -178,10 +181,11 @@ class PrometheusServer:
         write_text(home / "prometheus.yml", "{}\n")
         server = ManagedProcess("prometheus", [
             server_bin, f"--config.file={home / 'prometheus.yml'}",
-            f"--storage.tsdb.path={home / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
+            f"--storage.tsdb.path={home / 'data'}",
+            f"--web.listen-address={loopback_address(port)}",
             # the snapshot's blocks may be old: a short retention would delete them at start
             "--storage.tsdb.retention.time=36500d", "--log.level=warn"], home / "server")
-        prometheus = cls(f"http://127.0.0.1:{port}", processes=[server],
+        prometheus = cls(loopback_url(port), processes=[server],
                          data_dir=home / "data", scrape_interval_s=scrape_interval_s)
         prometheus.local = False  # nothing is scraped: never wait for a sample
         try:

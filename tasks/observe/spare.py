@@ -51,6 +51,7 @@ from pydantic import BaseModel, Field, ValidationError
 from core.environment import local_services_home
 from core.errors import PermanentServiceError
 from core.filelock import dir_lock
+from core.loopback import LOOPBACK_URL
 from core.safeio import UnreadableInputError, open_append, read_bounded, write_text
 from core.terminal import ArgumentParser, say
 from tasks.hostwatch import count_as_run, uncount
@@ -67,7 +68,6 @@ _RECORD = "spare.json"
 _CLAIM = "claim.json"
 _RELEASE = "release"
 _TICK_S = 0.2  # how often a keeper looks at its claim, its adopter and its deadline
-_LOOPBACK_URL = r"^http://127\.0\.0\.1:[0-9]{1,5}$"
 _ROOT = Path(__file__).resolve().parents[2]  # the keeper imports this package from here
 
 
@@ -80,7 +80,7 @@ class SpareRecord(BaseModel):
     """``spare.json``: a ready spare, written by its keeper."""
 
     keeper_pid: int = Field(gt=1)
-    url: str = Field(pattern=_LOOPBACK_URL)  # an edited record never points elsewhere
+    url: str = Field(pattern=LOOPBACK_URL)  # an edited record never points elsewhere
     scrape_interval_s: float = Field(gt=0)
     layout: str = Field(max_length=64)  # `local_layout` of the code that started it
     started: float

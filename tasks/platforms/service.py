@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 
 from core.errors import StepError
+from core.loopback import loopback_url
 from core.safeio import write_text
 from projects.contract import LocalService
 from tasks.process import ManagedProcess, free_port
@@ -79,7 +80,7 @@ class _Launched:
 def _launch(spec: LocalService, home: Path) -> _Launched:
     port = free_port()
     argv = [str(a).replace("{port}", str(port)) for a in spec.argv]
-    url = f"http://127.0.0.1:{port}"
+    url = loopback_url(port)
     logger.info("starting %s server on %s (up to %.0f s)", spec.key, url, spec.ready_timeout_s)
     started_at, began = datetime.now(UTC), time.monotonic()
     return _Launched(spec, url, ManagedProcess("server", argv, home, env=spec.env),
