@@ -32,10 +32,10 @@ from flows.local_api import healthy
 from tasks.process import free_port
 from tasks.runner import die_with_parent
 
-__all__ = ["prefect_api"]
+__all__ = ["drain_prefect_workers", "prefect_api"]
 
 
-def _drain_prefect_workers(timeout_s: float = 10.0) -> None:
+def drain_prefect_workers(timeout_s: float = 10.0) -> None:
     """Send Prefect's queued logs and events while the API still answers.
 
     Otherwise they are flushed at interpreter exit, against a stopped server: a minute of
@@ -89,7 +89,7 @@ def prefect_api(log_file: Path | None = None) -> Iterator[str | None]:
                 mark("flow start")
                 yield state.url
         finally:
-            _drain_prefect_workers()
+            drain_prefect_workers()
         return
     port = free_port()
     url = f"{loopback_url(port)}/api"
@@ -120,7 +120,7 @@ def prefect_api(log_file: Path | None = None) -> Iterator[str | None]:
             mark("flow start")
             yield url
     finally:
-        _drain_prefect_workers()
+        drain_prefect_workers()
         server.terminate()
         try:
             server.wait(timeout=10)

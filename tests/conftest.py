@@ -70,13 +70,23 @@ def python() -> str:
 
 
 @pytest.fixture(scope="session")
-def prefect_harness():
-    """Enter Prefect's test harness once per session (8-10 s), only for tests that need it."""
-    from prefect.testing.utilities import prefect_test_harness
+def prefect_harness() -> Iterator[str]:
+    """The session's one Prefect API for the flows tests run in-process; yields its URL.
 
-    # generous: on a loaded CI machine (load 6 on 2 cores) the start took over 60 s
-    with prefect_test_harness(server_startup_timeout=240):
-        yield
+    The shared local API the command-line runs of the session use too (`flows.local_api`,
+    under ``TELLTALE_PREFECT_API_HOME``), as a user of it: Prefect's own test harness started
+    one more server per xdist worker (8-10 s each quiet; 74 s under load 9).
+    """
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.api_server import drain_prefect_workers
+    from flows.local_api import shared_api
+
+    with shared_api() as state, temporary_settings(updates={PREFECT_API_URL: state.url}):
+        try:
+            yield state.url
+        finally:
+            drain_prefect_workers()  # the logs and events queued, while the API answers
 
 
 @pytest.fixture(scope="session")

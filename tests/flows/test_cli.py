@@ -500,10 +500,14 @@ def test_a_command_line_run_resolves_its_config_once(tmp_path: Path, prefect_har
     parse = flows.cli.overrides_from_args
     monkeypatch.setattr(flows.cli, "overrides_from_args",
                         lambda *a, **k: parsed.append(a) or parse(*a, **k))
+    # (12 steps of one copy of the data: what is checked is the config, not the training)
     code = project_main("fine_tuning", ["--preset", "light", "--platform", "local",
                                         "--artifact-dir", str(tmp_path / "run"),
                                         "--var", "analysis.history_uri=" +
-                                        str(tmp_path / "history")])
+                                        str(tmp_path / "history"),
+                                        "--var", "tests.fine_tuning.test_settings.max_steps=12",
+                                        "--var", "tests.fine_tuning.test_settings."
+                                                 "dataset_replication=1"])
     assert code == 0
     # the run's config was made once (the flow took the command line's); others made
     # without presets are the PR-comment policy's reads of the base file
