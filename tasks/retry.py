@@ -26,6 +26,7 @@ __all__ = ["RetryPolicy", "call_with_retries"]
 
 T = TypeVar("T")
 logger = logging.getLogger("telltale.retry")
+_JITTER = random.Random()  # its own: a library's jitter never moves the global random state
 
 
 class RetryPolicy(BaseModel):
@@ -41,7 +42,7 @@ class RetryPolicy(BaseModel):
     def delay(self, attempt: int) -> float:
         """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
         base = min(self.backoff_max_s, self.backoff_base_s * 2 ** (attempt - 1))
-        return base * (1 + random.uniform(0, self.jitter))
+        return base * (1 + _JITTER.uniform(0, self.jitter))
 
 
 def call_with_retries(fn: Callable[[], T], policy: RetryPolicy, *, what: str,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import os
 import threading
 import time
@@ -79,10 +80,12 @@ def test_second_run_on_a_cluster_queues(prefect_harness) -> None:
             order.append("second-in")
             order.append("second-out")
 
-    first = threading.Thread(target=first_run)
+    # Each thread in a copy of this context, as Prefect runs its tasks: the API is a
+    # context setting (a bare thread has none, and Prefect starts a temporary server for it)
+    first = threading.Thread(target=contextvars.copy_context().run, args=(first_run,))
     first.start()
     assert first_in.wait(120), "the first run never took the cluster's slot"
-    second = threading.Thread(target=second_run)
+    second = threading.Thread(target=contextvars.copy_context().run, args=(second_run,))
     second.start()
     first.join(120)
     second.join(120)
