@@ -69,6 +69,29 @@ def python() -> str:
     return sys.executable
 
 
+@pytest.fixture(autouse=True)
+def _no_temporary_prefect_server() -> Iterator[None]:
+    """Fail a test in which Prefect started its own temporary server in this process.
+
+    That server is what a flow or a Prefect client gets without an API setting: code that
+    went around `flows.api_server.prefect_api` (or a test around `prefect_harness`, e.g.
+    from a bare thread). It cost 20 s to minutes a time under load, and failed outright.
+    """
+    server_module = sys.modules.get("prefect.server.api.server")
+    before = dict(server_module.SubprocessASGIServer._instances) if server_module else {}
+    yield
+    server_module = sys.modules.get("prefect.server.api.server")
+    if server_module is None:
+        return
+    started = {key: server for key, server in server_module.SubprocessASGIServer._instances
+               .items() if before.get(key) is not server and server.running}
+    for server in started.values():
+        server.stop()
+    assert not started, ("Prefect started a temporary API server in this test: a flow or "
+                         "client ran without the session's API (use prefect_harness; in a "
+                         "thread, run it in contextvars.copy_context())")
+
+
 @pytest.fixture(scope="session")
 def prefect_harness() -> Iterator[str]:
     """The session's one Prefect API for the flows tests run in-process; yields its URL.
