@@ -41,10 +41,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from analysis.history import ALL_KPIS, HistoryStore, default_data_dir, default_history_uri
+from analysis.history import ALL_KPIS, HistoryStore, default_history_uri
 from analysis.pipeline import postprocess, settings_for
 from analysis.project import load_project
-from core.environment import env_settings
+from core.environment import default_data_dir, env_settings
 from core.errors import TelltaleError, UserError
 from core.paths import writable_dir
 from core.progress import logger as progress_logger

@@ -59,7 +59,7 @@ from analysis.history_schema import (
     part_problem,
 )
 from analysis.kpi import BASE_COLUMNS
-from core.environment import env_settings
+from core.environment import default_data_dir
 from core.errors import ResultsError, TelltaleError
 from core.safeio import atomic_open
 
@@ -78,7 +78,6 @@ __all__ = [
     "HistoryConflictError",
     "HistorySource",
     "HistoryStore",
-    "default_data_dir",
     "default_history_uri",
     "matched_labels",
     "open_filesystem",
@@ -134,16 +133,6 @@ class HistorySource(Protocol):
               exclude_runs: Iterable[str] = ()) -> pd.DataFrame:
         """Rows of the runs whose labels match, ordered by time."""
         ...
-
-
-def default_data_dir() -> Path:
-    """Telltale's data dir: ``$TELLTALE_DATA_DIR`` or the user's data dir."""
-    root = env_settings().data_dir
-    if not root:
-        from platformdirs import user_data_dir
-
-        root = user_data_dir("telltale", appauthor=False)
-    return Path(root)
 
 
 def default_history_uri(project: str) -> str:

@@ -24,7 +24,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from core.errors import ConfigError
 
-__all__ = ["TelltaleEnv", "env_settings", "local_services_home", "prefect_home"]
+__all__ = ["TelltaleEnv", "default_data_dir", "env_settings", "local_services_home",
+           "prefect_home"]
 
 
 class TelltaleEnv(BaseSettings):
@@ -75,6 +76,21 @@ class TelltaleEnv(BaseSettings):
         default=10.0, ge=0, le=7 * 24 * 60, allow_inf_nan=False, description="A command-line "
         "run on this machine leaves a spare Prometheus, already scraping, that the next run "
         "adopts (tasks.observe.spare); unadopted, it stops after this long. 0: none.")
+
+
+def default_data_dir() -> Path:
+    """Telltale's data dir: ``$TELLTALE_DATA_DIR`` or the user's data dir.
+
+    An environment setting like the others here, not the history's (`analysis.history`
+    keeps its history under it): the command line and the lab's cluster credentials ask
+    for it too, without the history's Parquet stack.
+    """
+    root = env_settings().data_dir
+    if not root:
+        from platformdirs import user_data_dir
+
+        root = user_data_dir("telltale", appauthor=False)
+    return Path(root)
 
 
 def local_services_home() -> Path:

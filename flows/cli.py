@@ -13,8 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from analysis.history import default_data_dir
-from core.environment import env_settings
+from core.environment import default_data_dir, env_settings
 from core.errors import ConfigError, TelltaleError, UserError
 from core.safeio import UnreadableInputError, read_text_bounded
 from core.terminal import ArgumentParser, say

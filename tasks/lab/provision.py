@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pydantic import SecretStr
 
-from analysis.history import default_data_dir
+from core.environment import default_data_dir
 from core.errors import ConfigError
 from core.safeio import read_text_bounded
 from projects.library import CreateBlock, QuadsLabBlock, SecretsBlock

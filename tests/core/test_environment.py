@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.history import default_data_dir
-from core.environment import env_settings
+from core.environment import default_data_dir, env_settings
 from core.errors import ConfigError
 from projects.llm_serving.install import default_venv
 
