@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,10 @@ def run_name(run: Any) -> str:
     """
     stamp = getattr(run, "timestamp", None)
     try:
-        when = pd.Timestamp(stamp).strftime("%Y-%m-%d %H:%M") if stamp else "?"
+        # a datetime formats itself (pd.Timestamp's construction was ~20 us of each of the
+        # ~10 names a run gets in a report: 0.2 s of 1 000 runs)
+        when = (stamp if isinstance(stamp, datetime) else pd.Timestamp(stamp)).strftime(
+            "%Y-%m-%d %H:%M") if stamp else "?"
     except (ValueError, TypeError, OverflowError):
         when = "?"
     labels = getattr(run, "labels", None) or {}
