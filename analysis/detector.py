@@ -339,7 +339,7 @@ def _current_noise(h: np.ndarray, start: int) -> tuple[float, int]:
     run, the real series' 1.66 -> 1.60 %. Under 10 runs: the whole history, as before.
     """
     current = h[start:]
-    if len(current) >= 20 or (start == 0 and len(current) >= 10):
+    if start == 0 or len(current) >= 20:  # (from 0, the current level is the history)
         return noise_scale(current), len(current)
     if len(current) < 10:
         return noise_scale(h), len(h)
