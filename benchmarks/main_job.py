@@ -1,6 +1,6 @@
 """The main job end to end against its own workload: ``./telltale fine_tuning --preset light``.
 
-    python benchmarks/main_job.py [--runs 5] [--api reuse|temporary] [--no-spare]
+    python benchmarks/main_job.py [--runs 5] [--api reuse|temporary] [--no-spare] [--warm]
 
 Runs, alternating, the command line as a user types it (``python -m flows.fine_tuning
 --preset light``) and the trainer alone with the same config (the ``config_final.json``
@@ -16,6 +16,11 @@ user's first runs get.
 Each run leaves a spare Prometheus, already scraping, that the next adopts
 (`tasks.observe.spare`); ``--no-spare`` sets ``TELLTALE_SPARE_PROMETHEUS_MINUTES=0``, and
 every run starts its own. The runs that adopted one are counted.
+
+``--warm`` opts in to the warm Python (``TELLTALE_WARM_PYTHON_MINUTES=10``): each run leaves
+one (torch and transformers imported) that the next forks its trainer from
+(`tasks.warm_python`). The runs whose trainer was forked are counted. The floor stays the
+trainer alone as a fresh process (what a user would run by hand).
 """
 
 from __future__ import annotations
@@ -72,18 +77,21 @@ def main() -> int:
     parser.add_argument("--api", choices=["reuse", "temporary"], default="reuse")
     parser.add_argument("--no-spare", action="store_true",
                         help="no spare Prometheus: every run starts its own")
+    parser.add_argument("--warm", action="store_true",
+                        help="opt in to the warm Python: trainers forked from it")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="telltale-main-job-") as scratch:
         tmp = Path(scratch)
         env = {**os.environ, "TELLTALE_DATA_DIR": str(tmp / "data"),
                "TELLTALE_PREFECT_API": args.api, "TELLTALE_PREFECT_API_HOME": str(tmp / "api"),
                "PREFECT_HOME": str(tmp / "prefect"),
-               "TELLTALE_SPARE_PROMETHEUS_MINUTES": "0" if args.no_spare else "10"}
+               "TELLTALE_SPARE_PROMETHEUS_MINUTES": "0" if args.no_spare else "10",
+               "TELLTALE_WARM_PYTHON_MINUTES": "10" if args.warm else "0"}
         env.pop("PREFECT_API_URL", None)
         try:
             first, first_dir = _cli(tmp, "run-0", env)
             config = _trainer_config(first_dir, tmp)
-            cli, alone, cells, adopted = [], [], [], 0
+            cli, alone, cells, adopted, forked = [], [], [], 0, 0
             phases: dict[str, list[float]] = defaultdict(list)
             for index in range(1, args.runs + 1):
                 wall, run_dir = _cli(tmp, f"run-{index}", env)
@@ -92,6 +100,8 @@ def main() -> int:
                 outcome = json.loads((run_dir / "outcome.json").read_text())
                 cells.append(len(outcome["cells"]))
                 adopted += (run_dir / "prometheus" / "adopted-spare.json").is_file()
+                forked += all(json.loads(p.read_text()).get("launch", "").startswith("forked")
+                              for p in run_dir.glob("*__cell/*/artifacts/process.json"))
                 summed: dict[str, float] = defaultdict(float)
                 for moment in outcome["timeline"]:  # every cell's moments as one phase
                     name = moment["phase"]
@@ -103,7 +113,9 @@ def main() -> int:
             subprocess.run([sys.executable, "-m", "flows.local_api", "stop"], cwd=REPO,
                            env=env, capture_output=True, check=False)
     print(f"api: {args.api}; spare prometheus: {'off' if args.no_spare else 'on'} "
-          f"(adopted by {adopted} of {len(cli)} runs); {os.cpu_count()} CPU(s)")
+          f"(adopted by {adopted} of {len(cli)} runs); warm python: "
+          f"{'on' if args.warm else 'off'} (trainers forked in {forked} of {len(cli)} runs); "
+          f"{os.cpu_count()} CPU(s)")
     print(f"first run            {first:6.2f} s" + ("  (starts the shared API)"
                                                     if args.api == "reuse" else ""))
     # a run whose KPI is suspected re-runs its cell at once (the light preset confirms):

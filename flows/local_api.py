@@ -52,6 +52,7 @@ from core.safeio import UnreadableInputError, open_append, read_bounded, write_t
 from core.terminal import say
 from tasks.observe.spare import spare_base, spares, stop_spares
 from tasks.process import free_port, pid_alive
+from tasks.warm_python import stop_warm_pythons, warm_base
 
 __all__ = ["ServerState", "api_home", "shared_api", "state_dir", "status", "stop",
            "warm_up"]
@@ -348,7 +349,8 @@ def main(argv: list[str] | None = None) -> int:
                          "The local Prefect API command-line runs share (and its UI).")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("status", help="print its API and UI addresses; exit 1 when none runs")
-    commands.add_parser("stop", help="stop it now, and the spare Prometheus runs leave")
+    commands.add_parser("stop", help="stop it now, and the spare Prometheus and warm "
+                        "Pythons runs leave")
     serve = commands.add_parser("serve", help=argparse.SUPPRESS)
     serve.add_argument("directory", type=Path)
     serve.add_argument("port", type=int)
@@ -361,6 +363,9 @@ def main(argv: list[str] | None = None) -> int:
         stopped = stop_spares(spare_base())
         if stopped:
             say(f"stopped {stopped} spare prometheus")
+        warm = stop_warm_pythons(warm_base())
+        if warm:
+            say(f"stopped {len(warm)} warm python(s)")
         return 0
     state = status()
     if state is None:

@@ -99,11 +99,15 @@ class LocalWorkload:
             user in a multi-user run.
         env: Extra environment variables.
         files: Input files written before the start, path relative to the workdir → text.
+        preload: For a ``PYTHON -m MODULE ...`` workload: the heavy modules a warm Python
+            imports ahead, once, so that later runs fork the workload from it instead of
+            importing them again (`tasks.warm_python`; never the workload's own code).
     """
 
     argv: Sequence[str]
     env: Mapping[str, str] = field(default_factory=dict)
     files: Mapping[str, str] = field(default_factory=dict)
+    preload: Sequence[str] = ()
 
 
 SERVICE_URL_ENV = "TELLTALE_SERVICE_URL"

@@ -148,8 +148,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Stop the session's shared local Prefect API and the spare Prometheus its runs left
-    (the controller, once all workers end).
+    """Stop the session's shared local Prefect API and the spare Prometheus and warm Pythons
+    its runs left (the controller, once all workers end).
 
     Runs with a home of their own (a deployed run under a worker's minimal environment) leave
     their spares under the session's temporary dirs: those are stopped too, so the suite
@@ -159,6 +159,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         return
     from flows.local_api import stop
     from tasks.observe.spare import SPARES_DIR, stop_spares
+    from tasks.warm_python import stop_warm_pythons
 
     home = Path(os.environ["TELLTALE_PREFECT_API_HOME"])
     stop(home)
@@ -166,6 +167,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     basetemp = session.config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
     for base in _spare_bases_under(basetemp):
         stop_spares(base)
+    for root in (home, basetemp):  # the warm Pythons the runs left (tasks.warm_python)
+        stop_warm_pythons(root)
 
 
 def _spare_bases_under(root: Path) -> set[Path]:

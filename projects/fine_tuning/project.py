@@ -40,6 +40,10 @@ from projects.library.runs import run_timestamps, run_uuid
 __all__ = ["PROJECT", "WORKLOAD_MODULE"]
 
 WORKLOAD_MODULE = "projects.fine_tuning.workload.train_local"
+# What the trainer imports that takes seconds (torch, the Trainer and its integrations, the
+# Llama model, peft, tokenizers): a warm Python imports them once (tasks.warm_python).
+PRELOAD = ("torch", "transformers", "transformers.trainer", "transformers.data.data_collator",
+           "transformers.models.llama.modeling_llama", "tokenizers", "peft")
 _LOCAL_EXTRA = ("torch", "transformers", "peft", "accelerate", "tokenizers")
 _FOLDER = Path(__file__).resolve().parent
 DATASET_KEY = "tests.fine_tuning.test_settings.dataset_name"
@@ -86,7 +90,8 @@ def local_workload(ctx: CellContext) -> LocalWorkload:
     config_file = ctx.workdir / "src" / "config_final.json"
     return LocalWorkload(argv=[sys.executable, "-m", WORKLOAD_MODULE, str(config_file)],
                          env={"PYTHONUNBUFFERED": "1"},
-                         files={"src/config_final.json": config.file_text()})
+                         files={"src/config_final.json": config.file_text()},
+                         preload=PRELOAD)
 
 
 def _check_gpus(wanted: int) -> None:

@@ -52,6 +52,7 @@ from projects.contract import (
 )
 from projects.matrix import Cell
 from tasks.artifacts import artifact_dir, step
+from tasks.hostwatch import uncount
 from tasks.observe.capture import capture_energy, capture_prometheus
 from tasks.observe.energy import EnergyRecorder, meters
 from tasks.observe.prometheus import PrometheusServer, local_wanted, take_ahead
@@ -64,9 +65,11 @@ from tasks.platforms.base import (
     tail_lines,
 )
 from tasks.platforms.local_ahead import adopt_spare, ahead, offer_spare
+from tasks.platforms.local_warm import find_warm, offer_warm, run_process, warm_key_of
 from tasks.platforms.service import SERVICE_FILE, RunningService, start_service
 from tasks.progress import LogProgress, ProgressArtifact
-from tasks.runner import CMDLINE_FILE, PID_FILE, CommandTimeout, die_with_parent, run
+from tasks.runner import CMDLINE_FILE, PID_FILE, CommandTimeout, die_with_parent
+from tasks.warm_python import WarmPython
 
 __all__ = [
     "LocalPlatform",
@@ -202,7 +205,8 @@ def _service_env(here: Path, service: dict[str, Any] | None) -> dict[str, str]:
 
 
 def run_local_workload(run_ctx: RunContext, cell: Cell, timeout_minutes: int,
-                       service: dict[str, Any] | None = None) -> CellResult:
+                       service: dict[str, Any] | None = None,
+                       warm: dict[str, Any] | None = None) -> CellResult:
     """Run one cell's workload as a local process in the current step dir.
 
     Args:
@@ -210,6 +214,8 @@ def run_local_workload(run_ctx: RunContext, cell: Cell, timeout_minutes: int,
         cell: The cell.
         timeout_minutes: Deadline; the process group is killed past it.
         service: The record of the cell's running `LocalService`, if the project has one.
+        warm: The record of the run's warm Python (`tasks.warm_python`): the workload is
+            forked from it when its key is the workload's.
 
     Returns:
         The `CellResult` (a failed workload is a result, not an exception).
@@ -227,11 +233,14 @@ def run_local_workload(run_ctx: RunContext, cell: Cell, timeout_minutes: int,
     reason = "Completed"
     argv = [str(a) for a in workload.argv]
     write_text(here / CMDLINE_FILE, "\0".join(argv))
+    chosen = WarmPython.from_record(warm) if warm is not None else None
+    if chosen is not None and chosen.key != warm_key_of(workload, env):
+        chosen = None  # another interpreter, modules or environment than the warm one's
+    launch = f"forked from the warm python {chosen.pid}" if chosen else "fresh process"
     try:
         with LogProgress(log_file, cell.name):  # steps and ETA, from the workload's own bar
-            result = run(argv, check=False, timeout=timeout_minutes * 60,
-                         output_file=log_file, pid_file=here / PID_FILE, env=env)
-        code = result.returncode
+            code, launch = run_process(argv, env, here, log_file, timeout_minutes * 60,
+                                        chosen)
         if code != 0:
             reason = "Error"
     except CommandTimeout:
@@ -239,7 +248,7 @@ def run_local_workload(run_ctx: RunContext, cell: Cell, timeout_minutes: int,
     duration = time.monotonic() - started
     write_text(here / "artifacts" / "process.json", json.dumps({
         "job_name": cell.name, "exit_code": code, "finish_reason": reason,
-        "start": start_iso, "end": datetime.now(UTC).isoformat(),
+        "launch": launch, "start": start_iso, "end": datetime.now(UTC).isoformat(),
         "duration_s": round(duration, 3)}, indent=2) + "\n")
     (here / PID_FILE).unlink(missing_ok=True)  # finished: nothing left for cleanup to stop
     logger.info("%s finished: exit %d (%s) in %.1fs", cell.name, code, reason, duration)
@@ -403,11 +412,18 @@ class LocalPlatform:
         self.prometheus: PrometheusServer | None = None
         self.service: RunningService | None = None
         self.facts: dict[str, Any] = {}
+        self.warm: WarmPython | None = None
+        self.warm_wanted: tuple[str, LocalWorkload] | None = None
 
     def prepare(self, run_ctx: RunContext, cells: Sequence[Cell]) -> None:
-        """Check that the cells can run here; start the run's Prometheus (``observe``)."""
+        """Check the cells can run here; start Prometheus; find the run's warm Python.
+
+        Prometheus: ``observe``; the warm Python its workload forks from:
+        `tasks.warm_python`.
+        """
         self._start_prometheus(run_ctx)  # first: its 5 s until the first scrape overlaps
         self.facts = prepare_local(run_ctx, list(cells)) or {}
+        self.warm, self.warm_wanted = find_warm(run_ctx, cells)
 
     def _start_prometheus(self, run_ctx: RunContext) -> None:
         block = run_ctx.model.observe.prometheus
@@ -436,8 +452,9 @@ class LocalPlatform:
         task = project_step(run_ctx, run_local_workload).with_options(
             timeout_seconds=minutes * 60 + 120)
         service = self._service(run_ctx, cell)
+        warm = self.warm.as_record() if self.warm is not None else None
         with self._observed(run_ctx, cell):
-            result: CellResult = task(run_ctx, cell, minutes, service)
+            result: CellResult = task(run_ctx, cell, minutes, service, warm)
         return result
 
     def _service(self, run_ctx: RunContext, cell: Cell) -> dict[str, Any] | None:
@@ -502,7 +519,17 @@ class LocalPlatform:
         return result
 
     def cleanup(self, run_ctx: RunContext) -> None:
-        """Stop the server; snapshot and stop Prometheus; stop leftovers; remove scratch."""
+        """Stop the server, Prometheus (snapshot first) and leftovers; remove scratch.
+
+        A run that had no warm Python leaves one for the next (`tasks.warm_python`).
+        """
+        if self.warm is not None:
+            uncount(self.warm.pid)
+            self.warm = None
+        if self.warm_wanted is not None and sys.exc_info()[0] is None:
+            key, workload = self.warm_wanted
+            self.warm_wanted = None
+            offer_warm(workload, key)
         if self.service is not None:
             try:
                 self.service.stop()

@@ -170,6 +170,9 @@ def test_successive_runs_build_history_and_verdicts(tmp_path: Path, prefect_harn
     finally:
         stop_spares(spares)
     assert all(o.exit_code == 0 for o in outcomes), [o.failures for o in outcomes]
+    from tasks.warm_python import WARM_DIR
+
+    assert not (tmp_path / "services" / WARM_DIR).exists()  # opt-in: fresh trainers
     if prometheus_required():  # the first run started its own; each later one adopted one
         assert [(tmp_path / f"run{i}" / "prometheus" / ADOPTED_FILE).is_file()
                 for i in range(4)] == [False, True, True, True]
@@ -418,6 +421,42 @@ def test_rerun_into_same_dir_resumes_finished_cells(tmp_path: Path, prefect_harn
     second = outcome_of(fine_tuning(presets=["light"], overrides=overrides, artifact_dir=str(tmp_path / "r"), return_state=True))
     assert [c.status for c in second.cells] == ["resumed"]
     assert len(list((tmp_path / "r").glob("*__cell"))) == 1
+
+
+def test_opted_in_a_later_trainer_is_forked_from_the_warm_python(
+        tmp_path: Path, prefect_harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``TELLTALE_WARM_PYTHON_MINUTES``: the first run leaves a warm Python (torch and
+    transformers imported); the next run's trainer is forked from it and trains as a fresh
+    one would (its summary line, its KPIs), and says how it was launched."""
+    from flows.fine_tuning.flow import fine_tuning
+    from flows.orchestration import outcome_of
+    from tasks.warm_python import WARM_DIR, stop_warm_pythons
+
+    monkeypatch.setenv("TELLTALE_PREFECT_API_HOME", str(tmp_path / "services"))
+    monkeypatch.setenv("TELLTALE_WARM_PYTHON_MINUTES", "10")
+    overrides = {**JUDGED, "analysis.history_uri": str(tmp_path / "history")}
+    try:
+        outcomes = [outcome_of(fine_tuning(
+            presets=["light"], overrides=overrides, artifact_dir=str(tmp_path / f"run{i}"),
+            return_state=True)) for i in range(2)]
+        warm = [json.loads(p.read_text()) for p in
+                (tmp_path / "services" / WARM_DIR).glob("*/warm.json")]
+    finally:
+        stopped = stop_warm_pythons(tmp_path / "services")
+    assert [o.exit_code for o in outcomes] == [0, 0], [o.failures for o in outcomes]
+    assert len(warm) == 1 and stopped == [warm[0]["pid"]]  # still serving after the run
+    jobs = [next((tmp_path / f"run{i}").glob("*__cell/*__fine_tuning__run_fine_tuning_job"))
+            for i in range(2)]
+    launches = [json.loads((j / "artifacts" / "process.json").read_text())["launch"]
+                for j in jobs]
+    assert launches == ["fresh process", f"forked from the warm python {warm[0]['pid']}"]
+    for job in jobs:
+        assert "'train_runtime'" in (job / "artifacts" / "pod.log").read_text()
+        assert not (job / "scratch").exists()  # cleanup removed its scratch dir
+    kpis = pd.read_parquet(next((tmp_path / "run1").glob("*__analysis__*/kpis.parquet")))
+    value = kpis.set_index("kpi")["value"]
+    for name in ("train_tokens_per_second", "train_runtime", "dataset_tokens_per_second"):
+        assert math.isfinite(value[name]) and value[name] > 0, name
 
 
 def test_missing_dataset_fails_in_prepare_with_exit_2(tmp_path: Path) -> None:

@@ -1,0 +1,530 @@
+"""A warm Python: an interpreter with a workload's heavy imports done, forking one child a run.
+
+The local fine-tuning trainer spends ~5 s of a ~10 s process importing torch and transformers
+(`docs/performance.md`), every run, before its first step. A run on the local platform
+therefore leaves a *warm Python* behind (``python -m tasks.warm_python``): it imports the
+modules the workload declares (`projects.contract.LocalWorkload.preload`), then waits on a
+Unix socket. A later run asks it for the workload; it forks a child that becomes that
+workload exactly as ``python -m MODULE ARGS`` would have started it:
+
+- its own session (a process group the run's cleanup can stop), a parent-death signal (it
+  dies with the warm Python), the run's environment, working directory, stdin closed and
+  stdout/stderr appended to the run's log (unbuffered when the environment says so);
+- its command line rewritten to the workload's (``/proc/PID/cmdline``: the process exporter
+  matches the cell's step dir in it, cleanup compares it with ``workload.cmdline``), the
+  module run by `runpy` as ``__main__``, Python's and NumPy's global random state reseeded
+  from the OS (a fresh interpreter's would be), its exit code the workload's;
+- when the run that asked goes away (its connection closes: a crash, a SIGKILL), the warm
+  Python sends SIGTERM to the child's group, as the fresh process's parent-death signal did.
+
+Only the heavy third-party modules are imported ahead, never Telltale's own code: the child
+imports the workload's module fresh, so an edited trainer runs as edited. A warm Python is
+used only by a request with the same key (`warm_key`: the interpreter, the modules, the
+working directory, this module's source and every environment variable that an import may
+read). It stops after ``TELLTALE_WARM_PYTHON_MINUTES`` with no child and no request, or on
+SIGTERM once its children are done.
+
+It is **opt-in** (``TELLTALE_WARM_PYTHON_MINUTES``, default 0: every workload is a fresh
+interpreter). What a run measures differs with the launch, measured on the light preset
+(`docs/performance.md`): the resource KPIs are means over the cell, and a forked workload's
+cell has no import phase — its workload CPU read 20-30 % higher and its RSS ~15 % lower than a
+fresh one's —, so a history must not mix the two. Each run records which it got
+(``process.json``: ``launch``). Also different from a fresh process, by design: the hash seed
+(``PYTHONHASHSEED``) is the warm Python's, shared by its children; the children's memory
+starts as the warm Python's pages (copy-on-write).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+import io
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import BaseModel, Field, ValidationError
+
+from core.environment import local_services_home
+from core.filelock import dir_lock
+from core.safeio import UnreadableInputError, open_append, read_bounded, write_text
+from core.terminal import say
+from tasks.process import pid_alive
+
+__all__ = ["WARM_DIR", "Order", "WarmPython", "WarmPythonGone", "acquire", "offer", "run_warm",
+           "stop_warm_pythons", "warm_base", "warm_key", "workload_module"]
+
+WARM_DIR = "telltale-warm-python"
+_RECORD = "warm.json"
+_SOCKET = "sock"
+_LOCK = "lock"
+_CMDLINE_ROOM = 8192  # bytes of command line a child can take (the warm Python's own padding)
+_MAX_ORDER = 1 << 20
+_SOURCE = Path(__file__).resolve()
+# Variables no import reads: who runs it and where its records go (a test's, a run's own).
+_NOT_KEYED_PREFIXES = ("TELLTALE_", "PREFECT_", "PYTEST_", "COV_CORE_")
+_NOT_KEYED = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "COLUMNS", "LINES", "PYTHONUNBUFFERED"})
+
+
+def warm_key(python: str, modules: Sequence[str], cwd: str | Path,
+             env: Mapping[str, str]) -> str:
+    """What a warm Python must share with a request to serve it (a short digest).
+
+    The interpreter, the modules imported ahead, the working directory (``python -m``'s
+    ``sys.path[0]``), this module's source, and the environment but for the variables no
+    import reads (Telltale's and Prefect's own, the shell's bookkeeping).
+    """
+    keyed = sorted((k, v) for k, v in env.items()
+                   if k not in _NOT_KEYED and not k.startswith(_NOT_KEYED_PREFIXES))
+    text = json.dumps([os.path.realpath(python), sorted(modules), str(Path(cwd).resolve()),
+                       keyed, hashlib.sha256(_SOURCE.read_bytes()).hexdigest()])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def workload_module(argv: Sequence[str]) -> tuple[str, list[str]] | None:
+    """``(module, args)`` of a ``PYTHON -m MODULE ARGS...`` command line, else None."""
+    if len(argv) >= 3 and argv[1] == "-m" and Path(argv[0]).name.startswith("python"):
+        return str(argv[2]), [str(a) for a in argv[3:]]
+    return None
+
+
+class WarmRecord(BaseModel):
+    """``warm.json``: a warm Python, written by itself once its imports are done."""
+
+    pid: int = Field(gt=1)
+    key: str = Field(pattern=r"^[0-9a-f]{16}$")
+    modules: list[str] = Field(max_length=64)
+    started: float
+    ready_s: float = Field(ge=0)
+
+
+class Order(BaseModel):
+    """What a run asks the warm Python for: one workload process."""
+
+    argv: list[str] = Field(min_length=3, max_length=1024)
+    env: dict[str, str]
+    cwd: str
+    output_file: str
+    requester: int = Field(gt=1)
+
+
+@dataclass
+class WarmPython:
+    """A ready warm Python a run uses (`acquire`)."""
+
+    pid: int
+    key: str
+    directory: Path
+
+    def as_record(self) -> dict[str, object]:
+        """What a run's task receives (a plain dict crosses Prefect's task boundary)."""
+        return {"pid": self.pid, "key": self.key, "directory": str(self.directory)}
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, object]) -> WarmPython:
+        """The inverse of `as_record`."""
+        return cls(pid=int(str(record["pid"])), key=str(record["key"]),
+                   directory=Path(str(record["directory"])))
+
+
+@contextlib.contextmanager
+def _socket_path(directory: Path) -> Iterator[str]:
+    """A short path to ``directory``'s socket, through an open fd (``/proc/self/fd/N/``).
+
+    A Unix socket's path holds at most 107 bytes; a user's home can be longer.
+    """
+    fd = os.open(directory, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield f"/proc/self/fd/{fd}/{_SOCKET}"
+    finally:
+        os.close(fd)
+
+
+def warm_base() -> Path:
+    """Where this user's warm Pythons live (beside the shared local Prefect API's state)."""
+    return local_services_home() / WARM_DIR
+
+
+def _read_record(directory: Path) -> WarmRecord | None:
+    try:
+        return WarmRecord.model_validate_json(read_bounded(directory / _RECORD, 8192,
+                                                           what=_RECORD))
+    except (UnreadableInputError, ValidationError, OSError):
+        return None
+
+
+def _is_warm_python(pid: int, directory: Path) -> bool:
+    """``pid`` runs this module for ``directory`` (never a recycled pid)."""
+    if not pid_alive(pid):
+        return False
+    try:
+        cmdline = read_bounded(f"/proc/{pid}/cmdline", 1 << 16, what="cmdline",
+                               follow_links=True).split(b"\0")
+    except (UnreadableInputError, OSError):
+        return False
+    return b"tasks.warm_python" in cmdline and str(directory).encode() in cmdline
+
+
+def acquire(key: str, *, wait_s: float = 180.0, base: Path | None = None) -> WarmPython | None:
+    """The ready warm Python for ``key``, waiting for one that is still importing; or None.
+
+    Waiting is cheaper than the alternative: a fresh workload would import the same modules
+    beside it, on the same cores.
+    """
+    directory = (base or warm_base()) / key
+    deadline = time.monotonic() + wait_s
+    while True:
+        record = _read_record(directory)
+        starting = _starting_pid(directory)
+        if record is not None and record.key == key and _is_warm_python(record.pid, directory):
+            return WarmPython(pid=record.pid, key=key, directory=directory)
+        if starting is None or not _is_warm_python(starting, directory) \
+                or time.monotonic() > deadline:
+            return None
+        time.sleep(0.1)
+
+
+def _starting_pid(directory: Path) -> int | None:
+    try:
+        return int(read_bounded(directory / "pid", 64, what="pid").strip())
+    except (UnreadableInputError, OSError, ValueError):
+        return None
+
+
+def offer(key: str, python: str, modules: Sequence[str], cwd: str | Path,
+          env: Mapping[str, str], *, minutes: float, base: Path | None = None) -> bool:
+    """Start a warm Python for ``key`` unless one runs or starts already; True if started.
+
+    It is detached (its own session, its log in its dir) and outlives the run that started
+    it; it stops itself after ``minutes`` unused.
+    """
+    if minutes <= 0:
+        return False
+    directory = (base or warm_base()) / key
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    directory.chmod(0o700)  # whoever reaches its socket runs commands as this user
+    with dir_lock(directory, _LOCK):
+        running = _starting_pid(directory)
+        if running is not None and _is_warm_python(running, directory):
+            return False
+        (directory / _RECORD).unlink(missing_ok=True)
+        (directory / _SOCKET).unlink(missing_ok=True)
+        with open_append(directory / "warm-python.log") as log:
+            proc = subprocess.Popen(
+                [python, "-m", "tasks.warm_python", str(directory), key, str(minutes * 60),
+                 ",".join(modules), " " * _CMDLINE_ROOM],
+                cwd=str(cwd), env=dict(env), stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True)
+        write_text(directory / "pid", f"{proc.pid}\n")
+    # never waited for: it outlives this process (a zombie until this one exits is harmless,
+    # and `pid_alive` does not count a zombie as running)
+    threading.Thread(target=proc.wait, daemon=True, name="warm-python-reaper").start()
+    return True
+
+
+def stop_warm_pythons(under: Path) -> list[int]:
+    """SIGTERM every warm Python whose dir is under ``under``; their pids.
+
+    Each ends once its running children are done (a test session's end, a janitor).
+    """
+    stopped = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if len(argv) > 3 and argv[1:3] == [b"-m", b"tasks.warm_python"] \
+                and Path(os.fsdecode(argv[3])).is_relative_to(under):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(proc.name), signal.SIGTERM)
+                stopped.append(int(proc.name))
+    return stopped
+
+
+class WarmPythonGone(RuntimeError):
+    """The warm Python ended while its child ran (the child dies with it)."""
+
+
+def run_warm(warm: WarmPython, argv: Sequence[str], *, env: Mapping[str, str],
+             output_file: Path, timeout: float | None,
+             on_start: Callable[[int], None] | None = None) -> int:
+    """Run ``argv`` (``PYTHON -m MODULE ARGS``) as a child of the warm Python; its exit code.
+
+    Args:
+        warm: From `acquire`.
+        argv: The workload's command line (what a fresh process would have run).
+        env: Its whole environment.
+        output_file: Its stdout and stderr, appended.
+        timeout: Seconds before its process group is killed (`TimeoutError`).
+        on_start: Called with the child's pid once it runs (the run's pid file).
+
+    Raises:
+        TimeoutError: The deadline passed (the group was killed).
+        WarmPythonGone: The warm Python died; so did the child.
+        OSError: The warm Python could not be reached (nothing was started).
+    """
+    order = Order(argv=[str(a) for a in argv], env=dict(env), cwd=os.getcwd(),
+                  output_file=str(output_file), requester=os.getpid())
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    pid: int | None = None
+    try:
+        conn.settimeout(30)
+        with _socket_path(warm.directory) as path:
+            conn.connect(path)
+        conn.sendall(order.model_dump_json().encode() + b"\n")
+        reader = conn.makefile("rb")
+        started = json.loads(reader.readline(4096) or b"{}")
+        pid = int(started["pid"])
+        if on_start is not None:
+            on_start(pid)
+        conn.settimeout(timeout)
+        try:
+            line = reader.readline(4096)
+        except TimeoutError:
+            _kill_group(pid)
+            raise
+        if not line:
+            raise WarmPythonGone(f"the warm Python (pid {warm.pid}) ended while its child "
+                                 f"{pid} ran")
+        return int(json.loads(line)["exit"])
+    except BaseException:  # Ctrl-C, cancellation, a deadline: never leave the child running
+        if pid is not None:
+            _kill_group(pid)
+        raise
+    finally:
+        conn.close()
+
+
+def _kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+# --- the warm Python itself -------------------------------------------------------------------
+
+
+@dataclass
+class _Child:
+    pid: int
+    conn: socket.socket
+    pidfd: int
+    watching: bool = True  # its requester's connection is in the selector
+
+
+@dataclass
+class _Server:
+    directory: Path
+    idle_s: float
+    listener: socket.socket
+    selector: selectors.BaseSelector = field(default_factory=selectors.DefaultSelector)
+    children: dict[int, _Child] = field(default_factory=dict)
+    stopping: bool = False
+
+
+def _serve(directory: Path, key: str, idle_s: float, modules: Sequence[str]) -> Order | None:
+    """Import ``modules``, then fork a child per order until idle; in a child, its order."""
+    began, server_pid = time.monotonic(), os.getpid()
+    for name in modules:
+        importlib.import_module(name)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with _socket_path(directory) as path:
+        listener.bind(path)
+    listener.listen(16)
+    server = _Server(directory=directory, idle_s=idle_s, listener=listener)
+    signal.signal(signal.SIGTERM, lambda *_: setattr(server, "stopping", True))
+    write_text(directory / _RECORD, WarmRecord(
+        pid=os.getpid(), key=key, modules=list(modules), started=time.time(),
+        ready_s=round(time.monotonic() - began, 3)).model_dump_json() + "\n")
+    server.selector.register(listener, selectors.EVENT_READ, "accept")
+    idle_since = time.monotonic()
+    try:
+        while True:
+            if server.children:
+                idle_since = time.monotonic()
+            elif server.stopping or time.monotonic() - idle_since > idle_s:
+                return None
+            for selected, _ in server.selector.select(timeout=1.0):
+                order = _handle(server, selected)
+                if order is not None:
+                    return order  # the child: it becomes the workload
+    finally:
+        if os.getpid() == server_pid:  # the warm Python ends (never a child leaving it)
+            for name in (_RECORD, _SOCKET, "pid"):
+                (directory / name).unlink(missing_ok=True)
+
+
+def _handle(server: _Server, selected: selectors.SelectorKey) -> Order | None:
+    """One ready socket or pidfd; returns an order only in a newly forked child."""
+    tag = selected.data
+    if tag == "accept":
+        conn, _ = server.listener.accept()
+        if server.stopping:
+            conn.close()
+            return None
+        try:
+            conn.settimeout(10)
+            order = Order.model_validate_json(conn.makefile("rb").readline(_MAX_ORDER))
+        except (OSError, ValidationError, ValueError) as exc:
+            say(f"warm python: a bad order: {exc}", error=True)
+            conn.close()
+            return None
+        return _fork(server, conn, order)
+    child: _Child = tag
+    if selected.fileobj == child.pidfd:  # the child exited
+        _, status = os.waitpid(child.pid, 0)
+        with contextlib.suppress(OSError):
+            child.conn.sendall(json.dumps({"exit": os.waitstatus_to_exitcode(status)})
+                               .encode() + b"\n")
+        server.selector.unregister(child.pidfd)
+        if child.watching:
+            server.selector.unregister(child.conn)
+        os.close(child.pidfd)
+        child.conn.close()
+        del server.children[child.pid]
+        return None
+    # the requester's connection: closed means it is gone (crashed, killed)
+    try:
+        gone = not child.conn.recv(1, socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        gone = False
+    except OSError:
+        gone = True
+    if gone:
+        server.selector.unregister(child.conn)
+        child.watching = False
+        _kill_group(child.pid, signal.SIGTERM)  # what its parent-death signal would send
+    return None
+
+
+def _fork(server: _Server, conn: socket.socket, order: Order) -> Order | None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: drop the server's sockets, keep nothing of it
+        server.selector.close()
+        server.listener.close()
+        for other in server.children.values():
+            other.conn.close()
+            os.close(other.pidfd)
+        conn.close()
+        return order
+    pidfd = os.pidfd_open(pid)
+    child = _Child(pid=pid, conn=conn, pidfd=pidfd)
+    server.children[pid] = child
+    conn.setblocking(False)
+    try:
+        conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+    except OSError:
+        _kill_group(pid, signal.SIGTERM)
+    server.selector.register(pidfd, selectors.EVENT_READ, child)
+    server.selector.register(conn, selectors.EVENT_READ, child)
+    return None
+
+
+def _set_cmdline(argv: Sequence[str]) -> bool:
+    """Rewrite this process's ``/proc/PID/cmdline`` in place (its argv area); False if too long.
+
+    The warm Python is started with a padding argument, so the area has room; the kernel
+    reads the command line from it (``arg_start``..``arg_end`` in ``/proc/self/stat``).
+    """
+    import ctypes
+
+    fields = Path("/proc/self/stat").read_bytes().rsplit(b")", 1)[1].split()
+    start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (fields 48, 49)
+    text = b"\0".join(a.encode() for a in argv) + b"\0"
+    if len(text) > end - start:
+        return False
+    ctypes.memmove(start, text + b"\0" * (end - start - len(text)), end - start)
+    return True
+
+
+def _become(order: Order, warm_pid: int) -> int:
+    """In the forked child: become the ordered workload, run it, return its exit code."""
+    from tasks.runner import set_parent_death_signal
+
+    _set_cmdline(order.argv)  # first: the process exporter may look at any moment
+    os.setsid()
+    set_parent_death_signal(signal.SIGTERM)
+    if os.getppid() != warm_pid:  # the warm Python died before the signal was set
+        return 143
+    # a fresh interpreter's dispositions (Python itself ignores SIGPIPE)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.chdir(order.cwd)
+    os.environ.clear()
+    os.environ.update(order.env)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    with open_append(order.output_file) as out:  # never through a link, as the runner's
+        os.dup2(out.fileno(), 1)
+        os.dup2(out.fileno(), 2)
+    # the streams a fresh interpreter would open on these files (PYTHONUNBUFFERED: no
+    # buffer under stdout; stderr's text layer always writes through)
+    unbuffered = bool(order.env.get("PYTHONUNBUFFERED"))
+    sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)),
+                                 encoding="utf-8")
+    out_raw = io.FileIO(1, "w", closefd=False)
+    sys.stdout = io.TextIOWrapper(out_raw if unbuffered else io.BufferedWriter(out_raw),
+                                  encoding="utf-8", write_through=unbuffered)
+    err_raw = io.FileIO(2, "w", closefd=False)
+    sys.stderr = io.TextIOWrapper(err_raw if unbuffered else io.BufferedWriter(err_raw),
+                                  encoding="utf-8", errors="backslashreplace",
+                                  write_through=True)
+    sys.__stdout__, sys.__stderr__ = sys.stdout, sys.stderr
+    _reseed()
+    target = workload_module(order.argv)
+    assert target is not None  # validated by the run before it asked
+    module, args = target
+    sys.argv = [order.argv[0], *args]
+    import runpy
+
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        code = exc.code
+        if code is None:
+            return 0
+        if isinstance(code, int):
+            return code
+        say(code, error=True)  # what Python prints for sys.exit("message")
+        return 1
+    return 0
+
+
+def _reseed() -> None:
+    """Reseed Python's and NumPy's global generators from the OS, as a fresh process would be."""
+    import random
+
+    random.seed()
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        numpy_random.seed()
+
+
+def main(argv: Sequence[str]) -> int:
+    """``python -m tasks.warm_python DIR KEY IDLE_S MODULES PADDING``."""
+    directory, key, idle_s, modules = Path(argv[0]), argv[1], float(argv[2]), argv[3]
+    warm_pid = os.getpid()
+    order = _serve(directory, key, idle_s, [m for m in modules.split(",") if m])
+    if order is None:
+        return 0
+    return _become(order, warm_pid)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,198 @@
+"""The warm Python (`tasks.warm_python`): a workload forked from it is the process a fresh
+``python -m`` would have been, and it never outlives what it must not."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tasks.process import pid_alive
+from tasks.warm_python import (
+    WarmPython,
+    WarmPythonGone,
+    acquire,
+    offer,
+    run_warm,
+    stop_warm_pythons,
+    warm_key,
+    workload_module,
+)
+from tests.factories import process_gone, wait_until
+
+# A workload that says what it is, then waits for its order (a FIFO), or exits with a code.
+WORKLOAD = '''
+import json, os, random, sys, time
+import numpy
+me = {"argv": sys.argv[1:], "cwd": os.getcwd(), "wx": os.environ.get("WX"),
+      "cmdline": open("/proc/self/cmdline", "rb").read().rstrip(b"\\0").decode().split("\\0"),
+      "pgid": os.getpgid(0), "pid": os.getpid(), "ppid": os.getppid(),
+      "random": random.random(), "numpy": float(numpy.random.random()),
+      "name": __name__, "file": __file__}
+print(json.dumps(me))
+sys.stderr.write("a line on stderr\\n")
+if sys.argv[1] == "wait":
+    open(sys.argv[2]).read()  # blocks until the test (never) writes
+sys.exit(int(sys.argv[1]) if sys.argv[1].isdigit() else 0)
+'''
+
+
+@pytest.fixture
+def warm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[WarmPython, Path]]:
+    """A warm Python (numpy imported ahead) for workloads in ``tmp_path/work``."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "wl_probe.py").write_text(WORKLOAD)
+    monkeypatch.chdir(work)
+    base = tmp_path / ("a-user-home-longer-than-a-socket-path-" * 3) / "warm"  # > 107 bytes
+    key = warm_key(sys.executable, ["numpy"], work, dict(os.environ))
+    assert offer(key, sys.executable, ["numpy"], work, dict(os.environ), minutes=5, base=base)
+    found = acquire(key, base=base)
+    assert found is not None
+    try:
+        yield found, work
+    finally:
+        stop_warm_pythons(base)
+        assert process_gone(found.pid)
+
+
+def _run(found: WarmPython, work: Path, *args: str, timeout: float | None = 600,
+         **env: str) -> tuple[int, list[dict[str, object]], str, list[int]]:
+    started: list[int] = []
+    log = work / "out.log"
+    log.unlink(missing_ok=True)
+    code = run_warm(found, [sys.executable, "-m", "wl_probe", *args],
+                    env={**os.environ, **env}, output_file=log, timeout=timeout,
+                    on_start=started.append)
+    text = log.read_text()
+    lines = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    return code, lines, text, started
+
+
+def test_a_forked_workload_is_what_a_fresh_python_m_would_be(warm) -> None:
+    found, work = warm
+    code, [me], text, started = _run(found, work, "3", f"{work}/001__cell/001__p__run/x",
+                                     WX="yes")
+    assert code == 3  # its exit code is the workload's
+    argv = [sys.executable, "-m", "wl_probe", "3", f"{work}/001__cell/001__p__run/x"]
+    assert me["cmdline"] == argv  # what the process exporter and cleanup read
+    assert me["argv"] == argv[3:] and me["cwd"] == str(work) and me["wx"] == "yes"
+    assert me["name"] == "__main__" and me["file"] == str(work / "wl_probe.py")
+    assert me["pgid"] == me["pid"] == started[0]  # its own session: cleanup stops the group
+    assert me["ppid"] == found.pid
+    assert "a line on stderr" in text  # stdout and stderr in the log
+    # a fresh interpreter's random state, not the warm Python's copied into every child
+    _, [again], _, _ = _run(found, work, "0")
+    assert (again["random"], again["numpy"]) != (me["random"], me["numpy"])
+    # a workload that edits its source runs as edited (never imported ahead)
+    (work / "wl_probe.py").write_text("import sys\nsys.exit(7)\n")
+    assert _run(found, work, "0")[0] == 7
+
+
+def test_a_deadline_kills_the_workload_group(warm) -> None:
+    found, work = warm
+    os.mkfifo(work / "never")
+    started: list[int] = []
+    with pytest.raises(TimeoutError):
+        run_warm(found, [sys.executable, "-m", "wl_probe", "wait", str(work / "never")],
+                 env=dict(os.environ), output_file=work / "out.log", timeout=1,
+                 on_start=started.append)
+    assert process_gone(started[0])
+    assert pid_alive(found.pid)  # the warm Python serves the next run
+
+
+def test_a_requester_that_dies_takes_its_workload_with_it(warm) -> None:
+    """A run SIGKILLed mid-cell: its connection closes, the warm Python sends SIGTERM to the
+    workload's group, as a fresh process's parent-death signal did."""
+    found, work = warm
+    os.mkfifo(work / "never")
+    script = (f"import sys, os\nsys.path.insert(0, {str(Path.cwd())!r})\n"
+              "from pathlib import Path\nfrom tasks.warm_python import WarmPython, run_warm\n"
+              f"w = WarmPython(pid={found.pid}, key={found.key!r}, "
+              f"directory=Path({str(found.directory)!r}))\n"
+              "run_warm(w, [sys.executable, '-m', 'wl_probe', 'wait', 'never'], "
+              "env=dict(os.environ), output_file=Path('out.log'), timeout=None, "
+              "on_start=lambda pid: Path('child.pid').write_text(str(pid)))\n")
+    requester = subprocess.Popen([sys.executable, "-c", script], cwd=work)
+    try:
+        wait_until(lambda: (work / "child.pid").exists() and
+                   (work / "child.pid").read_text().isdigit(), "the workload started")
+        child = int((work / "child.pid").read_text())
+        assert pid_alive(child)
+        requester.kill()
+        requester.wait()
+        assert process_gone(child)
+    finally:
+        requester.kill()
+        requester.wait()
+
+
+def test_a_warm_python_that_dies_takes_its_children(warm) -> None:
+    found, work = warm
+    os.mkfifo(work / "never")
+    started: list[int] = []
+
+    def kill_it(pid: int) -> None:
+        started.append(pid)
+        os.kill(found.pid, signal.SIGKILL)
+
+    with pytest.raises(WarmPythonGone):
+        run_warm(found, [sys.executable, "-m", "wl_probe", "wait", str(work / "never")],
+                 env=dict(os.environ), output_file=work / "out.log", timeout=None,
+                 on_start=kill_it)
+    assert process_gone(started[0])
+
+
+def test_only_a_request_with_its_key_finds_it_and_it_stops_when_idle(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    base = tmp_path / "warm"
+    env = dict(os.environ)
+    key = warm_key(sys.executable, ["json"], tmp_path, env)
+    assert acquire(key, base=base) is None  # none started: no wait
+    assert offer(key, sys.executable, ["json"], tmp_path, env, minutes=0.02, base=base)
+    assert not offer(key, sys.executable, ["json"], tmp_path, env, minutes=0.02, base=base)
+    found = acquire(key, base=base)
+    assert found is not None
+    assert acquire(warm_key(sys.executable, ["json", "csv"], tmp_path, env), base=base) is None
+    assert process_gone(found.pid)  # 1.2 s unused: it stopped, and removed its record
+    assert not (found.directory / "warm.json").exists()
+    assert acquire(key, base=base) is None
+    assert not offer(key, sys.executable, ["json"], tmp_path, env, minutes=0, base=base)
+
+
+_NAME = st.from_regex(r"[A-Z][A-Z0-9_]{0,12}", fullmatch=True)
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=_NAME, value=st.text(st.characters(codec="utf-8", exclude_characters="\0"),
+                                 max_size=8))
+def test_the_key_holds_every_variable_an_import_may_read(name: str, value: str) -> None:
+    """Any variable but Telltale's, Prefect's, pytest's and the shell's bookkeeping changes
+    the key (an import may read it: OMP_NUM_THREADS, HF_HOME, LD_PRELOAD...)."""
+    env = {"HOME": "/home/x", "PATH": "/usr/bin"}
+    key = warm_key(sys.executable, ["json"], "/tmp", env)
+    changed = warm_key(sys.executable, ["json"], "/tmp", {**env, name: value + "!"})
+    ignored = name.startswith(("TELLTALE_", "PREFECT_", "PYTEST_", "COV_CORE_")) or name in {
+        "PWD", "OLDPWD", "SHLVL", "_", "COLUMNS", "LINES", "PYTHONUNBUFFERED"}
+    assert (changed == key) == ignored
+    assert warm_key(sys.executable, ["json"], "/tmp", {**env, f"TELLTALE_{name}": value}) == key
+    assert warm_key(sys.executable, ["json"], "/srv", env) != key
+    assert warm_key(sys.executable, ["json", "csv"], "/tmp", env) != key
+
+
+@given(argv=st.lists(st.text(max_size=10), max_size=6))
+def test_only_a_python_m_command_line_is_a_workload_module(argv: list[str]) -> None:
+    found = workload_module(argv)
+    if found is None:
+        assert len(argv) < 3 or argv[1] != "-m" or not Path(argv[0]).name.startswith("python")
+    else:
+        assert found == (argv[2], argv[3:])
