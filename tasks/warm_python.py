@@ -285,8 +285,11 @@ def run_warm(warm: WarmPython, argv: Sequence[str], *, env: Mapping[str, str],
             conn.connect(path)
         conn.sendall(order.model_dump_json().encode() + b"\n")
         reader = conn.makefile("rb")
-        started = json.loads(reader.readline(4096) or b"{}")
-        pid = int(started["pid"])
+        try:  # no answer: a warm Python stopping (SIGTERM) takes no more orders
+            pid = int(json.loads(reader.readline(4096))["pid"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ConnectionRefusedError(f"the warm Python (pid {warm.pid}) took no order: "
+                                         f"{exc}") from None
         if on_start is not None:
             on_start(pid)
         conn.settimeout(timeout)

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -149,6 +150,41 @@ def test_a_warm_python_that_dies_takes_its_children(warm) -> None:
                  env=dict(os.environ), output_file=work / "out.log", timeout=None,
                  on_start=kill_it)
     assert process_gone(started[0])
+
+
+def test_a_stopping_warm_python_takes_no_order_and_nothing_runs(warm) -> None:
+    """SIGTERM: it ends once its children are done and refuses new orders meanwhile — an
+    `OSError` the local platform answers with a fresh process."""
+    found, work = warm
+    os.mkfifo(work / "never")
+    started: list[int] = []
+    codes: list[int] = []
+    running = threading.Thread(target=lambda: codes.append(run_warm(found, [
+        sys.executable, "-m", "wl_probe", "wait", str(work / "never")], env=dict(os.environ),
+        output_file=work / "busy.log", timeout=None, on_start=started.append)), daemon=True)
+    running.start()
+    wait_until(lambda: bool(started), "the first workload started")
+    os.kill(found.pid, signal.SIGTERM)
+    wait_until(lambda: not (found.directory / "warm.json").exists() or _refuses(found, work),
+               "the warm Python refusing orders")
+    with pytest.raises(OSError):
+        run_warm(found, [sys.executable, "-m", "wl_probe", "0"], env=dict(os.environ),
+                 output_file=work / "out.log", timeout=600)
+    assert pid_alive(started[0])  # the running child is left to end
+    os.kill(started[0], signal.SIGKILL)
+    running.join()
+    assert codes == [-signal.SIGKILL]  # its exit status still reaches its run
+    assert process_gone(found.pid)  # then it ends
+
+
+def _refuses(found: WarmPython, work: Path) -> bool:
+    try:
+        code = run_warm(found, [sys.executable, "-m", "wl_probe", "0"], env=dict(os.environ),
+                        output_file=work / "probe.log", timeout=600)
+    except OSError:
+        return True
+    assert code == 0
+    return False
 
 
 def test_only_a_request_with_its_key_finds_it_and_it_stops_when_idle(
