@@ -17,8 +17,9 @@ workload exactly as ``python -m MODULE ARGS`` would have started it:
 - when the run that asked goes away (its connection closes: a crash, a SIGKILL), the warm
   Python sends SIGTERM to the child's group, as the fresh process's parent-death signal did.
 
-Only the heavy third-party modules are imported ahead, never Telltale's own code: the child
-imports the workload's module fresh, so an edited trainer runs as edited. A warm Python is
+Only the heavy third-party modules are kept from the warm Python: the child drops
+Telltale's own modules the warm Python imported (itself, ``core``...) and imports the
+workload's module fresh, so an edited trainer runs as edited. A warm Python is
 used only by a request with the same key (`warm_key`: the interpreter, the modules, the
 working directory, this module's source and every environment variable that an import may
 read). It stops after ``TELLTALE_WARM_PYTHON_MINUTES`` with no child and no request, or on
@@ -71,6 +72,7 @@ _LOCK = "lock"
 _CMDLINE_ROOM = 8192  # bytes of command line a child can take (the warm Python's own padding)
 _MAX_ORDER = 1 << 20
 _SOURCE = Path(__file__).resolve()
+_REPO = _SOURCE.parents[1]  # Telltale's own code: never kept from the warm Python
 # Variables no import reads: who runs it and where its records go (a test's, a run's own).
 _NOT_KEYED_PREFIXES = ("TELLTALE_", "PREFECT_", "PYTEST_", "COV_CORE_")
 _NOT_KEYED = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "COLUMNS", "LINES", "PYTHONUNBUFFERED"})
@@ -490,6 +492,7 @@ def _become(order: Order, warm_pid: int) -> int:
                                   write_through=True)
     sys.__stdout__, sys.__stderr__ = sys.stdout, sys.stderr
     _reseed()
+    _forget_our_modules()
     target = workload_module(order.argv)
     assert target is not None  # validated by the run before it asked
     module, args = target
@@ -507,6 +510,24 @@ def _become(order: Order, warm_pid: int) -> int:
         say(code, error=True)  # what Python prints for sys.exit("message")
         return 1
     return 0
+
+
+def _forget_our_modules() -> None:
+    """Drop Telltale's own modules the warm Python imported (itself, ``core``...).
+
+    The workload imports them afresh, so code edited since the warm Python started runs as
+    edited. Only the third-party modules it preloads stay.
+    """
+    for name, module in list(sys.modules.items()):
+        # a namespace package (``tasks``) has no file, only its path
+        origin = getattr(module, "__file__", None) or next(
+            iter(getattr(module, "__path__", None) or []), None)
+        if not origin or name == "__main__":
+            continue
+        path = Path(origin).resolve()
+        # a venv inside the checkout (.venv) holds the preloaded modules: they stay
+        if path.is_relative_to(_REPO) and "site-packages" not in path.relative_to(_REPO).parts:
+            del sys.modules[name]
 
 
 def _reseed() -> None:

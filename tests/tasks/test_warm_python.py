@@ -32,8 +32,9 @@ from tests.factories import process_gone, wait_until
 # A workload that says what it is, then waits for its order (a FIFO), or exits with a code.
 WORKLOAD = '''
 import json, os, random, sys, time
+ours = sorted(m for m in sys.modules if m.split(".")[0] in ("core", "tasks", "projects"))
 import numpy
-me = {"argv": sys.argv[1:], "cwd": os.getcwd(), "wx": os.environ.get("WX"),
+me = {"ours_ahead": ours, "argv": sys.argv[1:], "cwd": os.getcwd(), "wx": os.environ.get("WX"),
       "cmdline": open("/proc/self/cmdline", "rb").read().rstrip(b"\\0").decode().split("\\0"),
       "pgid": os.getpgid(0), "pid": os.getpid(), "ppid": os.getppid(),
       "random": random.random(), "numpy": float(numpy.random.random()),
@@ -89,6 +90,7 @@ def test_a_forked_workload_is_what_a_fresh_python_m_would_be(warm) -> None:
     assert me["name"] == "__main__" and me["file"] == str(work / "wl_probe.py")
     assert me["pgid"] == me["pid"] == started[0]  # its own session: cleanup stops the group
     assert me["ppid"] == found.pid
+    assert me["ours_ahead"] == []  # Telltale's own code is imported afresh, as edited
     assert "a line on stderr" in text  # stdout and stderr in the log
     # a fresh interpreter's random state, not the warm Python's copied into every child
     _, [again], _, _ = _run(found, work, "0")
