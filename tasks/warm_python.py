@@ -117,7 +117,6 @@ class Order(BaseModel):
     env: dict[str, str]
     cwd: str
     output_file: str
-    requester: int = Field(gt=1)
 
 
 @dataclass
@@ -278,7 +277,7 @@ def run_warm(warm: WarmPython, argv: Sequence[str], *, env: Mapping[str, str],
         OSError: The warm Python could not be reached (nothing was started).
     """
     order = Order(argv=[str(a) for a in argv], env=dict(env), cwd=os.getcwd(),
-                  output_file=str(output_file), requester=os.getpid())
+                  output_file=str(output_file))
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     pid: int | None = None
     try:
@@ -384,6 +383,12 @@ def _handle(server: _Server, selected: selectors.SelectorKey) -> Order | None:
         except (OSError, ValidationError, ValueError) as exc:
             say(f"warm python: a bad order: {exc}", error=True)
             conn.close()
+            return None
+        if workload_module(order.argv) is None or \
+                os.path.realpath(order.argv[0]) != os.path.realpath(sys.executable):
+            say(f"warm python: refused an order for another interpreter or not `python -m`: "
+                f"{order.argv[:3]}", error=True)
+            conn.close()  # the run starts a fresh process
             return None
         return _fork(server, conn, order)
     child: _Child = tag
@@ -494,7 +499,7 @@ def _become(order: Order, warm_pid: int) -> int:
     _reseed()
     _forget_our_modules()
     target = workload_module(order.argv)
-    assert target is not None  # validated by the run before it asked
+    assert target is not None  # checked before the fork (`_handle`)
     module, args = target
     sys.argv = [order.argv[0], *args]
     import runpy

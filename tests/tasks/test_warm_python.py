@@ -179,6 +179,20 @@ def test_a_stopping_warm_python_takes_no_order_and_nothing_runs(warm) -> None:
     assert process_gone(found.pid)  # then it ends
 
 
+@pytest.mark.parametrize("argv", [["/bin/sh", "-c", "echo no"], ["/usr/bin/python3", "-m",
+                                                                 "wl_probe", "0"]])
+def test_an_order_for_another_command_is_refused_and_nothing_runs(warm, argv) -> None:
+    """Only ``THIS_PYTHON -m MODULE``: another program, or another interpreter than the warm
+    one (its imports are not that one's), is refused — an `OSError`, a fresh process."""
+    found, work = warm
+    if os.path.realpath(argv[0]) == os.path.realpath(sys.executable):
+        pytest.skip("this interpreter is the system's python3")
+    with pytest.raises(OSError):
+        run_warm(found, argv, env=dict(os.environ), output_file=work / "out.log", timeout=600)
+    assert not (work / "out.log").exists()
+    assert pid_alive(found.pid)
+
+
 def _refuses(found: WarmPython, work: Path) -> bool:
     try:
         code = run_warm(found, [sys.executable, "-m", "wl_probe", "0"], env=dict(os.environ),
