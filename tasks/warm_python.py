@@ -88,8 +88,9 @@ def warm_key(python: str, modules: Sequence[str], cwd: str | Path,
     """
     keyed = sorted((k, v) for k, v in env.items()
                    if k not in _NOT_KEYED and not k.startswith(_NOT_KEYED_PREFIXES))
+    source = hashlib.sha256(read_bounded(_SOURCE, 1 << 20, what=_SOURCE.name)).hexdigest()
     text = json.dumps([os.path.realpath(python), sorted(modules), str(Path(cwd).resolve()),
-                       keyed, hashlib.sha256(_SOURCE.read_bytes()).hexdigest()])
+                       keyed, source])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -243,8 +244,9 @@ def stop_warm_pythons(under: Path) -> list[int]:
         if not proc.name.isdigit():
             continue
         try:
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
+            argv = read_bounded(proc / "cmdline", 1 << 16, what="cmdline",
+                                follow_links=True).split(b"\0")
+        except (UnreadableInputError, OSError):
             continue
         if len(argv) > 3 and argv[1:3] == [b"-m", b"tasks.warm_python"] \
                 and Path(os.fsdecode(argv[3])).is_relative_to(under):
@@ -451,7 +453,8 @@ def _set_cmdline(argv: Sequence[str]) -> bool:
     """
     import ctypes
 
-    fields = Path("/proc/self/stat").read_bytes().rsplit(b")", 1)[1].split()
+    fields = read_bounded("/proc/self/stat", 4096, what="stat",
+                          follow_links=True).rsplit(b")", 1)[1].split()
     start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (fields 48, 49)
     text = b"\0".join(a.encode() for a in argv) + b"\0"
     if len(text) > end - start:
