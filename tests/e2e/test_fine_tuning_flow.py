@@ -435,12 +435,16 @@ def test_opted_in_a_later_trainer_is_forked_from_the_warm_python(
     monkeypatch.setenv("TELLTALE_PREFECT_API_HOME", str(tmp_path / "services"))
     monkeypatch.setenv("TELLTALE_WARM_PYTHON_MINUTES", "10")
     overrides = {**JUDGED, "analysis.history_uri": str(tmp_path / "history")}
+    records = tmp_path / "services" / WARM_DIR
     try:
-        outcomes = [outcome_of(fine_tuning(
-            presets=["light"], overrides=overrides, artifact_dir=str(tmp_path / f"run{i}"),
-            return_state=True)) for i in range(2)]
-        warm = [json.loads(p.read_text()) for p in
-                (tmp_path / "services" / WARM_DIR).glob("*/warm.json")]
+        outcomes = []
+        for i in range(2):
+            outcomes.append(outcome_of(fine_tuning(
+                presets=["light"], overrides=overrides, artifact_dir=str(tmp_path / f"run{i}"),
+                return_state=True)))
+            # a condition, not a margin: the next run would wait for it (bounded) anyway
+            wait_until(lambda: any(records.glob("*/warm.json")), "the warm python ready")
+        warm = [json.loads(p.read_text()) for p in records.glob("*/warm.json")]
     finally:
         stopped = stop_warm_pythons(tmp_path / "services")
     assert [o.exit_code for o in outcomes] == [0, 0], [o.failures for o in outcomes]
