@@ -181,7 +181,8 @@ def curves_of(frame: pd.DataFrame, spec: CurveSpec, ignored_labels: Iterable[str
     labels = _label_columns(rows, spec, ignored_labels)
     keys = [RUN_LABEL, *labels]
     # one pivot for every curve (a pivot per run cost ~10 ms: 10 s for 1 000 runs)
-    rows = rows.assign(**{k: rows[k].astype(str) for k in keys},
+    # an unset label is one value whether empty or absent (`analysis.history.matched_labels`)
+    rows = rows.assign(**{k: rows[k].astype("string").fillna("").astype(str) for k in keys},
                        timestamp=pd.to_datetime(rows["timestamp"], utc=True, errors="coerce"))
     wide = rows.pivot_table(index=[*keys, "_load"], columns="kpi", values="value",
                             aggfunc="median", observed=True)

@@ -503,10 +503,13 @@ class HistoryStore:
         expr = None
         for name, value in matched_labels(labels, compared_label, ignored_labels).items():
             if name not in known:  # no stored run has this label: none can match a value
-                if value is None:
+                if value in (None, ""):
                     continue
                 return pd.DataFrame(columns=BASE_COLUMNS)
-            term = pc.field(name).is_null() if value is None else pc.field(name) == str(value)
+            if value in (None, ""):  # unset: rows without it match (`matched_labels`)
+                term = pc.field(name).is_null() | (pc.field(name) == "")
+            else:
+                term = pc.field(name) == str(value)
             expr = term if expr is None else expr & term
         if kpi is not None:
             term = pc.field("kpi") == kpi
@@ -520,7 +523,13 @@ class HistoryStore:
 
 def matched_labels(labels: Mapping[str, str | None], compared_label: str | None,
                    ignored_labels: Iterable[str]) -> dict[str, str | None]:
-    """The labels a history row must match: all but the compared and ignored ones."""
+    """The labels a history row must match: all but the compared and ignored ones.
+
+    An unset label (None or empty) matches a row that has it empty or not at all: a label a
+    project adds later (the launch) leaves the histories of the runs that have it unset one
+    configuration with the rows written before it existed. Every history reader matches so
+    (`HistoryStore.query`, `tasks.publish.opensearch.OpenSearchHistory`).
+    """
     skip = set(ignored_labels) | {compared_label} | set(BASE_COLUMNS) | set(RUN_COLUMNS)
     return {name: value for name, value in labels.items() if name not in skip}
 

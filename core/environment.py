@@ -77,12 +77,12 @@ class TelltaleEnv(BaseSettings):
         "run on this machine leaves a spare Prometheus, already scraping, that the next run "
         "adopts (tasks.observe.spare); unadopted, it stops after this long. 0: none.")
     warm_python_minutes: float = Field(
-        default=0.0, ge=0, le=7 * 24 * 60, allow_inf_nan=False, description="Opt-in: a "
-        "local run leaves a warm Python for its workload (its heavy imports done: torch, "
-        "transformers) that later runs fork their workload from (tasks.warm_python); unused, "
-        "it stops after this long. 0 (the default): every workload is a fresh interpreter. "
-        "Off by default: a forked workload's cell has no import phase, so its resource KPIs "
-        "(means over the cell) are not comparable with a fresh one's.")
+        default=10.0, ge=0, le=7 * 24 * 60, allow_inf_nan=False, description="A local run's "
+        "workload is forked from a warm Python (its heavy imports done: torch, transformers; "
+        "tasks.warm_python) that the run starts at its own start when none is there and "
+        "leaves for the next; unused, it stops after this long. 0: every workload is a "
+        "fresh interpreter. The launch is a label: forked and fresh runs are separate "
+        "configurations (their resource KPIs differ).")
 
 
 def default_data_dir() -> Path:

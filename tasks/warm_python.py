@@ -25,14 +25,18 @@ working directory, this module's source and every environment variable that an i
 read). It stops after ``TELLTALE_WARM_PYTHON_MINUTES`` with no child and no request, or on
 SIGTERM once its children are done.
 
-It is **opt-in** (``TELLTALE_WARM_PYTHON_MINUTES``, default 0: every workload is a fresh
-interpreter). What a run measures differs with the launch, measured on the light preset
-(`docs/performance.md`): the resource KPIs are means over the cell, and a forked workload's
-cell has no import phase — its workload CPU read 20-30 % higher and its RSS ~15 % lower than a
-fresh one's —, so a history must not mix the two. Each run records which it got
-(``process.json``: ``launch``). Also different from a fresh process, by design: the hash seed
-(``PYTHONHASHSEED``) is the warm Python's, shared by its children; the children's memory
-starts as the warm Python's pages (copy-on-write).
+It is **on by default** (``TELLTALE_WARM_PYTHON_MINUTES``, default 10; 0: every workload is
+a fresh interpreter). A run starts its warm Python at its own start when none is there (a
+command line before Prefect is even imported), so its first cell forks too, its imports done
+beside the run's other start-up. What a run measures differs with the launch, measured on
+the light preset (`docs/performance.md`): the resource KPIs are means over the cell, and a
+forked workload's cell has no import phase — its workload CPU read 20-30 % higher and its RSS
+~15 % lower than a fresh one's —, so a history must not mix the two: each run records which
+it got (``process.json``: ``launch``) and a project puts it among its labels
+(`projects.library.runs.launch_label`), so the two are separate configurations. Also
+different from a fresh process, by design: the hash seed (``PYTHONHASHSEED``) is the warm
+Python's, shared by its children; the children's memory starts as the warm Python's pages
+(copy-on-write).
 """
 
 from __future__ import annotations
@@ -63,7 +67,8 @@ from core.terminal import say
 from tasks.process import pid_alive
 
 __all__ = ["WARM_DIR", "Order", "WarmPython", "WarmPythonGone", "acquire", "offer", "run_warm",
-           "stop_warm_pythons", "warm_base", "warm_key", "workload_module"]
+           "installed_stamps", "stop_warm_pythons", "warm_base", "warm_key",
+           "workload_module"]
 
 WARM_DIR = "telltale-warm-python"
 _RECORD = "warm.json"
@@ -82,16 +87,43 @@ def warm_key(python: str, modules: Sequence[str], cwd: str | Path,
              env: Mapping[str, str]) -> str:
     """What a warm Python must share with a request to serve it (a short digest).
 
-    The interpreter, the modules imported ahead, the working directory (``python -m``'s
-    ``sys.path[0]``), this module's source, and the environment but for the variables no
-    import reads (Telltale's and Prefect's own, the shell's bookkeeping).
+    The interpreter, the modules imported ahead and where they are installed (their
+    stamps: `installed_stamps`), the working directory (``python -m``'s ``sys.path[0]``),
+    this module's source, and the environment but for the variables no import reads
+    (Telltale's and Prefect's own, the shell's bookkeeping).
     """
     keyed = sorted((k, v) for k, v in env.items()
                    if k not in _NOT_KEYED and not k.startswith(_NOT_KEYED_PREFIXES))
     source = hashlib.sha256(read_bounded(_SOURCE, 1 << 20, what=_SOURCE.name)).hexdigest()
     text = json.dumps([os.path.realpath(python), sorted(modules), str(Path(cwd).resolve()),
-                       keyed, source])
+                       keyed, source, installed_stamps(modules)])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def installed_stamps(modules: Sequence[str]) -> list[tuple[str, str | None, int | None]]:
+    """Where each preloaded top-level package is installed, and when its files were written.
+
+    A warm Python keeps the torch it imported: after ``pip install`` of another torch, a
+    child forked from it would train with the old one while the run records the new
+    version. The stamp of each package's ``__init__`` (rewritten by every install) is part
+    of the key, so an upgrade starts a new warm Python. Found without importing them
+    (`importlib.util.find_spec` of a top-level name reads the import path only).
+    """
+    import importlib.util
+
+    out: list[tuple[str, str | None, int | None]] = []
+    for top in sorted({m.split(".", 1)[0] for m in modules}):
+        try:
+            spec = importlib.util.find_spec(top)
+        except (ImportError, ValueError):
+            spec = None
+        origin = spec.origin if spec is not None else None
+        try:
+            stamp = os.stat(origin).st_mtime_ns if origin else None
+        except OSError:
+            stamp = None
+        out.append((top, origin, stamp))
+    return out
 
 
 def workload_module(argv: Sequence[str]) -> tuple[str, list[str]] | None:

@@ -11,6 +11,7 @@ from projects.fine_tuning.parser import FineTuningResult
 from projects.library.cost import cost_per_million_tokens, declared_cost
 from projects.library.energy import energy_kpis
 from projects.library.resources import resource_kpis
+from projects.library.runs import launch_label
 
 __all__ = ["KPIS", "LTS_VERSION", "labels", "num_gpus", "results_summary"]
 
@@ -201,6 +202,8 @@ def labels(result: FineTuningResult) -> dict[str, str]:
         "container_image": settings.get("container_image") if facts.platform != "local" else "",
         "telltale_image": facts.telltale_image,
         "replicas": replicas,
+        # forked from a warm Python or fresh: other resource KPIs, another configuration
+        "launch": launch_label(result.workload.launch),
         "user_count": len(result.users) or 1,
         "accelerators_per_replica": gpus,
         "lora_rank": hp.get("r") if lora else None,

@@ -42,6 +42,9 @@ class WorkloadState(BaseModel):
 
     exit_code: int | None = None
     finish_reason: str | None = Field(default=None, description="Completed, Error, OOMKilled...")
+    launch: str | None = Field(default=None, max_length=200, description="How a local "
+                               "process was started (its process.json: a fresh process or "
+                               "forked from the warm Python); None for a pod.")
 
 
 class PlatformFacts(BaseModel):
@@ -156,7 +159,7 @@ class FineTuningParser:
     """`analysis.parsing.ResultParser` for fine_tuning runs."""
 
     name: ClassVar[str] = "fine_tuning"
-    version: ClassVar[str] = "1.8"  # 1.8: energy over the training window
+    version: ClassVar[str] = "1.9"  # 1.9: the launch (a label)
     result_model: ClassVar[type[ParsedResult]] = FineTuningResult
 
     def parse(self, result: ResultDir, reader: FileReader) -> FineTuningResult:
@@ -208,8 +211,11 @@ class FineTuningParser:
         elif reader.exists(f"{job}/artifacts/process.json"):
             proc = reader.json(f"{job}/artifacts/process.json")
             if isinstance(proc, dict):
+                launch = proc.get("launch")
                 out.workload = WorkloadState(exit_code=proc.get("exit_code"),
-                                             finish_reason=proc.get("finish_reason"))
+                                             finish_reason=proc.get("finish_reason"),
+                                             launch=launch[:200] if isinstance(launch, str)
+                                             else None)
         else:
             reader.problem(f"{job}/artifacts/pod.json", "missing (no pod.json nor process.json)")
         return None

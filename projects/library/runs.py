@@ -18,11 +18,25 @@ from analysis.parsing import FileReader, ParsedResult
 from projects.library.energy import EnergyUse
 from projects.library.resources import ResourceTimeline, ResourceUsage, read_resources
 
-__all__ = ["REPEAT_FILE", "RunResult", "first_line", "read_run", "run_timestamps", "run_uuid",
-           "telltale_image"]
+__all__ = ["FORKED", "FRESH", "REPEAT_FILE", "RunResult", "first_line", "launch_label",
+           "read_run", "run_timestamps", "run_uuid", "telltale_image"]
 
 REPEAT_FILE = ".repeat_of"
 """In a re-run's cell dir: the uuid of the run it repeats (``analysis.confirm_reruns``)."""
+FRESH = "fresh process"
+"""A local workload's ``launch`` (its ``process.json``): started as a new interpreter."""
+FORKED = "forked from the warm python"
+"""The start of a forked local workload's ``launch`` (`tasks.warm_python`), then its pid."""
+
+
+def launch_label(launch: object) -> str:
+    """A local workload's launch as a label: ``forked``, or empty for a fresh process.
+
+    Empty for every run before the warm Python and every pod: their histories stay one
+    configuration, and forked runs (no import phase in their cell: other resource KPIs)
+    are another.
+    """
+    return "forked" if isinstance(launch, str) and launch.startswith(FORKED) else ""
 
 
 class RunResult(ParsedResult):

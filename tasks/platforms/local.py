@@ -50,6 +50,7 @@ from projects.contract import (
     LocalWorkload,
     Project,
 )
+from projects.library.runs import FORKED, FRESH
 from projects.matrix import Cell
 from tasks.artifacts import artifact_dir, step
 from tasks.hostwatch import uncount
@@ -65,7 +66,13 @@ from tasks.platforms.base import (
     tail_lines,
 )
 from tasks.platforms.local_ahead import adopt_spare, ahead, offer_spare
-from tasks.platforms.local_warm import find_warm, offer_warm, run_process, warm_key_of
+from tasks.platforms.local_warm import (
+    find_warm,
+    offer_warm,
+    run_process,
+    wanted_warm,
+    warm_key_of,
+)
 from tasks.platforms.service import SERVICE_FILE, RunningService, start_service
 from tasks.progress import LogProgress, ProgressArtifact
 from tasks.runner import CMDLINE_FILE, PID_FILE, CommandTimeout, die_with_parent
@@ -236,7 +243,7 @@ def run_local_workload(run_ctx: RunContext, cell: Cell, timeout_minutes: int,
     chosen = WarmPython.from_record(warm) if warm is not None else None
     if chosen is not None and chosen.key != warm_key_of(workload, env):
         chosen = None  # another interpreter, modules or environment than the warm one's
-    launch = f"forked from the warm python {chosen.pid}" if chosen else "fresh process"
+    launch = f"{FORKED} {chosen.pid}" if chosen else FRESH
     try:
         with LogProgress(log_file, cell.name):  # steps and ETA, from the workload's own bar
             code, launch = run_process(argv, env, here, log_file, timeout_minutes * 60,
@@ -413,7 +420,6 @@ class LocalPlatform:
         self.service: RunningService | None = None
         self.facts: dict[str, Any] = {}
         self.warm: WarmPython | None = None
-        self.warm_wanted: tuple[str, LocalWorkload] | None = None
 
     def prepare(self, run_ctx: RunContext, cells: Sequence[Cell]) -> None:
         """Check the cells can run here; start Prometheus; find the run's warm Python.
@@ -422,8 +428,11 @@ class LocalPlatform:
         `tasks.warm_python`.
         """
         self._start_prometheus(run_ctx)  # first: its 5 s until the first scrape overlaps
+        wanted = wanted_warm(run_ctx, cells)
+        if wanted is not None:  # its imports beside the project's check
+            offer_warm(*wanted)
         self.facts = prepare_local(run_ctx, list(cells)) or {}
-        self.warm, self.warm_wanted = find_warm(run_ctx, cells)
+        self.warm = find_warm(wanted)
 
     def _start_prometheus(self, run_ctx: RunContext) -> None:
         block = run_ctx.model.observe.prometheus
@@ -521,15 +530,11 @@ class LocalPlatform:
     def cleanup(self, run_ctx: RunContext) -> None:
         """Stop the server, Prometheus (snapshot first) and leftovers; remove scratch.
 
-        A run that had no warm Python leaves one for the next (`tasks.warm_python`).
+        The run's warm Python stays for the next runs (`tasks.warm_python`).
         """
         if self.warm is not None:
             uncount(self.warm.pid)
             self.warm = None
-        if self.warm_wanted is not None and sys.exc_info()[0] is None:
-            key, workload = self.warm_wanted
-            self.warm_wanted = None
-            offer_warm(workload, key)
         if self.service is not None:
             try:
                 self.service.stop()

@@ -1,11 +1,13 @@
 """What a command-line run on this machine starts before its flow, and leaves after it.
 
-Prometheus (a spare the previous run left, already scraping, or one of its own) and the
-first cell's server start while Prefect is imported and its API found; the run takes them
-when it asks for the same ones (`tasks.observe.prometheus.take_ahead`,
-`tasks.platforms.service.take_ahead`). A run that ends normally leaves a spare Prometheus
-for the next (`offer_spare`, in the run's cleanup), which the next run adopts (`adopt_spare`:
-here for a command line, in the platform's prepare for any other run).
+The workload's warm Python (`tasks.warm_python`: it stays for the next runs), Prometheus (a
+spare the previous run left, already scraping, or one of its own) and the first cell's
+server start while Prefect is imported and its API found; the run takes them when it asks
+for the same ones (`tasks.platforms.local_warm.find_warm`,
+`tasks.observe.prometheus.take_ahead`, `tasks.platforms.service.take_ahead`). A run that
+ends normally leaves a spare Prometheus for the next (`offer_spare`, in the run's cleanup),
+which the next run adopts (`adopt_spare`: here for a command line, in the platform's prepare
+for any other run).
 """
 
 from __future__ import annotations
@@ -29,20 +31,22 @@ from tasks.observe.prometheus import (
 )
 from tasks.observe.spare import adopt, offer, spare_base
 from tasks.platforms import service
+from tasks.platforms.local_warm import offer_warm
 
 __all__ = ["adopt_spare", "ahead", "offer_spare"]
 
 
 @contextmanager
 def ahead(project: Project, config: Config, artifact_dir: Path | None) -> Iterator[None]:
-    """Start the run's Prometheus and the first cell's server before the flow.
+    """Start the run's warm Python, Prometheus and the first cell's server before the flow.
 
-    Both start while Prefect is imported and its API found (seconds each); the run takes
+    All start while Prefect is imported and its API found (seconds each); the run takes
     them when it asks for the same ones, and whatever it did not take is stopped at the
     end. Prometheus is a spare the previous run left, already scraping, when there is
     one (`adopt_spare`).
     """
     block = config.model.observe.prometheus
+    _warm_ahead(project, config)  # first: its imports are the longest start
     _observe_ahead(block, artifact_dir)
     _service_ahead(project, config, artifact_dir)
     try:
@@ -71,6 +75,19 @@ def _observe_ahead(block: Any, artifact_dir: Path | None) -> None:
         say(f"note: prometheus not started ahead: {exc}", error=True)
 
 
+def _first_context(hooks: Project, config: Config) -> CellContext | None:
+    """The first runnable cell's context as the run will give it (None: no cell runs)."""
+    from projects.plan import cells_of
+
+    cells = [c for c in cells_of(config, hooks.name) if not c.skip_reason]
+    if not cells:
+        return None
+    return CellContext(
+        settings=cells[0].typed_as(hooks.settings_model),
+        test=hooks.test_block(config.model), index=cells[0].index, name=cells[0].name,
+        workdir=Path("."), data_dir=hooks.data_dir, run_id="ahead")
+
+
 def _service_ahead(hooks: Project, config: Config, artifact_dir: Path | None) -> None:
     """Start the first cell's server (a project's `LocalService`) while Prefect starts.
 
@@ -78,24 +95,35 @@ def _service_ahead(hooks: Project, config: Config, artifact_dir: Path | None) ->
     its own (and reports what goes wrong); a command that is not there yet (the serving
     venv of a first run) is not tried.
     """
-    from projects.plan import cells_of
-
     if hooks.local_service is None:
         return
     try:
-        cells = [c for c in cells_of(config, hooks.name) if not c.skip_reason]
-        if not cells:
+        context = _first_context(hooks, config)
+        if context is None:
             return
-        context = CellContext(
-            settings=cells[0].typed_as(hooks.settings_model),
-            test=hooks.test_block(config.model), index=cells[0].index, name=cells[0].name,
-            workdir=Path("."), data_dir=hooks.data_dir, run_id="ahead")
         spec = hooks.local_service(context)
         if not Path(str(spec.argv[0])).exists():
             return
         service.start_ahead(spec, artifact_dir.parent if artifact_dir else Path("runs"))
     except Exception as exc:  # the platform starts its own, and reports what goes wrong
         say(f"note: server not started ahead: {exc}", error=True)
+
+
+def _warm_ahead(hooks: Project, config: Config) -> None:
+    """Start the workload's warm Python (`tasks.warm_python`) while Prefect starts.
+
+    Its imports (torch, transformers: seconds) overlap the run's own start-up; the run's
+    prepare waits for it and its first cell forks from it. Best effort: the run starts one
+    itself, or a fresh workload. Nothing when one runs already or the setting is 0.
+    """
+    if hooks.local is None or env_settings().warm_python_minutes <= 0:
+        return
+    try:
+        context = _first_context(hooks, config)
+        if context is not None:
+            offer_warm(hooks.local(context))
+    except Exception as exc:  # the run tries again in its prepare
+        say(f"note: warm python not started ahead: {exc}", error=True)
 
 
 def adopt_spare(block: Any, home: Path | None = None) -> PrometheusServer | None:

@@ -1,7 +1,7 @@
-"""The local platform's warm Python (`tasks.warm_python`, opt-in).
+"""The local platform's warm Python (`tasks.warm_python`, ``TELLTALE_WARM_PYTHON_MINUTES``).
 
-Which one a run uses, how a cell's workload is launched from it, and the one a run leaves
-for the next (``TELLTALE_WARM_PYTHON_MINUTES``).
+Which one a run uses (started at the run's start when none is there; it stays for the next
+runs) and how a cell's workload is launched from it.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from core.environment import env_settings
 from core.safeio import write_text
 from core.timeline import mark
 from projects.contract import LocalWorkload
+from projects.library.runs import FORKED, FRESH
 from projects.matrix import Cell
 from tasks.hostwatch import count_as_run
 from tasks.platforms.base import RunContext
@@ -29,38 +30,54 @@ from tasks.warm_python import (
     workload_module,
 )
 
-__all__ = ["find_warm", "offer_warm", "run_process", "warm_key_of"]
+__all__ = ["find_warm", "offer_warm", "run_process", "wanted_warm", "warm_key_of"]
 
 logger = logging.getLogger("telltale.local")
 
 
-def find_warm(run_ctx: RunContext, cells: Sequence[Cell]
-              ) -> tuple[WarmPython | None, tuple[str, LocalWorkload] | None]:
-    """The warm Python of the first cell's workload, waited for while it imports.
+def wanted_warm(run_ctx: RunContext, cells: Sequence[Cell]) -> tuple[LocalWorkload, str] | None:
+    """The run's first workload and its warm Python key; None when it takes no warm Python.
 
-    Else what the run should leave for the next (its key and workload), or nothing when its
-    workload takes none. A warm Python found is counted as the run's from now on
-    (`count_as_run`), before any cell's window opens: its children's CPU time reaches the
-    run's tree through it.
+    None: the setting is 0, no cell runs, or the workload declares nothing to preload.
     """
     runnable = [c for c in cells if not c.skip_reason]
     if run_ctx.project.local is None or not runnable or \
             env_settings().warm_python_minutes <= 0:
-        return None, None
+        return None
     try:
         workload = run_ctx.project.local(run_ctx.cell_context(runnable[0], run_ctx.root))
         key = warm_key_of(workload, dict(workload.env))
-        if key is None:
-            return None, None
-        mark("wait for the warm python")
-        found = acquire(key)
     except Exception as exc:  # a broken warm Python never stops a run
         logger.warning("no warm python: %s", exc)
-        return None, None
+        return None
+    return (workload, key) if key is not None else None
+
+
+def find_warm(wanted: tuple[LocalWorkload, str] | None) -> WarmPython | None:
+    """The warm Python the run's workloads fork from: the one there, else one started now.
+
+    It is waited for while it imports (started ahead, its imports overlapped the run's
+    start-up; otherwise they take what the first workload's own imports would have).
+    None: none wanted, or none could be had (the workload is then a fresh process). A
+    warm Python found is counted as the run's from now on (`count_as_run`), before any
+    cell's window opens: its children's CPU time reaches the run's tree through it.
+    """
+    if wanted is None:
+        return None
+    workload, key = wanted
+    try:
+        mark("wait for the warm python")
+        found = acquire(key)
+        if found is None and offer_warm(workload, key):
+            found = acquire(key)
+    except Exception as exc:  # a broken warm Python never stops a run
+        logger.warning("no warm python: %s", exc)
+        return None
     if found is None:
-        return None, (key, workload)
+        logger.info("no warm python: the workload starts as a fresh process")
+        return None
     count_as_run(found.pid)
-    return found, None
+    return found
 
 
 def warm_key_of(workload: LocalWorkload, env: Mapping[str, str]) -> str | None:
@@ -71,16 +88,21 @@ def warm_key_of(workload: LocalWorkload, env: Mapping[str, str]) -> str | None:
                     {**os.environ, **env})
 
 
-def offer_warm(workload: LocalWorkload, key: str | None = None) -> None:
-    """Start a warm Python for ``workload`` (`tasks.warm_python.offer`); never fails a run."""
+def offer_warm(workload: LocalWorkload, key: str | None = None) -> bool:
+    """Start a warm Python for ``workload`` (`tasks.warm_python.offer`); never fails a run.
+
+    True when one was started now (False: one runs or starts already, or none is wanted).
+    """
     key = key or warm_key_of(workload, dict(workload.env))
     if key is None:
-        return
+        return False
     try:
-        offer(key, str(workload.argv[0]), workload.preload, os.getcwd(),
-              {**os.environ, **workload.env}, minutes=env_settings().warm_python_minutes)
-    except Exception as exc:  # the next run starts a fresh process
-        logger.warning("no warm python left for the next run: %s", exc)
+        return offer(key, str(workload.argv[0]), workload.preload, os.getcwd(),
+                     {**os.environ, **workload.env},
+                     minutes=env_settings().warm_python_minutes)
+    except Exception as exc:  # the run starts a fresh process
+        logger.warning("no warm python started: %s", exc)
+        return False
 
 
 def run_process(argv: list[str], env: dict[str, str], here: Path, log_file: Path,
@@ -95,14 +117,14 @@ def run_process(argv: list[str], env: dict[str, str], here: Path, log_file: Path
             code = run_warm(warm, argv, env={**os.environ, **env}, output_file=log_file,
                             timeout=timeout_s,
                             on_start=lambda pid: write_text(here / PID_FILE, f"{pid}\n"))
-            return code, f"forked from the warm python {warm.pid}"
+            return code, f"{FORKED} {warm.pid}"
         except TimeoutError as exc:
             raise CommandTimeout(f"the workload timed out after {timeout_s}s") from exc
         except WarmPythonGone as exc:
             logger.warning("%s", exc)
-            return 1, f"forked from the warm python {warm.pid}, which died"
+            return 1, f"{FORKED} {warm.pid}, which died"
         except OSError as exc:  # not reached: nothing started, a fresh process does it
             logger.info("warm python %s not reached (%s): a fresh process", warm.pid, exc)
     result = run(argv, check=False, timeout=timeout_s, output_file=log_file,
                  pid_file=here / PID_FILE, env=env)
-    return result.returncode, "fresh process"
+    return result.returncode, FRESH

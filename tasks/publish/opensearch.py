@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import pandas as pd
 
 from analysis.fingerprint import encode
-from analysis.history import FINGERPRINT, RUN_COLUMNS, VALIDITY
+from analysis.history import FINGERPRINT, VALIDITY, matched_labels
 from analysis.kpi import BASE_COLUMNS
 from analysis.lts import LtsPayload
 from blocks.opensearch import OpenSearchInstance
@@ -211,6 +211,16 @@ def export_payloads(instance: OpenSearchInstance, payloads: Sequence[LtsPayload]
     return written
 
 
+def _label_filter(name: str, value: str | None) -> dict[str, Any]:
+    """The filter of one label (`analysis.history.matched_labels`: unset matches absent)."""
+    field = f"labels.{name}"
+    if value not in (None, ""):
+        return {"term": {field: value}}
+    return {"bool": {"should": [{"term": {field: ""}},
+                                {"bool": {"must_not": [{"exists": {"field": field}}]}}],
+                     "minimum_should_match": 1}}
+
+
 class OpenSearchHistory:
     """KPI history read from the run index, filtered by labels, paginated.
 
@@ -233,10 +243,9 @@ class OpenSearchHistory:
               compared_label: str | None = None, ignored_labels: Iterable[str] = (),
               exclude_runs: Iterable[str] = ()) -> pd.DataFrame:
         """Rows (one per run × KPI) of the runs whose labels match, oldest first."""
-        skip = set(ignored_labels) | {compared_label} | set(BASE_COLUMNS) | set(RUN_COLUMNS)
-        filters: list[dict[str, Any]] = [{"term": {f"labels.{name}": value}}
-                                         for name, value in labels.items()
-                                         if name not in skip and value not in (None, "")]
+        filters: list[dict[str, Any]] = [
+            _label_filter(name, value)
+            for name, value in matched_labels(labels, compared_label, ignored_labels).items()]
         filters.append({"term": {"valid": True}})
         if kpi is not None:
             filters.append({"exists": {"field": f"kpis.{kpi}.value"}})

@@ -152,6 +152,7 @@ def test_successive_runs_build_history_and_verdicts(tmp_path: Path, prefect_harn
     from flows.fine_tuning.flow import fine_tuning
     from flows.orchestration import outcome_of
     from tasks.observe.spare import ADOPTED_FILE, SPARES_DIR, stop_spares
+    from tasks.warm_python import WARM_DIR, stop_warm_pythons
 
     # spares of their own (the suite's other worker takes the suite's): each run leaves one,
     # the next adopts it (tasks.observe.spare)
@@ -167,12 +168,17 @@ def test_successive_runs_build_history_and_verdicts(tmp_path: Path, prefect_harn
             if prometheus_required():  # a condition, not a sleep: the spare is ready
                 wait_until(lambda: any((d / "spare.json").exists() for d in spares.glob("*/")),
                        "a spare left by the run")
+        warm = [json.loads(p.read_text()) for p in
+                (tmp_path / "services" / WARM_DIR).glob("*/warm.json")]
     finally:
         stop_spares(spares)
+        stop_warm_pythons(tmp_path / "services")
     assert all(o.exit_code == 0 for o in outcomes), [o.failures for o in outcomes]
-    from tasks.warm_python import WARM_DIR
-
-    assert not (tmp_path / "services" / WARM_DIR).exists()  # opt-in: fresh trainers
+    # the first run started the warm Python in its prepare; every run forked from it
+    assert len(warm) == 1
+    assert {json.loads(next((tmp_path / f"run{i}").glob(
+        "*__cell/*__fine_tuning__run_fine_tuning_job/artifacts/process.json")).read_text())[
+        "launch"] for i in range(4)} == {f"forked from the warm python {warm[0]['pid']}"}
     if prometheus_required():  # the first run started its own; each later one adopted one
         assert [(tmp_path / f"run{i}" / "prometheus" / ADOPTED_FILE).is_file()
                 for i in range(4)] == [False, True, True, True]
@@ -423,27 +429,27 @@ def test_rerun_into_same_dir_resumes_finished_cells(tmp_path: Path, prefect_harn
     assert len(list((tmp_path / "r").glob("*__cell"))) == 1
 
 
-def test_opted_in_a_later_trainer_is_forked_from_the_warm_python(
+def test_the_trainer_is_forked_from_a_warm_python_and_the_launch_is_a_label(
         tmp_path: Path, prefect_harness, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``TELLTALE_WARM_PYTHON_MINUTES``: the first run leaves a warm Python (torch and
-    transformers imported); the next run's trainer is forked from it and trains as a fresh
-    one would (its summary line, its KPIs), and says how it was launched."""
+    """By default a run starts a warm Python (torch and transformers imported) in its
+    prepare and forks its trainer from it, which trains as a fresh one would (its summary
+    line, its KPIs) and says how it was launched; the warm Python stays for the next runs.
+    ``TELLTALE_WARM_PYTHON_MINUTES=0``: a fresh process. The launch is a label: the two runs
+    are two configurations, neither the other's history."""
     from flows.fine_tuning.flow import fine_tuning
     from flows.orchestration import outcome_of
     from tasks.warm_python import WARM_DIR, stop_warm_pythons
 
     monkeypatch.setenv("TELLTALE_PREFECT_API_HOME", str(tmp_path / "services"))
-    monkeypatch.setenv("TELLTALE_WARM_PYTHON_MINUTES", "10")
     overrides = {**JUDGED, "analysis.history_uri": str(tmp_path / "history")}
     records = tmp_path / "services" / WARM_DIR
+    outcomes = []
     try:
-        outcomes = []
-        for i in range(2):
+        for i, minutes in enumerate(("10", "0")):
+            monkeypatch.setenv("TELLTALE_WARM_PYTHON_MINUTES", minutes)
             outcomes.append(outcome_of(fine_tuning(
                 presets=["light"], overrides=overrides, artifact_dir=str(tmp_path / f"run{i}"),
                 return_state=True)))
-            # a condition, not a margin: the next run would wait for it (bounded) anyway
-            wait_until(lambda: any(records.glob("*/warm.json")), "the warm python ready")
         warm = [json.loads(p.read_text()) for p in records.glob("*/warm.json")]
     finally:
         stopped = stop_warm_pythons(tmp_path / "services")
@@ -453,14 +459,19 @@ def test_opted_in_a_later_trainer_is_forked_from_the_warm_python(
             for i in range(2)]
     launches = [json.loads((j / "artifacts" / "process.json").read_text())["launch"]
                 for j in jobs]
-    assert launches == ["fresh process", f"forked from the warm python {warm[0]['pid']}"]
+    assert launches == [f"forked from the warm python {warm[0]['pid']}", "fresh process"]
     for job in jobs:
         assert "'train_runtime'" in (job / "artifacts" / "pod.log").read_text()
         assert not (job / "scratch").exists()  # cleanup removed its scratch dir
-    kpis = pd.read_parquet(next((tmp_path / "run1").glob("*__analysis__*/kpis.parquet")))
-    value = kpis.set_index("kpi")["value"]
+    tables = [pd.read_parquet(next((tmp_path / f"run{i}").glob("*__analysis__*/kpis.parquet")))
+              for i in range(2)]
+    assert [set(t["launch"]) for t in tables] == [{"forked"}, {""}]
+    value = tables[0].set_index("kpi")["value"]
     for name in ("train_tokens_per_second", "train_runtime", "dataset_tokens_per_second"):
         assert math.isfinite(value[name]) and value[name] > 0, name
+    # one history, two configurations: each run is the first of its own
+    assert [o.history_note for o in outcomes] == [
+        "verdicts start with the 4th comparable run: 3 more run(s) of this configuration"] * 2
 
 
 def test_missing_dataset_fails_in_prepare_with_exit_2(tmp_path: Path) -> None:

@@ -232,6 +232,18 @@ class _Handler(BaseHTTPRequestHandler):
             return _get(doc, field) == value
         if "exists" in clause:
             return _get(doc, clause["exists"]["field"]) is not None
+        if "bool" in clause:  # OpenSearch's compound query: every part a list or one clause
+            parts = {k: v if isinstance(v, list) else [v] for k, v in clause["bool"].items()
+                     if k in ("filter", "must", "should", "must_not")}
+            match = _Handler._matches
+            if not all(match(doc, c) for c in [*parts.get("filter", []),
+                                                 *parts.get("must", [])]):
+                return False
+            if any(match(doc, c) for c in parts.get("must_not", [])):
+                return False
+            should = parts.get("should", [])
+            wanted = int(clause["bool"].get("minimum_should_match", 1 if should else 0))
+            return sum(match(doc, c) for c in should) >= wanted
         raise ValueError(f"unsupported clause {clause}")
 
 

@@ -265,3 +265,22 @@ def test_only_a_python_m_command_line_is_a_workload_module(argv: list[str]) -> N
         assert len(argv) < 3 or argv[1] != "-m" or not Path(argv[0]).name.startswith("python")
     else:
         assert found == (argv[2], argv[3:])
+
+
+def test_a_reinstalled_package_is_another_key(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A warm Python keeps the package it imported: after a reinstall (its files written
+    again), the key changes and a new warm Python imports the new one. Found without
+    importing the package."""
+    package = tmp_path / "site" / "heavy_pkg_for_key"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("raise RuntimeError('never imported')\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    env = {"HOME": "/home/x"}
+    modules = ["heavy_pkg_for_key", "heavy_pkg_for_key.sub"]
+    key = warm_key(sys.executable, modules, "/tmp", env)
+    assert warm_key(sys.executable, modules, "/tmp", env) == key
+    stamp = (package / "__init__.py").stat().st_mtime_ns
+    os.utime(package / "__init__.py", ns=(stamp + 10**9, stamp + 10**9))  # a reinstall
+    assert warm_key(sys.executable, modules, "/tmp", env) != key
+    assert "heavy_pkg_for_key" not in sys.modules

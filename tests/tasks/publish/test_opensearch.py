@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from analysis.lts import LtsKpi, LtsMetadata, LtsPayload
 from blocks.opensearch import OpenSearchInstance
@@ -119,3 +121,39 @@ def test_postprocess_judges_against_opensearch_history(tmp_path) -> None:
         assert kinds["train_tokens_per_second"] == "no_change"
         assert all(v.verdict != "insufficient_history" and v.history_used >= 3
                    for v in outcome.verdicts)
+
+
+# A run's label: absent (written before the label existed), empty (unset), or a value.
+_LABEL_STATES = st.sampled_from([None, "", "forked", "other"])
+
+
+@given(states=st.lists(_LABEL_STATES, min_size=1, max_size=8),
+       wanted=st.sampled_from(["", "forked"]))
+@settings(max_examples=25)
+def test_every_history_reader_matches_an_unset_label_alike(
+        tmp_path_factory: pytest.TempPathFactory, states: list[str | None], wanted: str) -> None:
+    """An unset label matches the runs that have it empty or not at all, and only those,
+    in the Parquet history and in OpenSearch (`analysis.history.matched_labels`): a label a
+    project adds later (the launch) keeps the old runs of a configuration its history."""
+    from analysis.history import HistoryStore
+    from analysis.kpi import Kpi, kpi_table
+
+    expected = {f"r{i}" for i, s in enumerate(states) if (s or "") == wanted}
+    store = HistoryStore(str(tmp_path_factory.mktemp("hist")))
+    payloads = []
+    for i, state in enumerate(states):
+        labels = {"model_name": "m1"} if state is None else {"model_name": "m1",
+                                                             "launch": state}
+        store.append(kpi_table([(f"r{i}", f"2026-01-{i + 1:02d}T00:00:00+00:00", [
+            Kpi(name="tps", value=1.0 + i, unit="u", help="h", lower_better=False,
+                labels=labels)])]))
+        payloads.append(payload(f"r{i}", i + 1, 1.0 + i, **({} if state is None
+                                                             else {"launch": state})))
+    query = {"model_name": "m1", "launch": wanted}
+    assert set(store.query(query, kpi="tps")["run_uuid"]) == expected
+    with opensearch_server() as (url, _):
+        instance = OpenSearchInstance(url=url)
+        export_payloads(instance, payloads, index="ft", policy=FAST)
+        found = OpenSearchHistory(instance, "ft", policy=FAST).query(
+            {**query, "accelerator_count": "1", "ocp_version": "4.16"}, kpi="tps")
+    assert set(found["run_uuid"]) == expected
