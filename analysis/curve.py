@@ -35,7 +35,7 @@ columns); no Prefect.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -43,6 +43,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, Field
 
+from analysis.curve_spec import CurveSpec
 from analysis.history import RUN_COLUMNS, usable_rows
 from analysis.kpi import BASE_COLUMNS
 from analysis.lts import LtsCurve
@@ -60,32 +61,6 @@ CURVE_KPIS = {"knee_load": "Highest load meeting the SLO (it and every lower one
               "throughput_at_knee": "Throughput at the knee",
               "frontier_throughput": "Best throughput within a latency budget, averaged over "
                                      "budgets up to the SLO's latency bound"}
-
-
-@dataclass(frozen=True)
-class CurveSpec:
-    """Which labels and KPIs make a project's curve.
-
-    Attributes:
-        load: The load label (``concurrency``).
-        throughput: A higher-better KPI (``output_tokens_per_second``).
-        latency: A lower-better KPI (``ttft_p95``).
-        meets: A KPI that is 1 when the load met the SLO, 0 when not (None: no knee).
-        latency_cap: The SLO's bound on ``latency`` from a curve's labels (None: no
-            frontier KPI), in the latency KPI's unit.
-        point_z: How far (pooled noise units) a load must move to be named.
-        min_history: Earlier curves needed before a verdict.
-        max_history: Newest earlier curves used.
-    """
-
-    load: str
-    throughput: str
-    latency: str
-    meets: str | None = None
-    latency_cap: Callable[[dict[str, str]], float | None] | None = None
-    point_z: float = 3.0
-    min_history: int = 3
-    max_history: int = 30
 
 
 class PointChange(BaseModel):

@@ -14,13 +14,14 @@ import re
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import pandas as pd
 from pydantic import BaseModel, Field
 
 from analysis.construct import constructor
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = [
     "BASE_COLUMNS",
@@ -192,6 +193,11 @@ def kpi_table(rows: Iterable[tuple[str, str | None, Sequence[Kpi]]]) -> pd.DataF
     Returns:
         A DataFrame with `BASE_COLUMNS` then the label columns (strings, sorted).
     """
+    # imported here: a project's declaration imports this module, and every command line
+    # reads one before it runs anything (pandas and NumPy: ~0.7 s)
+    import numpy as np
+    import pandas as pd
+
     # Run-level columns (uuid, timestamp, labels) are built once per run — once per
     # distinct labels dict, which a run's KPIs usually share — and expanded to the KPI rows
     # by position: a Python list per label column over every row held ~110 MB at 10 000

@@ -17,7 +17,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from analysis.curve import CurveSpec
+from analysis.curve_spec import CurveSpec
 from analysis.discovery import ENTRY_POINT_GROUP, available_projects
 from analysis.kpi import KpiDefinition
 from analysis.parsing import ParsedResult, ResultParser

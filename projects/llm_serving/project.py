@@ -24,7 +24,7 @@ from typing import Any
 
 import platformdirs
 
-from analysis.curve import CurveSpec
+from analysis.curve_spec import CurveSpec
 from analysis.parsing import ParsedResult
 from core.errors import ConfigError
 from core.loopback import LOOPBACK_HOST
