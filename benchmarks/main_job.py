@@ -1,6 +1,6 @@
 """The main job end to end against its own workload: ``./telltale fine_tuning --preset light``.
 
-    python benchmarks/main_job.py [--runs 5] [--api reuse|temporary] [--no-spare] [--warm]
+    python benchmarks/main_job.py [--runs 5] [--api reuse|temporary] [--no-spare] [--fresh]
 
 Runs, alternating, the command line as a user types it (``python -m flows.fine_tuning
 --preset light``) and the trainer alone with the same config (the ``config_final.json``
@@ -17,10 +17,11 @@ Each run leaves a spare Prometheus, already scraping, that the next adopts
 (`tasks.observe.spare`); ``--no-spare`` sets ``TELLTALE_SPARE_PROMETHEUS_MINUTES=0``, and
 every run starts its own. The runs that adopted one are counted.
 
-``--warm`` opts in to the warm Python (``TELLTALE_WARM_PYTHON_MINUTES=10``): each run leaves
-one (torch and transformers imported) that the next forks its trainer from
-(`tasks.warm_python`). The runs whose trainer was forked are counted. The floor stays the
-trainer alone as a fresh process (what a user would run by hand).
+Each run forks its trainer from the warm Python (`tasks.warm_python`, the default: torch and
+transformers imported; the first run starts it ahead, later runs find it); ``--fresh`` sets
+``TELLTALE_WARM_PYTHON_MINUTES=0``: every trainer a fresh interpreter. The runs whose
+trainer was forked are counted. The floor stays the trainer alone as a fresh process (what
+a user would run by hand). Its own Prefect home holds the warm Python: stopped at the end.
 """
 
 from __future__ import annotations
@@ -77,8 +78,8 @@ def main() -> int:
     parser.add_argument("--api", choices=["reuse", "temporary"], default="reuse")
     parser.add_argument("--no-spare", action="store_true",
                         help="no spare Prometheus: every run starts its own")
-    parser.add_argument("--warm", action="store_true",
-                        help="opt in to the warm Python: trainers forked from it")
+    parser.add_argument("--fresh", action="store_true",
+                        help="no warm Python: every trainer a fresh interpreter")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="telltale-main-job-") as scratch:
         tmp = Path(scratch)
@@ -86,7 +87,7 @@ def main() -> int:
                "TELLTALE_PREFECT_API": args.api, "TELLTALE_PREFECT_API_HOME": str(tmp / "api"),
                "PREFECT_HOME": str(tmp / "prefect"),
                "TELLTALE_SPARE_PROMETHEUS_MINUTES": "0" if args.no_spare else "10",
-               "TELLTALE_WARM_PYTHON_MINUTES": "10" if args.warm else "0"}
+               "TELLTALE_WARM_PYTHON_MINUTES": "0" if args.fresh else "10"}
         env.pop("PREFECT_API_URL", None)
         try:
             first, first_dir = _cli(tmp, "run-0", env)
@@ -114,7 +115,7 @@ def main() -> int:
                            env=env, capture_output=True, check=False)
     print(f"api: {args.api}; spare prometheus: {'off' if args.no_spare else 'on'} "
           f"(adopted by {adopted} of {len(cli)} runs); warm python: "
-          f"{'on' if args.warm else 'off'} (trainers forked in {forked} of {len(cli)} runs); "
+          f"{'off' if args.fresh else 'on'} (trainers forked in {forked} of {len(cli)} runs); "
           f"{os.cpu_count()} CPU(s)")
     print(f"first run            {first:6.2f} s" + ("  (starts the shared API)"
                                                     if args.api == "reuse" else ""))

@@ -36,6 +36,10 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "240")
 os.environ.setdefault("PREFECT_LOGGING_TO_API_ENABLED", "false")
 os.environ.setdefault("TELLTALE_DATA_DIR", tempfile.mkdtemp(prefix="telltale-data-"))
+# The runs' warm Pythons (tasks.warm_python, ~375 MB each): the session's shared one serves
+# test after test; one a test's own services home started is never asked again, so it goes
+# after 5 unused minutes instead of 10 (`pytest_sessionfinish` stops whatever is left).
+os.environ.setdefault("TELLTALE_WARM_PYTHON_MINUTES", "5")
 for name in list(os.environ):
     if name.startswith("TELLTALE__"):
         del os.environ[name]
