@@ -244,8 +244,11 @@ def offer(key: str, python: str, modules: Sequence[str], cwd: str | Path,
     """
     if minutes <= 0:
         return False
-    directory = (base or warm_base()) / key
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    root = base or warm_base()
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    root.chmod(0o700)  # its dirs are named by keys, digests of an environment: not listed
+    directory = root / key
+    directory.mkdir(mode=0o700, exist_ok=True)
     directory.chmod(0o700)  # whoever reaches its socket runs commands as this user
     with dir_lock(directory, _LOCK):
         running = _starting_pid(directory)

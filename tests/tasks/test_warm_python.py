@@ -212,6 +212,8 @@ def test_only_a_request_with_its_key_finds_it(tmp_path: Path,
     assert acquire(key, base=base) is None  # none started: no wait
     assert not offer(key, sys.executable, ["json"], tmp_path, env, minutes=0, base=base)
     assert offer(key, sys.executable, ["json"], tmp_path, env, minutes=5, base=base)
+    # only this user reaches its socket, or lists the keys (digests of its environment)
+    assert (base.stat().st_mode & 0o777, (base / key).stat().st_mode & 0o777) == (0o700, 0o700)
     try:
         assert not offer(key, sys.executable, ["json"], tmp_path, env, minutes=5, base=base)
         found = acquire(key, base=base)  # waits while it imports
