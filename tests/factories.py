@@ -295,3 +295,31 @@ def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 600.
         if time.monotonic() > deadline:
             pytest.fail(f"not {what} after {timeout_s:.0f} s")
         time.sleep(0.1)
+
+
+def built_once(tmp_path_factory: Any, name: str, build: Callable[[Path], str]
+               ) -> tuple[Path, str]:
+    """What ``build`` makes, made once for the whole test session, across xdist workers.
+
+    A module-scoped fixture is built once per worker: two tests of one module on two
+    workers built a 35-s history twice. The first worker to ask builds it into a dir under
+    the session's base temp (shared by the workers) while holding a lock; the others wait
+    for the lock and read it. ``build`` gets the dir and returns a text kept with it (an
+    outcome's JSON); a build that fails leaves nothing marked built.
+    """
+    import shutil
+
+    from core.filelock import dir_lock
+
+    root = Path(tmp_path_factory.getbasetemp())
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # popen-gwN's parent: the session's, every worker's
+    where = root / f"built-once-{name}"
+    done = where / ".built"
+    with dir_lock(root, f"built-once-{name}.lock"):
+        if not done.is_file():
+            shutil.rmtree(where, ignore_errors=True)
+            where.mkdir()
+            text = build(where)
+            done.write_text(text)
+    return where, done.read_text()

@@ -33,7 +33,7 @@ import pytest
 from analysis.judging import NOT_JUDGED
 from analysis.pipeline import postprocess
 from analysis.validity import HOST_FILE, HostWindow
-from tests.factories import DEFAULT_SETTINGS, make_result_dir
+from tests.factories import DEFAULT_SETTINGS, built_once, make_result_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -92,10 +92,8 @@ def _night(root: Path, night: int, start: datetime, rng: random.Random,
             load1_max=6.0, other_runnable_mean=4.0).model_dump_json())
 
 
-@pytest.fixture(scope="module")
-def report(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Any]]:
-    """The newest night's report over 35 earlier nights (real post-processing)."""
-    root = tmp_path_factory.mktemp("report-browser")
+def _build_report(root: Path) -> str:
+    """36 nights post-processed into ``root``; the last night's outcome, as JSON."""
     history = str(root / "history")
     start = datetime(2026, 10, 1, 2, 30, tzinfo=UTC)
     rng = random.Random(45)
@@ -114,10 +112,19 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Any
     stamp = (start + timedelta(days=nights - 2)).strftime("%Y-%m-%dT%H:%M:%SZ")
     before = (start + timedelta(days=nights - 12)).strftime("%Y-%m-%dT%H:%M:%SZ")
     a, b = f"{before}..{stamp}", f"{stamp}.."
-    report_dir = root / f"out{nights - 1:02d}" / "report"
-    write_text(report_dir / "compare.html",
+    write_text(root / f"out{nights - 1:02d}" / "report" / "compare.html",
                comparison_html(compare_frames(frame, a, b), a, b))
-    yield report_dir, outcome
+    return outcome.model_dump_json()
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Any]]:
+    """The newest night's report over 35 earlier nights (real post-processing), built once
+    for the session: its two tests may run on two workers."""
+    from analysis.pipeline import PostprocessOutcome
+
+    root, outcome = built_once(tmp_path_factory, "report-browser", _build_report)
+    yield root / "out35" / "report", PostprocessOutcome.model_validate_json(outcome)
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from analysis.lts import LtsKpi, LtsMetadata, LtsPayload
@@ -127,14 +129,24 @@ def test_postprocess_judges_against_opensearch_history(tmp_path) -> None:
 _LABEL_STATES = st.sampled_from([None, "", "forked", "other"])
 
 
+@pytest.fixture(scope="module")
+def search_server() -> Iterator[str]:
+    """One OpenSearch stand-in for the generated examples (each writes its own index)."""
+    with opensearch_server() as (url, _):
+        yield url
+
+
 @given(states=st.lists(_LABEL_STATES, min_size=1, max_size=8),
        wanted=st.sampled_from(["", "forked"]))
-@settings(max_examples=25)
+@settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_every_history_reader_matches_an_unset_label_alike(
-        tmp_path_factory: pytest.TempPathFactory, states: list[str | None], wanted: str) -> None:
+        tmp_path_factory: pytest.TempPathFactory, search_server: str,
+        states: list[str | None], wanted: str) -> None:
     """An unset label matches the runs that have it empty or not at all, and only those,
     in the Parquet history and in OpenSearch (`analysis.history.matched_labels`): a label a
     project adds later (the launch) keeps the old runs of a configuration its history."""
+    import uuid
+
     from analysis.history import HistoryStore
     from analysis.kpi import Kpi, kpi_table
 
@@ -151,9 +163,9 @@ def test_every_history_reader_matches_an_unset_label_alike(
                                                              else {"launch": state})))
     query = {"model_name": "m1", "launch": wanted}
     assert set(store.query(query, kpi="tps")["run_uuid"]) == expected
-    with opensearch_server() as (url, _):
-        instance = OpenSearchInstance(url=url)
-        export_payloads(instance, payloads, index="ft", policy=FAST)
-        found = OpenSearchHistory(instance, "ft", policy=FAST).query(
-            {**query, "accelerator_count": "1", "ocp_version": "4.16"}, kpi="tps")
+    instance = OpenSearchInstance(url=search_server)
+    index = f"ft-{uuid.uuid4().hex[:12]}"
+    export_payloads(instance, payloads, index=index, policy=FAST)
+    found = OpenSearchHistory(instance, index, policy=FAST).query(
+        {**query, "accelerator_count": "1", "ocp_version": "4.16"}, kpi="tps")
     assert set(found["run_uuid"]) == expected
