@@ -258,7 +258,8 @@ def run_local_workload(run_ctx: RunContext, cell: Cell, timeout_minutes: int,
         "launch": launch, "start": start_iso, "end": datetime.now(UTC).isoformat(),
         "duration_s": round(duration, 3)}, indent=2) + "\n")
     (here / PID_FILE).unlink(missing_ok=True)  # finished: nothing left for cleanup to stop
-    logger.info("%s finished: exit %d (%s) in %.1fs", cell.name, code, reason, duration)
+    logger.info("%s finished: exit %d (%s) in %.1fs, %s", cell.name, code, reason, duration,
+                launch)
     return CellResult(exit_code=code, reason=reason, duration_s=duration,
                       log_tail=None if code == 0 else tail_lines(log_file))
 

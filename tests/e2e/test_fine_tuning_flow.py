@@ -86,6 +86,11 @@ def test_cli_light_preset_end_to_end(tmp_path: Path) -> None:
     log = (job / "artifacts" / "pod.log").read_text()
     assert "dataset stats:" in log and "'train_runtime'" in log
     assert not (job / "scratch").exists()  # cleanup removed the trainer's scratch dir
+    # the default: forked from a warm Python (this command line's, started ahead, or the
+    # session's: their keys are alike), and the log says so
+    launch = json.loads((job / "artifacts" / "process.json").read_text())["launch"]
+    assert launch.startswith("forked from the warm python "), launch
+    assert f"s, {launch}" in proc.stdout + proc.stderr  # "base finished: ... in 7.7s, forked..."
     # KPIs parsed from the log this run produced
     post = next(run_dir.glob("*__analysis__postprocess_results"))
     kpis = pd.read_parquet(post / "kpis.parquet").set_index("kpi")["value"]
