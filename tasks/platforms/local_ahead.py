@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from core.environment import env_settings
+from core.errors import ConfigError
 from core.terminal import say
 from projects.config import Config
 from projects.contract import CellContext, Project
@@ -105,6 +106,8 @@ def _service_ahead(hooks: Project, config: Config, artifact_dir: Path | None) ->
         if not Path(str(spec.argv[0])).exists():
             return
         service.start_ahead(spec, artifact_dir.parent if artifact_dir else Path("runs"))
+    except ConfigError:  # a cell that cannot run: the run's own check says why, once
+        return
     except Exception as exc:  # the platform starts its own, and reports what goes wrong
         say(f"note: server not started ahead: {exc}", error=True)
 
@@ -122,6 +125,8 @@ def _warm_ahead(hooks: Project, config: Config) -> None:
         context = _first_context(hooks, config)
         if context is not None:
             offer_warm(hooks.local(context))
+    except ConfigError:  # a cell that cannot run: the run's own check says why, once
+        return
     except Exception as exc:  # the run tries again in its prepare
         say(f"note: warm python not started ahead: {exc}", error=True)
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from core.environment import env_settings
+from core.errors import ConfigError
 from core.safeio import write_text
 from core.timeline import mark
 from projects.contract import LocalWorkload
@@ -47,6 +48,8 @@ def wanted_warm(run_ctx: RunContext, cells: Sequence[Cell]) -> tuple[LocalWorklo
     try:
         workload = run_ctx.project.local(run_ctx.cell_context(runnable[0], run_ctx.root))
         key = warm_key_of(workload, dict(workload.env))
+    except ConfigError:  # a cell that cannot run: the project's check says why, once
+        return None
     except Exception as exc:  # a broken warm Python never stops a run
         logger.warning("no warm python: %s", exc)
         return None

@@ -488,6 +488,8 @@ def test_missing_dataset_fails_in_prepare_with_exit_2(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "error: tests.fine_tuning.test_settings.dataset_name: dataset 'nope.jsonl' not found" \
         in proc.stderr
+    # what starts ahead (the warm Python) leaves the user error to the run's check: said once
+    assert "warm python" not in proc.stdout + proc.stderr
     assert not list(run_dir.glob("*__cell"))  # nothing ran
     assert list(run_dir.glob("*__cleanup__cleanup"))  # cleanup still did
     assert (run_dir / "config.yaml").is_file()  # what was made is kept
