@@ -37,6 +37,9 @@ it got (``process.json``: ``launch``) and a project puts it among its labels
 different from a fresh process, by design: the hash seed (``PYTHONHASHSEED``) is the warm
 Python's, shared by its children; the children's memory starts as the warm Python's pages
 (copy-on-write).
+
+One module (~600 lines): the client, the server loop and the child share the order's wire
+format, the key and the socket's path; split, each half would import the other.
 """
 
 from __future__ import annotations
