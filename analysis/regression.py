@@ -131,7 +131,7 @@ from analysis.detector import (
     pooled_noise,
 )
 from analysis.seasonality import Seasonality, deseasonalised, seasonality
-from analysis.segmentation import _explains_better, _levels, _steps
+from analysis.segmentation import _exact_steps, _explains_better, _levels, _steps
 from analysis.spread import SPREAD_WINDOW, _spread_changes
 
 __all__ = [
@@ -189,7 +189,8 @@ class Verdict(BaseModel):
                                         "standard deviation before the change (relative to "
                                         "the level for positive series).")
     spread_after: float | None = Field(default=None, description="noisier: the same, since.")
-    period: int | None = Field(default=None, description="periodic: runs per cycle.")
+    period: float | None = Field(default=None, description="periodic: runs per cycle (a "
+                                 "sine wave's need not be a whole number).")
     slope_pct: float | None = Field(default=None, description="drift: % of the level per run.")
     explanation: str = Field(description="One sentence a human can check.")
 
@@ -248,6 +249,9 @@ def _shapes(values: Sequence[float], direction: Direction, settings: DetectorSet
     log_scale = settings.log_scale and bool(np.all(y > 0))
     if log_scale:  # multiplicative noise becomes additive: one noise scale for all levels
         y = np.log(y)
+    exact = _exact_steps(y, settings.min_size)
+    if exact is not None:  # no noise: its levels change where its value does
+        return index, exact, [], None
     season = seasonality(y) if settings.periodic else None
     levels, sigma = _levels(deseasonalised(y, season), settings, log_scale)
     if season is not None:
@@ -360,8 +364,8 @@ def _shape_verdict(judged: Verdict, h: np.ndarray, repeats: np.ndarray,
         amplitude = _expm1(season.amplitude) * 100 if log_scale else (
             _relative(season.amplitude, abs(newest.baseline)) * 100)
         return judged.model_copy(update={
-            "kind": "periodic", "period": season.period,
-            "explanation": (f"{judged.explanation}; periodic: a wave of {season.period} runs "
+            "kind": "periodic", "period": round(float(season.period), 2),
+            "explanation": (f"{judged.explanation}; periodic: a wave of {season.period:.3g} runs "
                             f"(±{amplitude:.2g}%), judged against it")})
     if newest.slope:
         per_run = _expm1(newest.slope) * 100 if log_scale else (

@@ -35,6 +35,14 @@ Families (``FAMILIES``):
 - ``staircase``    three steps of 1-2 σ each in the same direction, 25-80 runs apart;
 - ``fixed``        a regression of 3-8 σ fixed 2-6 runs later (a bad commit and its revert),
                    its start and its fix both labelled.
+- ``sine``         a sine wave of any period (5-80 runs, not a whole number: a thermal or
+                   rotation cycle), amplitude 1-4 σ, over 300-900 runs (long enough for a
+                   whole-period pattern to drift out of phase), half with one step of
+                   3-8 σ; added 2026-11-28, after a probe of such waves found 10-25 false
+                   change points in a third of them;
+- ``exact``        no noise at all (a count, a setting, a quantised size): 0-4 steps of
+                   0.5-50 % of the level, a third with a lone outlier run; added with
+                   ``sine`` (40-50 % of such series got extra change points, some 50).
 
 Every family mixes no-change series (about a third) with changed ones, so each family scores
 both recall and false alarms. Deterministic per (family, seed).
@@ -299,10 +307,40 @@ def fixed(rng: Rng, name: str) -> Series:
                   outliers=[], cp_kinds=["regression", "improvement"])
 
 
+def sine(rng: Rng, name: str) -> Series:
+    n, sigma, base = _length(rng, 300, 900), rng.uniform(0.005, 0.04), 200.0
+    period = rng.uniform(5.0, 80.0)
+    amplitude = rng.uniform(1.0, 4.0) * sigma * base
+    shape = np.sin(2 * np.pi * (np.arange(n) / period + rng.random()))
+    cps = [] if rng.random() < 0.5 else [int(rng.integers(n // 4, 3 * n // 4))]
+    level, signs = _levels(rng, n, cps, (3.0, 8.0), sigma, base)
+    values = level + amplitude * shape + rng.normal(0, sigma * base, n)
+    return _finish(name, "sine", rng, values, cps, signs)
+
+
+def exact(rng: Rng, name: str) -> Series:
+    n, base = _length(rng, 30, 400), 50.0
+    cps = _place(rng, n, int(rng.integers(0, 5)), 10, 5)
+    level = np.full(n, base)
+    signs: list[float] = []
+    for c in sorted(cps):
+        sign = 1.0 if rng.random() < 0.5 else -1.0
+        level[c:] *= 1 + sign * rng.uniform(0.005, 0.5)
+        signs.append(sign)
+    outliers: list[int] = []
+    if rng.random() < 0.33:
+        spot = int(rng.integers(2, n - 2))
+        if all(abs(spot - c) > 1 for c in cps):
+            level[spot] *= 1.3
+            outliers = [spot]
+    return _finish(name, "exact", rng, level, sorted(cps), signs, outliers)
+
+
 FAMILIES: dict[str, Callable[[Rng, str], Series]] = {
     "heavy": heavy, "hetero": hetero, "multimodal": multimodal, "seasonal": seasonal,
     "drift": drift, "small_steps": small_steps, "close": close, "short": short, "tail": tail,
     "quiet": quiet, "spread": spread, "wave": wave, "staircase": staircase, "fixed": fixed,
+    "sine": sine, "exact": exact,
 }
 
 

@@ -10,7 +10,13 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from analysis.power import minimum_detectable_effect
-from analysis.regression import NEWS, VerdictKind, change_points, verdict
+from analysis.regression import (
+    NEWS,
+    VerdictKind,
+    change_points,
+    spread_change_points,
+    verdict,
+)
 from analysis.seasonality import seasonality
 
 KINDS = set(VerdictKind.__args__)  # type: ignore[attr-defined]
@@ -103,7 +109,9 @@ def test_pure_waves_are_called_periodic_and_rarely_news() -> None:
         values = (100 + rng.uniform(1.5, 4.0) * np.sin(2 * np.pi * t / period)
                   + rng.normal(0, 1, n + 1))
         found = seasonality(np.log(values[:n]))
-        assert found is not None and found.period % period == 0, (n, period)
+        assert found is not None, (n, period)
+        cycles = found.period / period  # a whole number of the wave's cycles (a pattern of k)
+        assert abs(cycles - round(cycles)) < 0.02 * round(cycles), (n, period, found.period)
         judged = verdict(list(values[:n]), float(values[n]), "higher_better")
         news += judged.kind in NEWS
         periodic += judged.kind == "periodic"
@@ -140,3 +148,61 @@ def test_one_wild_run_at_an_end_puts_no_change_point_in_a_flat_history(
     assume(abs(math.log(factor)) > 8 * noise)  # a wild run, not one within the noise
     added = set(change_points(values)) - set(without)
     assert len(added) <= 1, added
+
+
+# Waves whose period is not a whole number of runs (a 33.7-run cycle), over up to 1 000 runs:
+# the nearest whole period's pattern drifts out of phase over such a history and its slow
+# beat was cut into 10-25 steps in a third of the series. Derandomized: CI must not pass or
+# fail by draw. Periods up to 48 runs here (measured: 0 of 600 draws fail); longer ones (to
+# 80) are the benchmark's `sine` family (with a step in 5-6 cycles, 1-2 % still get one
+# more level change).
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(seed=st.integers(0, 100_000), n=st.integers(300, 1000),
+       period=st.floats(5.0, 48.0), amplitude=st.floats(1.5, 4.0),
+       phase=st.floats(0.0, 1.0), step=st.sampled_from([0.0, 6.0, -6.0]))
+def test_a_wave_of_any_period_is_never_cut_into_steps(
+        seed: int, n: int, period: float, amplitude: float, phase: float, step: float) -> None:
+    """A sine wave (amplitude 1.5-4 noise SDs, at least 6 cycles in the series) has no level
+    change of its own, and its period is found within 2 %; a step of 6 noise SDs in the
+    middle of it is found within 2 runs, and no other level change is. (A spread change
+    point can still be the noise's own: one seed's normal draws moved their run-to-run
+    spread 1.8x between two 200-run windows.)"""
+    rng = np.random.default_rng(seed)
+    t = np.arange(n)
+    values = 100 + amplitude * np.sin(2 * np.pi * (t / period + phase)) + rng.normal(0, 1, n)
+    middle = n // 2
+    values[middle:] += step
+    found = seasonality(np.log(values))
+    assert found is not None and abs(found.period / period - 1) < 0.02, found
+    series = list(values)
+    levels = sorted(set(change_points(series)) - set(spread_change_points(series)))
+    if step:
+        assert len(levels) == 1 and abs(levels[0] - middle) <= 2, levels
+    else:
+        assert levels == [], levels
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(levels=st.lists(st.floats(-50.0, 50.0).filter(lambda v: abs(v) > 0.5), min_size=1,
+                       max_size=4),
+       gaps=st.lists(st.integers(10, 250), min_size=5, max_size=5),
+       base=st.sampled_from([1e-3, 1.0, 100.0, 1e6]),
+       outlier=st.one_of(st.none(), st.floats(0.05, 0.95)))
+def test_noise_free_steps_are_found_exactly(levels: list[float], gaps: list[int],
+                                            base: float, outlier: float | None) -> None:
+    """A series without noise (a count, a setting, a quantised size): each step exactly
+    where it is, a lone run off the level is no step, and there is no wave. 40-50 % of such
+    series got extra change points, some 50: the segmentation's noise floor made a run
+    placed one run off a "significant" slope, a staircase read as a drift and cut into a
+    sawtooth (`analysis.segmentation._exact_steps`)."""
+    bounds = np.cumsum(gaps[:len(levels) + 1])
+    values = np.full(int(bounds[-1]), base)
+    for at, move in zip(bounds[:-1], levels, strict=True):
+        values[at:] += base * move / 100  # a level at least 0.5 % away
+    steps = [int(b) for b in bounds[:-1] if values[b - 1] != values[b]]
+    if outlier is not None:
+        spot = 2 + int(outlier * (len(values) - 4))
+        assume(all(abs(spot - b) > 1 for b in bounds[:-1]))
+        values[spot] *= 1.3
+    assert change_points(list(values)) == steps
+    assert verdict(list(values), float(values[-1]), "higher_better").kind == "no_change"
