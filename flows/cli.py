@@ -62,11 +62,20 @@ def is_terminated(exc: BaseException) -> bool:
     """Whether ``exc`` is a SIGTERM: ours (`Terminated`) or Prefect's ``TerminationSignal``.
 
     Prefect's flow engine installs its own SIGTERM handler while a flow runs. The class is
-    matched by name, so that plan mode never imports Prefect.
+    matched by name, so that plan mode never imports Prefect. An error raised while the
+    signal was being handled counts too (its context is the signal): a SIGTERM that lands
+    while Prefect creates a task run makes its crash handling raise
+    ``ValueError('Task run is not set')``, and that run was terminated, not failed.
     """
-    return isinstance(exc, Terminated) or (
-        type(exc).__name__ == "TerminationSignal"
-        and getattr(exc, "signal", None) == signal.SIGTERM)
+    seen = 0
+    found: BaseException | None = exc
+    while found is not None and seen < 8:  # a chain is short; a cycle must not hang
+        if isinstance(found, Terminated) or (
+                type(found).__name__ == "TerminationSignal"
+                and getattr(found, "signal", None) == signal.SIGTERM):
+            return True
+        found, seen = found.__cause__ or found.__context__, seen + 1
+    return False
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:

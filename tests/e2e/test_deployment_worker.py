@@ -123,6 +123,25 @@ def _parent_of(pid: int) -> int:
     return int(stat.rsplit(")", 1)[1].split()[1])
 
 
+def _flow_process(run_id: str) -> int:
+    """The flow run's process: the top one of those the worker gave the run's id.
+
+    Not the workload's parent: a workload forked from the warm Python is the warm Python's
+    child, and the processes the flow starts inherit the id too.
+    """
+    marker = f"PREFECT__FLOW_RUN_ID={run_id}".encode()
+    holders = set()
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and marker in (proc / "environ").read_bytes().split(b"\0"):
+                holders.add(int(proc.name))
+        except OSError:
+            continue
+    tops = [pid for pid in holders if _parent_of(pid) not in holders]
+    assert len(tops) == 1, f"flow processes of {run_id}: {sorted(holders)}"
+    return tops[0]
+
+
 @pytest.mark.parametrize("how", ["cancel", "crash", "sigterm"])
 def test_a_deployed_run_cancelled_or_crashed_runs_its_cleanup_hook(tmp_path: Path, how: str,
                                                                    deployed: Deployed) -> None:
@@ -142,14 +161,16 @@ def test_a_deployed_run_cancelled_or_crashed_runs_its_cleanup_hook(tmp_path: Pat
          "--type", "process"], cwd=workdir, env=clean_env(worker_home, PREFECT_API_URL=api),
         stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        # the workload is running once its pid file exists in the run's dir
-        pid_file = wait_for("running workload", lambda: next(runs.glob(
-            f"*-fine_tuning-{run_id[:8]}/**/workload.pid"), None), worker, 900)
+        # the workload is running once the cell's pid file exists (not any pid file: the
+        # run's own Prometheus has one from its first second, and a SIGTERM then landed
+        # while Prefect was creating a task run)
+        wait_for("running workload", lambda: next(runs.glob(
+            f"*-fine_tuning-{run_id[:8]}/*__cell/*__run_fine_tuning_job/workload.pid"),
+            None), worker, 900)
         if how == "cancel":
             _prefect(user, clone, "flow-run", "cancel", run_id)
-        else:  # the flow process (the workload's parent): killed, or terminated
-            os.kill(_parent_of(int(pid_file.read_text())),
-                    signal.SIGKILL if how == "crash" else signal.SIGTERM)
+        else:  # the flow process: killed, or terminated
+            os.kill(_flow_process(run_id), signal.SIGKILL if how == "crash" else signal.SIGTERM)
         run_dir = next(runs.glob(f"*-fine_tuning-{run_id[:8]}"))
         record = wait_for("crash_cleanup.json", lambda: (
             run_dir / "crash_cleanup.json").is_file(), worker, 900)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -520,3 +521,28 @@ def test_a_command_line_run_resolves_its_config_once(tmp_path: Path, prefect_har
     assert [c.presets_applied for c in made if c.presets_applied] == [("light", "not_metal")]
     assert len(parsed) == 1  # the command line's arguments were parsed once
     assert (tmp_path / "run" / "config.yaml").is_file()
+
+
+def test_an_error_raised_while_a_sigterm_was_handled_is_a_termination() -> None:
+    """Measured in a deployed run: a SIGTERM while Prefect created a task run made its crash
+    handling raise ``ValueError('Task run is not set')``, whose context is the signal; the
+    run was reported failed (exit 1) instead of terminated (143)."""
+    from prefect.exceptions import TerminationSignal
+
+    from flows.cli import exit_code_for, is_terminated
+
+    try:
+        try:
+            raise TerminationSignal(signal=signal.SIGTERM)
+        except TerminationSignal:
+            raise ValueError("Task run is not set")  # noqa: B904 (as Prefect raises it)
+    except ValueError as exc:
+        chained = exc
+    assert is_terminated(chained) and exit_code_for(chained) == 143
+    assert not is_terminated(ValueError("a plain failure"))
+    interrupted = TerminationSignal(signal=signal.SIGINT)
+    assert not is_terminated(interrupted)
+    looped = ValueError("a cycle")
+    looped.__context__ = ValueError("back")
+    looped.__context__.__context__ = looped
+    assert not is_terminated(looped)
