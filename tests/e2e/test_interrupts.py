@@ -33,7 +33,12 @@ def _start_long_run(tmp_path: Path, *extra: str, env: dict[str, str] | None = No
     while time.monotonic() < deadline and pid_file is None and proc.poll() is None:
         pid_file = next(run_dir.glob("*__cell/*__run_fine_tuning_job/workload.pid"), None)
         time.sleep(0.2)
-    assert pid_file is not None, "the workload never started"
+    if pid_file is None:  # say why: the CLI's own words (a fresh-clone run once ended
+        # here after 73 s with an empty run dir, and nothing said what the CLI had printed)
+        proc.kill()
+        output = proc.communicate(timeout=60)[0]
+        pytest.fail(f"the workload never started (the CLI exited {proc.returncode}):\n"
+                    f"{output[-6000:]}")
     return proc, run_dir, int(pid_file.read_text())
 
 
