@@ -108,6 +108,21 @@ def _centred_average(cums: np.ndarray, p: int) -> tuple[np.ndarray, int]:
     return (plain[:-1] + plain[1:]) / 2, p // 2
 
 
+def _detrended(y: np.ndarray, p: int) -> tuple[np.ndarray, int]:
+    """``y`` less its centred moving average of ``p`` runs: (residuals, index of the first)."""
+    centred = y - y.mean()
+    trend, offset = _centred_average(np.concatenate([[0.0], np.cumsum(centred)]), p)
+    return centred[offset:offset + len(trend)] - trend, offset
+
+
+def _winsorised(residuals: np.ndarray) -> np.ndarray:
+    """``residuals`` clipped to their 5-95 % quantiles (one outlier must not make a phase)."""
+    n = len(residuals)
+    low, high = int(0.05 * (n - 1)), int(math.ceil(0.95 * (n - 1)))
+    part = np.partition(residuals, (low, high))
+    return np.clip(residuals, part[low], part[high])
+
+
 def _score(residuals: np.ndarray, phases: np.ndarray, p: int
            ) -> tuple[float, np.ndarray, float]:
     """(normal score of the phase means' differences, the phase means, the pattern's BIC).
@@ -115,9 +130,7 @@ def _score(residuals: np.ndarray, phases: np.ndarray, p: int
     A smaller BIC is a better period.
     """
     n = len(residuals)
-    low, high = int(0.05 * (n - 1)), int(math.ceil(0.95 * (n - 1)))
-    part = np.partition(residuals, (low, high))
-    r = np.clip(residuals, part[low], part[high])
+    r = _winsorised(residuals)
     counts = np.bincount(phases, minlength=p)
     means = np.bincount(phases, weights=r, minlength=p) / np.maximum(counts, 1)
     explained = float(counts @ means ** 2)
@@ -144,8 +157,8 @@ def seasonality(values: np.ndarray, *, max_period: int = MAX_PERIOD,
     n = len(y)
     if n < MIN_POINTS or float(np.ptp(y)) == 0.0:
         return None
-    found = [c[0] for c in (_pattern(y, max_period, z_threshold),
-                            _harmonic(y, max_period, z_threshold)) if c is not None]
+    found = [c for c in (_pattern(y, max_period, z_threshold),
+                         _harmonic(y, max_period, z_threshold)) if c is not None]
     if len(found) < 2:
         return found[0] if found else None
     # Each was tested on the newest runs, where a whole period near a real one barely
@@ -164,31 +177,29 @@ def _span_bic(y: np.ndarray, season: Seasonality, p: int) -> float:
     The trend: the moving average of ``p`` runs.
     """
     span = y[-SPAN:]
-    centred = span - span.mean()
-    trend, offset = _centred_average(np.concatenate([[0.0], np.cumsum(centred)]), p)
-    index = np.arange(len(trend)) + offset + len(y) - len(span)
-    left = centred[offset:offset + len(trend)] - trend - season.component(index)
+    residuals, offset = _detrended(span, p)
+    index = np.arange(len(residuals)) + offset + len(y) - len(span)
+    left = residuals - season.component(index)
     n = len(left)
     return math.log(max(float(left @ left), 1e-300) / n) + season.parameters * math.log(n) / n
 
 
-def _pattern(y: np.ndarray, max_period: int, z_threshold: float
-             ) -> tuple[Seasonality, float] | None:
-    """The best whole-period pattern of ``y`` and its BIC per run, or None."""
+def _pattern(y: np.ndarray, max_period: int, z_threshold: float) -> Seasonality | None:
+    """The best whole-period pattern of ``y``, or None."""
     # the newest TESTED runs are enough (5 cycles of the longest period) and bound the cost
     skip = max(len(y) - TESTED, 0)
     y = y[skip:]
     # Of the periods whose test passes, the one with the smallest BIC: a multiple of the
     # true period passes too (with a larger score), but explains nothing more for its
     # extra phases.
-    best: tuple[float, int, np.ndarray, float, int] | None = None
+    best: tuple[float, int, np.ndarray, float] | None = None
     for p in range(2, min(max_period, len(y) // MIN_CYCLES) + 1):
         z, means, bic, residuals = _test(y, p)
         if residuals is not None and z >= z_threshold and (best is None or bic < best[3]):
-            best = (z, p, means, bic, len(residuals))
+            best = (z, p, means, bic)
     if best is None:
         return None
-    z, p, means, bic, used = best
+    z, p, means, _ = best
     # Autocorrelated noise has more power at low frequencies, where a long period's pattern
     # lives: its phase means differ more than white noise's would (an AR(1) noise of phi 0.5
     # was called periodic in 6 % of series). The period must also stand out in the series
@@ -201,7 +212,7 @@ def _pattern(y: np.ndarray, max_period: int, z_threshold: float
     pattern = means - float(np.mean(means))
     pattern = np.roll(pattern, skip % p)  # phases of the whole series, not of its tail
     return Seasonality(period=p, pattern=tuple(float(x) for x in pattern),
-                       z=float(min(z, 1e6))), bic / used
+                       z=float(min(z, 1e6)))
 
 
 SPAN = 2048
@@ -239,9 +250,8 @@ def _peak_period(y: np.ndarray, max_period: int) -> float | None:
     return 1 / float(freqs[usable][int(np.argmax(power[usable]))])
 
 
-def _harmonic(y: np.ndarray, max_period: int, z_threshold: float
-              ) -> tuple[Seasonality, float] | None:
-    """The strongest sine wave of ``y`` (any period) and its BIC per run, or None."""
+def _harmonic(y: np.ndarray, max_period: int, z_threshold: float) -> Seasonality | None:
+    """The strongest sine wave of ``y`` (any period), or None."""
     span = y[-SPAN:]
     period = _peak_period(span, max(max_period, min(SINE_MAX_PERIOD, TESTED // MIN_CYCLES)))
     if period is None:
@@ -251,7 +261,7 @@ def _harmonic(y: np.ndarray, max_period: int, z_threshold: float
     tested = _sine_test(window, period, skip)
     if tested is None or tested[0] < z_threshold:
         return None
-    z, coefficients, bic, phi, used = tested
+    z, coefficients, phi = tested
     if phi > 0.05:  # as `_pattern` does: autocorrelated noise makes slow waves
         whitened = _sine_test(window[1:] - phi * window[:-1], period, skip + 1)
         if whitened is None or whitened[0] < z_threshold:
@@ -261,32 +271,27 @@ def _harmonic(y: np.ndarray, max_period: int, z_threshold: float
     phases = np.arange(DISPLAY_PHASES) * period / DISPLAY_PHASES
     drawn = _sines(phases, period, len(harmonics)) @ coefficients
     return Seasonality(period=period, pattern=tuple(float(v) for v in drawn),
-                       z=float(min(z, 1e6)), harmonics=harmonics), bic / used
+                       z=float(min(z, 1e6)), harmonics=harmonics)
 
 
 def _sine_test(y: np.ndarray, period: float, start: int
-               ) -> tuple[float, np.ndarray, float, float, int] | None:
+               ) -> tuple[float, np.ndarray, float] | None:
     """A sine wave of ``period`` in ``y`` (whose first run is run ``start``), tested.
 
-    Returns (score, coefficients, BIC, lag-1 autocorrelation left, runs used); None: too
-    few runs.
+    Returns (score, coefficients, lag-1 autocorrelation left); None: too few runs.
 
     The trend is the centred moving average of the nearest whole period (it keeps ~4 % of
     the wave at most); the residuals are winsorised and regressed on the harmonics, and the
     F test is scored as `_score` scores a pattern's.
     """
     p = max(2, int(round(period)))
-    centred = y - y.mean()
-    trend, offset = _centred_average(np.concatenate([[0.0], np.cumsum(centred)]), p)
-    residuals = centred[offset:offset + len(trend)] - trend
+    residuals, offset = _detrended(y, p)
     harmonics = HARMONICS if 2 * HARMONICS / period < 1 else 1  # below Nyquist
     k = 2 * harmonics
     n = len(residuals)
     if n < max(2 * p, 4 * k):
         return None
-    low, high = int(0.05 * (n - 1)), int(math.ceil(0.95 * (n - 1)))
-    part = np.partition(residuals, (low, high))
-    r = np.clip(residuals, part[low], part[high])
+    r = _winsorised(residuals)
     r = r - r.mean()
     x = _sines(np.arange(n) + offset + start, period, harmonics)
     coefficients = np.linalg.lstsq(x, r, rcond=None)[0]
@@ -295,16 +300,15 @@ def _sine_test(y: np.ndarray, period: float, start: int
     left = r - fitted
     within = float(left @ left)
     dof_within = n - k - 1
-    bic = n * math.log(max(within, 1e-300) / n) + (k + 1) * math.log(n)
     if harmonics < HARMONICS:
         coefficients = np.concatenate([coefficients, np.zeros(2 * (HARMONICS - harmonics))])
     phi = float(np.clip((left[1:] @ left[:-1]) / within, -0.9, 0.9)) if within > 0 else 0.0
     if explained <= 0 or dof_within <= 0:
-        return 0.0, coefficients, bic, phi, n
+        return 0.0, coefficients, phi
     if within <= 0:
-        return math.inf, coefficients, bic, phi, n
+        return math.inf, coefficients, phi
     return _normal_score(explained / k / (within / dof_within), k, dof_within), \
-        coefficients, bic, phi, n
+        coefficients, phi
 
 
 def _normal_score(f: float, k: int, dof_within: int) -> float:
@@ -323,9 +327,7 @@ def _test(y: np.ndarray, p: int, start: int = 0
 
     ``start`` is the index of ``y[0]`` in the series (its phase).
     """
-    centred = y - y.mean()
-    trend, offset = _centred_average(np.concatenate([[0.0], np.cumsum(centred)]), p)
-    residuals = centred[offset:offset + len(trend)] - trend
+    residuals, offset = _detrended(y, p)
     if len(residuals) < 2 * p:
         return 0.0, np.zeros(p), math.inf, None
     z, means, bic = _score(residuals, (np.arange(len(residuals)) + offset + start) % p, p)
