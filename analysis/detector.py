@@ -74,6 +74,11 @@ class DetectorSettings:
             this many runs ago.
         periodic: Test each series for a periodic component (`analysis.seasonality`) and
             segment it without that component.
+        excursion_z: A run of 2 to ``min_size - 1`` runs, each beyond this many noise units
+            on one side of the level around it, is a short excursion (a regression fixed
+            soon after it landed: two change points; `analysis.excursions`; inf: never).
+        excursion_alpha: ...when noise alone would make one as long at most this many
+            times in the series (read from the series' own share of runs that far out).
     """
 
     min_size: int = 5
@@ -102,6 +107,8 @@ class DetectorSettings:
     noisier_z: float = 2.3
     spread_recent: int = 20
     periodic: bool = True
+    excursion_z: float = 3.5
+    excursion_alpha: float = 0.01
 
 
 DEFAULTS = DetectorSettings()

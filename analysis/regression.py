@@ -53,6 +53,17 @@ after: with the periodic test and the spread changes, about 13 ms for 1 000 stab
 and 27 ms for one with steps and a wave on this project's 2-core machine
 (benchmarks/regression/speed.py).
 
+Short excursions (``excursion_z``)
+----------------------------------
+A regression fixed two to four runs after it landed is too short for a segment and, from
+two runs, not one outlier. `change_points` adds each such excursion's first run and the
+first run after it (`analysis.excursions`): every run ``excursion_z`` (3.5) noise units on
+one side of the level around it, the level back after it, and noise alone unlikely to make
+one as long (``excursion_alpha``: read from how often the series' own runs are that far
+out, so heavy tails, mixtures, clumped or noisier stretches are not excursions). A spread
+change and an excursion a few runs apart are told apart by measuring the spread again
+without the excursion's runs. The verdict's levels do not include them.
+
 Edges (``edge_z``)
 ------------------
 The segmentation needs ``min_size`` runs on each side of a change, so a level that began in
@@ -94,7 +105,8 @@ scores of the ranks of the first differences' sizes, at ``spread_z`` for a chang
 at the lower ``noisier_z`` for the verdict's question about the recent runs, and kept when
 the spread moved by ``spread_ratio``), ``periodic`` when the series is a wave
 (`analysis.seasonality`; the wave is taken out of the series before everything else when it
-and fewer steps explain the series better than steps alone), ``drift`` when the baseline
+and fewer steps explain the series better than steps alone; a series cut into steps is
+tested again without its largest step, which spoils the wave's test), ``drift`` when the baseline
 follows a significant drift.
 
 Operating point: chosen on the independently designed generator families of
@@ -130,7 +142,8 @@ from analysis.detector import (
     noise_scale,
     pooled_noise,
 )
-from analysis.seasonality import Seasonality, deseasonalised, seasonality
+from analysis.excursions import excursions
+from analysis.seasonality import MAX_PERIOD, Seasonality, deseasonalised, seasonality
 from analysis.segmentation import _exact_steps, _explains_better, _levels, _steps
 from analysis.spread import SPREAD_WINDOW, _spread_changes
 
@@ -218,7 +231,7 @@ def change_points(values: Sequence[float], direction: Direction = "higher_better
         >>> change_points([10.0] * 20 + [12.0] * 20)
         [20]
     """
-    shapes = _shapes(values, direction, settings)
+    shapes = _shapes(values, direction, settings, short=True)
     if shapes is None:
         return []
     index, levels, spreads, _ = shapes
@@ -228,16 +241,19 @@ def change_points(values: Sequence[float], direction: Direction = "higher_better
 def spread_change_points(values: Sequence[float], direction: Direction = "higher_better", *,
                          settings: DetectorSettings = DEFAULTS) -> list[int]:
     """The indices where a new spread starts (a subset of `change_points`')."""
-    shapes = _shapes(values, direction, settings)
+    shapes = _shapes(values, direction, settings, short=True)
     return [int(shapes[0][t]) for t in shapes[2]] if shapes is not None else []
 
 
 def _shapes(values: Sequence[float], direction: Direction, settings: DetectorSettings,
-            *, spreads: bool = True
+            *, spreads: bool = True, short: bool = False
             ) -> tuple[np.ndarray, list[int], list[int], Seasonality | None] | None:
     """(finite positions, level changes, spread changes, the wave) of a series.
 
-    None: too short or constant. Changes are positions in the finite values.
+    None: too short or constant. Changes are positions in the finite values. ``short``:
+    the level changes include each short excursion's two bounds (`analysis.excursions`);
+    a verdict's levels do not (its newest runs are the suspect's question, and a level of
+    two runs is no baseline).
     """
     if direction not in ("higher_better", "lower_better"):
         raise ValueError(f"direction must be higher_better or lower_better, not {direction!r}")
@@ -254,6 +270,13 @@ def _shapes(values: Sequence[float], direction: Direction, settings: DetectorSet
         return index, exact, [], None
     season = seasonality(y) if settings.periodic else None
     levels, sigma = _levels(deseasonalised(y, season), settings, log_scale)
+    if season is None and settings.periodic and len(levels) >= 2:
+        # A step between two stretches of a wave spoils the wave's test (the moving-average
+        # trend smears it over a period): cut into steps, the wave is looked for again
+        # without its largest step (long probe, wave and a step, 50-136 runs: 3 of 5 cut)
+        season = seasonality(_without_largest_step(y, levels))
+        if season is not None:
+            levels, sigma = _levels(deseasonalised(y, season), settings, log_scale)
     if season is not None:
         # An evenly spaced staircase looks periodic too (steps less a moving average are a
         # sawtooth): the wave must explain the series better than the steps alone do, its
@@ -262,9 +285,52 @@ def _shapes(values: Sequence[float], direction: Direction, settings: DetectorSet
         if _explains_better(y, steps, levels, season, sigma, settings):
             y = deseasonalised(y, season)
         else:
-            levels, season = steps, None
+            # a wave is there, though steps explain more: its crests are no excursions
+            levels, season, short = steps, None, False
+    brief: list[int] = []
+    if short:
+        levels, brief = excursions(y, levels, sigma, settings)
     found = _spread_changes(y, levels, settings, sigma) if spreads else []
-    return index, levels, found, season
+    if brief and found:
+        # An excursion's wide differences can read as a spread change a few runs off, and
+        # a new spread's far-out runs as an excursion: the spread is measured again with
+        # the excursions' runs replaced by their neighbours', and an excursion within
+        # 2 x min_size runs of a spread change that is still there is that spread's.
+        pairs = list(zip(brief[::2], brief[1::2], strict=True))
+        found = _spread_changes(_calmed(y, pairs), levels, settings, sigma)
+        near = 2 * settings.min_size
+        brief = [c for a, b in pairs if all(min(abs(a - f), abs(b - f)) >= near
+                                            for f in found) for c in (a, b)]
+    return index, sorted({*levels, *brief}), found, season
+
+
+def _calmed(y: np.ndarray, pairs: Sequence[tuple[int, int]]) -> np.ndarray:
+    """``y`` with each excursion ``[a, b)`` replaced by the runs around it.
+
+    Before, then after: each side has at least 3 runs and an excursion at most 4.
+    """
+    out = y.copy()
+    for a, b in pairs:
+        out[a:b] = np.concatenate([y[max(0, a - (b - a)):a], y[b:b + (b - a)]])[:b - a]
+    return out
+
+
+def _without_largest_step(y: np.ndarray, levels: Sequence[int]) -> np.ndarray:
+    """``y`` less the step at the one of ``levels`` that is largest over wide windows.
+
+    Over up to ``MAX_PERIOD`` runs a side a wave averages out, so the cuts a segmentation
+    made along its crests measure small there and a real step measures whole.
+    """
+    n = len(y)
+
+    def step(c: int) -> float:
+        w = max(1, min(MAX_PERIOD, c, n - c))
+        return float(np.mean(y[c:c + w]) - np.mean(y[c - w:c]))
+
+    c = max(levels, key=lambda c: abs(step(c)) * math.sqrt(min(MAX_PERIOD, c, n - c)))
+    out = y.copy()
+    out[c:] -= step(c)
+    return out
 
 
 def _below(z: float) -> str:
