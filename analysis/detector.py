@@ -271,7 +271,7 @@ class _Shift:
 
 def _tail_shifts(h: np.ndarray, repeats: np.ndarray, s: DetectorSettings,
                  cps: Sequence[int], accepted: int = 0, log_scale: bool = False,
-                 young: int | None = None) -> list[_Shift]:
+                 young: int | None = None, local_drift: bool = False) -> list[_Shift]:
     """Every candidate "the newest level began k runs ago", k = 1 .. 2 * recent_runs.
 
     The baseline of each candidate is the part of the history's current segment before the
@@ -281,7 +281,10 @@ def _tail_shifts(h: np.ndarray, repeats: np.ndarray, s: DetectorSettings,
     (``2 x recent_runs`` runs), or at ``accepted``: a level that began inside the alert
     window is still news, so it is compared with the level before it until the window has
     passed (or a person accepted it). ``young`` overrides that horizon (the edge test of
-    `change_points` trusts every change point the segmentation found: 0).
+    `change_points` trusts every change point the segmentation found: 0). ``local_drift``:
+    the drift is the slope of the newest ``2 x baseline_window`` settled runs, not of the
+    whole history (the edge test: a bend's slope at an end is not its mean slope, and a
+    parabola's last runs read as a new level; 2.2 -> 0.4 false change points a series).
     """
     # Change points among the last 2 x recent_runs runs are candidate starts of the tail
     # (the loop below places them); the segmentation may misplace a young one by a few runs.
@@ -304,8 +307,10 @@ def _tail_shifts(h: np.ndarray, repeats: np.ndarray, s: DetectorSettings,
     settled = len(h) - 2 * s.recent_runs
     slope = sxx = 0.0
     if settled >= 2 * s.min_size:
-        before = _shield(h[:settled], sigma, s.outlier_z)
-        slope, sxx = _drift_slope(before, [0, *[c for c in cps if 0 < c < settled], settled])
+        first = max(0, settled - 2 * s.baseline_window) if local_drift else 0
+        before = _shield(h[first:settled], sigma, s.outlier_z)
+        slope, sxx = _drift_slope(before, [0, *[c - first for c in cps if first < c < settled],
+                                           settled - first])
     if not _is_drift(slope, sxx, sigma, s.verdict_drift_z):
         slope = sxx = 0.0
     out = []
