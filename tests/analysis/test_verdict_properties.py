@@ -316,3 +316,17 @@ def test_a_bend_of_the_values_is_no_change_point() -> None:
         values = 50 + 0.2 * t - 0.0004 * t ** 2 * rng.uniform(0.5, 2) + rng.normal(0, 1, n)
         found += len(change_points(list(values)))
     assert found <= 15, found
+
+
+def test_noise_and_smooth_trends_are_not_periodic() -> None:
+    """White noise, a line or a parabola, 100-500 runs: no wave. The sine candidate searched
+    periods down to 2 runs, where a 2-3-run moving-average trend is a high-pass filter, and
+    called 9 % of white-noise series periodic (18 of 200, waves of 2.0-4.2 runs)."""
+    rng = np.random.default_rng(1)
+    shapes = (lambda t: 0 * t, lambda t: 0.3 * t, lambda t: 0.5 * t - 0.6 * t ** 2)
+    called = 0
+    for i in range(150):
+        n = int(rng.integers(100, 500))
+        t = np.arange(n) / n
+        called += seasonality(shapes[i % 3](t) + rng.normal(0, 0.01, n)) is not None
+    assert called <= 4, called
