@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import importlib
 import logging
 import os
+import re
 import signal
 import uuid
 from collections.abc import Callable, Sequence
@@ -18,11 +20,14 @@ from core.errors import ConfigError, TelltaleError, UserError
 from core.safeio import UnreadableInputError, read_text_bounded
 from core.terminal import ArgumentParser, say
 from projects.config import Config, load_vars_file, parse_override, resolve
+from projects.registry import available, project_of_flow, project_of_run
 from projects.untrusted import MAX_PR_COMMENT, UntrustedPolicy, parse_pr_args, policy_for
 
 __all__ = [
     "Terminated",
     "is_terminated",
+    "lazy_exports",
+    "parse_age",
     "EXIT_FAILED",
     "EXIT_INCONCLUSIVE",
     "EXIT_INTERRUPTED",
@@ -32,6 +37,7 @@ __all__ = [
     "add_config_arguments",
     "default_artifact_dir",
     "runs_root",
+    "source_project",
     "exit_code_for",
     "main_guard",
     "overrides_from_args",
@@ -83,6 +89,55 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     # cut the cleanup short.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise Terminated("terminated (SIGTERM)")
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_age(text: str) -> float:
+    """``90s``, ``30m``, ``6h``, ``2d`` → seconds.
+
+    Raises:
+        ConfigError: Anything else.
+    """
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd])\s*", text)
+    if not match:
+        raise ConfigError(f"--older-than expects a number and a unit (s, m, h, d), got {text!r}")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def lazy_exports(module: str, names: Sequence[str]) -> Callable[[str], Any]:
+    """A package's ``__getattr__`` that imports ``names`` from ``module`` on first use.
+
+    A command's package (``flows.cleanup``) is imported before its ``__main__`` runs, so its
+    flows, which import Prefect (2-4 s), live in a module of their own: ``--help`` and usage
+    errors answer without it, and ``from flows.cleanup import janitor`` still works.
+    """
+    exported = frozenset(names)
+
+    def __getattr__(name: str) -> Any:
+        if name in exported:
+            return getattr(importlib.import_module(module), name)
+        raise AttributeError(f"module {module.rpartition('.')[0]!r} has no attribute {name!r}")
+
+    return __getattr__
+
+
+def source_project(source: str) -> str:
+    """The project of a stored run: its flow's name in an S3 key, its cells' records locally.
+
+    Raises:
+        ConfigError: Neither says a registered project (pass ``--project``).
+    """
+    if source.startswith("s3://"):
+        parts = source.rstrip("/").split("/")
+        found = project_of_flow(parts[-2]) if len(parts) >= 5 else None
+    else:
+        found = project_of_run(source)
+    if found is None:
+        raise ConfigError(f"cannot tell which project {source} belongs to: pass --project "
+                          f"({', '.join(available())})", key="--project")
+    return found
 
 
 PR_KEY = "clusters.image_build.pr"

@@ -9,30 +9,16 @@ than 0.32?" from the UI).
 
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from prefect import flow
+from flows.cli import EXIT_OK, lazy_exports, main_guard, make_parser, prefect_defaults, say
 
-from analysis.compare import Comparison, compare_frames, comparison_lines
-from analysis.history import HistoryStore
-from analysis.pipeline import settings_for
-from analysis.project import load_project
-from flows.cli import EXIT_OK, main_guard, make_parser, prefect_defaults, say
-from tasks.publish.prefect_artifacts import publish_comparison
+if TYPE_CHECKING:
+    from flows.compare_flow import compare
 
 __all__ = ["compare"]
 
-
-@flow(name="compare", log_prints=True)
-def compare(history: str, a: str, b: str, kpis: list[str] | None = None,
-            project: str | None = None, same_within_pct: float = 2.0) -> list[Comparison]:
-    """Compare selection B with selection A of the history, KPI by KPI (see module doc)."""
-    hooks = load_project(project) if project else None
-    ignored = list(settings_for(hooks, ".").comparison.ignored_labels) if hooks else []
-    rows = compare_frames(HistoryStore(history).read(), a, b, kpis=kpis or (),
-                          ignored_labels=ignored, same_within_pct=same_within_pct,
-                          curve=hooks.curve if hooks else None)
-    publish_comparison(rows, a, b, key=f"{project or 'history'}")
-    return rows
+__getattr__ = lazy_exports("flows.compare_flow", ["compare"])
 
 
 @main_guard
@@ -47,7 +33,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--project")
     args = parser.parse_args(argv)
     prefect_defaults()
+    from analysis.compare import comparison_lines
     from flows.api_server import prefect_api
+    from flows.compare_flow import compare
 
     with prefect_api():
         rows = compare(args.history, args.a, args.b, args.kpi, args.project)

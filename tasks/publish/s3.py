@@ -32,6 +32,7 @@ from pydantic import BaseModel, Field
 from blocks.s3 import S3Target
 from core.errors import PermanentServiceError, ResultsError, TransientServiceError
 from core.safeio import write_text
+from tasks.publish import DOWNLOAD_MODES
 
 __all__ = [
     "DOWNLOAD_MODES",
@@ -52,7 +53,6 @@ EXPORT_URL = "export.url"
 # Never exported: lock/pid files, and credentials (a created cluster's kubeconfig).
 _SKIP = {".telltale-dirs.lock", "workload.pid", "kubeconfig", "kubeadmin-password"}
 _CHUNK = 8 * 1024 * 1024
-DOWNLOAD_MODES = ("cache", "important", "all")
 # What "important" fetches: everything post-processing reads, not the bulky rest.
 _IMPORTANT_SUFFIXES = (".yaml", ".yml", ".json", ".log", ".uuid", ".version", ".createdAt",
                        "exit_code", "presets_applied", "skip")
