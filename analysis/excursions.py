@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from analysis.detector import DetectorSettings
-from analysis.segmentation import _local_sigma
+from analysis.segmentation import _local_sigma, levels_rss
 
 __all__ = ["excursions"]
 
@@ -75,7 +75,8 @@ def excursions(y: np.ndarray, levels: Sequence[int], sigma: float, s: DetectorSe
         hi = min((c for c in levels if c >= end + s.min_size), default=n)
         near = [c for c in levels if lo < c < hi]
         if _undone(y, start, end, lo, hi, sigma, s.excursion_z, moved=bool(near)) and (
-                not near or _rss(y, lo, hi, [start, end]) < _rss(y, lo, hi, near)):
+                not near or levels_rss(y[lo:hi], [start - lo, end - lo])
+                < levels_rss(y[lo:hi], [c - lo for c in near])):
             found.append((start, end, near))
     if not found:
         return list(levels), []
@@ -88,13 +89,6 @@ def excursions(y: np.ndarray, levels: Sequence[int], sigma: float, s: DetectorSe
     replaced = {c for _, _, near in accepted for c in near}
     return ([c for c in levels if c not in replaced],
             sorted({c for start, end, _ in accepted for c in (start, end)}))
-
-
-def _rss(y: np.ndarray, lo: int, hi: int, cps: Sequence[int]) -> float:
-    """Residual sum of squares of ``y[lo:hi]`` as levels changing at ``cps``."""
-    bounds = [lo, *cps, hi]
-    return sum(float(np.sum((y[a:b] - y[a:b].mean()) ** 2))
-               for a, b in itertools.pairwise(bounds) if b > a)
 
 
 def _chance(beyond: np.ndarray, start: int, end: int) -> float:

@@ -334,13 +334,18 @@ def _curved_alternative(y: np.ndarray, kept: list[int], sigma: float, s: Detecto
 def _model_cost(y: np.ndarray, cps: Sequence[int], sigma: float, s: DetectorSettings,
                 drift: bool) -> float:
     """Penalised least-squares cost of levels at ``cps`` (plus a shared drift when asked)."""
-    bounds = [0, *cps, len(y)]
     r = y
     if drift:
-        slope, _ = _drift_slope(y, bounds)
+        slope, _ = _drift_slope(y, [0, *cps, len(y)])
         r = y - slope * np.arange(len(y))
-    rss = sum(float(np.sum((r[a:b] - r[a:b].mean()) ** 2)) for a, b in itertools.pairwise(bounds))
-    return rss / sigma ** 2 + s.candidate_z ** 2 * (len(cps) + drift)
+    return levels_rss(r, cps) / sigma ** 2 + s.candidate_z ** 2 * (len(cps) + drift)
+
+
+def levels_rss(y: np.ndarray, cps: Sequence[int]) -> float:
+    """Residual sum of squares of ``y`` as levels changing at ``cps`` (each its mean)."""
+    bounds = [0, *cps, len(y)]
+    return sum(float(np.sum((y[a:b] - y[a:b].mean()) ** 2))
+               for a, b in itertools.pairwise(bounds) if b > a)
 
 
 def _for_length(s: DetectorSettings, n: int) -> DetectorSettings:
