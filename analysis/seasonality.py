@@ -275,8 +275,8 @@ def _harmonic(y: np.ndarray, max_period: int, z_threshold: float) -> Seasonality
         return None
     skip = max(len(y) - TESTED, 0)
     window = y[skip:]
-    if len(window) < MIN_CYCLES * max(2, int(round(period))):
-        z_threshold += LINE_EXTRA_Z  # tested against a line (`_sine_test_on_a_line`)
+    if _against_a_line(len(window), period):
+        z_threshold += LINE_EXTRA_Z
     tested = _sine_test(window, period, skip)
     if tested is None or tested[0] < z_threshold:
         return None
@@ -303,11 +303,11 @@ def _sine_test(y: np.ndarray, period: float, start: int
     the wave at most); the residuals are winsorised and regressed on the harmonics, and the
     F test is scored as `_score` scores a pattern's.
     """
-    p = max(2, int(round(period)))
     harmonics = HARMONICS if 2 * HARMONICS / period < 1 else 1  # below Nyquist
-    k = 2 * harmonics
-    if len(y) < MIN_CYCLES * p:
+    if _against_a_line(len(y), period):
         return _sine_test_on_a_line(y, period, start, harmonics)
+    p = max(2, int(round(period)))
+    k = 2 * harmonics
     residuals, offset = _detrended(y, p)
     n = len(residuals)
     if n < max(2 * p, 4 * k):
@@ -318,18 +318,15 @@ def _sine_test(y: np.ndarray, period: float, start: int
     coefficients = np.linalg.lstsq(x, r, rcond=None)[0]
     fitted = x @ coefficients
     explained = float(fitted @ fitted)
-    left = r - fitted
-    within = float(left @ left)
-    dof_within = n - k - 1
-    if harmonics < HARMONICS:
-        coefficients = np.concatenate([coefficients, np.zeros(2 * (HARMONICS - harmonics))])
-    phi = float(np.clip((left[1:] @ left[:-1]) / within, -0.9, 0.9)) if within > 0 else 0.0
-    if explained <= 0 or dof_within <= 0:
-        return 0.0, coefficients, phi
-    if within <= 0:
-        return math.inf, coefficients, phi
-    return _normal_score(explained / k / (within / dof_within), k, dof_within), \
-        coefficients, phi
+    return _sine_score(coefficients, r - fitted, explained, harmonics, n - k - 1)
+
+
+def _against_a_line(n: int, period: float) -> bool:
+    """Whether a sine of ``period`` in ``n`` runs is tested against a line (`LINE_EXTRA_Z`).
+
+    So it is under `MIN_CYCLES` cycles of its moving average's whole period.
+    """
+    return n < MIN_CYCLES * max(2, int(round(period)))
 
 
 def _sine_test_on_a_line(y: np.ndarray, period: float, start: int, harmonics: int
@@ -350,13 +347,22 @@ def _sine_test_on_a_line(y: np.ndarray, period: float, start: int, harmonics: in
     x = np.concatenate([line, _sines(np.arange(n) + start, period, harmonics)], axis=1)
     beta = np.linalg.lstsq(x, r, rcond=None)[0]
     left = r - x @ beta
+    explained = float(base @ base) - float(left @ left)
+    return _sine_score(beta[2:], left, explained, harmonics, n - k - 2)
+
+
+def _sine_score(coefficients: np.ndarray, left: np.ndarray, explained: float, harmonics: int,
+                dof_within: int) -> tuple[float, np.ndarray, float]:
+    """(score, coefficients padded to `HARMONICS`, lag-1 autocorrelation of ``left``).
+
+    ``left``: the residuals once the wave is fitted; ``explained``: what the wave took of
+    their sum of squares.
+    """
+    k = 2 * harmonics
     within = float(left @ left)
-    explained = float(base @ base) - within
-    coefficients = beta[2:]
     if harmonics < HARMONICS:
         coefficients = np.concatenate([coefficients, np.zeros(2 * (HARMONICS - harmonics))])
     phi = float(np.clip((left[1:] @ left[:-1]) / within, -0.9, 0.9)) if within > 0 else 0.0
-    dof_within = n - k - 2
     if explained <= 0 or dof_within <= 0:
         return 0.0, coefficients, phi
     if within <= 0:
