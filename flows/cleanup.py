@@ -44,7 +44,8 @@ if TYPE_CHECKING:
 
 __all__ = ["JanitorOutcome", "janitor", "parse_age", "quads_janitor"]
 
-__getattr__ = lazy_exports("flows.cleanup_flow", ["JanitorOutcome", "janitor", "quads_janitor"])
+__getattr__ = lazy_exports(__name__, "flows.cleanup_flow",
+                           ["JanitorOutcome", "janitor", "quads_janitor"])
 
 
 @main_guard

@@ -106,19 +106,19 @@ def parse_age(text: str) -> float:
     return float(match.group(1)) * _UNITS[match.group(2)]
 
 
-def lazy_exports(module: str, names: Sequence[str]) -> Callable[[str], Any]:
-    """A package's ``__getattr__`` that imports ``names`` from ``module`` on first use.
+def lazy_exports(owner: str, module: str, names: Sequence[str]) -> Callable[[str], Any]:
+    """The ``__getattr__`` of command module ``owner``: ``names`` from ``module``, lazily.
 
-    A command's package (``flows.cleanup``) is imported before its ``__main__`` runs, so its
-    flows, which import Prefect (2-4 s), live in a module of their own: ``--help`` and usage
-    errors answer without it, and ``from flows.cleanup import janitor`` still works.
+    ``python -m flows.cleanup`` runs the command module itself, so its flows, which import
+    Prefect (2-4 s), live in a module of their own (``flows.cleanup_flow``): ``--help`` and
+    usage errors answer without it, and ``from flows.cleanup import janitor`` still works.
     """
     exported = frozenset(names)
 
     def __getattr__(name: str) -> Any:
         if name in exported:
             return getattr(importlib.import_module(module), name)
-        raise AttributeError(f"module {module.rpartition('.')[0]!r} has no attribute {name!r}")
+        raise AttributeError(f"module {owner!r} has no attribute {name!r}")
 
     return __getattr__
 

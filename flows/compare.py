@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 __all__ = ["compare"]
 
-__getattr__ = lazy_exports("flows.compare_flow", ["compare"])
+__getattr__ = lazy_exports(__name__, "flows.compare_flow", ["compare"])
 
 
 @main_guard

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ReplotOutcome", "replot"]
 
-__getattr__ = lazy_exports("flows.replot_flow", ["ReplotOutcome", "replot"])
+__getattr__ = lazy_exports(__name__, "flows.replot_flow", ["ReplotOutcome", "replot"])
 
 
 @main_guard
