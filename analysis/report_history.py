@@ -22,7 +22,6 @@ from analysis.report_context import (
     _shared_html,
     _varying_settings,
     configuration_keys,
-    run_name,
 )
 from analysis.report_html import (
     _VERDICT_MARKS,
@@ -62,7 +61,7 @@ def shape_kpi_table(ctx: ReportContext) -> pd.DataFrame:
                 formats.get(kpi, "{:.3f}"), value)
     # built by column: a frame from 1 000 row dicts cost more than the rows themselves
     columns: dict[str, list[Any]] = {
-        "run": [run_name(r) for r in ctx.runs],
+        "run": [ctx.name_of(r) for r in ctx.runs],
         "dir": [r.result.rel_path for r in ctx.runs],
         "status": [r.payload.metadata.status for r in ctx.runs]}
     for key in varying:

@@ -28,7 +28,7 @@ from analysis.discovery import Discovery
 from analysis.project import AnalysisProject
 from analysis.regression import DEFAULTS, DetectorSettings, change_points, pooled_noise
 from analysis.report import REPORT_KINDS, _load_plots
-from analysis.report_context import ReportContext, _shared_html, run_name
+from analysis.report_context import ReportContext, _shared_html
 from analysis.report_history import shape_kpi_history
 from analysis.report_html import (
     _VERDICT_COLOURS,
@@ -80,17 +80,24 @@ def shape_headlines(ctx: ReportContext) -> pd.DataFrame:
     if history.empty:
         return pd.DataFrame(columns=columns)
     verdicts = {(v.run_uuid, v.kpi): v for v in ctx.verdicts}
+    # grouped over plain lists: a pandas groupby's per-group slicing of the history frame
+    # was ~2 ms a line (0.15 s for 64 lines of 1 000 runs), the rest of this page ~0.02 s
+    kpis, configs, current, uuids, values, units = (history[c].tolist() for c in (
+        "kpi", "configuration", "current", "run_uuid", "value", "unit"))
+    lines: dict[tuple[Any, Any], list[int]] = {}
+    for index, key in enumerate(zip(kpis, configs, strict=True)):
+        lines.setdefault(key, []).append(index)
     rows = []
-    for (kpi, config), group in history.groupby(["kpi", "configuration"], sort=False):
-        now = group[group["current"].astype(bool)]
-        if now.empty:
+    for (kpi, config), members in lines.items():
+        now = [i for i in members if current[i]]
+        if not now:
             continue
-        newest = now.iloc[-1]
-        judged = verdicts.get((newest["run_uuid"], kpi))
-        rows.append({"kpi": kpi, "configuration": config, "latest": newest["value"],
-                     "unit": newest["unit"], "verdict": judged.verdict if judged else "",
+        newest = now[-1]
+        judged = verdicts.get((uuids[newest], kpi))
+        rows.append({"kpi": kpi, "configuration": config, "latest": values[newest],
+                     "unit": units[newest], "verdict": judged.verdict if judged else "",
                      "change_pct": judged.change_pct if judged else None,
-                     "series": group["value"].tolist(),
+                     "series": [values[i] for i in members],
                      "explanation": judged.explanation if judged else ""})
     rows.sort(key=lambda r: (SEVERITY.get(r["verdict"], len(SEVERITY)), r["kpi"],
                              r["configuration"]))
@@ -106,7 +113,7 @@ def shape_triage(ctx: ReportContext) -> pd.DataFrame:
     columns = ["kpi", "run", "verdict", "validity", "change_pct", "since", "what_changed",
                "suspects", "mde_pct", "explanation", "accept"]
     history = shlex.quote(ctx.history_uri) if ctx.history_uri else "HISTORY_URI"
-    names = {str(r.run_uuid): run_name(r) for r in ctx.runs}
+    names = {str(r.run_uuid): ctx.name_of(r) for r in ctx.runs}
     rows = []
     for v in ctx.verdicts:
         if v.verdict not in TRIAGED:
@@ -421,7 +428,7 @@ def verdict_cards(ctx: ReportContext) -> str:
     where = {(r, k): c for r, k, c in zip(valid["run_uuid"], valid["kpi"],
                                           valid["configuration"], strict=True)}
     history_arg = shlex.quote(ctx.history_uri) if ctx.history_uri else "HISTORY_URI"
-    names = {str(r.run_uuid): run_name(r) for r in ctx.runs}
+    names = {str(r.run_uuid): ctx.name_of(r) for r in ctx.runs}
     repeats_of: dict[str, set[str]] = {}
     for run in ctx.runs:
         original = getattr(run.result, "repeat_of", None)

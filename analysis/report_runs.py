@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.report_context import ReportContext, run_name
+from analysis.report_context import ReportContext
 from analysis.report_html import _figure_html, _lines, _short, _table_html
 from core.errors import ConfigError
 
@@ -21,7 +21,7 @@ def shape_loss_curve(ctx: ReportContext) -> pd.DataFrame:
     """Training loss per logging step, one series per run."""
     if ctx.project.loss_curve is None:
         return pd.DataFrame(columns=["run", "step", "loss"])
-    rows = [{"run": run_name(run), **point}
+    rows = [{"run": ctx.name_of(run), **point}
             for run in ctx.runs for point in ctx.project.loss_curve(run.result)]
     return pd.DataFrame(rows, columns=["run", "step", "loss"])
 
@@ -31,7 +31,7 @@ def shape_resources(ctx: ReportContext) -> pd.DataFrame:
     columns = ["run", "t_s", "metric", "value"]
     if ctx.project.resource_rows is None:
         return pd.DataFrame(columns=columns)
-    rows = [{"run": run_name(run), **row}
+    rows = [{"run": ctx.name_of(run), **row}
             for run in ctx.runs[-MAX_LOSS_CURVES:] for row in ctx.project.resource_rows(
                 run.result)]
     return pd.DataFrame(rows, columns=columns)
@@ -41,7 +41,7 @@ def shape_users(ctx: ReportContext) -> pd.DataFrame:
     """One row per user of multi-user runs (empty for single-user runs)."""
     if ctx.project.user_rows is None:
         return pd.DataFrame()
-    rows = [{"run": run_name(run), **row} for run in ctx.runs
+    rows = [{"run": ctx.name_of(run), **row} for run in ctx.runs
             for row in ctx.project.user_rows(run.result)]
     return pd.DataFrame(rows)
 
@@ -81,7 +81,7 @@ def shape_distribution(ctx: ReportContext) -> pd.DataFrame:
     columns = ["run", "metric", "value"]
     if ctx.project.samples is None:
         return pd.DataFrame(columns=columns)
-    rows = [{"run": run_name(run), "metric": metric, "value": value}
+    rows = [{"run": ctx.name_of(run), "metric": metric, "value": value}
             for run in ctx.runs[-MAX_DISTRIBUTION_RUNS:]
             for metric, values in ctx.project.samples(run.result).items()
             for value in values]
