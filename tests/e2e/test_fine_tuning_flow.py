@@ -169,24 +169,40 @@ def test_successive_runs_build_history_and_verdicts(tmp_path: Path, prefect_harn
                  "analysis.history_uri": str(tmp_path / "history")}
     outcomes = []
     try:
-        for i in range(4):
+        # four runs forked from the warm Python, then one with TELLTALE_WARM_PYTHON_MINUTES=0
+        # (a fresh process): the launch is a label, so the fifth run is another configuration
+        for i, minutes in enumerate(("10", "10", "10", "10", "0")):
+            monkeypatch.setenv("TELLTALE_WARM_PYTHON_MINUTES", minutes)
             outcomes.append(outcome_of(fine_tuning(
                 presets=["light"], overrides=overrides, artifact_dir=str(tmp_path / f"run{i}"),
                 return_state=True)))
-            if prometheus_required():  # a condition, not a sleep: the spare is ready
+            if prometheus_required() and i < 3:  # a condition, not a sleep: the spare is ready
                 wait_until(lambda: any((d / "spare.json").exists() for d in spares.glob("*/")),
                        "a spare left by the run")
         warm = [json.loads(p.read_text()) for p in
                 (tmp_path / "services" / WARM_DIR).glob("*/warm.json")]
     finally:
         stop_spares(spares)
-        stop_warm_pythons(tmp_path / "services")
+        stopped = stop_warm_pythons(tmp_path / "services")
     assert all(o.exit_code == 0 for o in outcomes), [o.failures for o in outcomes]
-    # the first run started the warm Python in its prepare; every run forked from it
-    assert len(warm) == 1
-    assert {json.loads(next((tmp_path / f"run{i}").glob(
-        "*__cell/*__fine_tuning__run_fine_tuning_job/artifacts/process.json")).read_text())[
-        "launch"] for i in range(4)} == {f"forked from the warm python {warm[0]['pid']}"}
+    # the first run started the warm Python in its prepare; every run forked from it but the
+    # fifth; it still served after the runs
+    assert len(warm) == 1 and stopped == [warm[0]["pid"]]
+    jobs = [next((tmp_path / f"run{i}").glob("*__cell/*__fine_tuning__run_fine_tuning_job"))
+            for i in range(5)]
+    assert [json.loads((j / "artifacts" / "process.json").read_text())["launch"]
+            for j in jobs] == [f"forked from the warm python {warm[0]['pid']}"] * 4 + [
+        "fresh process"]
+    for job in jobs[3:]:  # a forked trainer trains as a fresh one: its summary line
+        assert "'train_runtime'" in (job / "artifacts" / "pod.log").read_text()
+        assert not (job / "scratch").exists()  # cleanup removed its scratch dir
+    tables = [pd.read_parquet(next((tmp_path / f"run{i}").glob("*__analysis__*/kpis.parquet")))
+              for i in (0, 4)]
+    assert [set(t["launch"]) for t in tables] == [{"forked"}, {""}]
+    # the fresh run is the first of its own configuration in the same history
+    assert outcomes[4].history_note == (
+        "verdicts start with the 4th comparable run: 3 more run(s) of this configuration")
+    outcomes = outcomes[:4]
     if prometheus_required():  # the first run started its own; each later one adopted one
         assert [(tmp_path / f"run{i}" / "prometheus" / ADOPTED_FILE).is_file()
                 for i in range(4)] == [False, True, True, True]
@@ -202,12 +218,12 @@ def test_successive_runs_build_history_and_verdicts(tmp_path: Path, prefect_harn
         assert {"cpu_cores_used_mean", "cpu_cores_used_max", "memory_used_max"} <= judged_names
     judged = len(judged_names)
     assert outcomes[0].verdict_counts == {"insufficient_history": judged}
-    # one plotly.js on disk for the four reports (hard links from the runs root's .telltale/):
+    # one plotly.js on disk for the five reports (hard links from the runs root's .telltale/):
     # each report dir still holds it (offline, exported), the disk holds it once
     copies = [next((tmp_path / f"run{i}").glob("*__analysis__*/report/plotly.min.js"))
-              for i in range(4)]
+              for i in range(5)]
     assert len({c.stat().st_ino for c in copies}) == 1
-    assert copies[0].stat().st_nlink == 5  # four reports + the shared copy
+    assert copies[0].stat().st_nlink == 6  # five reports + the shared copy
     assert list((tmp_path / ".telltale").glob("plotly-*.min.js"))
     # runs 1 to 3 say when verdicts start (the 4th run, min_history 3); the 4th is judged
     assert [o.history_note for o in outcomes] == [
@@ -216,7 +232,7 @@ def test_successive_runs_build_history_and_verdicts(tmp_path: Path, prefect_harn
     last = outcomes[-1].verdict_counts
     assert last.get("insufficient_history", 0) == 0 and sum(last.values()) == judged
     history = pd.read_parquet(tmp_path / "history")
-    assert history["run_uuid"].nunique() == 4
+    assert history["run_uuid"].nunique() == 5  # the fresh run too
     # each run as the terminal named it: its cell ("base") and its flow run's id
     from analysis.listing import run_lines
 
@@ -435,51 +451,6 @@ def test_rerun_into_same_dir_resumes_finished_cells(tmp_path: Path, prefect_harn
     second = outcome_of(fine_tuning(presets=["light"], overrides=overrides, artifact_dir=str(tmp_path / "r"), return_state=True))
     assert [c.status for c in second.cells] == ["resumed"]
     assert len(list((tmp_path / "r").glob("*__cell"))) == 1
-
-
-def test_the_trainer_is_forked_from_a_warm_python_and_the_launch_is_a_label(
-        tmp_path: Path, prefect_harness, monkeypatch: pytest.MonkeyPatch) -> None:
-    """By default a run starts a warm Python (torch and transformers imported) in its
-    prepare and forks its trainer from it, which trains as a fresh one would (its summary
-    line, its KPIs) and says how it was launched; the warm Python stays for the next runs.
-    ``TELLTALE_WARM_PYTHON_MINUTES=0``: a fresh process. The launch is a label: the two runs
-    are two configurations, neither the other's history."""
-    from flows.fine_tuning.flow import fine_tuning
-    from flows.orchestration import outcome_of
-    from tasks.warm_python import WARM_DIR, stop_warm_pythons
-
-    monkeypatch.setenv("TELLTALE_PREFECT_API_HOME", str(tmp_path / "services"))
-    overrides = {**JUDGED, "analysis.history_uri": str(tmp_path / "history")}
-    records = tmp_path / "services" / WARM_DIR
-    outcomes = []
-    try:
-        for i, minutes in enumerate(("10", "0")):
-            monkeypatch.setenv("TELLTALE_WARM_PYTHON_MINUTES", minutes)
-            outcomes.append(outcome_of(fine_tuning(
-                presets=["light"], overrides=overrides, artifact_dir=str(tmp_path / f"run{i}"),
-                return_state=True)))
-        warm = [json.loads(p.read_text()) for p in records.glob("*/warm.json")]
-    finally:
-        stopped = stop_warm_pythons(tmp_path / "services")
-    assert [o.exit_code for o in outcomes] == [0, 0], [o.failures for o in outcomes]
-    assert len(warm) == 1 and stopped == [warm[0]["pid"]]  # still serving after the run
-    jobs = [next((tmp_path / f"run{i}").glob("*__cell/*__fine_tuning__run_fine_tuning_job"))
-            for i in range(2)]
-    launches = [json.loads((j / "artifacts" / "process.json").read_text())["launch"]
-                for j in jobs]
-    assert launches == [f"forked from the warm python {warm[0]['pid']}", "fresh process"]
-    for job in jobs:
-        assert "'train_runtime'" in (job / "artifacts" / "pod.log").read_text()
-        assert not (job / "scratch").exists()  # cleanup removed its scratch dir
-    tables = [pd.read_parquet(next((tmp_path / f"run{i}").glob("*__analysis__*/kpis.parquet")))
-              for i in range(2)]
-    assert [set(t["launch"]) for t in tables] == [{"forked"}, {""}]
-    value = tables[0].set_index("kpi")["value"]
-    for name in ("train_tokens_per_second", "train_runtime", "dataset_tokens_per_second"):
-        assert math.isfinite(value[name]) and value[name] > 0, name
-    # one history, two configurations: each run is the first of its own
-    assert [o.history_note for o in outcomes] == [
-        "verdicts start with the 4th comparable run: 3 more run(s) of this configuration"] * 2
 
 
 def test_missing_dataset_fails_in_prepare_with_exit_2(tmp_path: Path) -> None:
