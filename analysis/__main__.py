@@ -41,14 +41,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from analysis.history import ALL_KPIS, HistoryStore, default_history_uri
-from analysis.pipeline import postprocess, settings_for
-from analysis.project import load_project
 from core.environment import default_data_dir, env_settings
 from core.errors import TelltaleError, UserError
 from core.paths import writable_dir
 from core.progress import logger as progress_logger
 from core.terminal import ArgumentParser, printable, say
+
+# The history, the pipeline and the projects (pandas, pyarrow, the parsers: ~1 s) are
+# imported once the arguments are usable: --help and a usage error answer at once.
 
 HISTORY_HELP = ("Parquet history: local dir or s3://bucket/prefix (default: the history "
                 "the project's runs append to, <data dir>/history/<project>)")
@@ -71,6 +71,9 @@ def history_of(given: str | None, project: str | None) -> str:
     Raises:
         UserError: No ``--history`` and no way to choose one (none or several exist).
     """
+    from analysis.history import default_history_uri
+    from analysis.project import load_project
+
     if given:
         return given
     if project:
@@ -90,8 +93,6 @@ def history_of(given: str | None, project: str | None) -> str:
 
 def accept_main(argv: Sequence[str]) -> int:
     """``accept``: record an accepted baseline in the history; returns the exit code."""
-    from analysis.compare import runs_named
-
     parser = ArgumentParser(prog="python -m analysis accept",
                      description="Accept a run's level as the new baseline of its KPIs.")
     parser.add_argument("run_uuid", metavar="RUN", help="a run uuid, or a run folder's id "
@@ -102,6 +103,9 @@ def accept_main(argv: Sequence[str]) -> int:
     parser.add_argument("--by", default="", help="who accepted it (recorded)")
     parser.add_argument("--note", default="", help="why (recorded)")
     args = parser.parse_args(argv)
+    from analysis.compare import runs_named
+    from analysis.history import ALL_KPIS, HistoryStore
+
     try:
         store = HistoryStore(history_of(args.history, args.project))
         known = store.query({}, exclude_runs=())
@@ -133,9 +137,6 @@ def _failed(exc: TelltaleError) -> int:
 
 def compare_main(argv: Sequence[str]) -> int:
     """``compare``: two selections of the history, KPI by KPI; returns the exit code."""
-    from analysis.compare import compare_frames, comparison_html, comparison_lines
-    from core.safeio import write_json, write_text
-
     parser = ArgumentParser(prog="python -m analysis compare",
                      description="Compare two selections of a history: runs (uuids), label "
                                  "selections (vllm=0.32.0) or time windows (START..END).")
@@ -151,6 +152,12 @@ def compare_main(argv: Sequence[str]) -> int:
     parser.add_argument("--html", metavar="PATH", help="also write an HTML page")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     args = parser.parse_args(argv)
+    from analysis.compare import compare_frames, comparison_html, comparison_lines
+    from analysis.history import HistoryStore
+    from analysis.pipeline import settings_for
+    from analysis.project import load_project
+    from core.safeio import write_json, write_text
+
     try:
         env_settings()
         if not 0 < args.same_within <= 100:
@@ -202,9 +209,6 @@ def _show_progress() -> None:
 
 def history_main(argv: Sequence[str]) -> int:
     """``history``: list a history's runs or KPIs, filtered; CSV export; the exit code."""
-    from analysis.listing import filter_history, kpi_lines, run_lines, to_csv_frame
-    from core.safeio import write_text
-
     parser = ArgumentParser(prog="python -m analysis history",
                      description="List a history's runs (or KPI rows), filtered; write CSV.")
     _history_option(parser)
@@ -218,6 +222,10 @@ def history_main(argv: Sequence[str]) -> int:
                         "per run")
     parser.add_argument("--csv", metavar="PATH", help="write the selected rows as CSV")
     args = parser.parse_args(argv)
+    from analysis.history import HistoryStore
+    from analysis.listing import filter_history, kpi_lines, run_lines, to_csv_frame
+    from core.safeio import write_text
+
     try:
         env_settings()
         history = history_of(args.history, args.project)
@@ -303,6 +311,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quiet", action="store_true",
                         help="no progress lines on stderr (parse, judge, report)")
     args = parser.parse_args(argv)
+    from analysis.pipeline import postprocess, settings_for
+    from analysis.project import load_project
+
     # Everything imported so far lives as long as the process: out of the collector's sight,
     # its full collections (a 1 000-run post-processing makes a few hundred thousand
     # objects, and triggers several) walk only what the run made
