@@ -1,10 +1,11 @@
-"""A spare local Prometheus: started when a local run ends, adopted by the next one.
+"""A spare local Prometheus: started when a local run's cells end, adopted by the next run.
 
 Prometheus applies its scrape config on a 5 s discovery tick, and its scrape manager reloads
 on another 5 s tick (2.42 has no flag for either): a fresh server gives its first samples
 6-12 s after it starts, and a run must not open a cell's window before that (the window's
 first seconds would have no samples). A server started for the run is therefore most of the
-time between a command line's start and its first cell. So a run that ends leaves a *spare*:
+time between a command line's start and its first cell. So a run whose cells are done leaves
+a *spare* (before its post-processing and cleanup, which overlap the spare's start):
 a node exporter, a process exporter and a Prometheus, exactly as `PrometheusServer.start_local`
 starts them, already scraping when the next run starts, which adopts it with its TSDB.
 

@@ -115,7 +115,11 @@ class Platform(Protocol):
         """Undo what the run left (processes, cluster objects); safe to repeat."""
 
     def lock(self, run: RunContext) -> AbstractContextManager[object]:
-        """Hold the platform for this run (one run per cluster at a time)."""
+        """Hold the platform for this run (one run per cluster at a time).
+
+        The block is the run's cells, re-runs included; a platform may make ready for the
+        next run once it ends normally (the local one leaves its spare Prometheus then).
+        """
 
 
 _STEPS: dict[tuple[str, str, str], Any] = {}

@@ -552,11 +552,18 @@ class LocalPlatform:
                 self.prometheus = None
             if snapshot is not None and data is not None:
                 logger.info("prometheus TSDB snapshot: %s", data / "snapshots" / snapshot.name)
-            if sys.exc_info()[0] is None:  # not after a failed or interrupted run
-                offer_spare(run_ctx.model.observe.prometheus)
         cleanup(str(run_ctx.root))
 
     @contextmanager
     def lock(self, run_ctx: RunContext) -> Iterator[None]:
-        """Nothing to lock: each local run has its own artifact dir."""
+        """Nothing to lock: each local run has its own artifact dir.
+
+        The block is the run's cells (re-runs included): once it ends normally nothing more
+        is measured, and the run leaves its spare Prometheus for the next run then
+        (`offer_spare`), not at its cleanup — its post-processing and cleanup overlap the
+        spare's ~5-10 s to its first scrape, which a run started right after this one waits
+        for. A failed or interrupted run leaves none.
+        """
         yield
+        if self.prometheus is not None:  # the run measured with one
+            offer_spare(run_ctx.model.observe.prometheus)

@@ -4,10 +4,10 @@ The workload's warm Python (`tasks.warm_python`: it stays for the next runs), Pr
 spare the previous run left, already scraping, or one of its own) and the first cell's
 server start while Prefect is imported and its API found; the run takes them when it asks
 for the same ones (`tasks.platforms.local_warm.find_warm`,
-`tasks.observe.prometheus.take_ahead`, `tasks.platforms.service.take_ahead`). A run that
-ends normally leaves a spare Prometheus for the next (`offer_spare`, in the run's cleanup),
-which the next run adopts (`adopt_spare`: here for a command line, in the platform's prepare
-for any other run).
+`tasks.observe.prometheus.take_ahead`, `tasks.platforms.service.take_ahead`). A run
+whose cells end normally leaves a spare Prometheus for the next (`offer_spare`, once its
+last cell is done: the platform's ``lock`` block), which the next run adopts (`adopt_spare`:
+here for a command line, in the platform's prepare for any other run).
 """
 
 from __future__ import annotations

@@ -169,3 +169,37 @@ def test_a_spare_still_starting_is_waited_for_not_passed_over(tmp_path: Path) ->
         if server is not None:
             server.stop()
         stop_spares(base)
+
+
+def test_a_local_run_leaves_its_spare_once_its_cells_are_done_never_after_a_failure(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The platform's ``lock`` block is the run's cells: its normal end offers the spare (the
+    run's post-processing and cleanup then overlap the spare's start, ~5-10 s to its first
+    scrape); a block left by an exception (a failed or interrupted run) offers none."""
+    from projects import registry
+    from projects.config import resolve
+    from tasks.platforms.base import RunContext
+    from tasks.platforms.local import LocalPlatform
+
+    monkeypatch.setenv("TELLTALE_PREFECT_API_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("TELLTALE_SPARE_PROMETHEUS_MINUTES", "10")
+    base = tmp_path / "home" / "telltale-spare-prometheus"
+    project = registry.load("fine_tuning")
+    config = resolve("fine_tuning", presets=["light"])
+    run = RunContext(project=project, config=config, model=config.model,
+                     test=project.test_block(config.model), root=tmp_path / "run", run_id="t")
+    platform = LocalPlatform()
+    with platform.lock(run):  # a run observed without Prometheus leaves none
+        pass
+    assert spares(base) == []
+    platform.prometheus = object()  # type: ignore[assignment]  # the run measured with one
+    with pytest.raises(KeyboardInterrupt), platform.lock(run):
+        raise KeyboardInterrupt
+    assert spares(base) == []
+    try:
+        with platform.lock(run):
+            pass
+        assert len(spares(base)) == 1
+    finally:
+        platform.prometheus = None
+        stop_spares(base)
