@@ -37,7 +37,8 @@ class ReportContext:
     shared_labels: dict[str, str] = field(default_factory=dict)  # every shown line has these
     target_mde_pct: float = 5.0  # KPIs whose minimum detectable effect is larger: flagged
     curves: Sequence[Any] = field(default_factory=tuple)  # analysis.curve.CurveResult
-    _names: dict[int, str] = field(default_factory=dict, repr=False)
+    # not an init field: a context made by `dataclasses.replace` (other runs) starts empty
+    _names: dict[int, str] = field(default_factory=dict, init=False, repr=False)
 
     def name_of(self, run: Any) -> str:
         """`run_name` of one of this report's runs, made once per run.
@@ -45,7 +46,7 @@ class ReportContext:
         The pages name a run ~10 times and the loss curve once per logged step: 10 000
         names for 1 000 runs cost ~0.15 s when each was made afresh.
         """
-        name = self._names.get(id(run))  # the runs live as long as the context
+        name = self._names.get(id(run))  # ids are unique: the context holds its runs
         if name is None:
             name = self._names[id(run)] = run_name(run)
         return name
