@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tasks.observe.promql import LOCAL_QUERIES, capture_window
-from tasks.observe.spare import ADOPTED_FILE, adopt, offer, spares, stop_spares
+from tasks.observe.spare import ADOPTED_FILE, SPARES_DIR, adopt, offer, spares, stop_spares
 from tasks.process import pid_alive
 from tests.factories import prometheus_required, wait_until
 
@@ -183,7 +183,7 @@ def test_a_local_run_leaves_its_spare_once_its_cells_are_done_never_after_a_fail
 
     monkeypatch.setenv("TELLTALE_PREFECT_API_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("TELLTALE_SPARE_PROMETHEUS_MINUTES", "10")
-    base = tmp_path / "home" / "telltale-spare-prometheus"
+    base = tmp_path / "home" / SPARES_DIR
     project = registry.load("fine_tuning")
     config = resolve("fine_tuning", presets=["light"])
     run = RunContext(project=project, config=config, model=config.model,
