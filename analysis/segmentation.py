@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -30,6 +30,7 @@ from analysis.detector import (
     _winsorised_std,
 )
 from analysis.seasonality import Seasonality, deseasonalised
+from analysis.trend import smooth_trend
 
 
 def _locate(cs: np.ndarray, a: int, b: int, min_size: int, sigma: float,
@@ -256,25 +257,41 @@ def _validate(y: np.ndarray, cps: list[int], sigma: float, s: DetectorSettings,
     return cps
 
 
-def _residual_noise(y: np.ndarray, cps: Sequence[int], sigma: float,
-                    s: DetectorSettings) -> float:
-    """Noise scale from the residuals around the segments' levels (and the drift line).
+def _residual_noise(y: np.ndarray, cps: Sequence[int], sigma: float, s: DetectorSettings,
+                    trend: np.ndarray | None = None, trend_parameters: int = 0) -> float:
+    """Noise scale from the residuals around the segments' levels (and a drift line).
 
-    About twice as efficient as the difference-based scale: in a 40-run series that one is
-    off by up to 30 % (90 % range), enough to decide a weak step either way. A missed step
-    inflates it (cautious), the degrees of freedom of the levels are corrected for.
+    Or around the levels and the smooth ``trend`` they were found beside
+    (`_curved_alternative`, ``trend_parameters`` beyond a level). About twice as efficient
+    as the difference-based scale: in a 40-run series that one is off by up to 30 % (90 %
+    range), enough to decide a weak step either way. A missed step inflates it (cautious),
+    the degrees of freedom of the levels are corrected for.
     """
     bounds = [0, *cps, len(y)]
-    slope, sxx = _drift_slope(y, bounds)
-    if not _is_drift(slope, sxx, sigma, s.drift_z):
-        slope = 0.0
-    r = y - slope * np.arange(len(y))
+    if trend is not None:
+        r = y - trend
+    else:
+        slope, sxx = _drift_slope(y, bounds)
+        r = y - (slope if _is_drift(slope, sxx, sigma, s.drift_z) else 0.0) * np.arange(len(y))
     res = np.concatenate([r[a:b] - np.median(r[a:b]) for a, b in itertools.pairwise(bounds)])
-    dof = len(y) / max(len(y) - len(bounds) + 1, 1)
+    dof = len(y) / max(len(y) - len(bounds) + 1 - trend_parameters, 1)
     return _winsorised_std(res) * math.sqrt(dof)  # winsorised like `noise_scale`
 
 
-def _detect(y: np.ndarray, sigma: float, s: DetectorSettings, log_scale: bool) -> list[int]:
+@dataclass(frozen=True)
+class _Found:
+    """Level changes, and the smooth trend they were found beside.
+
+    ``trend`` None: levels and at most one shared drift (`_detect`); else the curve of
+    `_curved_alternative`, with ``trend_parameters`` beyond a level.
+    """
+
+    cps: list[int]
+    trend: np.ndarray | None = None
+    trend_parameters: int = 0
+
+
+def _detect(y: np.ndarray, sigma: float, s: DetectorSettings, log_scale: bool) -> _Found:
     """Steps 3-5 of the method on a shielded series: candidates, location, validation."""
     candidates = _refine(y, _candidates(y, sigma, s), sigma, s)
     kept = _validate(y, candidates, sigma, s, log_scale)
@@ -299,36 +316,82 @@ def _detect(y: np.ndarray, sigma: float, s: DetectorSettings, log_scale: bool) -
                     y, kept, sigma, s, False):
                 kept = other
     if kept:
-        kept = _curved_alternative(y, kept, sigma, s, log_scale)
-    return _refine(y, kept, sigma, s)
+        curved = _curved_alternative(y, kept, sigma, s, log_scale)
+        if curved is not None:
+            return curved
+    return _Found(_refine(y, kept, sigma, s))
 
 
 def _curved_alternative(y: np.ndarray, kept: list[int], sigma: float, s: DetectorSettings,
-                        log_scale: bool) -> list[int]:
-    """``kept``, or fewer steps found on ``y`` less a quadratic trend when that costs less.
+                        log_scale: bool) -> _Found | None:
+    """Fewer steps than ``kept`` found on ``y`` less a smooth trend, when that costs less.
 
-    Levels with one shared slope read a slow bend as steps. The bend and fewer steps win when
-    their penalised least-squares cost is lower, the curve's two parameters costing what two
-    steps cost (`_model_cost`). Measured: no-change series with a false change point 2.8 ->
-    1.8 % over the generator families (drifting ones 19 -> 8 %), F1 unchanged. In log space
-    the bend is also fitted to the values themselves (a parabola of values with additive
-    noise is no parabola of their logs), and the closer of the two is the bend.
+    Levels with one shared slope read a bend or a smooth trend (a saturating, logistic or
+    exponential curve) as a staircase. A curve (`_smooth_trend`) and fewer steps win when
+    their penalised least-squares cost is lower, each of the curve's parameters beyond a
+    level costing what a step costs (`_model_cost`). The steps are placed on the series
+    less the curve. None: the levels of ``kept`` stay.
     """
-    t = np.arange(len(y)) / len(y)
-    curve = np.polyval(np.polyfit(t, y, 2), t)
-    if log_scale:
-        raw = np.polyval(np.polyfit(t, np.exp(y), 2), t)
-        if np.all(raw > 0) and float(np.sum((y - np.log(raw)) ** 2)) < float(
-                np.sum((y - curve) ** 2)):
-            curve = np.log(raw)
-    bent = y - curve
-    other = _validate(bent, _refine(bent, _candidates(bent, sigma, s), sigma, s), sigma, s,
-                      log_scale)
+    curve, basis, extra = smooth_trend(y, sigma, s.candidate_z ** 2, s.min_size, log_scale)
+
+    def steps_beside(trend: np.ndarray) -> tuple[list[int], float, np.ndarray]:
+        bent = y - trend
+        found = _validate(bent, _refine(bent, _candidates(bent, sigma, s), sigma, s), sigma,
+                          s, log_scale)
+        return found, _model_cost(bent, found, sigma, s, False) + extra * s.candidate_z ** 2, \
+            bent
+
+    def joint(cps: Sequence[int]) -> np.ndarray:
+        # the curve fitted with steps beside it: a curve fitted alone bends towards a real
+        # step and hides part of it
+        assert basis is not None
+        steps = np.column_stack([np.arange(len(y)) >= c for c in cps]).astype(float)
+        coef = np.linalg.lstsq(np.hstack([basis, steps]), y, rcond=None)[0]
+        return basis @ coef[:basis.shape[1]]
+
+    other, curved, bent = steps_beside(curve)
+    if basis is not None:
+        starts = [other] if other and len(other) < len(kept) else []
+        chosen = _greedy_steps(y, basis, kept, sigma, s.candidate_z ** 2)
+        if chosen and chosen != other and len(chosen) < len(kept):
+            starts.append(chosen)  # every step needed beside the curve: no fewer steps
+        for start in starts:
+            found, cost, flat = steps_beside(joint(start))
+            if cost < curved:
+                other, curved, bent = found, cost, flat
     if len(other) >= len(kept):
-        return kept
+        return None
     drift = _is_drift(*_drift_slope(y, [0, *kept, len(y)]), sigma, s.drift_z)
-    curved = _model_cost(bent, other, sigma, s, False) + 2 * s.candidate_z ** 2
-    return other if curved < _model_cost(y, kept, sigma, s, drift) else kept
+    if curved >= _model_cost(y, kept, sigma, s, drift):
+        return None
+    return _Found(_refine(bent, other, sigma, s), y - bent, extra)
+
+
+def _greedy_steps(y: np.ndarray, basis: np.ndarray, kept: Sequence[int], sigma: float,
+                  penalty: float) -> list[int]:
+    """The steps of ``kept`` a curve of ``basis`` needs beside it, added one at a time.
+
+    Each round adds the step that lowers the residual sum of squares most (every candidate
+    scored at once: its column projected off the columns chosen so far), while that gain is
+    over ``penalty`` noise units.
+    """
+    candidates = list(kept)
+    steps = (np.arange(len(y))[:, None] >= np.asarray(candidates)[None, :]).astype(float)
+    chosen: list[int] = []
+    x = basis
+    while candidates:
+        q, _ = np.linalg.qr(x)
+        residual = y - q @ (q.T @ y)
+        off = steps - q @ (q.T @ steps)
+        size = np.einsum("ij,ij->j", off, off)
+        gain = np.where(size > 1e-9, (residual @ off) ** 2 / np.maximum(size, 1e-9), 0.0)
+        best = int(np.argmax(gain))
+        if gain[best] < penalty * sigma ** 2:
+            break
+        chosen.append(candidates.pop(best))
+        x = np.column_stack([x, steps[:, best]])
+        steps = np.delete(steps, best, axis=1)
+    return sorted(chosen)
 
 
 def _model_cost(y: np.ndarray, cps: Sequence[int], sigma: float, s: DetectorSettings,
@@ -434,12 +497,14 @@ def _levels(y: np.ndarray, settings: DetectorSettings, log_scale: bool
     settings = _for_length(settings, len(y))
     shielded, sigma = _shielded_noise(y, settings, floor)
     segmentable = len(y) >= 2 * settings.min_size
-    kept = _detect(shielded, sigma, settings, log_scale) if segmentable else []
+    found = _detect(shielded, sigma, settings, log_scale) if segmentable else _Found([])
     if segmentable and len(y) < settings.short_length:
         # Short series: measure the noise again around the levels found, and detect again.
-        sigma = floor(_residual_noise(shielded, kept, sigma, settings))
+        sigma = floor(_residual_noise(shielded, found.cps, sigma, settings, found.trend,
+                                      found.trend_parameters))
         shielded = _shield(y, sigma, settings.outlier_z)
-        kept = _detect(shielded, sigma, settings, log_scale)
+        found = _detect(shielded, sigma, settings, log_scale)
+    kept = found.cps
     if math.isfinite(full.edge_z):
         kept = _edge_changes(y, kept, settings, log_scale)
     return kept, sigma

@@ -8,7 +8,9 @@ steps of 1-10 noise SDs. Classes: ``flat``; ``step`` (1-4 steps); ``stair`` (thr
 same-sign steps of 1-2 σ); ``fixed`` (a 3-8 σ regression fixed 2-6 runs later: two change
 points); ``outliers`` (1-5 runs of 5-10 σ: no change point); ``variance`` (the noise ×2-4
 or ÷2-4: one change point); ``periodic`` (a sine of a real period of 5-50 runs, amplitude
-1-3 σ: no change point); ``periodic_step`` (the same with one 4-10 σ step).
+1-3 σ: no change point); ``periodic_step`` (the same with one 4-10 σ step); ``trend`` (a
+saturating, logistic, exponential or square-root curve over 10-40 σ: no change point) and
+``trend_step`` (the same with one 5-10 σ step), added with `analysis.trend`.
 
 It was written on 2026-11-28 to look for classes the families never drew, and it found
 two (waves of a real period, noise-free series): the detector was then changed for them,
@@ -29,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from analysis.regression import change_points  # noqa: E402
 
 CLASSES = ("flat", "step", "stair", "fixed", "outliers", "variance", "periodic",
-           "periodic_step")
+           "periodic_step", "trend", "trend_step")
 
 
 def _spaced(rng: np.random.Generator, n: int, count: int, gap: int = 10) -> list[int]:
@@ -85,7 +87,27 @@ def make(cls: str, rng: np.random.Generator) -> tuple[np.ndarray, list[int]]:
             at = int(rng.integers(n // 4, 3 * n // 4))
             level[at:] += rng.uniform(4, 10) * sigma * rng.choice([-1, 1])
             cps = [at]
+    elif cls in ("trend", "trend_step"):
+        level += rng.uniform(10, 40) * max(sigma, 0.3) * rng.choice([-1, 1]) * _curve(
+            rng, np.arange(n) / n)
+        if cls == "trend_step":
+            at = int(rng.integers(n // 5, 4 * n // 5))
+            level[at:] += rng.uniform(5, 10) * max(sigma, 0.3) * rng.choice([-1, 1])
+            cps = [at]
     return level + noise, cps
+
+
+def _curve(rng: np.random.Generator, t: np.ndarray) -> np.ndarray:
+    """A smooth curve from 0 to 1: saturating, logistic, exponential or a square root."""
+    kind = int(rng.integers(0, 4))
+    if kind == 0:
+        return 1 - np.exp(-t / rng.uniform(0.1, 0.4))
+    if kind == 1:
+        return 1 / (1 + np.exp(-(t - rng.uniform(0.3, 0.7)) / rng.uniform(0.06, 0.2)))
+    if kind == 2:
+        tau = rng.uniform(0.15, 0.5)
+        return np.expm1(t / tau) / np.expm1(1 / tau)
+    return np.sqrt(t)
 
 
 def _hits(found: list[int], truth: list[int], tolerance: int = 2) -> int:
