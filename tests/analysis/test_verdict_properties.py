@@ -341,25 +341,30 @@ def test_a_bend_of_the_values_is_no_change_point() -> None:
 
 
 def _smooth_curve(kind: int, t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """A saturating, logistic, exponential or square-root curve from 0 to 1 over ``t``."""
+    """A smooth monotone curve over ``t`` in [0, 1], from 0 to about 1.
+
+    A hyperbolic saturation, a tanh turn, a power or a logarithm: other formulas than the
+    benchmark's probe draws (`benchmarks/regression/long_probe.py`).
+    """
     if kind == 0:
-        return 1 - np.exp(-t / rng.uniform(0.1, 0.4))
+        return 1 - 1 / (1 + t / rng.uniform(0.05, 0.3)) ** 2
     if kind == 1:
-        return 1 / (1 + np.exp(-(t - rng.uniform(0.3, 0.7)) / rng.uniform(0.06, 0.2)))
+        return 0.5 + 0.5 * np.tanh((t - rng.uniform(0.3, 0.7)) / rng.uniform(0.1, 0.3))
     if kind == 2:
-        tau = rng.uniform(0.15, 0.5)
-        return np.expm1(t / tau) / np.expm1(1 / tau)
-    return np.sqrt(t)
+        return t ** rng.uniform(1.5, 3.0)
+    tau = rng.uniform(0.02, 0.2)
+    return np.log1p(t / tau) / np.log1p(1 / tau)
 
 
 def test_a_smooth_trend_is_not_cut_into_a_staircase_and_a_step_on_it_is_found() -> None:
-    """Saturating, logistic, exponential and square-root curves over 80-500 runs (a range
-    of 10-40 noise SDs): few change points, and a 5-10 SD step on such a curve is found
-    within 2 runs. A parabola could not follow them, and the levels read each as a
-    staircase; a natural spline of 3-5 parameters beyond the level is now the curve beside
-    the steps, fitted again beside the steps it needs (so it never bends into a real one),
-    the steps placed on the series less it (measured on these draws: 270 false
-    change points on the 80 curves before, 37 after; steps found 77 -> 80 of 80)."""
+    """Saturating, tanh, power and logarithmic curves over 80-500 runs (a range of 10-40
+    noise SDs): few change points, and a 5-10 SD step on such a curve is found within 2
+    runs. A parabola could not follow them, and the levels read each as a staircase; a
+    natural spline of 3-5 parameters beyond the level is now the curve beside the steps,
+    fitted again beside the steps it needs (so it never bends into a real one), the steps
+    placed on the series less it. Measured on these draws, whose formulas the detector was
+    not tuned on: 263 false change points on the 80 curves before, 47 after; steps found
+    78 -> 80 of 80."""
     rng = np.random.default_rng(11)
     false = found = 0
     for i in range(80):
@@ -376,7 +381,7 @@ def test_a_smooth_trend_is_not_cut_into_a_staircase_and_a_step_on_it_is_found() 
         at = int(rng.integers(n // 5, 4 * n // 5))
         values[at:] += rng.choice([-1.0, 1.0]) * rng.uniform(5, 10)
         found += any(abs(c - at) <= 2 for c in change_points(list(values)))
-    assert false <= 80, false
+    assert false <= 100, false
     assert found >= 76, found
 
 
