@@ -385,6 +385,30 @@ def test_a_smooth_trend_is_not_cut_into_a_staircase_and_a_step_on_it_is_found() 
     assert found >= 76, found
 
 
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(kind=st.integers(0, 3), seed=st.integers(0, 100_000), n=st.integers(10, 500),
+       scale=st.sampled_from([1e-9, 1e-3, 1.0, 1e6, 1e12]),
+       noise=st.sampled_from([0.0, 1e-6, 0.01, 0.2]), amplitude=st.floats(-0.9, 5.0),
+       step=st.floats(-0.5, 0.5), holes=st.integers(0, 5),
+       direction=st.sampled_from(["higher_better", "lower_better"]))
+def test_a_curve_at_any_scale_gives_ordered_change_points_and_a_verdict(
+        kind: int, seed: int, n: int, scale: float, noise: float, amplitude: float,
+        step: float, holes: int, direction: str) -> None:
+    """Smooth curves of any size and noise (none included), a step or not, NaN holes:
+    change points are increasing run indices inside the series, the verdict explains."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(n) / n
+    values = scale * (1 + amplitude * _smooth_curve(kind, t, rng)) * (
+        1 + rng.normal(0, noise, n))
+    values[int(rng.integers(1, n)):] *= 1 + step
+    values[rng.integers(0, n, holes)] = math.nan
+    series = [float(v) for v in values]
+    found = change_points(series, direction)  # type: ignore[arg-type]
+    assert found == sorted(set(found)) and all(0 < c < n for c in found), found
+    judged = verdict(series[:-1], series[-1], direction)  # type: ignore[arg-type]
+    assert judged.kind in KINDS and judged.explanation
+
+
 def test_noise_and_smooth_trends_are_not_periodic() -> None:
     """White noise, a line or a parabola, 100-500 runs: no wave. The sine candidate searched
     periods down to 2 runs, where a 2-3-run moving-average trend is a high-pass filter, and
