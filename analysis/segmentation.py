@@ -327,10 +327,11 @@ def _curved_alternative(y: np.ndarray, kept: list[int], sigma: float, s: Detecto
     """Fewer steps than ``kept`` found on ``y`` less a smooth trend, when that costs less.
 
     Levels with one shared slope read a bend or a smooth trend (a saturating, logistic or
-    exponential curve) as a staircase. A curve (`_smooth_trend`) and fewer steps win when
-    their penalised least-squares cost is lower, each of the curve's parameters beyond a
-    level costing what a step costs (`_model_cost`). The steps are placed on the series
-    less the curve. None: the levels of ``kept`` stay.
+    exponential curve) as a staircase. A curve (`analysis.trend.smooth_trend`) and fewer
+    steps win when their penalised least-squares cost is lower, each of the curve's
+    parameters beyond a level costing what a step costs (`_model_cost`). The curve is fitted
+    again beside the steps it needs (`_greedy_steps`), and the steps are placed on the
+    series less the curve. None: the levels of ``kept`` stay.
     """
     curve, basis, extra = smooth_trend(y, sigma, s.candidate_z ** 2, s.min_size, log_scale)
 
@@ -353,8 +354,9 @@ def _curved_alternative(y: np.ndarray, kept: list[int], sigma: float, s: Detecto
     if basis is not None:
         starts = [other] if other and len(other) < len(kept) else []
         chosen = _greedy_steps(y, basis, kept, sigma, s.candidate_z ** 2)
+        # (when the curve needs every step of kept beside it, no model with fewer is left)
         if chosen and chosen != other and len(chosen) < len(kept):
-            starts.append(chosen)  # every step needed beside the curve: no fewer steps
+            starts.append(chosen)
         for start in starts:
             found, cost, flat = steps_beside(joint(start))
             if cost < curved:
