@@ -137,11 +137,14 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is ever downloaded
 
     import torch
+
+    # the device first: a cell asking for GPUs torch cannot see is refused before the
+    # seconds of transformers' import
+    device = _device(cfg.telltale_gpus)
     from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_warning()
-    device = _device(cfg.telltale_gpus)
     print(f"device: {device or 'cpu'}", flush=True)
     torch.set_num_threads(cfg.telltale_torch_threads or os.cpu_count() or 1)
     max_len = cfg.max_seq_length
