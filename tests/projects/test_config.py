@@ -90,12 +90,10 @@ def test_unknown_preset_lists_available(base: Path) -> None:
 
 @given(word=st.sampled_from(["light", "nightly", "scale_test", "lora_vs_full", "gating"]),
        at=st.integers(min_value=0, max_value=20), edit=st.sampled_from(["drop", "double", "swap"]))
-def test_a_misspelt_preset_or_project_suggests_the_close_name(word: str, at: int,
-                                                               edit: str) -> None:
-    """Any one-letter slip of a real name (dropped, doubled, swapped) is suggested back."""
-    from core.errors import did_you_mean
-    from projects import registry
-
+def test_a_misspelt_preset_suggests_the_close_name(word: str, at: int,
+                                                   edit: str) -> None:
+    """Any one-letter slip of a real preset name (dropped, doubled, swapped) is suggested
+    back."""
     i = at % len(word)
     typo = {"drop": word[:i] + word[i + 1:], "double": word[:i] + word[i] + word[i:],
             "swap": word[:i] + word[i + 1:i + 2] + word[i] + word[i + 2:]}[edit]
@@ -103,6 +101,12 @@ def test_a_misspelt_preset_or_project_suggests_the_close_name(word: str, at: int
         return
     with pytest.raises(ConfigError, match=f"did you mean: [^?]*{word}"):
         resolve("fine_tuning", [typo], env={})
+
+
+def test_a_misspelt_project_suggests_the_close_name() -> None:
+    from core.errors import did_you_mean
+    from projects import registry
+
     assert "fine_tuning" in did_you_mean("fine_tunin", registry.available())
     with pytest.raises(ConfigError, match="did you mean: llm_serving"):
         registry.load("llm_servng")
