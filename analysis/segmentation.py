@@ -4,6 +4,10 @@ A binary segmentation over cumulative sums proposes change points; each is refin
 only when its step is significant against the series' noise and not better explained by a
 drift. `_levels` gives a series' level changes (steps, and the edges of the newest runs),
 `_steps` the steps alone. See `analysis.regression` for the whole method.
+
+One module (~540 lines): the alternatives weighed against the steps (a drift, a smooth
+curve: `analysis.trend` holds the curves themselves) are scored with the segmentation's own
+candidates, validation and cost; split, each half would import the other.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from analysis.detector import (
     _winsorised_std,
 )
 from analysis.seasonality import Seasonality, deseasonalised
-from analysis.trend import smooth_trend
+from analysis.trend import needed_steps, smooth_trend
 
 
 def _locate(cs: np.ndarray, a: int, b: int, min_size: int, sigma: float,
@@ -330,8 +334,8 @@ def _curved_alternative(y: np.ndarray, kept: list[int], sigma: float, s: Detecto
     exponential curve) as a staircase. A curve (`analysis.trend.smooth_trend`) and fewer
     steps win when their penalised least-squares cost is lower, each of the curve's
     parameters beyond a level costing what a step costs (`_model_cost`). The curve is fitted
-    again beside the steps it needs (`_greedy_steps`), and the steps are placed on the
-    series less the curve. None: the levels of ``kept`` stay.
+    again beside the steps it needs (`analysis.trend.needed_steps`), and the steps are
+    placed on the series less the curve. None: the levels of ``kept`` stay.
     """
     curve, basis, extra = smooth_trend(y, sigma, s.candidate_z ** 2, s.min_size, log_scale)
 
@@ -353,7 +357,7 @@ def _curved_alternative(y: np.ndarray, kept: list[int], sigma: float, s: Detecto
     other, curved, bent = steps_beside(curve)
     if basis is not None:
         starts = [other] if other and len(other) < len(kept) else []
-        chosen = _greedy_steps(y, basis, kept, sigma, s.candidate_z ** 2)
+        chosen = needed_steps(y, basis, kept, sigma, s.candidate_z ** 2)
         # (when the curve needs every step of kept beside it, no model with fewer is left)
         if chosen and chosen != other and len(chosen) < len(kept):
             starts.append(chosen)
@@ -367,33 +371,6 @@ def _curved_alternative(y: np.ndarray, kept: list[int], sigma: float, s: Detecto
     if curved >= _model_cost(y, kept, sigma, s, drift):
         return None
     return _Found(_refine(bent, other, sigma, s), y - bent, extra)
-
-
-def _greedy_steps(y: np.ndarray, basis: np.ndarray, kept: Sequence[int], sigma: float,
-                  penalty: float) -> list[int]:
-    """The steps of ``kept`` a curve of ``basis`` needs beside it, added one at a time.
-
-    Each round adds the step that lowers the residual sum of squares most (every candidate
-    scored at once: its column projected off the columns chosen so far), while that gain is
-    over ``penalty`` noise units.
-    """
-    candidates = list(kept)
-    steps = (np.arange(len(y))[:, None] >= np.asarray(candidates)[None, :]).astype(float)
-    chosen: list[int] = []
-    x = basis
-    while candidates:
-        q, _ = np.linalg.qr(x)
-        residual = y - q @ (q.T @ y)
-        off = steps - q @ (q.T @ steps)
-        size = np.einsum("ij,ij->j", off, off)
-        gain = np.where(size > 1e-9, (residual @ off) ** 2 / np.maximum(size, 1e-9), 0.0)
-        best = int(np.argmax(gain))
-        if gain[best] < penalty * sigma ** 2:
-            break
-        chosen.append(candidates.pop(best))
-        x = np.column_stack([x, steps[:, best]])
-        steps = np.delete(steps, best, axis=1)
-    return sorted(chosen)
 
 
 def _model_cost(y: np.ndarray, cps: Sequence[int], sigma: float, s: DetectorSettings,

@@ -5,16 +5,19 @@ settling): a saturating, logistic, exponential or slowly bending curve. Levels w
 shared slope read such a curve as a staircase, 3-6 false change points a series (measured:
 docs/performance.md). `smooth_trend` is the cheapest curve of a few families, scored as
 the segmentation scores steps (its residual sum of squares in noise units plus a penalty
-per parameter), for `analysis.segmentation._curved_alternative` to weigh against the steps.
+per parameter), for `analysis.segmentation._curved_alternative` to weigh against the steps;
+`needed_steps` picks the steps a curve needs beside it (a curve fitted alone bends into a
+real step).
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["SPLINE_PARAMETERS", "natural_spline_basis", "smooth_trend"]
+__all__ = ["SPLINE_PARAMETERS", "natural_spline_basis", "needed_steps", "smooth_trend"]
 
 SPLINE_PARAMETERS = (4, 5, 6)
 """Natural cubic splines tried, by their parameters (evenly spaced knots: 4 to 6)."""
@@ -89,3 +92,30 @@ def _spaces(n: int, min_size: int) -> list[tuple[int, np.ndarray]]:
     for _, space in spaces:
         space.flags.writeable = False  # shared by every caller of this length
     return spaces
+
+
+def needed_steps(y: np.ndarray, basis: np.ndarray, kept: Sequence[int], sigma: float,
+                 penalty: float) -> list[int]:
+    """The steps of ``kept`` a curve of ``basis`` needs beside it, added one at a time.
+
+    Each round adds the step that lowers the residual sum of squares most (every candidate
+    scored at once: its column projected off the columns chosen so far), while that gain is
+    over ``penalty`` noise units.
+    """
+    candidates = list(kept)
+    steps = (np.arange(len(y))[:, None] >= np.asarray(candidates)[None, :]).astype(float)
+    chosen: list[int] = []
+    x = basis
+    while candidates:
+        q, _ = np.linalg.qr(x)
+        residual = y - q @ (q.T @ y)
+        off = steps - q @ (q.T @ steps)
+        size = np.einsum("ij,ij->j", off, off)
+        gain = np.where(size > 1e-9, (residual @ off) ** 2 / np.maximum(size, 1e-9), 0.0)
+        best = int(np.argmax(gain))
+        if gain[best] < penalty * sigma ** 2:
+            break
+        chosen.append(candidates.pop(best))
+        x = np.column_stack([x, steps[:, best]])
+        steps = np.delete(steps, best, axis=1)
+    return sorted(chosen)
