@@ -361,7 +361,7 @@ def test_a_smooth_trend_is_not_cut_into_a_staircase_and_a_step_on_it_is_found() 
     noise SDs): few change points, and a 5-10 SD step on such a curve is found within 2
     runs. A parabola could not follow them, and the levels read each as a staircase; a
     natural spline of 3-5 parameters beyond the level is now the curve beside the steps,
-    fitted again beside the steps it needs (so it never bends into a real one), the steps
+    fitted again beside the steps it needs (so it does not bend into a real one), the steps
     placed on the series less it. Measured on these draws, whose formulas the detector was
     not tuned on: 263 false change points on the 80 curves before, 47 after; steps found
     78 -> 80 of 80."""
