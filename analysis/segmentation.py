@@ -34,7 +34,7 @@ from analysis.detector import (
     _winsorised_std,
 )
 from analysis.seasonality import Seasonality, deseasonalised
-from analysis.trend import needed_steps, smooth_trend
+from analysis.trend import needed_steps, smooth_trend, step_columns
 
 
 def _locate(cs: np.ndarray, a: int, b: int, min_size: int, sigma: float,
@@ -350,8 +350,8 @@ def _curved_alternative(y: np.ndarray, kept: list[int], sigma: float, s: Detecto
         # the curve fitted with steps beside it: a curve fitted alone bends towards a real
         # step and hides part of it
         assert basis is not None
-        steps = np.column_stack([np.arange(len(y)) >= c for c in cps]).astype(float)
-        coef = np.linalg.lstsq(np.hstack([basis, steps]), y, rcond=None)[0]
+        coef = np.linalg.lstsq(np.hstack([basis, step_columns(len(y), cps)]), y,
+                               rcond=None)[0]
         return basis @ coef[:basis.shape[1]]
 
     other, curved, bent = steps_beside(curve)

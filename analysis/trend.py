@@ -17,10 +17,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["SPLINE_PARAMETERS", "natural_spline_basis", "needed_steps", "smooth_trend"]
+__all__ = ["SPLINE_PARAMETERS", "natural_spline_basis", "needed_steps", "smooth_trend",
+           "step_columns"]
 
 SPLINE_PARAMETERS = (4, 5, 6)
-"""Natural cubic splines tried, by their parameters (evenly spaced knots: 4 to 6)."""
+"""Natural cubic splines tried, by their parameters (4 to 6 knots, evenly spaced or crowded
+towards either end)."""
 
 _RUNS_PER_PARAMETER = 4
 """A spline of ``k`` parameters needs ``k * _RUNS_PER_PARAMETER * min_size`` runs: shorter
@@ -103,7 +105,7 @@ def needed_steps(y: np.ndarray, basis: np.ndarray, kept: Sequence[int], sigma: f
     over ``penalty`` noise units.
     """
     candidates = list(kept)
-    steps = (np.arange(len(y))[:, None] >= np.asarray(candidates)[None, :]).astype(float)
+    steps = step_columns(len(y), candidates)
     chosen: list[int] = []
     x = basis
     while candidates:
@@ -119,3 +121,8 @@ def needed_steps(y: np.ndarray, basis: np.ndarray, kept: Sequence[int], sigma: f
         x = np.column_stack([x, steps[:, best]])
         steps = np.delete(steps, best, axis=1)
     return sorted(chosen)
+
+
+def step_columns(n: int, cps: Sequence[int]) -> np.ndarray:
+    """One column per change point of ``cps`` over ``n`` runs: 0 before it, 1 from it on."""
+    return (np.arange(n)[:, None] >= np.asarray(cps)[None, :]).astype(float)
