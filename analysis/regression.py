@@ -130,6 +130,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, Field
 
+from analysis.correlated import noise_correlation
 from analysis.detector import (
     DEFAULTS,
     DetectorSettings,
@@ -142,9 +143,10 @@ from analysis.detector import (
     noise_scale,
     pooled_noise,
 )
+from analysis.exact import exact_steps
 from analysis.excursions import excursions
 from analysis.seasonality import MAX_PERIOD, Seasonality, deseasonalised, seasonality
-from analysis.segmentation import _exact_steps, _explains_better, _levels, _steps
+from analysis.segmentation import _explains_better, _levels, _steps
 from analysis.spread import SPREAD_WINDOW, _spread_changes
 
 __all__ = [
@@ -265,18 +267,19 @@ def _shapes(values: Sequence[float], direction: Direction, settings: DetectorSet
     log_scale = settings.log_scale and bool(np.all(y > 0))
     if log_scale:  # multiplicative noise becomes additive: one noise scale for all levels
         y = np.log(y)
-    exact = _exact_steps(y, settings.min_size)
+    exact = exact_steps(y, settings.min_size)
     if exact is not None:  # no noise: its levels change where its value does
         return index, exact, [], None
     season = seasonality(y) if settings.periodic else None
-    levels, sigma = _levels(deseasonalised(y, season), settings, log_scale)
-    if season is None and settings.periodic and len(levels) >= 2:
+    levels, sigma, stairs = _levels(deseasonalised(y, season), settings, log_scale)
+    if season is None and settings.periodic and (len(stairs) >= 2 or stairs != levels):
         # A step between two stretches of a wave spoils the wave's test (the moving-average
-        # trend smears it over a period): cut into steps, the wave is looked for again
-        # without its largest step (long probe, wave and a step, 50-136 runs: 3 of 5 cut)
-        season = seasonality(_without_largest_step(y, levels))
+        # trend smears it over a period): cut into steps (or read as a walk, one step or
+        # more: a wave's residuals are a walk's too), the wave is looked for again without
+        # its largest step (long probe, wave and a step, 50-136 runs: 3 of 5 cut)
+        season = seasonality(_without_largest_step(y, stairs))
         if season is not None:
-            levels, sigma = _levels(deseasonalised(y, season), settings, log_scale)
+            levels, sigma, _ = _levels(deseasonalised(y, season), settings, log_scale)
     if season is not None:
         # An evenly spaced staircase looks periodic too (steps less a moving average are a
         # sawtooth): the wave must explain the series better than the steps alone do, its
@@ -286,7 +289,7 @@ def _shapes(values: Sequence[float], direction: Direction, settings: DetectorSet
             y = deseasonalised(y, season)
         else:
             # a wave is there, though steps explain more: its crests are no excursions
-            levels, season, short = steps, None, False
+            levels, season, short = _steps(y, settings, log_scale, correlated=True), None, False
     brief: list[int] = []
     if short:
         levels, brief = excursions(y, levels, sigma, settings)
@@ -393,7 +396,8 @@ def verdict(history: Sequence[float], latest: float | Sequence[float],
         repeats = repeats - season.at(len(h))
     else:
         season = None
-    shifts = _tail_shifts(h, repeats, settings, levels, first, log_scale)
+    shifts = _tail_shifts(h, repeats, settings, levels, first, log_scale,
+                          ar=noise_correlation(h, levels))
     judged = _judge(shifts, repeats, value, direction, settings, log_scale)
     if judged.kind != "no_change":
         return judged

@@ -2,12 +2,13 @@
 
 A binary segmentation over cumulative sums proposes change points; each is refined, and kept
 only when its step is significant against the series' noise and not better explained by a
-drift. `_levels` gives a series' level changes (steps, and the edges of the newest runs),
-`_steps` the steps alone. See `analysis.regression` for the whole method.
+drift. `_levels` gives a series' level changes (steps, and the edges of the newest runs:
+`analysis.edges`), `_steps` the steps alone. See `analysis.regression` for the whole method.
 
-One module (~540 lines): the alternatives weighed against the steps (a drift, a smooth
-curve: `analysis.trend` holds the curves themselves) are scored with the segmentation's own
-candidates, validation and cost; split, each half would import the other.
+One module (~570 lines): the alternatives weighed against the steps (a drift, a smooth
+curve, a noise that is not white: `analysis.trend` and `analysis.correlated` hold the
+models themselves) are scored with the segmentation's own candidates, validation and cost;
+split, each half would import the other.
 """
 
 from __future__ import annotations
@@ -20,19 +21,26 @@ from dataclasses import dataclass, replace
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from analysis.correlated import (
+    MAX_AR,
+    WALK_MIN_RUNS,
+    Correlated,
+    around_levels,
+    lag_one,
+    local_level,
+)
 from analysis.detector import (
     DetectorSettings,
     _drift_slope,
     _expm1,
     _is_drift,
-    _relative,
     _shield,
     _shielded_noise,
     _sigma_floor,
-    _tail_shifts,
     _trimmed_mean,
     _winsorised_std,
 )
+from analysis.edges import edge_changes
 from analysis.seasonality import Seasonality, deseasonalised
 from analysis.trend import needed_steps, smooth_trend, step_columns
 
@@ -138,8 +146,14 @@ def _candidates(y: np.ndarray, sigma: float, s: DetectorSettings) -> list[int]:
     return [c * block for c in _segment(means, sigma / math.sqrt(block), coarse)]
 
 
+_Means = dict[tuple[int, int], float]
+"""Trimmed means of ``y[lo:hi]`` by ``(lo, hi)``, kept while one series is validated."""
+
+
 def _step_stats(y: np.ndarray, i: int, bounds: Sequence[int], sigma: float,
-                s: DetectorSettings, drift: tuple[float, float]) -> tuple[float, float, float]:
+                s: DetectorSettings, drift: tuple[float, float],
+                noise: Correlated = Correlated(), means: _Means | None = None
+                ) -> tuple[float, float, float]:
     """Drift-corrected step at change ``bounds[i + 1]``: (step, z, level_before).
 
     The step is measured between trimmed means of up to ``window`` points on each side,
@@ -147,29 +161,33 @@ def _step_stats(y: np.ndarray, i: int, bounds: Sequence[int], sigma: float,
     `_drift_slope`). A step that passes against the series' noise is measured again
     against its surroundings' when they are noisier (`_local_sigma`); one that fails
     already is not (a larger noise would only weaken it: it saves ~3 ms a 1 000-run series).
+    ``noise``: how far from white the noise is (`analysis.correlated`).
+    ``means``: the windows' trimmed means already computed on ``y`` (`_validate`).
     """
-    found = _measured_step(y, i, bounds, sigma, s, drift)
+    found = _measured_step(y, i, bounds, sigma, s, drift, noise, means)
     if found[1] < s.z_threshold:
         return found
     a, t, b = bounds[i], bounds[i + 1], bounds[i + 2]
     local = _local_sigma(y[max(a, t - s.window):t], y[t:min(b, t + s.window)], sigma)
-    return found if local == sigma else _measured_step(y, i, bounds, local, s, drift)
+    return found if local == sigma else _measured_step(y, i, bounds, local, s, drift, noise,
+                                                       means)
 
 
 def _measured_step(y: np.ndarray, i: int, bounds: Sequence[int], sigma: float,
-                   s: DetectorSettings, drift: tuple[float, float]
+                   s: DetectorSettings, drift: tuple[float, float],
+                   noise: Correlated = Correlated(), means: _Means | None = None
                    ) -> tuple[float, float, float]:
-    """`_step_stats` against the noise scale ``sigma``."""
+    """`_step_stats` against the noise scale ``sigma`` (and its correlation, ``noise``)."""
     a, t, b = bounds[i], bounds[i + 1], bounds[i + 2]
-    lo = max(a, t - s.window)
-    hi = min(b, t + s.window)
-    left, right = y[lo:t], y[t:hi]
-    nl, nr = len(left), len(right)
-    level_l, level_r = _trimmed_mean(left), _trimmed_mean(right)
+    window = noise.window(sigma ** 2, s.window)
+    lo = max(a, t - window)
+    hi = min(b, t + window)
+    nl, nr = t - lo, hi - t
+    level_l, level_r = _window_mean(y, lo, t, means), _window_mean(y, t, hi, means)
     slope, sxx = drift
     centre_l, centre_r = (lo + t - 1) / 2, (t + hi - 1) / 2
     distance = centre_r - centre_l
-    var = sigma ** 2 * (1.1 * (1.0 / nl + 1.0 / nr))  # 1.1: trimmed-mean efficiency
+    var = noise.variance(sigma ** 2, nl, nr)
     raw_step, raw_z = level_r - level_l, abs(level_r - level_l) / math.sqrt(var)
     # The step measured against the drift line, with the slope's uncertainty.
     if sxx > 0:
@@ -184,6 +202,20 @@ def _measured_step(y: np.ndarray, i: int, bounds: Sequence[int], sigma: float,
         z = min(raw_z, z * s.z_threshold / s.drift_floor_z) if s.drift_floor_z > 0 else raw_z
     # Level just before the step, from the drift line, for the relative size.
     return step, z, level_l + slope * (t - 1 - centre_l)
+
+
+def _window_mean(y: np.ndarray, lo: int, hi: int, means: _Means | None) -> float:
+    """The trimmed mean of ``y[lo:hi]``, from ``means`` when it was computed already.
+
+    Validation measures every step again each time it drops one, and most windows did not
+    move: a long series cut into 60 candidates sorted the same windows thousands of times.
+    """
+    if means is None:
+        return _trimmed_mean(y[lo:hi])
+    found = means.get((lo, hi))
+    if found is None:
+        found = means[(lo, hi)] = _trimmed_mean(y[lo:hi])
+    return found
 
 
 LOCAL_NOISE_RUNS = 20
@@ -234,19 +266,20 @@ def _refine(y: np.ndarray, cps: list[int], sigma: float, s: DetectorSettings) ->
 
 
 def _validate(y: np.ndarray, cps: list[int], sigma: float, s: DetectorSettings,
-              log_scale: bool) -> list[int]:
+              log_scale: bool, noise: Correlated = Correlated()) -> list[int]:
     """Drop candidates whose step is too weak or too small, weakest first, until all pass.
 
     With ``log_scale`` the series is ``log(values)``, so a step's relative size is
-    ``expm1(step)``.
+    ``expm1(step)``; ``noise``: see `_step_stats`.
     """
     cps = list(cps)
+    means: _Means = {}
     while cps:
         bounds = [0, *cps, len(y)]
         drift = _drift_slope(y, bounds)
         scores = []
         for i in range(len(cps)):
-            step, z, before = _step_stats(y, i, bounds, sigma, s, drift)
+            step, z, before = _step_stats(y, i, bounds, sigma, s, drift, noise, means)
             if log_scale:
                 rel = abs(_expm1(step))
             else:
@@ -287,12 +320,14 @@ class _Found:
     """Level changes, and the smooth trend they were found beside.
 
     ``trend`` None: levels and at most one shared drift (`_detect`); else the curve of
-    `_curved_alternative`, with ``trend_parameters`` beyond a level.
+    `_curved_alternative`, with ``trend_parameters`` beyond a level. ``stairs``: the levels
+    that a correlated noise replaced (`_correlated_alternative`), None when it did not.
     """
 
     cps: list[int]
     trend: np.ndarray | None = None
     trend_parameters: int = 0
+    stairs: list[int] | None = None
 
 
 def _detect(y: np.ndarray, sigma: float, s: DetectorSettings, log_scale: bool) -> _Found:
@@ -321,9 +356,81 @@ def _detect(y: np.ndarray, sigma: float, s: DetectorSettings, log_scale: bool) -
                 kept = other
     if kept:
         curved = _curved_alternative(y, kept, sigma, s, log_scale)
+        if curved is not None and curved.trend is not None and curved.cps:
+            # a meander about a curve: the same weighing on the series less the curve
+            jumps = _correlated_alternative(y - curved.trend, curved.cps, sigma, s, log_scale)
+            return replace(curved, cps=jumps,
+                           stairs=curved.cps if jumps != curved.cps else None)
         if curved is not None:
             return curved
+        jumps = _correlated_alternative(y, kept, sigma, s, log_scale)
+        if jumps != kept:
+            return _Found(jumps, stairs=kept)
     return _Found(_refine(y, kept, sigma, s))
+
+
+WALK_PARAMETERS = 2
+"""What the local-level model costs, in steps. Its ratio is one parameter; the second is the
+choice of a walk over the steps, drift, curve and wave the segmentation weighs already: a
+staircase of three 1-2 SD steps read as a walk by a margin of 0-11 (a step costs 20), while
+walks of 0.3-1 noise SDs a run won by 16-350 (long probe, 2026-11-28)."""
+WHITE_Z = 1.0
+"""Residuals around the levels whose lag-1 correlation is under this many standard errors
+(~1/sqrt(n) each) are white: the levels stand, and no other noise is fitted (a walk's fit
+costs ~1.5 ms at 1 000 runs; measured: walks this lets through raise their false change
+points 0.78 -> 0.88 a series at 0.3 SD a run)."""
+
+
+def _correlated_alternative(y: np.ndarray, kept: list[int], sigma: float,
+                            s: DetectorSettings, log_scale: bool) -> list[int]:
+    """``kept``, or fewer of them when the noise around the levels is not white.
+
+    Three models, each with its penalised ``-2 log likelihood`` (the noise profiled out, a
+    parameter costing what a step costs): the levels of ``kept`` with white noise; levels
+    with autocorrelated noise (`analysis.correlated.Correlated.ar`: the steps validated
+    again against means that vary more; its correlation one parameter); a wandering level
+    with the steps that stand out of it as jumps (`analysis.correlated.local_level`,
+    `WALK_PARAMETERS`). Each keeps the drift the levels share. The cheapest wins.
+
+    Its steps are placed (the levels' ``_refine`` once the others are known, for
+    autocorrelated noise; a walk's jumps stay where the levels put them: a least-squares
+    split of a walk lands in the middle of a meander, 20-35 runs from the jump).
+    """
+    n = len(y)
+    slope, sxx = _drift_slope(y, [0, *kept, n])
+    drift = _is_drift(slope, sxx, sigma, s.drift_z)
+    flat = y - slope * np.arange(n) if drift else y
+    residual = around_levels(flat, kept)
+    power = float(residual @ residual)
+    if (n < WALK_MIN_RUNS or math.sqrt(power / n) <= _sigma_floor(y, 0.0)
+            or lag_one(residual) * math.sqrt(n) < WHITE_Z):
+        return kept  # white, or no noise at all (rounding dust is no correlation)
+    penalty = s.candidate_z ** 2
+    best = (n - 1) * math.log(max(power, 1e-300) / n) + penalty * (len(kept) + drift)
+    chosen = kept
+    ar = min(lag_one(residual), MAX_AR)
+    steps = _validate(y, kept, sigma, s, log_scale, Correlated(ar=ar))
+    if len(steps) < len(kept):
+        left = around_levels(flat, steps)
+        innovations = left[1:] - ar * left[:-1]
+        cost = (n - 1) * math.log(max(float(innovations @ innovations), 1e-300) / (n - 1)) + (
+            penalty * (len(steps) + 1 + drift))
+        if cost < best:
+            best, chosen = cost, _refine(y, steps, sigma, s)
+    walk = local_level(flat)
+    if walk is None:
+        return chosen
+    jumps = _validate(y, kept, sigma, s, log_scale, Correlated(walk=walk.walk))
+    if len(jumps) >= len(chosen):
+        return chosen
+    if jumps:  # the walk fitted again without its jumps, each its measured size
+        bounds = [0, *jumps, n]
+        moved = _drift_slope(y, bounds)
+        sizes = [_step_stats(y, i, bounds, sigma, s, moved, Correlated(walk=walk.walk))[0]
+                 for i in range(len(jumps))]
+        walk = local_level(flat - step_columns(n, jumps) @ np.asarray(sizes)) or walk
+    cost = walk.cost + penalty * (WALK_PARAMETERS + drift + len(jumps))
+    return jumps if cost < best else chosen
 
 
 def _curved_alternative(y: np.ndarray, kept: list[int], sigma: float, s: DetectorSettings,
@@ -399,10 +506,14 @@ def _for_length(s: DetectorSettings, n: int) -> DetectorSettings:
                    edge_z=s.edge_z * max(factor, s.edge_short_factor))
 
 
-def _steps(y: np.ndarray, settings: DetectorSettings, log_scale: bool) -> list[int]:
+def _steps(y: np.ndarray, settings: DetectorSettings, log_scale: bool,
+           correlated: bool = False) -> list[int]:
     """The steps the segmentation reads in ``y`` as it is (candidates, placed, validated).
 
     What a wave would be cut into, for `_explains_better` (cheaper than `_levels`).
+    ``correlated``: weighed against a noise that is not white too (`_correlated_alternative`),
+    for steps that are a series' levels (its wave lost); not for the comparison, where a
+    wave's own residuals would pay for a walk's fit (~1.5 ms at 1 000 runs) every time.
     """
     tuned = _for_length(settings, len(y))
     if len(y) < 2 * tuned.min_size:
@@ -412,41 +523,13 @@ def _steps(y: np.ndarray, settings: DetectorSettings, log_scale: bool) -> list[i
     shielded, sigma = _shielded_noise(y, tuned, floor)
     kept = _validate(shielded, _refine(shielded, _candidates(shielded, sigma, tuned), sigma,
                                        tuned), sigma, tuned, log_scale)
+    if correlated and kept:
+        other = _correlated_alternative(shielded, kept, sigma, tuned, log_scale)
+        if other != kept:
+            return other
     # placed again once the others are known, as `_detect` places them: one run off costs
     # the step's whole size squared, which in a noise-free series outweighs any wave
     return _refine(shielded, kept, sigma, tuned)
-
-
-def _exact_steps(y: np.ndarray, min_size: int) -> list[int] | None:
-    """The level changes of a series without noise: where its value changes; None if noisy.
-
-    A noise-free KPI (a count, a setting, a quantised size) is piecewise constant, and the
-    segmentation's noise floor made every run it placed one run off a "significant" slope:
-    40-50 % of noise-free step series got extra change points, some 50 (a staircase read as
-    a drift, cut into a sawtooth). Here the changes are exact. It applies when the value
-    changes rarely (at most once in ``min_size`` runs, outliers counted twice: quantised
-    noise flips more often and is segmented as noise). A lone run that differs and returns
-    to the level exactly, or a lone first or last run, is one run, not a level (as the
-    shield reads it).
-    """
-    if len(y) < 3:
-        return None
-    moved = np.flatnonzero(np.diff(y) != 0.0)
-    if len(moved) == 0 or len(moved) > len(y) // min_size:
-        return None
-    changes: list[int] = []
-    skip = False
-    for i, at in enumerate(moved):
-        if skip:
-            skip = False
-            continue
-        if i + 1 < len(moved) and moved[i + 1] == at + 1 and y[at + 2] == y[at]:
-            skip = True  # one run off and back: an outlier
-            continue
-        if at + 1 in (1, len(y) - 1):
-            continue  # a lone first or last run
-        changes.append(int(at) + 1)
-    return changes
 
 
 def _explains_better(y: np.ndarray, steps: list[int], levels: list[int], season: Seasonality,
@@ -466,8 +549,13 @@ def _explains_better(y: np.ndarray, steps: list[int], levels: list[int], season:
 
 
 def _levels(y: np.ndarray, settings: DetectorSettings, log_scale: bool
-            ) -> tuple[list[int], float]:
-    """The level changes of ``y`` (analysis units, without its wave) and its noise scale."""
+            ) -> tuple[list[int], float, list[int]]:
+    """The level changes of ``y`` (analysis units, without its wave), its noise, its stairs.
+
+    The stairs are the levels that a correlated noise replaced (`_Found.stairs`; the level
+    changes otherwise): a wave beside a step reads as correlated noise as well as a
+    staircase, and the caller looks for the wave again in the stairs (`analysis.regression`).
+    """
 
     def floor(sigma: float) -> float:
         return max(sigma, 1e-4) if log_scale else _sigma_floor(y, sigma)
@@ -485,60 +573,5 @@ def _levels(y: np.ndarray, settings: DetectorSettings, log_scale: bool
         found = _detect(shielded, sigma, settings, log_scale)
     kept = found.cps
     if math.isfinite(full.edge_z):
-        kept = _edge_changes(y, kept, settings, log_scale)
-    return kept, sigma
-
-
-def _edge_change(y: np.ndarray, cps: list[int], s: DetectorSettings,
-                 log_scale: bool) -> int | None:
-    """A level that began in the last ``min_size - 1`` runs of ``y`` (index), or None.
-
-    The segmentation needs ``min_size`` runs on each side of a change, so a level that began
-    in the newest few runs is invisible to it. It is judged like the verdict judges the
-    newest runs (`_tail_shifts`: a cautious level of the tail against the current segment,
-    the newest run on the same side), at ``edge_z`` standard errors.
-    """
-    n = len(y)
-    longest = s.min_size - 1 if n >= 2 * s.min_size else n - s.min_history
-    if longest < 2:
-        return None
-    shifts = _tail_shifts(y[:-1], y[-1:], s, [c for c in cps if c < n - 1],
-                          log_scale=log_scale, young=0, local_drift=True)
-    newest = shifts[0]
-    edge = [x for x in shifts if 2 <= x.runs <= longest]
-    if not edge:
-        return None
-    best = max(edge, key=lambda x: x.fit)
-    step = best.level - best.baseline
-    rel = abs(_expm1(step)) if log_scale else abs(_relative(step, best.baseline))
-    if (abs(best.z) >= s.edge_z and rel >= s.min_magnitude and np.sign(newest.z) ==
-            np.sign(best.z) and abs(newest.z) >= s.edge_z * s.confirm_factor):
-        return n - best.runs
-    return None
-
-
-def _edge_changes(y: np.ndarray, cps: list[int], s: DetectorSettings,
-                  log_scale: bool) -> list[int]:
-    """``cps`` plus a change in the newest and in the oldest few runs (`_edge_change`).
-
-    A change the segmentation placed at its limit (``min_size`` runs from an end) is where
-    it put a shorter edge level it could not place better: the edge test moves it.
-    """
-    n, m = len(y), s.min_size
-    out = list(cps)
-    pinned = bool(out) and out[-1] >= n - m
-    tail = _edge_change(y, out[:-1] if pinned else out, s, log_scale)
-    if tail is not None:
-        if pinned and abs(tail - out[-1]) < m:
-            out[-1] = tail
-        elif not out or tail - out[-1] >= s.min_history:
-            out.append(tail)
-    pinned = bool(out) and out[0] <= m
-    mirrored = sorted(n - c for c in (out[1:] if pinned else out))
-    head = _edge_change(y[::-1].copy(), mirrored, s, log_scale)
-    if head is not None:
-        if pinned and abs((n - head) - out[0]) < m:
-            out[0] = n - head
-        elif not out or (n - head) <= out[0] - s.min_history:
-            out.insert(0, n - head)
-    return sorted(set(out))
+        kept = edge_changes(y, kept, settings, log_scale)
+    return kept, sigma, found.stairs if found.stairs is not None else kept

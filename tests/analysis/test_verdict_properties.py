@@ -217,7 +217,7 @@ def test_noise_free_steps_are_found_exactly(levels: list[float], gaps: list[int]
     where it is, a lone run off the level is no step, and there is no wave. 40-50 % of such
     series got extra change points, some 50: the segmentation's noise floor made a run
     placed one run off a "significant" slope, a staircase read as a drift and cut into a
-    sawtooth (`analysis.segmentation._exact_steps`)."""
+    sawtooth (`analysis.exact.exact_steps`)."""
     bounds = np.cumsum(gaps[:len(levels) + 1])
     values = np.full(int(bounds[-1]), base)
     for at, move in zip(bounds[:-1], levels, strict=True):
