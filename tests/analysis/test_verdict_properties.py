@@ -13,14 +13,12 @@ from analysis.detector import DetectorSettings
 from analysis.power import minimum_detectable_effect
 from analysis.regression import (
     NEWS,
-    VerdictKind,
     change_points,
     spread_change_points,
     verdict,
 )
 from analysis.seasonality import seasonality
-
-KINDS = set(VerdictKind.__args__)  # type: ignore[attr-defined]
+from tests.series_checks import KINDS, assert_ordered_and_explained
 
 # values a result tree can carry: constant, tiny, huge, negative, zero, NaN and inf holes
 _value = st.one_of(
@@ -402,11 +400,7 @@ def test_a_curve_at_any_scale_gives_ordered_change_points_and_a_verdict(
         1 + rng.normal(0, noise, n))
     values[int(rng.integers(1, n)):] *= 1 + step
     values[rng.integers(0, n, holes)] = math.nan
-    series = [float(v) for v in values]
-    found = change_points(series, direction)  # type: ignore[arg-type]
-    assert found == sorted(set(found)) and all(0 < c < n for c in found), found
-    judged = verdict(series[:-1], series[-1], direction)  # type: ignore[arg-type]
-    assert judged.kind in KINDS and judged.explanation
+    assert_ordered_and_explained([float(v) for v in values], direction)
 
 
 def test_noise_and_smooth_trends_are_not_periodic() -> None:
