@@ -402,13 +402,14 @@ def _correlated_alternative(y: np.ndarray, kept: list[int], sigma: float,
     flat = y - slope * np.arange(n) if drift else y
     residual = around_levels(flat, kept)
     power = float(residual @ residual)
+    correlation = lag_one(residual)
     if (n < WALK_MIN_RUNS or math.sqrt(power / n) <= _sigma_floor(y, 0.0)
-            or lag_one(residual) * math.sqrt(n) < WHITE_Z):
+            or correlation * math.sqrt(n) < WHITE_Z):
         return kept  # white, or no noise at all (rounding dust is no correlation)
     penalty = s.candidate_z ** 2
     best = (n - 1) * math.log(max(power, 1e-300) / n) + penalty * (len(kept) + drift)
     chosen = kept
-    ar = min(lag_one(residual), MAX_AR)
+    ar = min(correlation, MAX_AR)
     steps = _validate(y, kept, sigma, s, log_scale, Correlated(ar=ar))
     if len(steps) < len(kept):
         left = around_levels(flat, steps)
