@@ -351,3 +351,25 @@ def _write_plotlyjs(path: Path, shared_dir: Path | None = None) -> None:
         copy_file(_plotlyjs(), shared)
     if not link_file(shared, path):
         copy_file(shared, path)
+
+
+SPARK_POINTS = 30
+"""Points an inline sparkline shows (the newest)."""
+
+
+def _sparkline(values: Sequence[float], colour: str) -> str:
+    """An inline SVG polyline of the last values (no script needed)."""
+    points = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    points = points[-SPARK_POINTS:]
+    if len(points) < 2:
+        return ""
+    lo, hi = min(points), max(points)
+    span = (hi - lo) or 1.0
+    width, height = 120, 24
+    coords = " ".join(f"{i * width / (len(points) - 1):.1f},"
+                      f"{height - 2 - (v - lo) / span * (height - 4):.1f}"
+                      for i, v in enumerate(points))
+    last_x, last_y = coords.rsplit(" ", 1)[-1].split(",")
+    return (f"<svg width='{width}' height='{height}' role='img'><polyline fill='none' "
+            f"stroke='#888' stroke-width='1.2' points='{coords}'/><circle cx='{last_x}' "
+            f"cy='{last_y}' r='3' fill='{colour}'/></svg>")

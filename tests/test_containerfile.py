@@ -57,7 +57,7 @@ def test_a_run_inside_the_image_records_it(tmp_path: Path,
 
     from analysis.parsing import FileReader
     from projects.library.runs import telltale_image
-    from tasks.platforms.local import machine_facts
+    from tasks.platforms.local_machine import machine_facts
 
     monkeypatch.setenv("TELLTALE_IMAGE", "quay.io/org/telltale:abc123")
     capture = tmp_path / "000__cluster__capture_environment"

@@ -1,6 +1,6 @@
 """The local platform: this machine stands in for the cluster, for every project.
 
-- `capture_environment` records the machine's facts (CPU, memory, OS, Python, library
+- `local_machine.capture_environment` records the machine's facts (CPU, memory, OS, Python, library
   versions, GPU if any) where a cluster run records nodes and OpenShift versions;
 - a cell runs the project's `LocalWorkload` as a process in its step dir
   (``NNN__<project>__<workload_step>``), in the layout a cluster run produces: input files,
@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import platform
 import shutil
 import signal
 import subprocess
@@ -29,16 +28,13 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from core.environment import env_settings
 from core.errors import StepError
 from core.safeio import (
     UnreadableInputError,
     open_append,
-    read_bounded,
     read_text_bounded,
     write_text,
 )
@@ -66,6 +62,7 @@ from tasks.platforms.base import (
     tail_lines,
 )
 from tasks.platforms.local_ahead import adopt_spare, ahead, offer_spare
+from tasks.platforms.local_machine import capture_environment, read_small
 from tasks.platforms.local_warm import (
     find_warm,
     offer_warm,
@@ -80,97 +77,11 @@ from tasks.warm_python import WarmPython
 
 __all__ = [
     "LocalPlatform",
-    "capture_environment",
     "cleanup_local",
-    "machine_facts",
     "prepare_local",
 ]
 
 logger = logging.getLogger("telltale.local")
-
-"""Beside the pid file: the command line, so cleanup never stops a recycled pid."""
-
-
-def _read(path: str) -> str:
-    """A small text file (/proc, /etc, a cmdline file in a run dir), "" when unusable.
-
-    Through the one bounded reader: a FIFO planted as a run's cmdline file is refused.
-    """
-    try:
-        return read_bounded(path, 1024 * 1024, what="file", follow_links=True).decode(
-            "utf-8", errors="replace")
-    except (OSError, UnreadableInputError):
-        return ""
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def _gpus() -> tuple[str | None, int]:
-    if shutil.which("nvidia-smi") is None:
-        return None, 0
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10, check=True).stdout
-    except (subprocess.SubprocessError, OSError):
-        return None, 0
-    names = [line.strip() for line in out.splitlines() if line.strip()]
-    return (names[0] if names else None), len(names)
-
-
-def machine_facts() -> dict[str, Any]:
-    """Describe this machine: CPU, memory, OS, Python, ML library versions, GPUs."""
-    cpu_model = None
-    for line in _read("/proc/cpuinfo").splitlines():
-        if line.startswith("model name"):
-            cpu_model = line.split(":", 1)[1].strip()
-            break
-    memory_gb = None
-    for line in _read("/proc/meminfo").splitlines():
-        if line.startswith("MemTotal:"):
-            memory_gb = round(int(line.split()[1]) / 1024 / 1024, 1)
-            break
-    os_release = {}
-    for line in _read("/etc/os-release").splitlines():
-        key, _, value = line.partition("=")
-        os_release[key] = value.strip().strip('"')
-    gpu_name, gpu_count = _gpus()
-    return {
-        "platform": "local",
-        "hostname": platform.node(),
-        "os_version": os_release.get("PRETTY_NAME") or platform.platform(),
-        "kernel": platform.release(),
-        "python_version": platform.python_version(),
-        "torch_version": _version("torch"),
-        "transformers_version": _version("transformers"),
-        "peft_version": _version("peft"),
-        "accelerate_version": _version("accelerate"),
-        "cpu_model": cpu_model or platform.processor() or None,
-        "cpu_count": os.cpu_count(),
-        "memory_gb": memory_gb,
-        "accelerator_type": gpu_name,
-        "accelerator_count": gpu_count,
-        "telltale_image": env_settings().image or None,  # set in the Containerfile
-        "captured_at": datetime.now(UTC).isoformat(),
-    }
-
-
-@step("cluster", timeout_seconds=120)
-def capture_environment() -> dict[str, Any]:
-    """Capture the local machine's facts into ``machine.json`` of the step dir.
-
-    Returns:
-        The facts written.
-    """
-    facts = machine_facts()
-    write_text(artifact_dir() / "machine.json", json.dumps(facts, indent=2) + "\n")
-    return facts
-
-
 
 # Long: a project's check may build what it needs on first use (the serving venv: ~4 min).
 @step("prepare", timeout_seconds=1800)
@@ -360,8 +271,8 @@ def _stop_group(pid: int) -> bool:
 
 def _is_ours(pid_file: Path, pid: int) -> bool:
     """The pid still runs the command this run started (never a recycled pid)."""
-    expected = _read(str(pid_file.with_name(CMDLINE_FILE)))
-    actual = _read(f"/proc/{pid}/cmdline").rstrip("\0")
+    expected = read_small(str(pid_file.with_name(CMDLINE_FILE)))
+    actual = read_small(f"/proc/{pid}/cmdline").rstrip("\0")
     return bool(expected) and actual == expected
 
 

@@ -210,7 +210,7 @@ def test_the_first_screen_has_a_card_per_regression_whose_commands_work(
            [-50.0, 1e-6, 1.0, 1e6]))
 def test_a_changes_interval_holds_the_change_on_any_line(
         seed: int, n: int, noise: float, shift: float, new: int, level: float) -> None:
-    from analysis.report_index import change_interval
+    from analysis.report_cards import change_interval
 
     rng = np.random.default_rng(seed)
     values = level * (1 + rng.normal(0, noise, n))
