@@ -36,8 +36,9 @@ import numpy as np
 
 from analysis.detector import DEFAULTS, _drift_slope, _is_drift, _sigma_floor, noise_scale
 
-__all__ = ["MAX_AR", "WALK_MIN_RUNS", "Correlated", "LocalLevel", "around_levels", "lag_one",
-           "local_level", "noise_correlation", "step_window", "walk_step_variance"]
+__all__ = ["MAX_AR", "WALK_MIN_RUNS", "Correlated", "LevelNoise", "LocalLevel", "around_levels",
+           "lag_one", "level_noise", "local_level", "noise_correlation", "step_window",
+           "walk_step_variance"]
 
 WALK_MIN_RUNS = 100
 """Series shorter than this are judged with white noise: a lag-1 correlation read from
@@ -184,6 +185,41 @@ def lag_one(r: np.ndarray) -> float:
     return float(r[1:] @ r[:-1]) / power if power > 0 else 0.0
 
 
+@dataclass(frozen=True)
+class LevelNoise:
+    """The noise around a series' levels, as both readers of its correlation need it.
+
+    ``flat``: the series less the drift its levels share (when that drift is significant,
+    ``drift``); ``residual``: ``flat`` less each level's mean; ``power``: its sum of squares;
+    ``correlation``: its lag-1 correlation, 0 when it is no noise at all (below the series'
+    floor: a noise-free series' rounding dust is no correlation).
+    """
+
+    flat: np.ndarray
+    residual: np.ndarray
+    drift: bool
+    power: float
+    correlation: float
+
+
+def level_noise(y: np.ndarray, cps: Sequence[int], sigma: float,
+                drift_z: float) -> LevelNoise:
+    """The noise of ``y`` around the levels ``cps`` delimit (`LevelNoise`).
+
+    The one place the segmentation (`analysis.segmentation._correlated_alternative`) and a
+    verdict (`noise_correlation`) read it: the drift, the residuals, the floor, the lag-1
+    correlation.
+    """
+    n = len(y)
+    slope, sxx = _drift_slope(y, [0, *cps, n])
+    drift = _is_drift(slope, sxx, sigma, drift_z)
+    flat = y - slope * np.arange(n) if drift else y
+    residual = around_levels(flat, cps)
+    power = float(residual @ residual)
+    noisy = math.sqrt(power / n) > _sigma_floor(y, 0.0) if n else False
+    return LevelNoise(flat, residual, drift, power, lag_one(residual) if noisy else 0.0)
+
+
 VERDICT_WHITE_Z = 3.0
 """A verdict discounts its history's autocorrelation only beyond this many standard errors
 (a stricter bar than `analysis.segmentation.WHITE_Z`: the verdict's thresholds were chosen on
@@ -203,13 +239,7 @@ def noise_correlation(y: np.ndarray, cps: Sequence[int]) -> float:
     n = len(y)
     if n < VERDICT_MIN_RUNS:
         return 0.0
-    slope, sxx = _drift_slope(y, [0, *cps, n])
-    sigma = noise_scale(y)
-    flat = y - slope * np.arange(n) if _is_drift(slope, sxx, sigma, DEFAULTS.drift_z) else y
-    residual = around_levels(flat, cps)
-    if math.sqrt(float(residual @ residual) / n) <= _sigma_floor(y, 0.0):
-        return 0.0  # no noise (a noise-free series' rounding dust is no correlation)
-    correlation = lag_one(residual)
+    correlation = level_noise(y, cps, noise_scale(y), DEFAULTS.drift_z).correlation
     if correlation * math.sqrt(n) < VERDICT_WHITE_Z:
         return 0.0
     return min(correlation - 1 / math.sqrt(n), MAX_AR)

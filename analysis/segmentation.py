@@ -26,7 +26,7 @@ from analysis.correlated import (
     WALK_MIN_RUNS,
     Correlated,
     around_levels,
-    lag_one,
+    level_noise,
     local_level,
 )
 from analysis.detector import (
@@ -397,15 +397,12 @@ def _correlated_alternative(y: np.ndarray, kept: list[int], sigma: float,
     split of a walk lands in the middle of a meander, 20-35 runs from the jump).
     """
     n = len(y)
-    slope, sxx = _drift_slope(y, [0, *kept, n])
-    drift = _is_drift(slope, sxx, sigma, s.drift_z)
-    flat = y - slope * np.arange(n) if drift else y
-    residual = around_levels(flat, kept)
-    power = float(residual @ residual)
-    correlation = lag_one(residual)
-    if (n < WALK_MIN_RUNS or math.sqrt(power / n) <= _sigma_floor(y, 0.0)
-            or correlation * math.sqrt(n) < WHITE_Z):
-        return kept  # white, or no noise at all (rounding dust is no correlation)
+    if n < WALK_MIN_RUNS:
+        return kept  # its correlation too uncertain to discount steps by
+    noise = level_noise(y, kept, sigma, s.drift_z)
+    if noise.correlation * math.sqrt(n) < WHITE_Z:
+        return kept  # white, or no noise at all
+    flat, drift, power, correlation = noise.flat, noise.drift, noise.power, noise.correlation
     penalty = s.candidate_z ** 2
     best = (n - 1) * math.log(max(power, 1e-300) / n) + penalty * (len(kept) + drift)
     chosen = kept
