@@ -163,10 +163,13 @@ def test_successive_runs_build_history_and_verdicts(tmp_path: Path, prefect_harn
     # the next adopts it (tasks.observe.spare)
     monkeypatch.setenv("TELLTALE_PREFECT_API_HOME", str(tmp_path / "services"))
     spares = tmp_path / "services" / SPARES_DIR
-    # 240 steps, not 12: a forked 12-step trainer lives ~1.5 s, and a process the exporter
-    # scraped once has no CPU rate (one run of four then lacked a KPI the others had); 120
-    # steps trained in 3.5 s on a quiet moment and once lacked workload_cpu_cores_mean too
-    overrides = {**JUDGED, "tests.fine_tuning.test_settings.max_steps": 240,
+    # The light preset's 60 steps, not 12, scraped every 0.5 s, not 2: a process the
+    # exporter scraped once has no CPU rate (one run of four then lacked a KPI the others
+    # had). A forked 12-step trainer lives ~1.5 s; 120 steps trained in 3.5 s on a quiet
+    # moment and, scraped every 2 s, once lacked workload_cpu_cores_mean (240 steps at 2 s
+    # made this test 139 s of the suite).
+    overrides = {**JUDGED, "tests.fine_tuning.test_settings.max_steps": 60,
+                 "observe.prometheus.scrape_interval_s": 0.5,
                  "analysis.history_uri": str(tmp_path / "history")}
     outcomes = []
     try:
