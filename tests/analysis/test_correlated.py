@@ -161,10 +161,10 @@ def test_a_verdict_in_autocorrelated_noise_seldom_calls_a_new_level() -> None:
     0.5-0.85, t-distributed shocks), no change: the newest runs are judged against what such
     noise makes of adjacent means, not white noise's. Measured on these draws (every 4th
     run of 12 series): regressions and improvements 17.3 % of the verdicts before, 5.8 %
-    after (still over the 1 % a white history is allowed: the correlation is read from the
-    history itself, shrunk by its own uncertainty). Their wander read as a drift too: 36 %
-    of the verdicts were `drift` while the slope was tested against white noise's standard
-    error, 13 % against AR(1) noise's."""
+    with the correlation shrunk by one standard error, 4.4 % as measured (still over the 1 %
+    a white history is allowed: the correlation is read from the history itself). Their
+    wander read as a drift too: 36 % of the verdicts were `drift` while the slope was
+    tested against white noise's standard error, 7.7 % against AR(1) noise's."""
     rng = np.random.default_rng(31)
     kinds = []
     for _ in range(12):
@@ -172,25 +172,27 @@ def test_a_verdict_in_autocorrelated_noise_seldom_calls_a_new_level() -> None:
         kinds += [verdict(list(values[k - 120:k]), float(values[k]), "higher_better").kind
                   for k in range(120, 280, 4)]
     news = sum(kind in ("regression", "improvement") for kind in kinds) / len(kinds)
-    assert news <= 0.09, news
+    assert news <= 0.055, news
     drift = kinds.count("drift") / len(kinds)
-    assert drift <= 0.2, drift
+    assert drift <= 0.12, drift
 
 
-@settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 10_000), phi=st.floats(0.0, 0.9), period=st.integers(2, 48))
-def test_a_wave_test_is_whitened_by_the_noises_own_correlation(seed: int, phi: float,
-                                                               period: int) -> None:
+@pytest.mark.parametrize("period", [11, 12, 20, 33, 48])
+def test_a_wave_test_is_whitened_by_the_noises_own_correlation(period: int) -> None:
     """The seasonality test whitens by the lag-1 correlation of residuals less a centred
     moving average, which takes the noise's slow part with it (AR(0.85) kept 0.49 at 12
-    runs): `ar_behind` reads the noise's own back, within its sampling error."""
+    runs): `ar_behind` reads the noise's own back (20 000 runs: within 0.05). Shorter
+    averages leave a correlation that barely depends on the noise's: it is kept as
+    measured there."""
     from analysis.seasonality import _detrended, ar_behind
 
-    noise = _autocorrelated(np.random.default_rng(seed), 6000, phi)
-    residuals = _detrended(noise, period)[0]
-    residuals = residuals - residuals.mean()
-    observed = float(residuals[1:] @ residuals[:-1]) / float(residuals @ residuals)
-    assert abs(ar_behind(observed, period) - phi) <= 0.06, (observed, phi)
+    rng = np.random.default_rng(period)
+    for phi in (0.0, 0.3, 0.6, 0.85):
+        residuals = _detrended(_autocorrelated(rng, 20_000, phi), period)[0]
+        residuals = residuals - residuals.mean()
+        observed = float(residuals[1:] @ residuals[:-1]) / float(residuals @ residuals)
+        assert abs(ar_behind(observed, period) - phi) <= 0.05, (observed, phi)
+    assert ar_behind(-0.55, 2) == -0.55 and ar_behind(0.3, 5) == 0.3
 
 
 def test_autocorrelated_noise_is_seldom_called_a_wave() -> None:
