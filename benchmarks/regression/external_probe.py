@@ -17,14 +17,15 @@ It measures; nothing is tuned on it (issue #41: tune for the classes, not for a 
 from __future__ import annotations
 
 import argparse
-import csv
-import gzip
 import json
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from run import read_beside, series_rows  # noqa: E402
 
 from analysis.regression import change_points  # noqa: E402
 
@@ -65,11 +66,8 @@ def main() -> int:
     if not (ROOT / "tcpd_labels.json").exists():
         print(f"no external series at {ROOT}: nothing to measure")
         return 0
-    labels = json.loads((ROOT / "tcpd_labels.json").read_text())["series"]
-    values: dict[str, list[float]] = {}
-    with gzip.open(ROOT / "tcpd_series.csv.gz", "rt") as stream:
-        for row in csv.DictReader(stream):
-            values.setdefault(row["series_id"], []).append(float(row["value"]))
+    labels = json.loads(read_beside(ROOT / "tcpd_labels.json"))["series"]
+    values = series_rows(read_beside(ROOT / "tcpd_series.csv.gz"))
     scores, required_f1, close_f1 = [], [], []
     total_found, seconds = 0, 0.0
     for name, series in values.items():

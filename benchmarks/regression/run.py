@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gzip
+import io
 import json
 import subprocess
 import sys
@@ -46,6 +48,7 @@ sys.path.insert(0, str(HERE))
 from generate import NO_CHANGE, Series, generate  # noqa: E402
 
 from analysis.regression import change_points, verdict  # noqa: E402
+from core.safeio import read_bounded  # noqa: E402
 
 VENVS = REPO / "benchmarks" / ".venvs"
 WINDOW = 5
@@ -207,15 +210,38 @@ def anchor_seq(method: str, series: Sequence[Series]) -> list[list[bool]] | None
     return flags
 
 
+MAX_BESIDE = 16 * 1024 * 1024
+"""Largest data file beside the repository a benchmark reads (compressed or not), in bytes."""
+
+
+def read_beside(path: Path) -> str:
+    """A data file kept beside the repository (``../shared``), through the one bounded reader.
+
+    A ``.gz`` file is decompressed, up to `MAX_BESIDE` bytes too.
+    """
+    data = read_bounded(path, MAX_BESIDE, what="benchmark data")
+    if path.suffix == ".gz":
+        with gzip.GzipFile(fileobj=io.BytesIO(data)) as stream:
+            data = stream.read(MAX_BESIDE + 1)
+        if len(data) > MAX_BESIDE:
+            raise ValueError(f"{path}: over {MAX_BESIDE} bytes once decompressed")
+    return data.decode("utf-8")
+
+
+def series_rows(text: str) -> dict[str, list[float]]:
+    """A ``series_id,value`` CSV's values, by series, in order."""
+    values: dict[str, list[float]] = {}
+    for row in csv.DictReader(io.StringIO(text)):
+        values.setdefault(row["series_id"], []).append(float(row["value"]))
+    return values
+
+
 def load_real() -> list[Series]:
     root = REPO.parent / "shared" / "bench" / "regression" / "real"
     if not (root / "real_series.csv").exists():
         return []
-    labels = json.loads((root / "real_labels.json").read_text())["series"]
-    values: dict[str, list[float]] = {}
-    with open(root / "real_series.csv") as stream:
-        for row in csv.DictReader(stream):
-            values.setdefault(row["series_id"], []).append(float(row["value"]))
+    labels = json.loads(read_beside(root / "real_labels.json"))["series"]
+    values = series_rows(read_beside(root / "real_series.csv"))
     out = []
     for name, vals in values.items():
         meta = labels.get(name, {})
