@@ -16,7 +16,7 @@ import pytest
 from tasks.observe.promql import LOCAL_QUERIES, capture_window
 from tasks.observe.spare import ADOPTED_FILE, SPARES_DIR, adopt, offer, spares, stop_spares
 from tasks.process import pid_alive
-from tests.factories import prometheus_required, wait_until
+from tests.factories import process_gone, prometheus_required, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -67,7 +67,9 @@ def test_a_spare_is_adopted_once_queried_as_the_runs_own_and_moved_into_the_run(
     finally:
         server.relocate_to = tmp_path / "run" / "prometheus"
         server.stop()
-    assert not pid_alive(keeper) and not any(pid_alive(p) for p in pids)
+    # stop() returns once the keeper's command line is gone: an exiting process loses it
+    # (its memory is released) a moment before it is a zombie, so its end is waited for
+    assert process_gone(keeper) and all(process_gone(p) for p in pids)
     assert not directory.exists()
     moved = tmp_path / "run" / "prometheus"
     assert (moved / "data").is_dir() and (moved / "prometheus.yml").is_file()
