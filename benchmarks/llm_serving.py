@@ -7,7 +7,9 @@ and as medians:
 
 - wall: the whole command (the Prefect API, prepare, server, load, analysis, cleanup);
 - server start: vLLM's start to its ``/health`` answering 200 (``service.json``);
-- load step: the cell's load step (GuideLLM's own start-up plus ``duration_s`` of load);
+- load step: the cell's load step (GuideLLM's own start-up plus ``duration_s`` of load;
+  forked from the serving venv's warm Python by default, ``TELLTALE_WARM_PYTHON_MINUTES=0``:
+  a fresh load process);
 - post-processing: the analysis step (parse, KPIs, regression, report);
 - generator overhead: GuideLLM's mean request-generation delay as a share of the mean TTFT
   (the metric behind its "bottlenecked by the data generation" warning, threshold 1 %).
@@ -48,6 +50,8 @@ def one_run(root: Path, preset: str, extra: list[str], api_home: Path) -> dict[s
     load = json.loads((job / "step.json").read_text())["duration_s"]
     post = json.loads(next(run_dir.glob("*__analysis__postprocess_results/step.json"))
                       .read_text())["duration_s"]
+    launch = json.loads((job / "artifacts" / "process.json").read_text())["launch"]
+    print(f"load step launch: {launch}", flush=True)  # forked: GuideLLM imported ahead
     bench = json.loads((job / "artifacts" / "guidellm.json").read_text())["benchmarks"][0]
     delay = bench["scheduler_metrics"]["generation_delay"]["mean"]
     ttft_s = bench["metrics"]["time_to_first_token_ms"]["successful"]["mean"] / 1000

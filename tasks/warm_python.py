@@ -20,7 +20,7 @@ workload exactly as ``python -m MODULE ARGS`` would have started it:
 Only the heavy third-party modules are kept from the warm Python: the child drops
 Telltale's own modules the warm Python imported (itself, ``core``...) and imports the
 workload's module fresh, so an edited trainer runs as edited. A warm Python is
-used only by a request with the same key (`warm_key`: the interpreter, the modules, the
+used only by a request with the same key (`tasks.warm_key`: the interpreter, the modules, the
 working directory, this module's source and every environment variable that an import may
 read). It stops after ``TELLTALE_WARM_PYTHON_MINUTES`` with no child and no request, or on
 SIGTERM once its children are done.
@@ -38,6 +38,10 @@ different from a fresh process, by design: the hash seed (``PYTHONHASHSEED``) is
 Python's, shared by its children; the children's memory starts as the warm Python's pages
 (copy-on-write).
 
+The interpreter is the path a workload names (a venv's ``bin/python``), not the base Python
+every venv links to: llm_serving's load script runs on the serving venv's Python, whose warm
+Python has GuideLLM imported (`tasks.warm_key`: stamps read in that venv).
+
 One module (~600 lines): the client, the server loop and the child share the order's wire
 format, the key and the socket's path; split, each half would import the other.
 """
@@ -45,7 +49,6 @@ format, the key and the socket's path; split, each half would import the other.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib
 import io
 import json
@@ -68,10 +71,10 @@ from core.filelock import dir_lock
 from core.safeio import UnreadableInputError, open_append, read_bounded, write_text
 from core.terminal import say
 from tasks.process import pid_alive
+from tasks.warm_key import interpreter, workload_module
 
 __all__ = ["WARM_DIR", "Order", "WarmPython", "WarmPythonGone", "acquire", "offer", "run_warm",
-           "installed_stamps", "stop_warm_pythons", "warm_base", "warm_key",
-           "workload_module"]
+           "stop_warm_pythons", "warm_base"]
 
 WARM_DIR = "telltale-warm-python"
 _RECORD = "warm.json"
@@ -81,61 +84,6 @@ _CMDLINE_ROOM = 8192  # bytes of command line a child can take (the warm Python'
 _MAX_ORDER = 1 << 20
 _SOURCE = Path(__file__).resolve()
 _REPO = _SOURCE.parents[1]  # Telltale's own code: never kept from the warm Python
-# Variables no import reads: who runs it and where its records go (a test's, a run's own).
-_NOT_KEYED_PREFIXES = ("TELLTALE_", "PREFECT_", "PYTEST_", "COV_CORE_")
-_NOT_KEYED = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "COLUMNS", "LINES", "PYTHONUNBUFFERED"})
-
-
-def warm_key(python: str, modules: Sequence[str], cwd: str | Path,
-             env: Mapping[str, str]) -> str:
-    """What a warm Python must share with a request to serve it (a short digest).
-
-    The interpreter, the modules imported ahead and where they are installed (their
-    stamps: `installed_stamps`), the working directory (``python -m``'s ``sys.path[0]``),
-    this module's source, and the environment but for the variables no import reads
-    (Telltale's and Prefect's own, the shell's bookkeeping).
-    """
-    keyed = sorted((k, v) for k, v in env.items()
-                   if k not in _NOT_KEYED and not k.startswith(_NOT_KEYED_PREFIXES))
-    source = hashlib.sha256(read_bounded(_SOURCE, 1 << 20, what=_SOURCE.name)).hexdigest()
-    text = json.dumps([os.path.realpath(python), sorted(modules), str(Path(cwd).resolve()),
-                       keyed, source, installed_stamps(modules)])
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def installed_stamps(modules: Sequence[str]) -> list[tuple[str, str | None, int | None]]:
-    """Where each preloaded top-level package is installed, and when its files were written.
-
-    A warm Python keeps the torch it imported: after ``pip install`` of another torch, a
-    child forked from it would train with the old one while the run records the new
-    version. The stamp of each package's ``__init__`` (rewritten by every install) is part
-    of the key, so an upgrade starts a new warm Python. Found without importing them
-    (`importlib.util.find_spec` of a top-level name reads the import path only).
-    """
-    import importlib.util
-
-    out: list[tuple[str, str | None, int | None]] = []
-    for top in sorted({m.split(".", 1)[0] for m in modules}):
-        try:
-            spec = importlib.util.find_spec(top)
-        except (ImportError, ValueError):
-            spec = None
-        origin = spec.origin if spec is not None else None
-        try:
-            stamp = os.stat(origin).st_mtime_ns if origin else None
-        except OSError:
-            stamp = None
-        out.append((top, origin, stamp))
-    return out
-
-
-def workload_module(argv: Sequence[str]) -> tuple[str, list[str]] | None:
-    """``(module, args)`` of a ``PYTHON -m MODULE ARGS...`` command line, else None."""
-    if len(argv) >= 3 and argv[1] == "-m" and Path(argv[0]).name.startswith("python"):
-        return str(argv[2]), [str(a) for a in argv[3:]]
-    return None
-
-
 class WarmRecord(BaseModel):
     """``warm.json``: a warm Python, written by itself once its imports are done."""
 
@@ -425,7 +373,7 @@ def _handle(server: _Server, selected: selectors.SelectorKey) -> Order | None:
             conn.close()
             return None
         if workload_module(order.argv) is None or \
-                os.path.realpath(order.argv[0]) != os.path.realpath(sys.executable):
+                interpreter(order.argv[0]) != interpreter(sys.executable):
             say(f"warm python: refused an order for another interpreter or not `python -m`: "
                 f"{order.argv[:3]}", error=True)
             conn.close()  # the run starts a fresh process
@@ -565,9 +513,11 @@ def _forget_our_modules() -> None:
     edited. Only the third-party modules it preloads stay.
     """
     for name, module in list(sys.modules.items()):
-        # a namespace package (``tasks``) has no file, only its path
-        origin = getattr(module, "__file__", None) or next(
-            iter(getattr(module, "__path__", None) or []), None)
+        # a namespace package (``tasks``) has no file, only its path; read from the
+        # module's own namespace: a lazy module's __getattr__ would import for a missing
+        # name (transformers' does, and fails on what it lacks)
+        namespace = getattr(module, "__dict__", None) or {}
+        origin = namespace.get("__file__") or next(iter(namespace.get("__path__") or []), None)
         if not origin or name == "__main__":
             continue
         path = Path(origin).resolve()

@@ -5,7 +5,10 @@ Registered under the ``telltale.projects`` entry point; the engine calls the hoo
 - local: `check_local` builds (once) the serving venv and the tiny model; `local_service`
   is the vLLM OpenAI server on that model (the engine starts it once for every cell that
   serves the same model and stops it in every outcome); `local_workload` is one cell's load
-  (``workload/load.py``: /metrics, GuideLLM, /metrics) against it;
+  (``workload/load.py``: /metrics, GuideLLM, /metrics) against it, on the serving venv's
+  Python so that it forks from a warm Python of that venv with GuideLLM imported
+  (`tasks.warm_python`). The launch is recorded, not a label (`kpis.labels`): every KPI is
+  measured over GuideLLM's load window, which opens after its start-up either way;
 - kubernetes: `kube_workload` is KServe's vLLM ServingRuntime + InferenceService, then (once
   it is Ready) the load Job (`projects.llm_serving.manifests`).
 """
@@ -57,6 +60,12 @@ FOLDER = Path(__file__).resolve().parent
 CORPUS = FOLDER.parent / "fine_tuning" / "data" / "alpaca_mini.jsonl"
 """The tokenizer's training text: the fine-tuning project's dataset (shipped in the repo)."""
 _BUILDER = "projects.llm_serving.workload.build_model"
+LOAD_MODULE = "projects.llm_serving.workload.load"
+# GuideLLM's command line and its benchmark entry point: importing them imports torch,
+# transformers and datasets (~9 s, ~560 MB); a warm Python of the serving venv does it once
+# and the load script runs GuideLLM forked from itself (workload/load.py).
+LOAD_PRELOAD = ("guidellm.cli", "guidellm.benchmark")
+_CHECKOUT = Path(__file__).resolve().parents[2]  # the load module's root on the venv's path
 _BUILDER_VERSION = "1"
 
 
@@ -173,13 +182,21 @@ def _load_config(ctx: CellContext) -> dict[str, Any]:
 
 
 def local_workload(ctx: CellContext) -> LocalWorkload:
-    """One cell's load against the server the engine started (``TELLTALE_SERVICE_URL``)."""
+    """One cell's load against the server the engine started (``TELLTALE_SERVICE_URL``).
+
+    The load script runs on the serving venv's Python (it is standard library only; its
+    GuideLLM is that venv's), as a module of this checkout, so a warm Python of that venv
+    with GuideLLM imported (`LOAD_PRELOAD`) can fork it (`tasks.warm_python`).
+    """
     out = USER_RESULT_DIR if ctx.test.multi_user.enabled else str(ctx.workdir / "artifacts")
     config = ctx.workdir / "src" / "load.json"
     return LocalWorkload(
-        argv=[sys.executable, str(LOAD_SCRIPT), str(config), "--out", out],
-        env={"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "DO_NOT_TRACK": "1"},
-        files={"src/load.json": json.dumps(_load_config(ctx), indent=2) + "\n"})
+        argv=[str(install.venv_python(_venv(_test(ctx)))), "-m", LOAD_MODULE, str(config),
+              "--out", out],
+        env={"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "DO_NOT_TRACK": "1",
+             "PYTHONPATH": str(_CHECKOUT)},
+        files={"src/load.json": json.dumps(_load_config(ctx), indent=2) + "\n"},
+        preload=LOAD_PRELOAD)
 
 
 def _cluster_objects(ctx: CellContext) -> dict[str, Any]:

@@ -344,7 +344,8 @@ class LocalPlatform:
         if wanted is not None:  # its imports beside the project's check
             offer_warm(*wanted)
         self.facts = prepare_local(run_ctx, list(cells)) or {}
-        self.warm = find_warm(wanted)
+        # asked again: the prepare may have installed what it imports (a first serving venv)
+        self.warm = find_warm(wanted_warm(run_ctx, cells) if wanted is not None else None)
 
     def _start_prometheus(self, run_ctx: RunContext) -> None:
         block = run_ctx.model.observe.prometheus

@@ -21,15 +21,8 @@ from projects.matrix import Cell
 from tasks.hostwatch import count_as_run
 from tasks.platforms.base import RunContext
 from tasks.runner import PID_FILE, CommandTimeout, run
-from tasks.warm_python import (
-    WarmPython,
-    WarmPythonGone,
-    acquire,
-    offer,
-    run_warm,
-    warm_key,
-    workload_module,
-)
+from tasks.warm_key import warm_key, workload_module
+from tasks.warm_python import WarmPython, WarmPythonGone, acquire, offer, run_warm
 
 __all__ = ["find_warm", "offer_warm", "run_process", "wanted_warm", "warm_key_of"]
 
@@ -97,8 +90,8 @@ def offer_warm(workload: LocalWorkload, key: str | None = None) -> bool:
     True when one was started now (False: one runs or starts already, or none is wanted).
     """
     key = key or warm_key_of(workload, dict(workload.env))
-    if key is None:
-        return False
+    if key is None or not Path(str(workload.argv[0])).exists():
+        return False  # not there yet (a serving venv the run's prepare builds): asked again
     try:
         return offer(key, str(workload.argv[0]), workload.preload, os.getcwd(),
                      {**os.environ, **workload.env},

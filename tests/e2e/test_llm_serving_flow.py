@@ -19,6 +19,7 @@ from analysis.discovery import ResultDir
 from analysis.kpi import compute_kpis
 from analysis.parsing import FileReader
 from projects import registry
+from projects.library.runs import FORKED
 from tests.factories import cli_env, process_gone, serving_venv_or_skip, terminal_job
 
 pytestmark = pytest.mark.slow
@@ -42,6 +43,11 @@ def test_two_cells_share_one_real_server_and_a_failed_cell_leaves_nothing(
     cells = sorted(run_dir.glob("*__cell*"))
     assert len(cells) == 2, output
     jobs = [next(c.glob("*__llm_serving__run_llm_serving_load")) for c in cells]
+    # each cell's load forked from the serving venv's warm Python, GuideLLM imported
+    # there once (tasks.warm_python; workload/load.py runs it in-process)
+    launches = [json.loads((j / "artifacts" / "process.json").read_text())["launch"]
+                for j in jobs]
+    assert all(launch.startswith(FORKED) for launch in launches), launches
     # one server for both cells (same key), stopped at the end
     services = list((run_dir / "services").iterdir())
     assert len(services) == 1

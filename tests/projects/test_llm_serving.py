@@ -21,7 +21,7 @@ from core.errors import ConfigError
 from projects import registry
 from projects.config import resolve
 from projects.llm_serving.goodput import RequestTimes, ServingSlo, goodput
-from projects.llm_serving.manifests import LOAD_SCRIPT, cell_manifests
+from projects.llm_serving.manifests import cell_manifests
 from projects.llm_serving.parser import WORKLOAD_GLOB, counters
 from projects.plan import cells_of
 from tests.upstream_schemas import validate as upstream_validate
@@ -67,35 +67,6 @@ def test_a_pr_comment_may_not_set_the_images_or_the_venv() -> None:
     assert not any(k.endswith(("image", "venv")) or k.startswith("tests.llm_serving.local")
                    for k in keys)
 
-
-def _load(tmp_path: Path, config: dict, env: dict | None = None) -> subprocess.CompletedProcess:
-    path = tmp_path / "load.json"
-    path.write_text(json.dumps(config))
-    return subprocess.run([sys.executable, str(LOAD_SCRIPT), str(path), "--out",
-                           str(tmp_path / "out")], capture_output=True, text=True,
-                          timeout=600, env=env or {"PATH": "/usr/bin:/bin"}, check=False)
-
-
-GOOD = {"guidellm": ["guidellm"], "model": "tiny", "tokenizer": "/models/tiny",
-        "concurrency": 1, "prompt_tokens": 8, "output_tokens": 8, "duration_s": 5,
-        "request_format": "/v1/completions"}
-
-
-@pytest.mark.parametrize(("change", "words"), [
-    ({}, "no usable server URL"),  # no target, no TELLTALE_SERVICE_URL
-    ({"target": "http://x;touch /tmp/p"}, "no usable server URL"),
-    ({"target": "http://127.0.0.1:1", "model": "a,kind=evil"}, "model"),
-    ({"target": "http://127.0.0.1:1", "concurrency": -1}, "concurrency"),
-])
-def test_the_load_step_refuses_bad_config_with_exit_2(tmp_path: Path, change: dict,
-                                                       words: str) -> None:
-    done = _load(tmp_path, {**GOOD, **change})
-    assert done.returncode == 2 and words in done.stderr
-
-
-def test_the_load_step_fails_when_the_server_never_answers(tmp_path: Path) -> None:
-    done = _load(tmp_path, {**GOOD, "target": "http://127.0.0.1:1", "wait_ready_s": 0})
-    assert done.returncode == 3 and "did not answer 200" in done.stderr
 
 
 def _result(tmp_path: Path, files: dict[str, str], exit_code: int = 0,
@@ -432,51 +403,3 @@ def test_goodput_is_bounded_on_any_sample_set(records: list, bounds: dict, succe
     assert 0.0 <= found.goodput_requests_per_second <= rps
     assert found.goodput_tokens_per_second is None or (
         tps is not None and 0.0 <= found.goodput_tokens_per_second <= tps * (1 + 1e-12))
-
-
-_STALLS_ONCE = '''
-import shutil, sys, time
-from pathlib import Path
-
-marker = Path(sys.argv[1])
-output = next(a.split("path=", 1)[1] for a in sys.argv if a.startswith("kind=json,path="))
-if not marker.exists():  # the first run: alive and idle, as GuideLLM hangs upstream
-    marker.write_text("stalled")
-    time.sleep(600)
-shutil.copy(sys.argv[2], output)
-'''
-
-
-def test_a_stalled_guidellm_is_killed_and_run_once_more(tmp_path: Path) -> None:
-    """GuideLLM's upstream hang (alive, idle, no report) costs its grace, not the cell's
-    deadline: the load step kills it and runs it again."""
-    import http.server
-    import threading
-
-    class Server(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (the handler's API)
-            body = b'{"version": "0"}' if self.path == "/version" else b"# metrics\n"
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Server)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    fake = tmp_path / "guidellm.py"
-    fake.write_text(_STALLS_ONCE)
-    recorded = Path(__file__).resolve().parents[1] / "data" / "guidellm_light.json"
-    try:
-        done = _load(tmp_path, {**GOOD, "target": f"http://127.0.0.1:{server.server_port}",
-                                "guidellm": [sys.executable, str(fake),
-                                             str(tmp_path / "stalled"), str(recorded)],
-                                "stall_grace_s": 1})
-    finally:
-        server.shutdown()
-    assert (tmp_path / "stalled").exists()  # the first run did stall
-    assert "guidellm stalled" in done.stderr and "attempt 2 of 2" in done.stderr
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads((tmp_path / "out" / "load.json").read_text())["guidellm_exit_code"] == 0

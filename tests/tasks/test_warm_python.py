@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tasks.process import pid_alive
+from tasks.warm_key import installed_stamps, warm_key, workload_module
 from tasks.warm_python import (
     WarmPython,
     WarmPythonGone,
@@ -24,8 +25,6 @@ from tasks.warm_python import (
     offer,
     run_warm,
     stop_warm_pythons,
-    warm_key,
-    workload_module,
 )
 from tests.factories import process_gone, wait_until
 
@@ -185,7 +184,7 @@ def test_an_order_for_another_command_is_refused_and_nothing_runs(warm, argv) ->
     """Only ``THIS_PYTHON -m MODULE``: another program, or another interpreter than the warm
     one (its imports are not that one's), is refused — an `OSError`, a fresh process."""
     found, work = warm
-    if os.path.realpath(argv[0]) == os.path.realpath(sys.executable):
+    if os.path.abspath(argv[0]) == os.path.abspath(sys.executable):
         pytest.skip("this interpreter is the system's python3")
     with pytest.raises(OSError):
         run_warm(found, argv, env=dict(os.environ), output_file=work / "out.log", timeout=600)
@@ -286,3 +285,69 @@ def test_a_reinstalled_package_is_another_key(tmp_path: Path,
     os.utime(package / "__init__.py", ns=(stamp + 10**9, stamp + 10**9))  # a reinstall
     assert warm_key(sys.executable, modules, "/tmp", env) != key
     assert "heavy_pkg_for_key" not in sys.modules
+
+
+def _venv_of(root: Path) -> Path:
+    """A venv-like interpreter: ``root/bin/python`` linked to this one's binary."""
+    (root / "bin").mkdir(parents=True)
+    python = root / "bin" / "python"
+    python.symlink_to(os.path.realpath(sys.executable))
+    return python
+
+
+def test_two_venvs_of_one_python_are_two_interpreters(tmp_path: Path) -> None:
+    """Every venv's ``bin/python`` links to the same base Python, but each imports its own
+    packages: the key tells them apart, and an installed package is stamped where that
+    venv has it (the serving venv's GuideLLM, asked from the run's venv)."""
+    env = {"HOME": "/home/x"}
+    one, two = _venv_of(tmp_path / "one"), _venv_of(tmp_path / "two")
+    assert os.path.realpath(one) == os.path.realpath(two)
+    assert warm_key(str(one), ["pkg_in_venv"], "/tmp", env) != \
+        warm_key(str(two), ["pkg_in_venv"], "/tmp", env)
+    site = tmp_path / "one" / "lib" / "python3.11" / "site-packages" / "pkg_in_venv"
+    site.mkdir(parents=True)
+    (site / "__init__.py").write_text("raise RuntimeError('never imported')\n")
+    stamps = installed_stamps(["pkg_in_venv", "pkg_in_venv.sub"], str(one))
+    assert stamps == [("pkg_in_venv", str(site / "__init__.py"),
+                       (site / "__init__.py").stat().st_mtime_ns)]
+    assert installed_stamps(["pkg_in_venv"], str(two)) == [("pkg_in_venv", None, None)]
+    key = warm_key(str(one), ["pkg_in_venv"], "/tmp", env)
+    stamp = (site / "__init__.py").stat().st_mtime_ns
+    os.utime(site / "__init__.py", ns=(stamp + 10**9, stamp + 10**9))  # a reinstall there
+    assert warm_key(str(one), ["pkg_in_venv"], "/tmp", env) != key
+    assert "pkg_in_venv" not in sys.modules
+
+
+def test_an_order_for_another_venvs_python_is_refused(warm, tmp_path: Path) -> None:
+    """A venv's ``python`` is the same binary as the warm one's, but not its imports."""
+    found, work = warm
+    other = _venv_of(tmp_path / "other")
+    with pytest.raises(OSError):
+        run_warm(found, [str(other), "-m", "wl_probe", "0"], env=dict(os.environ),
+                 output_file=work / "out.log", timeout=600)
+    assert not (work / "out.log").exists()
+
+
+_LAZY = """
+import sys, types
+from tasks.warm_python import _forget_our_modules
+asked = []
+class Lazy(types.ModuleType):
+    def __getattr__(self, name):  # what transformers' lazy modules do: import on a miss
+        asked.append(name)
+        raise ImportError(f"importing {name} needs a package that is not installed")
+sys.modules["lazy_third_party"] = Lazy("lazy_third_party")
+import tasks.process
+_forget_our_modules()
+print(asked, "tasks.process" in sys.modules, "lazy_third_party" in sys.modules)
+"""
+
+
+def test_dropping_our_modules_never_wakes_a_lazy_module() -> None:
+    """The forked child drops Telltale's modules before the workload's run; reading a lazy
+    module's attributes would import what it stands for (transformers' models import
+    torchvision, which the serving venv lacks: every forked load step failed)."""
+    done = subprocess.run([sys.executable, "-c", _LAZY], capture_output=True, text=True,
+                          timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["[]", "False", "True"]
