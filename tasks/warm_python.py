@@ -402,14 +402,36 @@ def _handle(server: _Server, selected: selectors.SelectorKey) -> Order | None:
     if gone:
         server.selector.unregister(child.conn)
         child.watching = False
-        _kill_group(child.pid, signal.SIGTERM)  # what its parent-death signal would send
+        _stop_child(child.pid)  # what its parent-death signal would send
     return None
+
+
+def _stop_child(pid: int) -> None:
+    """SIGTERM to a forked child's group; to the child itself while it has none yet.
+
+    The child makes its group (`os.setsid`) a moment after the fork; until it has one the
+    signal goes to its pid (never a stranger's: it is not reaped yet) and waits, held, until
+    its disposition is a fresh interpreter's (`_fork`).
+    """
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    except PermissionError:
+        pass
 
 
 def _fork(server: _Server, conn: socket.socket, order: Order) -> Order | None:
     sys.stdout.flush()
     sys.stderr.flush()
+    # SIGTERM is held in the child until it is a workload (its own session, a fresh
+    # interpreter's disposition, `_become`): one sent before (its requester gone at once)
+    # waits there instead of reaching the warm Python's handler or a group not made yet
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     pid = os.fork()
+    if pid != 0:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
     if pid == 0:  # the child: drop the server's sockets, keep nothing of it
         server.selector.close()
         server.listener.close()
@@ -425,7 +447,7 @@ def _fork(server: _Server, conn: socket.socket, order: Order) -> Order | None:
     try:
         conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
     except OSError:
-        _kill_group(pid, signal.SIGTERM)
+        _stop_child(pid)
     server.selector.register(pidfd, selectors.EVENT_READ, child)
     server.selector.register(conn, selectors.EVENT_READ, child)
     return None
@@ -463,6 +485,7 @@ def _become(order: Order, warm_pid: int) -> int:
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # held since the fork
     os.chdir(order.cwd)
     os.environ.clear()
     os.environ.update(order.env)

@@ -351,3 +351,49 @@ def test_dropping_our_modules_never_wakes_a_lazy_module() -> None:
                           timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["[]", "False", "True"]
+
+
+_ORDER_AND_GO = """
+import os, socket, sys
+from tasks.warm_python import Order
+os.chdir(sys.argv[1])  # the warm Python's dir: its socket by a short relative path
+conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+conn.connect("sock")
+conn.sendall(Order(argv=sys.argv[2:], env=dict(os.environ), cwd=os.environ["WORK"],
+                   output_file=os.environ["WORK"] + "/out.log").model_dump_json().encode()
+             + b"\\n")
+os._exit(0)  # gone at once: before the answer, maybe before the child's own setup
+"""
+
+
+def _running_with(token: str) -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if token.encode() in (proc / "cmdline").read_bytes():
+                    found.append(int(proc.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_a_requester_gone_before_its_workload_is_set_up_still_takes_it(warm) -> None:
+    """The requester may die while the forked child is still becoming the workload (before
+    its own session exists, before its SIGTERM disposition is a fresh interpreter's): the
+    warm Python's SIGTERM must still end it. Each order here is sent by a process that exits
+    at once; under load the warm Python saw it gone before the child's `setsid`, signalled
+    a group that did not exist yet, and the workload ran on (seen once in CI)."""
+    found, work = warm
+    os.mkfifo(work / "never")
+    tokens = [f"requester-gone-{os.getpid()}-{i}" for i in range(12)]
+    for token in tokens:
+        done = subprocess.run(
+            [sys.executable, "-c", _ORDER_AND_GO, str(found.directory), sys.executable, "-m",
+             "wl_probe", "wait", "never", token], cwd=work, timeout=600, check=False,
+            env={**os.environ, "WORK": str(work),
+                 "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+        assert done.returncode == 0
+    for token in tokens:
+        wait_until(lambda token=token: not _running_with(token), f"the workload {token} ended")
+    assert pid_alive(found.pid)
