@@ -27,7 +27,7 @@ from projects.fine_tuning.logparse import (
     parse_numbered_lines,
 )
 from projects.library.energy import kpi_window, read_energy
-from projects.library.runs import RunResult, first_line, read_run, telltale_image
+from projects.library.runs import RunResult, first_line, read_run, telltale_image, users_launch
 
 __all__ = ["FineTuningParser", "FineTuningResult", "PlatformFacts", "UserResult",
            "WorkloadState"]
@@ -159,7 +159,7 @@ class FineTuningParser:
     """`analysis.parsing.ResultParser` for fine_tuning runs."""
 
     name: ClassVar[str] = "fine_tuning"
-    version: ClassVar[str] = "1.9"  # 1.9: the launch (a label)
+    version: ClassVar[str] = "1.10"  # 1.9: the launch (a label); 1.10: the users' launch
     result_model: ClassVar[type[ParsedResult]] = FineTuningResult
 
     def parse(self, result: ResultDir, reader: FileReader) -> FineTuningResult:
@@ -251,7 +251,8 @@ class FineTuningParser:
         out.workload = WorkloadState(
             exit_code=0 if any(u.exit_code == 0 for u in out.users) else 1,
             finish_reason=f"{sum(u.exit_code == 0 for u in out.users)}/{len(out.users)} "
-                          "users succeeded")
+                          "users succeeded",
+            launch=users_launch([t.get("launch") for t in timings.values()]))
 
     def _capture(self, reader: FileReader, out: FineTuningResult) -> None:
         facts = out.platform

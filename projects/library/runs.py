@@ -9,6 +9,7 @@ run dir (``config.yaml``, ``presets_applied``); the field's tool writes the same
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import datetime
 
 from pydantic import Field
@@ -18,8 +19,8 @@ from analysis.parsing import FileReader, ParsedResult
 from projects.library.energy import EnergyUse
 from projects.library.resources import ResourceTimeline, ResourceUsage, read_resources
 
-__all__ = ["FORKED", "FRESH", "REPEAT_FILE", "RunResult", "first_line", "launch_label",
-           "read_run", "run_timestamps", "run_uuid", "telltale_image"]
+__all__ = ["FORKED", "FRESH", "MIXED", "REPEAT_FILE", "RunResult", "first_line", "launch_label",
+           "read_run", "run_timestamps", "run_uuid", "telltale_image", "users_launch"]
 
 REPEAT_FILE = ".repeat_of"
 """In a re-run's cell dir: the uuid of the run it repeats (``analysis.confirm_reruns``)."""
@@ -29,14 +30,36 @@ FORKED = "forked from the warm python"
 """The start of a forked local workload's ``launch`` (`tasks.warm_python`), then its pid."""
 
 
+MIXED = "mixed"
+"""The start of a fan-out's ``launch`` when some users were forked and some were not."""
+
+
 def launch_label(launch: object) -> str:
-    """A local workload's launch as a label: ``forked``, or empty for a fresh process.
+    """A local workload's launch as a label: ``forked``, ``mixed``, or empty for a fresh one.
 
     Empty for every run before the warm Python and every pod: their histories stay one
     configuration, and forked runs (no import phase in their cell: other resource KPIs)
-    are another.
+    are another; a fan-out whose users were launched both ways (its warm Python died
+    mid-run) is neither.
     """
-    return "forked" if isinstance(launch, str) and launch.startswith(FORKED) else ""
+    if not isinstance(launch, str):
+        return ""
+    return "forked" if launch.startswith(FORKED) else MIXED if launch.startswith(MIXED) else ""
+
+
+def users_launch(launches: Sequence[object]) -> str | None:
+    """A fan-out's launch from its users' (``timings.json``: ``launch``).
+
+    Every user that ran forked: the first one's; none: None (fresh processes, or users that
+    never ran); both: ``mixed: N of M users forked``.
+    """
+    ran = [launch for launch in launches if isinstance(launch, str)]
+    forked = [launch for launch in ran if launch.startswith(FORKED)]
+    if not forked:
+        return None
+    if len(forked) == len(ran):
+        return forked[0][:200]
+    return f"{MIXED}: {len(forked)} of {len(ran)} users forked"
 
 
 class RunResult(ParsedResult):

@@ -10,8 +10,12 @@ How a user runs:
    are ready (a broken or timed-out barrier fails every user with exit code 125);
 2. it sleeps its stagger, ``floor(index / batch_size) * sleep_factor`` seconds;
 3. it runs the scenario: ``COMMAND`` with ``{index}``, ``{users}`` and ``{dir}`` replaced (its
-   output to ``user-<index>/pod.log``), or the built-in ``sleep:<seconds>`` scenario;
-4. it writes ``user-<index>/exit_code`` and ``user-<index>/timings.json``.
+   output to ``user-<index>/pod.log``), or the built-in ``sleep:<seconds>`` scenario; with
+   ``--warm RECORD`` (a warm Python's record, `tasks.warm_python`) a ``PYTHON -m MODULE``
+   command is forked from that warm Python instead of started as a new interpreter (its
+   imports done once for every user; not reached: a new interpreter, as without it);
+4. it writes ``user-<index>/exit_code`` and ``user-<index>/timings.json`` (``launch``: how
+   its command was started).
 
 With ``--abort-on-failure`` the first failure stops users that have not started yet (they
 exit 124 and say so). The launcher runs in its own process so the forks never copy a
@@ -32,11 +36,14 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
 from tasks.runner import die_with_parent, set_parent_death_signal
+
+if TYPE_CHECKING:  # imported when a warm Python is given: the launcher starts light
+    from tasks.warm_python import WarmPython
 
 __all__ = ["FanoutResult", "UserTimings", "run_local_fanout", "stagger_delay"]
 
@@ -56,6 +63,7 @@ class UserTimings(BaseModel):
     ended_at: float | None = None
     stagger_s: float = 0.0
     note: str | None = None
+    launch: str | None = None  # a fresh process, or forked from the warm Python (its pid)
 
 
 class FanoutResult(BaseModel):
@@ -84,9 +92,36 @@ def _percentile(values: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
+def _run_command(argv: list[str], log_file: Path, warm: WarmPython | None) -> tuple[int, str]:
+    """One user's command: its exit code and how it was launched.
+
+    Forked from ``warm`` when given (the user's connection closing — this process dying
+    with its launcher — makes the warm Python stop it), else, or when the warm Python is not
+    reached, a new interpreter that dies with this process.
+    """
+    from projects.library.runs import FORKED, FRESH
+
+    if warm is not None:
+        from tasks.warm_python import WarmPythonGone, run_warm
+
+        try:
+            return run_warm(warm, argv, env=dict(os.environ), output_file=log_file,
+                            timeout=None), f"{FORKED} {warm.pid}"
+        except WarmPythonGone as exc:
+            with open(log_file, "a", encoding="utf-8") as log:
+                log.write(f"{exc}\n")
+            return 1, f"{FORKED} {warm.pid}, which died"
+        except OSError:  # not reached: nothing started, a fresh process does it
+            pass
+    with open(log_file, "wb") as log:
+        code = subprocess.run(die_with_parent(argv), stdout=log, stderr=subprocess.STDOUT,
+                              stdin=subprocess.DEVNULL, check=False).returncode
+    return code, FRESH
+
+
 def _user(index: int, users: int, root: str, command: list[str], batch_size: int,
           sleep_factor: float, barrier: Any, abort: Any, barrier_timeout: float,
-          launched_at: float) -> None:
+          launched_at: float, warm: WarmPython | None = None) -> None:
     set_parent_death_signal()  # a user never outlives its launcher (deadline, SIGKILL)
     directory = Path(root) / f"user-{index:03d}"
     directory.mkdir(parents=True, exist_ok=True)
@@ -111,10 +146,7 @@ def _user(index: int, users: int, root: str, command: list[str], batch_size: int
             code = 0
         else:
             argv = [a.format(index=index, users=users, dir=directory) for a in command]
-            with open(directory / "pod.log", "wb") as log:
-                code = subprocess.run(die_with_parent(argv), stdout=log,
-                                      stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, check=False).returncode
+            code, timings["launch"] = _run_command(argv, directory / "pod.log", warm)
         timings["ended_at"] = time.time()
         timings["exit_code"] = code
         if code != 0:
@@ -128,7 +160,8 @@ def _user(index: int, users: int, root: str, command: list[str], batch_size: int
 def run_local_fanout(users: int, root: str | Path, command: Sequence[str], *,
                      batch_size: int = 1, sleep_factor: float = 0.0,
                      barrier_timeout: float = 300.0,
-                     abort_on_failure: bool = False) -> FanoutResult:
+                     abort_on_failure: bool = False,
+                     warm: WarmPython | None = None) -> FanoutResult:
     """Run ``users`` users of ``command`` behind a start barrier; see the module docstring."""
     if users < 1:
         raise ValueError("users must be >= 1")
@@ -143,7 +176,7 @@ def run_local_fanout(users: int, root: str | Path, command: Sequence[str], *,
     for index in range(users):
         process = context.Process(target=_user, args=(
             index, users, str(base), list(command), batch_size, sleep_factor, barrier,
-            abort if abort_on_failure else ignored, barrier_timeout, time.time()))
+            abort if abort_on_failure else ignored, barrier_timeout, time.time(), warm))
         process.start()
         processes.append(process)
     for process in processes:
@@ -169,15 +202,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sleep-factor", type=float, default=0.0)
     parser.add_argument("--barrier-timeout", type=float, default=300.0)
     parser.add_argument("--abort-on-failure", action="store_true")
+    parser.add_argument("--warm", help="a warm Python's record (JSON) the users fork from")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("a command (or sleep:<seconds>) is required after --")
+    warm = None
+    if args.warm:
+        from tasks.warm_python import WarmPython
+
+        try:
+            warm = WarmPython.from_record(json.loads(args.warm))
+        except (ValueError, KeyError, TypeError) as exc:
+            parser.error(f"--warm: not a warm Python's record: {exc}")
     result = run_local_fanout(args.users, args.root, command, batch_size=args.batch_size,
                               sleep_factor=args.sleep_factor,
                               barrier_timeout=args.barrier_timeout,
-                              abort_on_failure=args.abort_on_failure)
+                              abort_on_failure=args.abort_on_failure, warm=warm)
     Path(args.root, "fanout.json").write_text(result.model_dump_json(indent=1),
                                               encoding="utf-8")
     print(f"{result.success_count}/{result.user_count} users succeeded; command: "

@@ -195,13 +195,16 @@ def count_users(root: Path, users: int) -> dict[str, int]:
 
 
 def run_local_users(run_ctx: RunContext, cell: Cell, timeout_minutes: int,
-                    service: dict[str, Any] | None = None) -> list[CellResult]:
+                    service: dict[str, Any] | None = None,
+                    warm: dict[str, Any] | None = None) -> list[CellResult]:
     """Run ``multi_user.user_count`` users of the cell's workload behind a start barrier.
 
     One launcher process (``python -m tasks.platforms.fanout``) forks the users, so forks
     never copy a Prefect process's threads; this step follows them through their files and
     keeps a progress artifact with the pending, running, succeeded and failed counts. With
-    a `LocalService`, every user talks to the same server.
+    a `LocalService`, every user talks to the same server. With the run's warm Python
+    (``warm``, its key the workload's) each user's workload is forked from it, as a single
+    cell's is (`run_local_workload`): its imports done once, not once a user.
 
     Returns:
         One `CellResult` per user.
@@ -219,6 +222,9 @@ def run_local_users(run_ctx: RunContext, cell: Cell, timeout_minutes: int,
             "--sleep-factor", str(multi_user.sleep_factor)]
     if multi_user.abort_on_failure:
         argv.append("--abort-on-failure")
+    chosen = WarmPython.from_record(warm) if warm is not None else None
+    if chosen is not None and chosen.key == warm_key_of(workload, env):
+        argv += ["--warm", json.dumps(chosen.as_record())]
     argv += ["--", *[str(a) for a in workload.argv]]
     progress = _UsersProgress(users)
     deadline = time.monotonic() + timeout_minutes * 60
@@ -435,9 +441,10 @@ class LocalPlatform:
     def run_users(self, run_ctx: RunContext, cell: Cell) -> list[CellResult]:
         """Run the fan-out of the cell's workload (all users against one server, if any)."""
         service = self._service(run_ctx, cell)
+        warm = self.warm.as_record() if self.warm is not None else None
         with self._observed(run_ctx, cell):
             result: list[CellResult] = project_step(run_ctx, run_local_users)(
-                run_ctx, cell, run_ctx.test.timeout_minutes, service)
+                run_ctx, cell, run_ctx.test.timeout_minutes, service, warm)
         return result
 
     def cleanup(self, run_ctx: RunContext) -> None:

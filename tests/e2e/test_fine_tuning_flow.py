@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 
 from analysis.history import HistoryStore
+from projects.library.runs import FORKED
 from tests.factories import cli_env, prometheus_required, wait_until
 
 pytestmark = pytest.mark.slow
@@ -490,12 +491,15 @@ def test_scale_test_preset_fans_out_real_users(tmp_path: Path, prefect_harness) 
     assert min(t["started_at"] for t in timings[2:]) - max(t["released_at"] for t in timings) \
         >= -0.01  # users 2-3 start a stagger step (1 s) after the release
     assert timings[2]["stagger_s"] == 1.0 and timings[0]["stagger_s"] == 0.0
+    # each user's trainer forked from the run's warm Python (torch imported once, not four
+    # times), and the run is a forked one: another configuration than fresh users'
+    assert all(t["launch"].startswith(FORKED) for t in timings), timings
     kpis = pd.read_parquet(next((tmp_path / "run").glob("*__analysis__*/kpis.parquet")))
     values = kpis.set_index("kpi")["value"]
     assert values["users_success_ratio"] == 1.0
     assert values["user_train_tokens_per_second_p50"] > 0
     assert values["user_time_to_start_max"] >= 1.0  # the last batch waited its stagger
-    assert set(kpis["user_count"]) == {"4"}
+    assert set(kpis["user_count"]) == {"4"} and set(kpis["launch"]) == {"forked"}
     page = next((tmp_path / "run").glob("*__analysis__*/report/*_users.html")).read_text()
     assert "time_to_start_s" in page and page.count("<tr") >= 5  # header + 4 users
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
+
+import pytest
 
 from tasks.platforms.fanout import run_local_fanout, stagger_delay
 from tasks.platforms.local import count_users
@@ -78,3 +81,49 @@ def test_killed_launcher_leaves_no_user_and_no_workload(tmp_path: Path) -> None:
     while _running(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _running(marker)
+
+
+# A user's workload that says whether its heavy import was done ahead (by a warm Python).
+_USER = """
+import os, sys
+ahead = "preloaded_for_users" in sys.modules
+import preloaded_for_users
+print("user", sys.argv[1], "ahead", ahead, "parent", os.getppid(), flush=True)
+"""
+
+
+def test_users_fork_from_a_warm_python_and_else_start_new_interpreters(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the run's warm Python every user's workload is forked from it (its imports done
+    once, not once a user) and says so in its timings; a warm Python that is gone leaves
+    each user a new interpreter, as without one."""
+    from projects.library.runs import FORKED, FRESH
+    from tasks.warm_key import warm_key
+    from tasks.warm_python import acquire, offer, stop_warm_pythons
+    from tests.factories import process_gone
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "preloaded_for_users.py").write_text("LOADED = True\n")
+    (work / "wl_user.py").write_text(_USER)
+    monkeypatch.chdir(work)
+    base, env = tmp_path / "warm", dict(os.environ)
+    key = warm_key(sys.executable, ["preloaded_for_users"], work, env)
+    assert offer(key, sys.executable, ["preloaded_for_users"], work, env, minutes=5, base=base)
+    warm = acquire(key, base=base)
+    assert warm is not None
+    command = [sys.executable, "-m", "wl_user", "{index}"]
+    try:
+        result = run_local_fanout(3, tmp_path / "users", command, batch_size=2,
+                                  sleep_factor=0.1, warm=warm)
+        assert result.success_count == 3
+        for user in result.users:
+            assert user.launch == f"{FORKED} {warm.pid}", user
+            log = (tmp_path / "users" / f"user-{user.index:03d}" / "pod.log").read_text()
+            assert log == f"user {user.index} ahead True parent {warm.pid}\n"
+    finally:
+        stop_warm_pythons(base)
+    assert process_gone(warm.pid)
+    again = run_local_fanout(2, tmp_path / "again", command, warm=warm)
+    assert again.success_count == 2 and {u.launch for u in again.users} == {FRESH}
+    assert "ahead False" in (tmp_path / "again" / "user-001" / "pod.log").read_text()
