@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
+from core.safeio import open_append
 from tasks.runner import die_with_parent, set_parent_death_signal
 
 if TYPE_CHECKING:  # imported when a warm Python is given: the launcher starts light
@@ -108,12 +109,12 @@ def _run_command(argv: list[str], log_file: Path, warm: WarmPython | None) -> tu
             return run_warm(warm, argv, env=dict(os.environ), output_file=log_file,
                             timeout=None), f"{FORKED} {warm.pid}"
         except WarmPythonGone as exc:
-            with open(log_file, "a", encoding="utf-8") as log:
-                log.write(f"{exc}\n")
+            with open_append(log_file) as log:
+                log.write(f"{exc}\n".encode())
             return 1, f"{FORKED} {warm.pid}, which died"
         except OSError:  # not reached: nothing started, a fresh process does it
             pass
-    with open(log_file, "wb") as log:
+    with open_append(log_file) as log:  # never through a link, as the forked one's
         code = subprocess.run(die_with_parent(argv), stdout=log, stderr=subprocess.STDOUT,
                               stdin=subprocess.DEVNULL, check=False).returncode
     return code, FRESH
