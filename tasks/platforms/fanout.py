@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
-from core.safeio import open_append
+from core.safeio import open_append, read_text_bounded, write_text
 from tasks.runner import die_with_parent, set_parent_death_signal
 
 if TYPE_CHECKING:  # imported when a warm Python is given: the launcher starts light
@@ -48,6 +48,7 @@ if TYPE_CHECKING:  # imported when a warm Python is given: the launcher starts l
 
 __all__ = ["FanoutResult", "UserTimings", "run_local_fanout", "stagger_delay"]
 
+_MAX_TIMINGS = 64 * 1024  # a user's timings.json: a few hundred bytes
 EXIT_BARRIER = 125
 EXIT_ABORTED = 124
 
@@ -153,8 +154,8 @@ def _user(index: int, users: int, root: str, command: list[str], batch_size: int
         if code != 0:
             abort.set()
     finally:
-        (directory / "timings.json").write_text(json.dumps(timings), encoding="utf-8")
-        (directory / "exit_code").write_text(f"{timings['exit_code']}\n", encoding="utf-8")
+        write_text(directory / "timings.json", json.dumps(timings))
+        write_text(directory / "exit_code", f"{timings['exit_code']}\n")
         os._exit(0)  # a forked child must not run the parent's atexit handlers
 
 
@@ -184,7 +185,8 @@ def run_local_fanout(users: int, root: str | Path, command: Sequence[str], *,
         process.join()
     ended_at = time.time()
     timings = [UserTimings.model_validate(json.loads(
-        (base / f"user-{i:03d}" / "timings.json").read_text())) for i in range(users)]
+        read_text_bounded(base / f"user-{i:03d}" / "timings.json", _MAX_TIMINGS,
+                          what="a user's timings"))) for i in range(users)]
     released = [t.released_at for t in timings if t.released_at is not None]
     skew = [(r - min(released)) * 1000 for r in released] if released else []
     return FanoutResult(users=timings, launched_at=launched_at, ended_at=ended_at,
@@ -221,8 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                               sleep_factor=args.sleep_factor,
                               barrier_timeout=args.barrier_timeout,
                               abort_on_failure=args.abort_on_failure, warm=warm)
-    Path(args.root, "fanout.json").write_text(result.model_dump_json(indent=1),
-                                              encoding="utf-8")
+    write_text(Path(args.root, "fanout.json"), result.model_dump_json(indent=1))
     print(f"{result.success_count}/{result.user_count} users succeeded; command: "
           f"{shlex.join(command)}")
     return 0

@@ -57,7 +57,6 @@ ALLOWED = {
     "projects/llm_serving/workload/load.py::_verdict": "GuideLLM's result, in its step dir",
     "projects/llm_serving/workload/load.py::main": "the load step's own files",
     "tasks/kube/user_pod_script.py::upload_results": "inside a user pod: its own results",
-    "tasks/platforms/fanout.py::run_local_fanout": "the fan-out's own config",
     # streams this process itself is writing
     "tasks/process.py::ManagedProcess.tail": "the log its own child is writing",
     "tasks/progress.py::_read_tail": "the log its own child is writing",
