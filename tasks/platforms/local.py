@@ -68,7 +68,7 @@ from tasks.platforms.local_warm import (
     offer_warm,
     run_process,
     wanted_warm,
-    warm_key_of,
+    warm_for,
 )
 from tasks.platforms.service import SERVICE_FILE, RunningService, start_service
 from tasks.progress import LogProgress, ProgressArtifact
@@ -151,9 +151,7 @@ def run_local_workload(run_ctx: RunContext, cell: Cell, timeout_minutes: int,
     reason = "Completed"
     argv = [str(a) for a in workload.argv]
     write_text(here / CMDLINE_FILE, "\0".join(argv))
-    chosen = WarmPython.from_record(warm) if warm is not None else None
-    if chosen is not None and chosen.key != warm_key_of(workload, env):
-        chosen = None  # another interpreter, modules or environment than the warm one's
+    chosen = warm_for(warm, workload, env)
     launch = f"{FORKED} {chosen.pid}" if chosen else FRESH
     try:
         with LogProgress(log_file, cell.name):  # steps and ETA, from the workload's own bar
@@ -222,8 +220,8 @@ def run_local_users(run_ctx: RunContext, cell: Cell, timeout_minutes: int,
             "--sleep-factor", str(multi_user.sleep_factor)]
     if multi_user.abort_on_failure:
         argv.append("--abort-on-failure")
-    chosen = WarmPython.from_record(warm) if warm is not None else None
-    if chosen is not None and chosen.key == warm_key_of(workload, env):
+    chosen = warm_for(warm, workload, env)
+    if chosen is not None:
         argv += ["--warm", json.dumps(chosen.as_record())]
     argv += ["--", *[str(a) for a in workload.argv]]
     progress = _UsersProgress(users)

@@ -24,7 +24,8 @@ from tasks.runner import PID_FILE, CommandTimeout, run
 from tasks.warm_key import warm_key, workload_module
 from tasks.warm_python import WarmPython, WarmPythonGone, acquire, offer, run_warm
 
-__all__ = ["find_warm", "offer_warm", "run_process", "wanted_warm", "warm_key_of"]
+__all__ = ["find_warm", "offer_warm", "run_process", "wanted_warm", "warm_for",
+           "warm_key_of"]
 
 logger = logging.getLogger("telltale.local")
 
@@ -82,6 +83,17 @@ def warm_key_of(workload: LocalWorkload, env: Mapping[str, str]) -> str | None:
         return None
     return warm_key(str(workload.argv[0]), workload.preload, os.getcwd(),
                     {**os.environ, **env})
+
+
+def warm_for(warm: Mapping[str, object] | None, workload: LocalWorkload,
+             env: Mapping[str, str]) -> WarmPython | None:
+    """The run's warm Python (its record) when it may serve ``workload`` run with ``env``.
+
+    None: the run has none, or its key is not the workload's (another interpreter, other
+    modules or another environment than the warm one's).
+    """
+    chosen = WarmPython.from_record(warm) if warm is not None else None
+    return chosen if chosen is not None and chosen.key == warm_key_of(workload, env) else None
 
 
 def offer_warm(workload: LocalWorkload, key: str | None = None) -> bool:
