@@ -39,6 +39,8 @@ from analysis.detector import (
     _sigma_floor,
     _trimmed_mean,
     _winsorised_std,
+    mean_of,
+    median_of,
 )
 from analysis.edges import edge_changes
 from analysis.seasonality import Seasonality, deseasonalised
@@ -57,17 +59,21 @@ def _locate(cs: np.ndarray, a: int, b: int, min_size: int, sigma: float,
     n = b - a
     if n < 2 * min_size:
         return -1
-    t = np.arange(a + min_size, b - min_size + 1)
-    left = cs[t] - cs[a]
+    first, last = a + min_size, b - min_size + 1
+    count = last - first
+    t = np.arange(first, last)
+    left = cs[first:last] - cs[a]  # cs[t], as a slice: t is a range
     right = cs[b] - cs[a] - left
     gain = left ** 2 / (t - a) + right ** 2 / (b - t)
-    if radius > 0 and sigma > 0 and len(t) > 1:
+    if radius > 0 and sigma > 0 and count > 1:
         weight = np.exp((gain - gain.max()) / (2 * sigma ** 2))
-        mass = np.concatenate([[0.0], np.cumsum(weight)])
-        i = np.arange(len(t))
-        window = mass[np.minimum(i + radius + 1, len(t))] - mass[np.maximum(i - radius, 0)]
+        mass = np.empty(count + 1)
+        mass[0] = 0.0
+        np.cumsum(weight, out=mass[1:])
+        i = np.arange(count)
+        window = mass[np.minimum(i + radius + 1, count)] - mass[np.maximum(i - radius, 0)]
         gain = window + 1e-6 * weight  # on a plateau of equal mass, the likeliest place wins
-    return int(t[int(np.argmax(gain))])
+    return first + int(gain.argmax())
 
 
 _ROWS = 128
@@ -238,7 +244,7 @@ def _local_sigma(left: np.ndarray, right: np.ndarray, sigma: float) -> float:
     if len(left) + len(right) < LOCAL_NOISE_RUNS + 2:
         return sigma
     sizes = np.abs(np.concatenate([np.diff(left), np.diff(right)]))
-    local = float(np.median(sizes)) / (0.6745 * math.sqrt(2))
+    local = median_of(sizes) / (0.6745 * math.sqrt(2))
     return local if local > LOCAL_NOISE_RATIO * sigma else sigma
 
 
@@ -310,7 +316,7 @@ def _residual_noise(y: np.ndarray, cps: Sequence[int], sigma: float, s: Detector
     else:
         slope, sxx = _drift_slope(y, bounds)
         r = y - (slope if _is_drift(slope, sxx, sigma, s.drift_z) else 0.0) * np.arange(len(y))
-    res = np.concatenate([r[a:b] - np.median(r[a:b]) for a, b in itertools.pairwise(bounds)])
+    res = np.concatenate([r[a:b] - median_of(r[a:b]) for a, b in itertools.pairwise(bounds)])
     dof = len(y) / max(len(y) - len(bounds) + 1 - trend_parameters, 1)
     return _winsorised_std(res) * math.sqrt(dof)  # winsorised like `noise_scale`
 
@@ -491,7 +497,7 @@ def _model_cost(y: np.ndarray, cps: Sequence[int], sigma: float, s: DetectorSett
 def levels_rss(y: np.ndarray, cps: Sequence[int]) -> float:
     """Residual sum of squares of ``y`` as levels changing at ``cps`` (each its mean)."""
     bounds = [0, *cps, len(y)]
-    return sum(float(np.sum((y[a:b] - y[a:b].mean()) ** 2))
+    return sum(float(np.sum((y[a:b] - mean_of(y[a:b])) ** 2))
                for a, b in itertools.pairwise(bounds) if b > a)
 
 
