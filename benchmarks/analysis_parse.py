@@ -97,7 +97,7 @@ def bench_parse(root: Path) -> tuple[float, float, float]:
         t_warm = min(t_warm, time.perf_counter() - t0)
     assert [r.run_uuid for r in cold] == [r.run_uuid for r in warm]
     assert all(r.summary is not None for r in warm)
-    assert sum(len(r.progress) > 0 for r in cold) == 40
+    assert sum(len(r.progress) > 0 for r in cold) == min(40, len(found))
     # as post-processing reads them warm: the loss curves of the newest 40 runs only
     t_lean = math.inf
     for _ in range(3):

@@ -1,0 +1,65 @@
+"""Every figure in docs/performance.md comes from a script in benchmarks/: each still runs.
+
+The benchmarks call the detector's and the pipeline's inner functions, which change with the
+code; nothing else imports them, so a changed signature broke one silently once
+(`benchmarks/regression/speed.py` unpacked two values of `_levels`, which returns three, for
+sessions). Each script that needs no server, cluster or serving venv runs here in its
+smallest mode, as a user runs it (a subprocess from the repository root), and must exit 0
+with figures printed. The ones left out need what the suite's other tests start for
+themselves (an S3 server, the serving venv, whole command lines) or take minutes at any size
+(`families_run.py` tunes over a grid); they are run, at full size, when their figures are
+taken.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+QUICK = {
+    "regression/speed.py": ["--repeat", "1", "--lengths", "60,300"],
+    "regression/long_probe.py": ["--count", "1"],
+    "regression/ensemble.py": ["--count", "1"],
+    "regression/run.py": ["--per-category", "1", "--seq-series", "1", "--no-anchors"],
+    "regression/external_probe.py": [],  # exits 0 saying so when its data is not beside
+    "curve_judge.py": ["--runs", "30", "--repeat", "1"],
+    "energy_sampler.py": ["--samples", "50"],
+    "fanout.py": ["--users", "2", "--scenario-s", "0.05", "--repeat", "1"],
+    "analysis_parse.py": ["--dirs", "20", "--log-mb", "0.01", "--rows", "1000"],
+}
+NOT_RUN_HERE = {
+    "analysis_bounds.py": "10 000 dirs and a 2 GB log at its size; its small sizes are the "
+                          "pipeline tests' own",
+    "export_s3.py": "needs an S3 server (tests/tasks/publish starts one for their own)",
+    "flow_overhead.py": "whole flows through Prefect (the e2e tests run them)",
+    "llm_serving.py": "the serving venv and a vLLM server (the e2e serving tests)",
+    "main_job.py": "whole command lines (the e2e CLI tests)",
+    "prometheus_overhead.py": "whole command lines with and without Prometheus",
+    "regression/families_run.py": "its tuning grid takes ~30 s even at one series a family",
+    "regression/anchors.py": "a helper the regression benchmark calls with arguments",
+    "regression/families.py": "the families' generator (imported by the scripts above)",
+    "regression/generate.py": "the categories' generator (imported by run.py)",
+}
+
+
+def test_every_benchmark_is_run_here_or_says_why_not() -> None:
+    scripts = {str(p.relative_to(REPO / "benchmarks")) for p in
+               (REPO / "benchmarks").rglob("*.py") if p.name != "__init__.py"}
+    assert scripts == set(QUICK) | set(NOT_RUN_HERE), (
+        "a benchmark is neither run by this test nor listed with its reason: "
+        f"{sorted(scripts ^ (set(QUICK) | set(NOT_RUN_HERE)))}")
+
+
+@pytest.mark.parametrize("script", sorted(QUICK))
+def test_a_benchmark_runs_in_its_smallest_mode(script: str, tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *QUICK[script]],
+                          cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert proc.stdout.strip(), f"{script} printed no figure"
