@@ -124,10 +124,11 @@ def bench_serial(root: Path, sample: int = 200) -> tuple[float, float]:
     return cold, warm
 
 
-def bench_cli(root: Path, out: Path, extra: list[str]) -> float:
-    """Best of 3 warm runs of the whole ``python -m analysis`` command (a fresh process)."""
+def bench_cli(root: Path, out: Path, extra: list[str], repeat: int = 3) -> float:
+    """Best of ``repeat`` warm runs of the whole ``python -m analysis`` command (a fresh
+    process)."""
     best = math.inf
-    for _ in range(3):
+    for _ in range(repeat):
         t0 = time.perf_counter()
         subprocess.run([sys.executable, "-m", "analysis", str(root), "--project",
                         "fine_tuning", "--out", str(out), *extra], cwd=REPO, check=True,
@@ -183,6 +184,8 @@ def main() -> int:
     parser.add_argument("--dirs", type=int, default=1000)
     parser.add_argument("--log-mb", type=float, default=1.0)
     parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="whole `python -m analysis` commands timed (the best is kept)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "results"
@@ -201,7 +204,7 @@ def main() -> int:
         print(f"end to end : cold {total_cold:.2f} s, warm {total_warm:.2f} s "
               f"(x{total_cold / total_warm:.1f} with discovery included)")
         for extra, goal in (([], 1.0), (["--no-report"], 0.8)):
-            seconds = bench_cli(root, Path(tmp) / "out", extra)
+            seconds = bench_cli(root, Path(tmp) / "out", extra, args.repeat)
             print(f"python -m analysis {' '.join(extra) or '(report on)':12s}: warm "
                   f"{seconds:.2f} s, every output written: {seconds / goal:.2f}x #43's "
                   f"{goal} s goal")

@@ -31,7 +31,7 @@ QUICK = {
     "curve_judge.py": ["--runs", "30", "--repeat", "1"],
     "energy_sampler.py": ["--samples", "50"],
     "fanout.py": ["--users", "2", "--scenario-s", "0.05", "--repeat", "1"],
-    "analysis_parse.py": ["--dirs", "20", "--log-mb", "0.01", "--rows", "1000"],
+    "analysis_parse.py": ["--dirs", "20", "--log-mb", "0.01", "--rows", "1000", "--repeat", "1"],
 }
 NOT_RUN_HERE = {
     "analysis_bounds.py": "10 000 dirs and a 2 GB log at its size; its small sizes are the "

@@ -326,7 +326,7 @@ def test_older_runs_drop_their_bulky_and_analysis_only_fields(tmp_path: Path) ->
     # ...and each is still its model: what it dumps validates back to the same result
     model = type(older[0])
     assert all(model.model_validate(r.model_dump()) == r for r in older)
-    assert all(getattr(r, "_engine") is None for r in older)
+    assert all(r._engine is None for r in older)
     # warm, the older runs' caches are read without their curves: same payloads
     _, warm, _, _ = _analyse_tree(results, project, None, None, force=False, trust_cache=False)
     assert [r.payload.results for r in warm] == [r.payload.results for r in runs]
