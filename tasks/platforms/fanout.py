@@ -99,26 +99,20 @@ def _run_command(argv: list[str], log_file: Path, warm: WarmPython | None) -> tu
 
     Forked from ``warm`` when given (the user's connection closing — this process dying
     with its launcher — makes the warm Python stop it), else, or when the warm Python is not
-    reached, a new interpreter that dies with this process.
+    reached, a new interpreter that dies with this process (`tasks.warm_launch`).
     """
-    from projects.library.runs import FORKED, FRESH
+    def fresh() -> int:
+        with open_append(log_file) as log:  # never through a link, as the forked one's
+            return subprocess.run(die_with_parent(argv), stdout=log, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL, check=False).returncode
 
-    if warm is not None:
-        from tasks.warm_python import WarmPythonGone, run_warm
+    if warm is None:  # the warm Python's client is imported only by the users that use it
+        from projects.library.runs import FRESH
 
-        try:
-            return run_warm(warm, argv, env=dict(os.environ), output_file=log_file,
-                            timeout=None), f"{FORKED} {warm.pid}"
-        except WarmPythonGone as exc:
-            with open_append(log_file) as log:
-                log.write(f"{exc}\n".encode())
-            return 1, f"{FORKED} {warm.pid}, which died"
-        except OSError:  # not reached: nothing started, a fresh process does it
-            pass
-    with open_append(log_file) as log:  # never through a link, as the forked one's
-        code = subprocess.run(die_with_parent(argv), stdout=log, stderr=subprocess.STDOUT,
-                              stdin=subprocess.DEVNULL, check=False).returncode
-    return code, FRESH
+        return fresh(), FRESH
+    from tasks.warm_launch import fork_or_fresh
+
+    return fork_or_fresh(warm, argv, fresh, env=dict(os.environ), output_file=log_file)
 
 
 def _user(index: int, users: int, root: str, command: list[str], batch_size: int,

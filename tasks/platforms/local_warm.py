@@ -16,13 +16,13 @@ from core.errors import ConfigError
 from core.safeio import write_text
 from core.timeline import mark
 from projects.contract import LocalWorkload
-from projects.library.runs import FORKED, FRESH
 from projects.matrix import Cell
 from tasks.hostwatch import count_as_run
 from tasks.platforms.base import RunContext
 from tasks.runner import PID_FILE, CommandTimeout, run
 from tasks.warm_key import warm_key, workload_module
-from tasks.warm_python import WarmPython, WarmPythonGone, acquire, offer, run_warm
+from tasks.warm_launch import fork_or_fresh
+from tasks.warm_python import WarmPython, acquire, offer
 
 __all__ = ["find_warm", "offer_warm", "run_process", "wanted_warm", "warm_for",
            "warm_key_of"]
@@ -118,21 +118,17 @@ def run_process(argv: list[str], env: dict[str, str], here: Path, log_file: Path
     """The workload's exit code and how it was launched; `CommandTimeout` past the deadline.
 
     Forked from the warm Python when there is one, else (or when it is not reached) a
-    fresh process.
+    fresh process (`tasks.warm_launch.fork_or_fresh`).
     """
-    if warm is not None:
-        try:
-            code = run_warm(warm, argv, env={**os.environ, **env}, output_file=log_file,
-                            timeout=timeout_s,
-                            on_start=lambda pid: write_text(here / PID_FILE, f"{pid}\n"))
-            return code, f"{FORKED} {warm.pid}"
-        except TimeoutError as exc:
-            raise CommandTimeout(f"the workload timed out after {timeout_s}s") from exc
-        except WarmPythonGone as exc:
-            logger.warning("%s", exc)
-            return 1, f"{FORKED} {warm.pid}, which died"
-        except OSError as exc:  # not reached: nothing started, a fresh process does it
-            logger.info("warm python %s not reached (%s): a fresh process", warm.pid, exc)
-    result = run(argv, check=False, timeout=timeout_s, output_file=log_file,
-                 pid_file=here / PID_FILE, env=env)
-    return result.returncode, FRESH
+    def fresh() -> int:
+        return run(argv, check=False, timeout=timeout_s, output_file=log_file,
+                   pid_file=here / PID_FILE, env=env).returncode
+
+    try:
+        return fork_or_fresh(warm, argv, fresh, env={**os.environ, **env}, output_file=log_file,
+                             timeout=timeout_s,
+                             on_start=lambda pid: write_text(here / PID_FILE, f"{pid}\n"))
+    except CommandTimeout:
+        raise
+    except TimeoutError as exc:
+        raise CommandTimeout(f"the workload timed out after {timeout_s}s") from exc

@@ -16,8 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from projects.library.runs import FORKED, FRESH
 from tasks.process import pid_alive
 from tasks.warm_key import installed_stamps, warm_key, workload_module
+from tasks.warm_launch import fork_or_fresh
 from tasks.warm_python import (
     WarmPython,
     WarmPythonGone,
@@ -176,6 +178,41 @@ def test_a_stopping_warm_python_takes_no_order_and_nothing_runs(warm) -> None:
     running.join()
     assert codes == [-signal.SIGKILL]  # its exit status still reaches its run
     assert process_gone(found.pid)  # then it ends
+
+
+def _never_fresh() -> int:
+    raise AssertionError("a fresh process was started")
+
+
+def test_fork_or_fresh_names_each_launch_and_never_runs_a_workload_twice(warm) -> None:
+    """`tasks.warm_launch.fork_or_fresh`, what a cell and a fan-out user launch through:
+    forked (its pid in the launch); the warm Python gone under it (exit 1, why in its log,
+    not run again); a deadline (raised, not run again); not reached (a fresh process)."""
+    found, work = warm
+    argv = [sys.executable, "-m", "wl_probe", "5"]
+    log = work / "out.log"
+    assert fork_or_fresh(found, argv, _never_fresh, env=dict(os.environ),
+                         output_file=log) == (5, f"{FORKED} {found.pid}")
+    assert fork_or_fresh(None, argv, lambda: 9, env={}, output_file=log) == (9, FRESH)
+    os.mkfifo(work / "never")
+    waiting = [sys.executable, "-m", "wl_probe", "wait", str(work / "never")]
+    started: list[int] = []
+    with pytest.raises(TimeoutError):
+        fork_or_fresh(found, waiting, _never_fresh, env=dict(os.environ), output_file=log,
+                      timeout=1, on_start=started.append)
+    assert process_gone(started[0])
+
+    def kill_it(pid: int) -> None:
+        started.append(pid)
+        os.kill(found.pid, signal.SIGKILL)
+
+    assert fork_or_fresh(found, waiting, _never_fresh, env=dict(os.environ), output_file=log,
+                         on_start=kill_it) == (1, f"{FORKED} {found.pid}, which died")
+    assert process_gone(started[-1])
+    assert str(found.pid) in log.read_text().splitlines()[-1]  # the log says why it ended
+    # the warm Python is gone now: not reached, nothing started, a fresh process runs it
+    assert fork_or_fresh(found, argv, lambda: 0, env=dict(os.environ),
+                         output_file=log) == (0, FRESH)
 
 
 @pytest.mark.parametrize("argv", [["/bin/sh", "-c", "echo no"], ["/usr/bin/python3", "-m",
