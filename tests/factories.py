@@ -230,6 +230,29 @@ def process_gone(pid: int, within_s: float = 600) -> bool:
     return False
 
 
+def group_members(pgid: int) -> list[int]:
+    """The live (not zombie) processes of process group ``pgid`` on this machine."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(stat.parent.name))
+    return members
+
+
+def group_gone(pgid: int, within_s: float = 600) -> bool:
+    """Wait until no process of group ``pgid`` is left (a server's children too)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if not group_members(pgid):
+            return True
+        time.sleep(0.2)
+    return False
+
+
 def cli_env(tmp_path: Any) -> dict[str, str]:
     """The environment of a CLI run in a test: its own Prefect home and history dir."""
     env = dict(os.environ)

@@ -61,6 +61,8 @@ CORPUS = FOLDER.parent / "fine_tuning" / "data" / "alpaca_mini.jsonl"
 """The tokenizer's training text: the fine-tuning project's dataset (shipped in the repo)."""
 _BUILDER = "projects.llm_serving.workload.build_model"
 LOAD_MODULE = "projects.llm_serving.workload.load"
+# vLLM's OpenAI server, its engine core forked from a preloaded fork server (why: its docstring)
+SERVER_MODULE = "projects.llm_serving.workload.vllm_server"
 # GuideLLM's command line and its benchmark entry point: importing them imports torch,
 # transformers and datasets (~9 s, ~560 MB); a warm Python of the serving venv does it once
 # and the load script runs GuideLLM forked from itself (workload/load.py).
@@ -157,17 +159,18 @@ def local_service(ctx: CellContext) -> LocalService:
     return LocalService(
         key=f"vllm-{settings.model_name}-{settings.max_model_len}"
             f"{'-eager' if test.local.enforce_eager else ''}",
-        argv=[str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+        argv=[str(python), "-m", SERVER_MODULE, "--model", str(model),
               "--host", LOOPBACK_HOST, "--port", "{port}",
               "--max-model-len", str(settings.max_model_len),
               "--served-model-name", str(settings.model_name),
               *(["--enforce-eager"] if test.local.enforce_eager else [])],
         env={"VLLM_CPU_KVCACHE_SPACE": str(test.local.kv_cache_gb),
              "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1",
-             "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"},
+             "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
+             "PYTHONPATH": str(_CHECKOUT)},
         health_path="/health", ready_timeout_s=float(test.local.ready_timeout_s),
         facts={"runtime": "vllm", "model_name": str(settings.model_name),
-               "model_dir": str(model)})
+               "model_dir": str(model), "engine_core_start": "forkserver"})
 
 
 def _load_config(ctx: CellContext) -> dict[str, Any]:

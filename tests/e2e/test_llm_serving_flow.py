@@ -20,7 +20,13 @@ from analysis.kpi import compute_kpis
 from analysis.parsing import FileReader
 from projects import registry
 from projects.library.runs import FORKED
-from tests.factories import cli_env, process_gone, serving_venv_or_skip, terminal_job
+from tests.factories import (
+    cli_env,
+    group_gone,
+    process_gone,
+    serving_venv_or_skip,
+    terminal_job,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -54,6 +60,12 @@ def test_two_cells_share_one_real_server_and_a_failed_cell_leaves_nothing(
     records = [json.loads((j / "artifacts" / "service.json").read_text()) for j in jobs]
     assert records[0]["pid"] == records[1]["pid"] and records[0]["url"] == records[1]["url"]
     assert process_gone(records[0]["pid"]), "the vLLM server outlived the run"
+    # its engine core was forked from the fork server the launcher started first
+    # (workload/vllm_server.py); neither it nor the fork server nor the worker outlived it
+    assert records[0]["engine_core_start"] == "forkserver"
+    server_log = (services[0] / "server.log").read_text()
+    assert "telltale: the engine core is forked from a fork server" in server_log
+    assert group_gone(records[0]["pid"]), "a process of the vLLM server outlived the run"
     assert not list(run_dir.rglob("workload.pid"))
     assert "stopped_at" in json.loads((services[0] / "service.json").read_text())
     # the failed cell: the load step's own words in the outcome
@@ -110,6 +122,8 @@ def test_ctrl_c_while_the_server_starts_leaves_no_server(tmp_path: Path) -> None
     output = proc.communicate(timeout=600)[0]
     assert proc.returncode == 130, output[-3000:]
     assert process_gone(server), "the vLLM server outlived a Ctrl-C"
+    assert group_gone(server), "a process of the vLLM server (its fork server, engine " \
+        "core or worker) outlived a Ctrl-C"
     assert json.loads((run_dir / "outcome.json").read_text())["exit_code"] == 130
 
 

@@ -1,0 +1,123 @@
+"""vLLM's OpenAI server on this machine, its engine core forked from a preloaded fork server.
+
+    python -m projects.llm_serving.workload.vllm_server [vLLM's server arguments]
+
+Run by the serving venv's Python (the local platform's `LocalService`; a cluster runs vLLM's
+own image and never this). Standard library and vLLM only.
+
+Why: vLLM's CPU platform starts three processes one after the other — the API server, the
+engine core it starts, the worker the engine core starts — with the ``spawn`` method, so each
+imports torch and vLLM afresh (10-18 s each on 2 cores; ~45 s to ``/health``). Here a fork
+server is started first thing, and imports the engine core's modules on the other core while
+the API server imports its own; the engine core is then forked from it at once. ~10 s less to
+``/health`` (docs/performance.md).
+
+What stays as vLLM does it, on purpose:
+- **The worker is spawned**, as before: it runs the model, and its OpenMP thread binding is
+  environment variables (``OMP_NUM_THREADS``, ``GOMP_CPU_AFFINITY``) that libgomp reads when
+  it loads — a worker forked from a process that had loaded torch would run unbound (measured:
+  two torch threads instead of one, on the core reserved for the engine core).
+- **The environment**: a child of a fork server gets the fork server's environment, not its
+  parent's; the engine core here gets the API server's environment as it is when the engine
+  core starts (what ``spawn`` gives: vLLM's CPU platform sets variables there that the worker
+  needs, ``LD_PRELOAD`` among them).
+- **The three processes, their roles, arguments and the multiprocessing executor.**
+
+Where this vLLM has no such hook point (another version), the server starts as vLLM starts
+it, and the log says so.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.context
+import multiprocessing.forkserver
+import os
+import runpy
+import sys
+from typing import Any
+
+__all__ = ["ENGINE_CORE_MODULES", "EnvCarryingProcess", "forkserver_context",
+           "install_engine_core_hook", "main"]
+
+_THIS = "projects.llm_serving.workload.vllm_server"
+_API_SERVER = "vllm.entrypoints.openai.api_server"
+ENGINE_CORE_MODULES = ("vllm.v1.engine.core",)
+"""What the fork server imports before the first engine core is forked from it."""
+_HOOKED_MODULE = "vllm.v1.engine.utils"  # launch_core_engines: where vLLM starts engine cores
+_HOOK = "get_mp_context"
+
+
+class EnvCarryingProcess(multiprocessing.context.ForkServerProcess):
+    """A fork-server process that runs with its parent's environment at ``start()``.
+
+    A spawned child inherits its parent's environment when it starts; a fork server's child
+    inherits the fork server's, frozen when that server started. This carries the parent's
+    over, so the child is started as ``spawn`` would have started it in that respect.
+    """
+
+    _telltale_environ: dict[str, str]
+
+    def start(self) -> None:
+        """Start the process, with the environment this process has now."""
+        self._telltale_environ = dict(os.environ)
+        super().start()
+
+    def run(self) -> None:
+        """Take the parent's environment, then run the target."""
+        os.environ.clear()
+        os.environ.update(self._telltale_environ)
+        super().run()
+
+
+class _Context(multiprocessing.context.ForkServerContext):
+    Process = EnvCarryingProcess  # type: ignore[assignment]
+
+
+def forkserver_context() -> multiprocessing.context.BaseContext:
+    """The multiprocessing context whose processes carry their parent's environment."""
+    return _Context()
+
+
+def install_engine_core_hook() -> str:
+    """Make vLLM start its engine cores from the fork server; what was done, in words.
+
+    Only the engine-core launch is hooked (``vllm.v1.engine.utils.get_mp_context``): the
+    worker the engine core starts, and every other process, keep vLLM's own start method.
+    vLLM's own function still runs first (its checks and environment settings).
+    """
+    try:
+        module = __import__(_HOOKED_MODULE, fromlist=[_HOOK])
+    except ImportError as exc:
+        return f"vLLM's own start (no {_HOOKED_MODULE}: {exc})"
+    original = getattr(module, _HOOK, None)
+    if not callable(original):
+        return f"vLLM's own start (no {_HOOKED_MODULE}.{_HOOK} in this vLLM)"
+    context = forkserver_context()
+
+    def get_mp_context() -> Any:
+        original()  # vLLM's checks and the environment it sets for its children
+        return context
+
+    setattr(module, _HOOK, get_mp_context)
+    return "forked from a fork server with " + ", ".join(ENGINE_CORE_MODULES) + " imported"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Start the fork server, then run vLLM's OpenAI server with ``argv``."""
+    args = sys.argv[1:] if argv is None else argv
+    # The fork server imports the engine core's modules now, beside the API server's imports
+    # below; it imports this module too (the process class is unpickled by its name).
+    multiprocessing.set_forkserver_preload([_THIS, *ENGINE_CORE_MODULES])
+    multiprocessing.forkserver.ensure_running()
+    __import__(_API_SERVER)
+    how = install_engine_core_hook()
+    print(f"telltale: the engine core is {how}", file=sys.stderr, flush=True)
+    sys.argv = [_API_SERVER, *args]
+    runpy.run_module(_API_SERVER, run_name="__main__", alter_sys=False)
+
+
+if __name__ == "__main__":
+    # Run by its import name, not as __main__: a process object pickled for the fork server
+    # names its class by module, and the fork server's __main__ is not this file.
+    __import__(_THIS, fromlist=["main"]).main()

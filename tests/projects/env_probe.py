@@ -1,0 +1,11 @@
+"""A process target for `test_vllm_server`: importable by name, as a fork server's child needs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def write_env(path: str, name: str) -> None:
+    """Write this process's ``name`` variable (``-`` when unset) into ``path``."""
+    Path(path).write_text(os.environ.get(name, "-"))

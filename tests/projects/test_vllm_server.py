@@ -1,0 +1,86 @@
+"""The vLLM server's launcher (projects/llm_serving/workload/vllm_server.py): its engine core
+forked from a preloaded fork server, with the environment ``spawn`` would have given it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from projects.llm_serving import install
+from projects.llm_serving.workload import vllm_server
+from tests.factories import serving_venv_or_skip
+
+REPO = Path(__file__).resolve().parents[2]
+
+# The parent sets a variable after its fork server started: a fork server's child would see
+# the fork server's value, a spawned child (and EnvCarryingProcess) the parent's.
+_PROBE = """
+import multiprocessing, multiprocessing.forkserver, os, sys
+from projects.llm_serving.workload import vllm_server
+from tests.projects import env_probe
+os.environ["TT_PROBE"] = "when the fork server started"
+multiprocessing.set_forkserver_preload(["tests.projects.env_probe"])
+multiprocessing.forkserver.ensure_running()
+os.environ["TT_PROBE"] = "when the child started"
+os.environ.pop("TT_GONE", None)
+plain = multiprocessing.get_context("forkserver").Process
+carrying = vllm_server.forkserver_context().Process
+for name, cls in (("plain", plain), ("carrying", carrying)):
+    for var in ("TT_PROBE", "TT_GONE"):
+        child = cls(target=env_probe.write_env, args=(f"{sys.argv[1]}/{name}.{var}", var))
+        child.start()
+        child.join()
+        assert child.exitcode == 0, (name, child.exitcode)
+"""
+
+
+def test_a_child_of_the_fork_server_runs_with_its_parents_environment_as_spawned(
+        tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TT_GONE": "set before the fork server"}
+    done = subprocess.run([sys.executable, "-c", _PROBE, str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = {p.name: p.read_text() for p in tmp_path.iterdir()}
+    # the stdlib's fork server child: the fork server's environment (what the class fixes)
+    assert seen["plain.TT_PROBE"] == "when the fork server started"
+    assert seen["plain.TT_GONE"] == "set before the fork server"
+    # the launcher's: the parent's as it was at start(), a variable removed since included
+    assert seen["carrying.TT_PROBE"] == "when the child started"
+    assert seen["carrying.TT_GONE"] == "-"
+
+
+def test_without_vllm_the_hook_says_the_server_starts_as_vllm_starts_it() -> None:
+    """Where vLLM (or its hook point) is missing, nothing is changed and the log says so."""
+    if "vllm" in sys.modules:  # pragma: no cover - the dev venv has no vLLM
+        return
+    assert vllm_server.install_engine_core_hook().startswith("vLLM's own start (no vllm.")
+
+
+_HOOK_CHECK = """
+import multiprocessing
+import vllm.utils.system_utils as system_utils
+import vllm.v1.engine.utils as engine_utils
+import vllm.v1.executor.multiproc_executor as executor
+from projects.llm_serving.workload import vllm_server
+print(vllm_server.install_engine_core_hook())
+context = engine_utils.get_mp_context()
+print(type(context).__name__, context.get_start_method(), context.Process.__name__)
+# the worker's start (the executor's) is vLLM's own, untouched
+print(executor.get_mp_context is system_utils.get_mp_context)
+"""
+
+
+def test_the_real_vllm_starts_its_engine_core_from_the_fork_server_and_nothing_else() -> None:
+    """Against the serving venv's vLLM (its pinned version): the hook point exists, the
+    engine-core launch gets the fork server's context, the worker's launch is vLLM's own."""
+    serving_venv_or_skip()
+    python = install.venv_python(install.default_venv())
+    done = subprocess.run([str(python), "-c", _HOOK_CHECK], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "VLLM_NO_USAGE_STATS": "1",
+                               "DO_NOT_TRACK": "1"}, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()[-3:]
+    assert lines == ["forked from a fork server with vllm.v1.engine.core imported",
+                     "_Context forkserver EnvCarryingProcess", "True"], done.stdout[-2000:]
