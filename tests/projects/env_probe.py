@@ -9,3 +9,11 @@ from pathlib import Path
 def write_env(path: str, name: str) -> None:
     """Write this process's ``name`` variable (``-`` when unset) into ``path``."""
     Path(path).write_text(os.environ.get(name, "-"))
+
+
+def write_vllm_title(path: str) -> None:
+    """Title this process as vLLM titles its engine core, then write what ``ps`` shows."""
+    from vllm.utils.system_utils import set_process_title
+
+    set_process_title("EngineCore")
+    Path(path).write_text(Path("/proc/self/comm").read_text().strip())

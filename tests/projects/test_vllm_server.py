@@ -59,7 +59,7 @@ def test_without_vllm_the_hook_says_the_server_starts_as_vllm_starts_it() -> Non
 
 
 _HOOK_CHECK = """
-import multiprocessing
+import multiprocessing, sys
 import vllm.utils.system_utils as system_utils
 import vllm.v1.engine.utils as engine_utils
 import vllm.v1.executor.multiproc_executor as executor
@@ -69,18 +69,28 @@ context = engine_utils.get_mp_context()
 print(type(context).__name__, context.get_start_method(), context.Process.__name__)
 # the worker's start (the executor's) is vLLM's own, untouched
 print(executor.get_mp_context is system_utils.get_mp_context)
+# an engine core started this way keeps the title vLLM gives it (what ps shows)
+from tests.projects import env_probe
+child = context.Process(target=env_probe.write_vllm_title, args=(sys.argv[1],))
+child.start()
+child.join()
+print(open(sys.argv[1]).read())
 """
 
 
-def test_the_real_vllm_starts_its_engine_core_from_the_fork_server_and_nothing_else() -> None:
+def test_the_real_vllm_starts_its_engine_core_from_the_fork_server_and_nothing_else(
+        tmp_path: Path) -> None:
     """Against the serving venv's vLLM (its pinned version): the hook point exists, the
-    engine-core launch gets the fork server's context, the worker's launch is vLLM's own."""
+    engine-core launch gets the fork server's context, the worker's launch is vLLM's own,
+    and an engine core so started keeps vLLM's process title."""
     serving_venv_or_skip()
     python = install.venv_python(install.default_venv())
-    done = subprocess.run([str(python), "-c", _HOOK_CHECK], capture_output=True, text=True,
+    done = subprocess.run([str(python), "-c", _HOOK_CHECK, str(tmp_path / "title")],
+                          capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(REPO), "VLLM_NO_USAGE_STATS": "1",
                                "DO_NOT_TRACK": "1"}, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    lines = done.stdout.strip().splitlines()[-3:]
+    lines = done.stdout.strip().splitlines()[-4:]
     assert lines == ["forked from a fork server with vllm.v1.engine.core imported",
-                     "_Context forkserver EnvCarryingProcess", "True"], done.stdout[-2000:]
+                     "_Context forkserver EnvCarryingProcess", "True",
+                     "VLLM::EngineCor"], done.stdout[-2000:]  # comm: 15 characters

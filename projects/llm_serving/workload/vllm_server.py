@@ -65,8 +65,15 @@ class EnvCarryingProcess(multiprocessing.context.ForkServerProcess):
 
     def run(self) -> None:
         """Take the parent's environment, then run the target."""
-        os.environ.clear()
-        os.environ.update(self._telltale_environ)
+        # Only what differs is set or removed: clearing the whole environment moves it away
+        # from the memory setproctitle takes over, and vLLM's process titles
+        # ("VLLM::EngineCore") were then lost.
+        wanted = self._telltale_environ
+        for name in [name for name in os.environ if name not in wanted]:
+            del os.environ[name]
+        for name, value in wanted.items():
+            if os.environ.get(name) != value:
+                os.environ[name] = value
         super().run()
 
 
