@@ -29,6 +29,7 @@ WORKLOAD_PROGRAMS = {
     "projects/fine_tuning/data/generate.py": "a data generator run by hand",
     "projects/llm_serving/workload/build_model.py": "a workload step's log (captured)",
     "projects/llm_serving/workload/load.py": "the load generator's log (captured)",
+    "projects/llm_serving/workload/vllm_server.py": "the vLLM server's log (server.log)",
     "tasks/kube/user_pod_script.py": "runs inside a user pod; its log is the pod's",
     "tasks/platforms/fanout.py": "a local user process; its log is the user's",
 }

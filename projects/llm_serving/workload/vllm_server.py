@@ -21,7 +21,8 @@ What stays as vLLM does it, on purpose:
   parent's; the engine core here gets the API server's environment as it is when the engine
   core starts (what ``spawn`` gives: vLLM's CPU platform sets variables there that the worker
   needs, ``LD_PRELOAD`` among them).
-- **The three processes, their roles, arguments and the multiprocessing executor.**
+- **The three processes, their roles, arguments, process titles and the multiprocessing
+  executor.**
 
 Where this vLLM has no such hook point (another version), the server starts as vLLM starts
 it, and the log says so.
