@@ -191,6 +191,10 @@ def labels(result: ParsedResult) -> dict[str, str]:
         "accelerator_count": settings.get("gpu") or 0,
         "user_count": len(serving.users) or 1,
         "telltale_image": serving.telltale_image,
+        # the local server's engine core forked from a fork server (workload/vllm_server.py)
+        # holds ~140 MB more of the machine's memory than vLLM's own start: another history
+        # for the resource KPIs, as the trainer's launch is (empty: the rows before it)
+        "engine_core_start": serving.engine_core_start,
     }.items()}
 
 

@@ -30,10 +30,13 @@ from projects.library.energy import kpi_window, read_energy
 from projects.library.runs import RunResult, read_run, telltale_image
 from projects.llm_serving.goodput import RequestTimes, ServingSlo, goodput
 
-__all__ = ["LOAD_STEP", "ServingParser", "ServingResult", "Stats", "UserServing"]
+__all__ = ["ENGINE_CORE_STARTS", "LOAD_STEP", "ServingParser", "ServingResult", "Stats",
+           "UserServing"]
 
 LOAD_STEP = "run_llm_serving_load"
 WORKLOAD_GLOB = f"*__llm_serving__{LOAD_STEP}"
+ENGINE_CORE_STARTS = ("forkserver",)
+"""The values `service.json`'s ``engine_core_start`` may have (anything else reads as empty)."""
 CAPTURE_GLOB = "*__cluster__capture_environment"
 DEFAULT_INVALID_WARNINGS = frozenset({"generation_delay_ttft"})
 """Invalidating GuideLLM warnings when the load step did not record its own list."""
@@ -162,6 +165,10 @@ class ServingResult(RunResult):
     telltale_image: str | None = None
     runtime_version: str | None = None
     server_startup_s: float | None = None
+    engine_core_start: str = Field(default="", description="How the local vLLM server's "
+                                   "engine core was started: forkserver "
+                                   "(workload/vllm_server.py), or empty (vLLM's own start, a "
+                                   "cluster's, or a record from before it was recorded).")
     measured: bool = Field(default=False, description="The load step judged the run a valid "
                            "measurement (exit 0: no fatal GuideLLM warning, some success).")
     warnings: list[str] = Field(default_factory=list)
@@ -253,6 +260,8 @@ class ServingParser:
         service = reader.json(f"{job}/artifacts/service.json", required=False)
         if isinstance(service, dict) and isinstance(service.get("startup_s"), int | float):
             out.server_startup_s = float(service["startup_s"])
+        if isinstance(service, dict) and service.get("engine_core_start") in ENGINE_CORE_STARTS:
+            out.engine_core_start = str(service["engine_core_start"])
         user_dirs = reader.listdir(f"{job}/users", "user-*")
         if user_dirs:
             self._users(reader, out, job, user_dirs)

@@ -50,7 +50,7 @@ from projects.llm_serving import install, validity
 from projects.llm_serving.kpis import KPIS, as_serving, labels, results_summary, slo_bound
 from projects.llm_serving.manifests import JOB_NAME_LABEL, LOAD_SCRIPT, cell_manifests
 from projects.llm_serving.models import ServingSettings, ServingTest
-from projects.llm_serving.parser import LOAD_STEP, ServingParser
+from projects.llm_serving.parser import ENGINE_CORE_STARTS, LOAD_STEP, ServingParser
 from projects.llm_serving.settings import serving_environment
 
 __all__ = ["PROJECT", "model_dir"]
@@ -170,7 +170,7 @@ def local_service(ctx: CellContext) -> LocalService:
              "PYTHONPATH": str(_CHECKOUT)},
         health_path="/health", ready_timeout_s=float(test.local.ready_timeout_s),
         facts={"runtime": "vllm", "model_name": str(settings.model_name),
-               "model_dir": str(model), "engine_core_start": "forkserver"})
+               "model_dir": str(model), "engine_core_start": ENGINE_CORE_STARTS[0]})
 
 
 def _load_config(ctx: CellContext) -> dict[str, Any]:

@@ -377,6 +377,25 @@ def test_no_slo_gives_no_goodput_and_a_bad_one_is_a_problem_not_a_crash(
     assert labels(set_one)["slo"] == "ttft_ms<=5000,itl_ms<=500" and labels(plain)["slo"] == ""
 
 
+def test_the_engine_core_start_is_a_label_read_from_the_servers_record(
+        tmp_path: Path) -> None:
+    """A local server whose engine core came from the fork server is another history (its
+    machine memory differs); a record without it (before it existed, a cluster's) or with a
+    value that is none of ours reads as empty."""
+    from projects.llm_serving.kpis import labels
+
+    data = json.dumps(_recorded())
+    records = {"forked": {"startup_s": 30.5, "engine_core_start": "forkserver"},
+               "plain": {"startup_s": 41.0}, "odd": {"engine_core_start": "\x1b[2Jspawn"},
+               "broken": "not a record"}
+    seen = {}
+    for name, record in records.items():
+        result, _ = _result(tmp_path / name, {"artifacts/guidellm.json": data,
+                                              "artifacts/service.json": json.dumps(record)})
+        seen[name] = labels(result)["engine_core_start"]
+    assert seen == {"forked": "forkserver", "plain": "", "odd": "", "broken": ""}
+
+
 _times = st.one_of(st.none(), st.floats(0, 1e7), st.just(math.nan))
 
 
