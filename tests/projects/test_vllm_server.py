@@ -58,6 +58,12 @@ def test_without_vllm_the_hook_says_the_server_starts_as_vllm_starts_it() -> Non
     assert vllm_server.install_engine_core_hook().startswith("vLLM's own start (no vllm.")
 
 
+def test_a_server_argument_that_needs_vllms_own_start_leaves_it_unhooked() -> None:
+    for args in (["--model", "m", "--numa-bind"], ["--numa-bind=true"]):
+        assert vllm_server.install_engine_core_hook(args) == \
+            "vLLM's own start (--numa-bind needs it)"
+
+
 _HOOK_CHECK = """
 import multiprocessing, sys
 import vllm.utils.system_utils as system_utils

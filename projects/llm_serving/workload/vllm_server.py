@@ -47,6 +47,7 @@ ENGINE_CORE_MODULES = ("vllm.v1.engine.core",)
 """What the fork server imports before the first engine core is forked from it."""
 _HOOKED_MODULE = "vllm.v1.engine.utils"  # launch_core_engines: where vLLM starts engine cores
 _HOOK = "get_mp_context"
+_NEEDS_SPAWN = frozenset({"--numa-bind"})  # vLLM forces spawn for it (executable hijacking)
 
 
 class EnvCarryingProcess(multiprocessing.context.ForkServerProcess):
@@ -87,13 +88,18 @@ def forkserver_context() -> multiprocessing.context.BaseContext:
     return _Context()
 
 
-def install_engine_core_hook() -> str:
+def install_engine_core_hook(args: list[str] | None = None) -> str:
     """Make vLLM start its engine cores from the fork server; what was done, in words.
 
     Only the engine-core launch is hooked (``vllm.v1.engine.utils.get_mp_context``): the
     worker the engine core starts, and every other process, keep vLLM's own start method.
-    vLLM's own function still runs first (its checks and environment settings).
+    vLLM's own function still runs first (its checks and environment settings). Server
+    arguments that need vLLM's own start (``--numa-bind`` re-executes the process) leave it
+    unhooked.
     """
+    needs_spawn = [a for a in args or [] if a.split("=", 1)[0] in _NEEDS_SPAWN]
+    if needs_spawn:
+        return f"vLLM's own start ({needs_spawn[0].split('=', 1)[0]} needs it)"
     try:
         module = __import__(_HOOKED_MODULE, fromlist=[_HOOK])
     except ImportError as exc:
@@ -119,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
     multiprocessing.set_forkserver_preload([_THIS, *ENGINE_CORE_MODULES])
     multiprocessing.forkserver.ensure_running()
     __import__(_API_SERVER)
-    how = install_engine_core_hook()
+    how = install_engine_core_hook(args)
     print(f"telltale: the engine core is {how}", file=sys.stderr, flush=True)
     sys.argv = [_API_SERVER, *args]
     runpy.run_module(_API_SERVER, run_name="__main__", alter_sys=False)
