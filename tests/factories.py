@@ -218,16 +218,21 @@ def terminal_job(argv: list[str], env: dict[str, str]) -> Any:
                             start_new_session=True)
 
 
+def _eventually(condition: Callable[[], bool], within_s: float) -> bool:
+    """Poll ``condition`` until it holds (True) or ``within_s`` has passed (False)."""
+    deadline = time.monotonic() + within_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def process_gone(pid: int, within_s: float = 600) -> bool:
     """Wait until ``pid`` has exited (a zombie counts as exited); False after ``within_s``."""
     from tasks.process import pid_alive
 
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if not pid_alive(pid):
-            return True
-        time.sleep(0.2)
-    return False
+    return _eventually(lambda: not pid_alive(pid), within_s)
 
 
 def group_members(pgid: int) -> list[int]:
@@ -245,12 +250,7 @@ def group_members(pgid: int) -> list[int]:
 
 def group_gone(pgid: int, within_s: float = 600) -> bool:
     """Wait until no process of group ``pgid`` is left (a server's children too)."""
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if not group_members(pgid):
-            return True
-        time.sleep(0.2)
-    return False
+    return _eventually(lambda: not group_members(pgid), within_s)
 
 
 def cli_env(tmp_path: Any) -> dict[str, str]:
@@ -313,11 +313,8 @@ def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 600.
     """Wait on a condition (never a fixed sleep); fail the test after a generous deadline."""
     import pytest
 
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"not {what} after {timeout_s:.0f} s")
-        time.sleep(0.1)
+    if not _eventually(condition, timeout_s):
+        pytest.fail(f"not {what} after {timeout_s:.0f} s")
 
 
 def built_once(tmp_path_factory: Any, name: str, build: Callable[[Path], str]
