@@ -77,6 +77,7 @@ def test_two_cells_share_one_real_server_and_a_failed_cell_leaves_nothing(
     written = json.loads(result_file.read_text())["benchmarks"][0]["metrics"]
     post = next(run_dir.glob("*__analysis__postprocess_results"))
     kpis = pd.read_parquet(post / "kpis.parquet")
+    assert set(kpis["engine_core_start"]) == {"forkserver"}  # a label: its own history
     good = kpis[kpis["request_format"] == "/v1/completions"].set_index("kpi")["value"]
     assert math.isclose(good["ttft_p95"], written["time_to_first_token_ms"]["successful"][
         "percentiles"]["p95"])
