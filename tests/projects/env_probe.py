@@ -12,8 +12,9 @@ def write_env(path: str, name: str) -> None:
 
 
 def write_vllm_title(path: str) -> None:
-    """Title this process as vLLM titles its engine core, then write what ``ps`` shows."""
-    from vllm.utils.system_utils import set_process_title
+    """Title this process as vLLM titles its engine core (``vllm.utils.system_utils.
+    set_process_title``: setproctitle, ``VLLM::EngineCore``), then write what ``ps`` shows."""
+    import setproctitle
 
-    set_process_title("EngineCore")
+    setproctitle.setproctitle("VLLM::EngineCore")
     Path(path).write_text(Path("/proc/self/comm").read_text().strip())
