@@ -258,10 +258,11 @@ class ServingParser:
             reader.problem(WORKLOAD_GLOB, "no load step dir")
             return out
         service = reader.json(f"{job}/artifacts/service.json", required=False)
-        if isinstance(service, dict) and isinstance(service.get("startup_s"), int | float):
-            out.server_startup_s = float(service["startup_s"])
-        if isinstance(service, dict) and service.get("engine_core_start") in ENGINE_CORE_STARTS:
-            out.engine_core_start = str(service["engine_core_start"])
+        if isinstance(service, dict):
+            if isinstance(service.get("startup_s"), int | float):
+                out.server_startup_s = float(service["startup_s"])
+            if service.get("engine_core_start") in ENGINE_CORE_STARTS:
+                out.engine_core_start = str(service["engine_core_start"])
         user_dirs = reader.listdir(f"{job}/users", "user-*")
         if user_dirs:
             self._users(reader, out, job, user_dirs)
