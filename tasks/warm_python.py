@@ -380,6 +380,11 @@ def _handle(server: _Server, selected: selectors.SelectorKey) -> Order | None:
             return None
         return _fork(server, conn, order)
     child: _Child = tag
+    if server.children.get(child.pid) is not child:
+        # A stale event of one select batch: the child's exit and its requester's hang-up
+        # came together, and the exit, handled first, closed the connection this event is
+        # for (unregistering a closed socket raised, and the warm Python died of it)
+        return None
     if selected.fileobj == child.pidfd:  # the child exited
         _, status = os.waitpid(child.pid, 0)
         with contextlib.suppress(OSError):

@@ -415,6 +415,57 @@ def _running_with(token: str) -> list[int]:
     return found
 
 
+_ORDER_AND_HOLD = """
+import os, socket, sys
+from tasks.warm_python import Order
+os.chdir(sys.argv[1])
+conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+conn.connect("sock")
+conn.sendall(Order(argv=sys.argv[2:], env=dict(os.environ), cwd=os.environ["WORK"],
+                   output_file=os.environ["WORK"] + "/out.log").model_dump_json().encode()
+             + b"\\n")
+print(conn.makefile("rb").readline().decode().strip(), flush=True)  # {"pid": N}
+sys.stdin.read()  # holds the connection until the test closes this process's stdin
+"""
+
+
+def test_a_workload_exit_and_its_requester_gone_in_one_wake_up_keep_the_warm_python(
+        warm) -> None:
+    """The warm Python sees a child's exit and its requester's hang-up in one ``select``
+    batch (both happened while it was not scheduled: a loaded machine). Handling the exit
+    closes the connection; the hang-up event left in the batch is stale and must be
+    skipped — unregistering the closed socket raised, and the warm Python died of it (its
+    socket gone: seen in the suite, the next requester's connect failed)."""
+    found, work = warm
+    os.mkfifo(work / "gate")
+    requester = subprocess.Popen(
+        [sys.executable, "-c", _ORDER_AND_HOLD, str(found.directory), sys.executable, "-m",
+         "wl_probe", "wait", "gate"], cwd=work, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True, env={**os.environ, "WORK": str(work),
+                        "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    try:
+        answer = json.loads(requester.stdout.readline())  # type: ignore[union-attr]
+        workload = int(answer["pid"])
+        wait_until(lambda: (work / "out.log").is_file()
+                   and '"argv"' in (work / "out.log").read_text(), "the workload running")
+        os.kill(found.pid, signal.SIGSTOP)  # both events now wait for one wake-up
+        try:
+            with open(work / "gate", "w"):  # the workload's read ends: it exits 0
+                pass
+            assert process_gone(workload)  # a zombie: its parent is stopped
+            requester.stdin.close()  # type: ignore[union-attr]
+            requester.wait(timeout=600)
+        finally:
+            os.kill(found.pid, signal.SIGCONT)
+        code, _lines, _text, _started = _run(found, work, "0")
+        assert code == 0 and pid_alive(found.pid)
+        assert "Traceback" not in (found.directory / "warm-python.log").read_text()
+    finally:
+        if requester.poll() is None:
+            requester.kill()
+            requester.wait()
+
+
 def test_a_requester_gone_before_its_workload_is_set_up_still_takes_it(warm) -> None:
     """The requester may die while the forked child is still becoming the workload (before
     its own session exists, before its SIGTERM disposition is a fresh interpreter's): the
