@@ -12,6 +12,7 @@ whose runner calls the flow's cancellation hooks *by keyword* — the hook must 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -156,6 +157,24 @@ def _flow_process(run_id: str) -> int:
     return tops[0]
 
 
+def _stop_worker(worker: subprocess.Popen[str]) -> None:
+    """End a ``--run-once`` worker started in its own session, and all it started.
+
+    Its run has ended when a test gets here (or the test failed): the worker exits by
+    itself. A long-running worker told to stop with SIGTERM did not (Prefect's worker turns
+    it into a SIGINT to itself, which it did not act on): two minutes later it was still
+    polling the pool, took the next test's run and ran it in its own home, and that test
+    waited 900 s for a workload that never came. So a bounded wait, then SIGKILL to its
+    whole session: no worker outlives its test to take another test's run.
+    """
+    try:
+        worker.wait(timeout=300)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait(timeout=120)
+
+
 @pytest.mark.parametrize("how", ["cancel", "crash", "sigterm"])
 def test_a_deployed_run_cancelled_or_crashed_runs_its_cleanup_hook(tmp_path: Path, how: str,
                                                                    deployed: Deployed) -> None:
@@ -170,10 +189,12 @@ def test_a_deployed_run_cancelled_or_crashed_runs_its_cleanup_hook(tmp_path: Pat
     run_id = _start(user, clone, {"tests.fine_tuning.test_settings.max_steps": 1_000_000,
                                   "tests.fine_tuning.test_settings.dataset_replication": 1})
     log = (worker_home / "worker.log").open("w")
+    # --run-once: the worker takes this run, and exits once the run has ended
     worker = subprocess.Popen(
         [sys.executable, "-m", "prefect", "worker", "start", "--pool", "telltale-local",
-         "--type", "process"], cwd=workdir, env=clean_env(worker_home, PREFECT_API_URL=api),
-        stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+         "--type", "process", "--run-once"], cwd=workdir,
+        env=clean_env(worker_home, PREFECT_API_URL=api), stdout=log, stderr=subprocess.STDOUT,
+        text=True, start_new_session=True)
     try:
         # the workload is running once the cell's pid file exists (not any pid file: the
         # run's own Prometheus has one from its first second, and a SIGTERM then landed
@@ -194,8 +215,7 @@ def test_a_deployed_run_cancelled_or_crashed_runs_its_cleanup_hook(tmp_path: Pat
              if s == _state(api, run_id)), None), worker, 900)
         assert state == ("CANCELLED" if how == "cancel" else "CRASHED")
     finally:
-        worker.terminate()
-        worker.wait(timeout=120)
+        _stop_worker(worker)
         log.close()
     output = (worker_home / "worker.log").read_text()
     assert "An error was encountered while running hook" not in output, output[-4000:]
