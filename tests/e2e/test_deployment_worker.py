@@ -157,22 +157,22 @@ def _flow_process(run_id: str) -> int:
     return tops[0]
 
 
-def _stop_worker(worker: subprocess.Popen[str]) -> None:
+def _stop_worker(worker: subprocess.Popen[str], *, run_ended: bool) -> None:
     """End a ``--run-once`` worker started in its own session, and all it started.
 
-    Its run has ended when a test gets here (or the test failed): the worker exits by
-    itself. A long-running worker told to stop with SIGTERM did not (Prefect's worker turns
-    it into a SIGINT to itself, which it did not act on): two minutes later it was still
-    polling the pool, took the next test's run and ran it in its own home, and that test
-    waited 900 s for a workload that never came. So a bounded wait, then SIGKILL to its
+    Once its run has ended the worker exits by itself; a test that failed before that ends
+    it at once. A long-running worker told to stop with SIGTERM did not (Prefect's worker
+    turns it into a SIGINT to itself, which it did not act on): two minutes later it was
+    still polling the pool, took the next test's run and ran it in its own home, and that
+    test waited 900 s for a workload that never came. So a bounded wait, then SIGKILL to its
     whole session: no worker outlives its test to take another test's run.
     """
-    try:
-        worker.wait(timeout=300)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(worker.pid, signal.SIGKILL)
-        worker.wait(timeout=120)
+    if run_ended:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            worker.wait(timeout=300)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(worker.pid, signal.SIGKILL)  # its run's processes too, if any were left
+    worker.wait(timeout=120)
 
 
 @pytest.mark.parametrize("how", ["cancel", "crash", "sigterm"])
@@ -214,8 +214,12 @@ def test_a_deployed_run_cancelled_or_crashed_runs_its_cleanup_hook(tmp_path: Pat
             (s for s in ("CANCELLED", "COMPLETED", "FAILED", "CRASHED")
              if s == _state(api, run_id)), None), worker, 900)
         assert state == ("CANCELLED" if how == "cancel" else "CRASHED")
+    except BaseException:
+        _stop_worker(worker, run_ended=False)
+        raise
+    else:
+        _stop_worker(worker, run_ended=True)
     finally:
-        _stop_worker(worker)
         log.close()
     output = (worker_home / "worker.log").read_text()
     assert "An error was encountered while running hook" not in output, output[-4000:]
