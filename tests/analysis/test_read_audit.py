@@ -64,7 +64,7 @@ ALLOWED = {
     "tasks/runner.py::_tail_of": "the step log it wrote",
     "tasks/publish/s3.py::_sha256": "a file of this run it is about to upload",
     "tasks/hostwatch.py::_read": "/proc files of this machine",
-    "core/timeline.py::process_start": "/proc files: this process's start, the boot time",
+    "core/timeline.py::process_start": "/proc/self/stat: this process's start",
     "tasks/process.py::pid_alive": "/proc/<pid>/stat: is a process a zombie",
 }
 # Sites still reading run-dir files without the bounded reader: none left.

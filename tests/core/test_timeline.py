@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 from core import timeline
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_first_run_starts_at_the_process_start_and_a_later_one_at_its_first_mark() -> None:
@@ -25,3 +30,18 @@ def test_the_first_run_starts_at_the_process_start_and_a_later_one_at_its_first_
     second = timeline.take()
     assert [m.phase for m in second] == ["c", "outcome written"]  # nothing of the first run
     assert second[0].at_s == 0.0
+
+
+def test_the_process_start_is_the_kernels_to_a_clock_tick() -> None:
+    """A child's recorded start lies between a clock read just before it was spawned and
+    one after it ended (less one clock tick: the kernel counts whole ticks). The start from
+    ``btime`` (whole seconds) plus the ticks came up to a second before the spawn."""
+    tick = 1 / __import__("os").sysconf("SC_CLK_TCK")
+    for _ in range(3):
+        before = time.time()
+        done = subprocess.run([sys.executable, "-c", "from core.timeline import process_start;"
+                               " print(repr(process_start()))"], cwd=REPO, check=True,
+                              capture_output=True, text=True, timeout=600)
+        after = time.time()
+        start = float(done.stdout)
+        assert before - tick - 1e-3 <= start <= after, (start - before, after - start)
