@@ -390,7 +390,8 @@ def test_dropping_our_modules_never_wakes_a_lazy_module() -> None:
     assert done.stdout.split() == ["[]", "False", "True"]
 
 
-_ORDER_AND_GO = """
+# A requester: sends the order for argv[2:] to the warm Python in argv[1], then...
+_ORDER = """
 import os, socket, sys
 from tasks.warm_python import Order
 os.chdir(sys.argv[1])  # the warm Python's dir: its socket by a short relative path
@@ -399,7 +400,13 @@ conn.connect("sock")
 conn.sendall(Order(argv=sys.argv[2:], env=dict(os.environ), cwd=os.environ["WORK"],
                    output_file=os.environ["WORK"] + "/out.log").model_dump_json().encode()
              + b"\\n")
-os._exit(0)  # gone at once: before the answer, maybe before the child's own setup
+"""
+# ...is gone at once: before the answer, maybe before the child's own setup
+_ORDER_AND_GO = _ORDER + "os._exit(0)\n"
+# ...prints the answer ({"pid": N}), and holds the connection until its stdin is closed
+_ORDER_AND_HOLD = _ORDER + """
+print(conn.makefile("rb").readline().decode().strip(), flush=True)
+sys.stdin.read()
 """
 
 
@@ -413,20 +420,6 @@ def _running_with(token: str) -> list[int]:
             except OSError:
                 continue
     return found
-
-
-_ORDER_AND_HOLD = """
-import os, socket, sys
-from tasks.warm_python import Order
-os.chdir(sys.argv[1])
-conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-conn.connect("sock")
-conn.sendall(Order(argv=sys.argv[2:], env=dict(os.environ), cwd=os.environ["WORK"],
-                   output_file=os.environ["WORK"] + "/out.log").model_dump_json().encode()
-             + b"\\n")
-print(conn.makefile("rb").readline().decode().strip(), flush=True)  # {"pid": N}
-sys.stdin.read()  # holds the connection until the test closes this process's stdin
-"""
 
 
 def test_a_workload_exit_and_its_requester_gone_in_one_wake_up_keep_the_warm_python(
