@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -36,7 +37,7 @@ def test_the_process_start_is_the_kernels_to_a_clock_tick() -> None:
     """A child's recorded start lies between a clock read just before it was spawned and
     one after it ended (less one clock tick: the kernel counts whole ticks). The start from
     ``btime`` (whole seconds) plus the ticks came up to a second before the spawn."""
-    tick = 1 / __import__("os").sysconf("SC_CLK_TCK")
+    tick = 1 / os.sysconf("SC_CLK_TCK")
     for _ in range(3):
         before = time.time()
         done = subprocess.run([sys.executable, "-c", "from core.timeline import process_start;"
