@@ -114,8 +114,7 @@ def shift_at(history: Sequence[float], latest: float | Sequence[float], start_ru
     noise standard errors, its start in runs back), or None without enough history.
     """
     found = _analysis_units(history, settings)
-    repeats = np.atleast_1d(np.asarray(latest, dtype=float))
-    repeats = repeats[np.isfinite(repeats)]
+    repeats = _finite(np.atleast_1d(np.asarray(latest, dtype=float)))[0]
     if found is None or not len(repeats):
         return None
     y, log_scale = found

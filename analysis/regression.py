@@ -118,6 +118,10 @@ suspected), ``edge_z`` 4.5 (down to 0.7 x in short series), ``z_threshold`` and
 has the leave-one-family-out table.
 
 Parameters are keyword arguments with documented defaults; results are deterministic.
+
+This module holds the public entry points (`change_points`, `verdict`) and the verdict's
+decision; the statistics live in `analysis.detector`, `segmentation`, `spread`,
+`seasonality` and `excursions`, the explanation's numbers in `analysis.verdict_text`.
 """
 
 from __future__ import annotations
@@ -133,6 +137,7 @@ from pydantic import BaseModel, Field
 from analysis.correlated import noise_correlation
 from analysis.detector import (
     DEFAULTS,
+    MAX_ABS,
     DetectorSettings,
     _expm1,
     _finite,
@@ -142,12 +147,14 @@ from analysis.detector import (
     _tail_shifts,
     noise_scale,
     pooled_noise,
+    usable,
 )
 from analysis.exact import exact_steps
 from analysis.excursions import excursions
 from analysis.seasonality import MAX_PERIOD, Seasonality, deseasonalised, seasonality
 from analysis.segmentation import _explains_better, _levels, _steps
 from analysis.spread import SPREAD_WINDOW, _spread_changes
+from analysis.verdict_text import above, below, spread_text
 
 __all__ = [
     "DEFAULTS",
@@ -336,16 +343,6 @@ def _without_largest_step(y: np.ndarray, levels: Sequence[int]) -> np.ndarray:
     return out
 
 
-def _below(z: float) -> str:
-    """``z`` for a text saying it is under a threshold: rounded down, never up to it."""
-    return f"{math.floor(z * 100) / 100:.2f}" if math.isfinite(z) else f"{z}"
-
-
-def _above(z: float) -> str:
-    """``z`` for a text saying it passed a threshold: rounded down to one decimal is safe."""
-    return f"{math.floor(z * 10) / 10:.1f}" if math.isfinite(z) else f"{z}"
-
-
 def verdict(history: Sequence[float], latest: float | Sequence[float],
             direction: Direction, *, settings: DetectorSettings = DEFAULTS,
             accepted: int | None = None) -> Verdict:
@@ -372,14 +369,13 @@ def verdict(history: Sequence[float], latest: float | Sequence[float],
     if accepted is None and len(history) < settings.min_history:
         # decided without numpy: a first run judges each KPI this way (8 000 verdicts for a
         # tree of 1 000 new configurations, a tenth of a second in small-array calls)
-        return _too_short(latest, sum(map(math.isfinite, history)), False, settings)
-    repeats = np.atleast_1d(np.asarray(latest, dtype=float))
-    repeats = repeats[np.isfinite(repeats)]
+        return _too_short(latest, sum(map(usable, history)), False, settings)
+    repeats = _finite(np.atleast_1d(np.asarray(latest, dtype=float)))[0]
     h, index = _finite(history)
     first = int(np.searchsorted(index, accepted)) if accepted is not None else 0
     if len(repeats) == 0 or len(h) - first < settings.min_history:
         return _too_short(repeats, len(h) - first, bool(first), settings)
-    value = float(repeats[0]) if len(repeats) == 1 else float(np.median(repeats))
+    value = _middle(repeats.tolist())
     # (the spread is judged with the newest run, in `_shape_verdict`)
     shapes = _shapes(h, direction, settings, spreads=False)
     levels, season = (shapes[1], shapes[3]) if shapes is not None else ([], None)
@@ -427,8 +423,8 @@ def _shape_verdict(judged: Verdict, h: np.ndarray, repeats: np.ndarray,
                 "kind": "noisier", "spread_before": before, "spread_after": after,
                 "confidence": round(_normal_confidence(z - 2.0), 4),
                 "explanation": (f"{judged.explanation}; noisier: the run-to-run spread "
-                                f"grew {after / before:.1f}x ({_spread_text(before, log_scale)}"
-                                f" -> {_spread_text(after, log_scale)} {unit}".rstrip()
+                                f"grew {after / before:.1f}x ({spread_text(before, log_scale)}"
+                                f" -> {spread_text(after, log_scale)} {unit}".rstrip()
                                 + f") {len(y) - c} run(s) ago, at a steady level")})
     if season is not None:
         amplitude = _expm1(season.amplitude) * 100 if log_scale else (
@@ -453,21 +449,29 @@ LOG_SIZE_VARIANCE = math.pi ** 2 / 8
 """Variance of ``log |x|`` for normal ``x``: how precisely a spread ratio is known."""
 
 
-def _spread_text(spread: float, log_scale: bool) -> str:
-    return f"{_expm1(spread) * 100:.2g}%" if log_scale else f"{spread:.3g}"
+def _middle(values: Sequence[float]) -> float:
+    """The median of a run's usable repeats, in plain Python (short histories skip NumPy).
+
+    `usable` repeats cannot overflow their sum. Not halves summed: two halved subnormal
+    repeats (5e-324) made 0, whose log failed.
+    """
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def _too_short(latest: float | Sequence[float] | np.ndarray, used: int, since_accepted: bool,
                s: DetectorSettings) -> Verdict:
-    """The verdict of a run without enough history (or without a finite value)."""
+    """The verdict of a run without enough history (or without a usable value)."""
     given = [latest] if isinstance(latest, (int, float)) else list(latest)
-    values = [float(x) for x in given if math.isfinite(x)]
+    values = [float(x) for x in given if usable(x)]
     if not values:
         return Verdict(kind="insufficient_history", magnitude=0.0, confidence=0.0,
-                       baseline=None, explanation="the newest run has no finite value")
+                       baseline=None, explanation="the newest run has no usable value (none "
+                       f"finite and within ±{MAX_ABS:g})")
     return Verdict(kind="insufficient_history", magnitude=0.0, confidence=0.0,
                    baseline=None, history_used=used,
-                   latest=values[0] if len(values) == 1 else float(np.median(values)),
+                   latest=_middle(values),
                    explanation=f"{used} historical point(s)"
                                f"{' since the accepted baseline' if since_accepted else ''}; "
                                f"{s.min_history} needed")
@@ -511,7 +515,7 @@ def _judge(shifts: list[_Shift], repeats: np.ndarray, value: float, direction: D
             span = (f"over the last {shift.runs} runs (began {shift.runs - 1} run(s) before the "
                     f"newest)")
         explanation = (f"{magnitude * 100:+.1f}%: level {shown(shift.level):.4g} {span} vs "
-                       f"baseline {shown(shift.baseline):.4g} ({_above(z)} noise SE; "
+                       f"baseline {shown(shift.baseline):.4g} ({above(z)} noise SE; "
                        f"{threshold:g} needed; {shift.history_used} runs before)")
         return Verdict(kind=kind, magnitude=float(magnitude), confidence=round(confidence, 4),
                        baseline=shown(shift.baseline), latest=value,
@@ -539,7 +543,7 @@ def _judge(shifts: list[_Shift], repeats: np.ndarray, value: float, direction: D
                 history_used=newest.history_used, suspect=True, start_runs=1,
                 explanation=(f"{first_mag * 100:+.1f}%: suspect ({side}): {value:.4g} vs "
                              f"baseline {shown(reference):.4g} "
-                             f"({_above(abs(first_z))} SE for one run; {s.suspect_z:g} "
+                             f"({above(abs(first_z))} SE for one run; {s.suspect_z:g} "
                              "needed); a re-run of this configuration confirms it "
                              "(analysis.confirm_reruns) or the next run will"))
         listed = ", ".join(f"{shown(x):.4g}" for x in repeats[1:6])
@@ -549,7 +553,7 @@ def _judge(shifts: list[_Shift], repeats: np.ndarray, value: float, direction: D
             latest=value, history_used=newest.history_used,
             explanation=(f"{first_mag * 100:+.1f}%: outlier ({side}): the run alone; its "
                          f"{len(repeats) - 1} re-run(s) ({listed}) are not: no change "
-                         f"({_below(abs(newest.z))} SE for the repeats together; "
+                         f"({below(abs(newest.z))} SE for the repeats together; "
                          f"{s.verdict_z:g} needed)"))
     if significant:
         reason = (f"the level changed {shift.runs - 1} runs ago, before the "
@@ -562,10 +566,10 @@ def _judge(shifts: list[_Shift], repeats: np.ndarray, value: float, direction: D
     elif len(repeats) > 1:
         listed = ", ".join(f"{shown(x):.4g}" for x in repeats[:5])
         reason = (f"the {len(repeats)} repeats ({listed}) do not agree on a shift "
-                  f"({_below(abs(newest.z))} SE for the cautious level; {s.verdict_z:g} "
+                  f"({below(abs(newest.z))} SE for the cautious level; {s.verdict_z:g} "
                   "needed)")
     else:
-        reason = f"within the noise ({_below(abs(newest.z))} SE; {s.verdict_z:g} needed)"
+        reason = f"within the noise ({below(abs(newest.z))} SE; {s.verdict_z:g} needed)"
     explanation = (f"{magnitude * 100:+.1f}%: {value:.4g} vs baseline "
                    f"{shown(newest.baseline):.4g}: "
                    f"{reason}")

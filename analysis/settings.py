@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
-from analysis.regression import DEFAULTS, DetectorSettings
+from analysis.detector_settings import DEFAULTS, DetectorSettings
 from core.strict import StrictSettings
 
 __all__ = ["AnalysisSettings", "ComparisonSettings", "RegressionSettings", "ValidityPolicy"]
