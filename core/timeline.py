@@ -15,7 +15,7 @@ import time
 
 from pydantic import BaseModel, Field
 
-__all__ = ["Moment", "mark", "process_start", "take"]
+__all__ = ["Moment", "forget", "mark", "process_start", "take"]
 
 _lock = threading.Lock()
 _marks: list[tuple[str, float]] = []
@@ -55,6 +55,17 @@ def mark(phase: str) -> None:
     """Record that ``phase`` begins now."""
     with _lock:
         _marks.append((phase, time.time()))
+
+
+def forget() -> None:
+    """Drop the moments marked since the last `take`: a run that ended without its timeline.
+
+    It counts as the process's run: the next `take` starts at its own first mark.
+    """
+    global _first_taken
+    with _lock:
+        _marks.clear()
+        _first_taken = True
 
 
 def take(end: str = "outcome written") -> list[Moment]:

@@ -32,7 +32,7 @@ from typing import Any
 
 from core.errors import ConfigError
 from core.safeio import write_text
-from core.timeline import mark, take
+from core.timeline import forget, mark, take
 from flows.cli import (
     EXIT_FAILED,
     EXIT_INCONCLUSIVE,
@@ -110,6 +110,20 @@ def orchestrate(project_name: str, presets: Sequence[str], overrides: dict[str, 
         TelltaleError: A user error before any cell ran (config, platform, prepare).
     """
     mark("plan")
+    try:
+        return _orchestrate(project_name, presets, overrides, platform, artifact_dir,
+                            platform_factory)
+    except BaseException:
+        # a run that ended before its outcome was written (a config error, say) leaves its
+        # moments behind: forgotten, or the next run in this process (a served deployment)
+        # would start its timeline at this one's "plan"
+        forget()
+        raise
+
+
+def _orchestrate(project_name: str, presets: Sequence[str], overrides: dict[str, Any] | None,
+                 platform: str, artifact_dir: str | None,
+                 platform_factory: PlatformFactory) -> RunOutcome:
     log = _log()
     if _flow_run_id() is not None:
         send_telltale_logs_to_prefect()

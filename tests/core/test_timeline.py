@@ -8,13 +8,25 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from core import timeline
+from core.errors import ConfigError
+from flows.orchestration import orchestrate
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_the_first_run_starts_at_the_process_start_and_a_later_one_at_its_first_mark() -> None:
-    timeline._first_taken = False  # as in a fresh process
+@pytest.fixture
+def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The timeline of a fresh process: no run taken yet and no marks (an earlier test in
+    this worker may have marked moments and never taken them)."""
+    monkeypatch.setattr(timeline, "_first_taken", False)
+    monkeypatch.setattr(timeline, "_marks", [])
+
+
+def test_the_first_run_starts_at_the_process_start_and_a_later_one_at_its_first_mark(
+        fresh: None) -> None:
     before = time.time()
     start = timeline.process_start()
     assert start <= before  # the kernel's record, before this test ran
@@ -46,3 +58,14 @@ def test_the_process_start_is_the_kernels_to_a_clock_tick() -> None:
         after = time.time()
         start = float(done.stdout)
         assert before - tick - 1e-3 <= start <= after, (start - before, after - start)
+
+
+def test_a_run_that_fails_before_its_outcome_leaves_no_moment_to_the_next(
+        fresh: None, tmp_path: Path) -> None:
+    """A served deployment runs one flow after another in one process: a run that ends on a
+    config error (no outcome written, no `take`) must not start the next run's timeline."""
+    with pytest.raises(ConfigError):
+        orchestrate("fine_tuning", ["no-such-preset"], {}, "local", str(tmp_path / "run"))
+    assert timeline._marks == []
+    timeline.mark("next run")
+    assert [m.phase for m in timeline.take()] == ["next run", "outcome written"]
