@@ -178,14 +178,33 @@ def apply_automations(automations: Sequence[Any]) -> list[UUID]:
     return [automation.create().id for automation in automations]
 
 
+PAGE = 200
+"""Prefect's API answers a read with one page (its default limit is 200): reads page on."""
+
+
 def _scheduled_deployments(tag: str) -> list[tuple[str, UUID]]:
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterTags
+    from prefect.client.schemas.filters import (
+        DeploymentFilter,
+        DeploymentFilterTags,
+        FlowFilter,
+        FlowFilterId,
+    )
+    from prefect.client.schemas.sorting import DeploymentSort
 
     with get_client(sync_client=True) as client:
-        found = client.read_deployments(deployment_filter=DeploymentFilter(
-            tags=DeploymentFilterTags(all_=[tag])))
-        flows = {f.id: f.name for f in client.read_flows()}
+        found: list[Any] = []
+        while True:  # every page, not the first 200
+            page = client.read_deployments(deployment_filter=DeploymentFilter(
+                tags=DeploymentFilterTags(all_=[tag])), sort=DeploymentSort.NAME_ASC,
+                limit=PAGE, offset=len(found))
+            found += page
+            if len(page) < PAGE:
+                break
+        ids = sorted({d.flow_id for d in found}, key=str)
+        flows = {f.id: f.name for start in range(0, len(ids), PAGE)
+                 for f in client.read_flows(flow_filter=FlowFilter(
+                     id=FlowFilterId(any_=ids[start:start + PAGE])), limit=PAGE)}
     return [(f"{flows.get(d.flow_id, '?')}/{d.name}", d.id) for d in found
             if any(s.active for s in d.schedules)]
 

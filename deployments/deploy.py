@@ -60,11 +60,18 @@ def deployable(prefect_file: Path, pools: set[str]) -> tuple[list[str], list[tup
     return wanted, skipped
 
 
-async def _pools() -> set[str]:
+async def _pools(names: set[str]) -> set[str]:
+    """Which of the work pools ``names`` exist.
+
+    Asked by name: an unfiltered read returns the server's default page (200 pools).
+    """
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import WorkPoolFilter, WorkPoolFilterName
 
     async with get_client() as client:
-        return {pool.name for pool in await client.read_work_pools()}
+        found = await client.read_work_pools(work_pool_filter=WorkPoolFilter(
+            name=WorkPoolFilterName(any_=sorted(names))))
+    return {pool.name for pool in found}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -73,9 +80,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                             description=__doc__.split("\n\n")[0])
     parser.add_argument("--prefect-file", type=Path, default=PREFECT_FILE)
     args = parser.parse_args(argv)
-    deployable(args.prefect_file, set())  # a bad file is a user error before the API is asked
+    # a bad file is a user error before the API is asked; with no pool, every one is named
+    _, every = deployable(args.prefect_file, set())
     try:
-        pools = asyncio.run(_pools())
+        pools = asyncio.run(_pools({pool for _, pool in every}))
     except Exception as exc:  # no API: one line, the setting to check
         say(f"error: cannot list work pools ({type(exc).__name__}: {str(exc)[:200]}); is "
             "PREFECT_API_URL set and the server up?", error=True)

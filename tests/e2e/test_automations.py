@@ -168,3 +168,35 @@ def test_automations_fire_on_regression_failure_and_missing_run(tmp_path: Path) 
                                   "Telltale: never/nightly did not run")
         assert "No run of deployment never/nightly" in body["body"]
     assert not any(TOKEN in json.dumps(r[2]) for r in got.requests)
+
+
+def test_the_scheduled_deployments_of_a_tag_are_all_found_past_one_page(
+        prefect_harness: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The deployments a missing-run automation watches: every active scheduled one of the
+    tag, named flow/deployment, past the API's one page (its default limit), none other."""
+    import uuid
+
+    import httpx
+
+    import deployments.automations as automations
+
+    monkeypatch.setattr(automations, "PAGE", 3)  # pages of 3: the paging is what is tested
+    tag = f"nightly-{uuid.uuid4().hex[:8]}"
+
+    def post(path: str, body: dict[str, object]) -> str:
+        answer = httpx.post(f"{prefect_harness}{path}", json=body, timeout=60)
+        assert answer.status_code in (200, 201), answer.text
+        return str(answer.json()["id"])
+
+    every = {}
+    for i in range(7):
+        flow = f"flow-{tag}-{i % 2}"
+        flow_id = post("/flows/", {"name": flow})
+        active = i != 5
+        deployment = post("/deployments/", {
+            "name": f"d{i}", "flow_id": flow_id, "tags": [tag] if i != 6 else ["other"],
+            "schedules": [{"schedule": {"interval": 86400}, "active": active}]})
+        if active and i != 6:
+            every[f"{flow}/d{i}"] = deployment
+    found = automations._scheduled_deployments(tag)
+    assert {name: str(d) for name, d in found} == every

@@ -243,7 +243,13 @@ def test_telltale_log_lines_reach_the_prefect_run_logs(run_fake, tmp_path: Path)
     import asyncio
 
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.filters import (
+        FlowFilter,
+        FlowFilterName,
+        LogFilter,
+        LogFilterFlowRunId,
+    )
+    from prefect.client.schemas.sorting import FlowRunSort
     from prefect.logging.handlers import APILogHandler
     from prefect.settings import PREFECT_LOGGING_TO_API_ENABLED, temporary_settings
 
@@ -254,8 +260,12 @@ def test_telltale_log_lines_reach_the_prefect_run_logs(run_fake, tmp_path: Path)
     assert outcome.exit_code == 0
 
     async def messages() -> list[str]:
+        # the newest runs of this flow: the suite's shared API holds more runs than the
+        # server's default page (200) of an unfiltered, unsorted read
         async with get_client() as client:
-            runs = await client.read_flow_runs()
+            runs = await client.read_flow_runs(
+                flow_filter=FlowFilter(name=FlowFilterName(any_=["fake-orchestration"])),
+                sort=FlowRunSort.EXPECTED_START_TIME_DESC)
             run_id = next(r.id for r in runs if str(tmp_path) in json.dumps(r.parameters))
             logs = await client.read_logs(log_filter=LogFilter(
                 flow_run_id=LogFilterFlowRunId(any_=[run_id])))

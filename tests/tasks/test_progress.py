@@ -58,23 +58,32 @@ def test_watcher_follows_a_growing_log_and_reports_the_end(tmp_path: Path) -> No
 
 def test_progress_artifact_in_a_flow_run(prefect_harness, tmp_path: Path) -> None:
     import asyncio
+    from uuid import UUID
 
     from prefect import flow
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
     log = tmp_path / "pod.log"
     log.write_bytes(_bar_text(30, 60))
 
     @flow(name="progress-artifact")
-    def watched() -> None:
+    def watched() -> str:
+        from prefect.runtime import flow_run
+
         with LogProgress(log, "cell-x", interval=3600):
             log.write_bytes(_bar_text(60, 60))
+        return str(flow_run.id)
 
-    watched()
+    run_id = watched()
 
     async def progress_artifacts() -> list[tuple[object, str | None]]:
+        # this run's artifacts: the suite's shared API holds hundreds, and an unfiltered
+        # read returns the server's default page of them (200), which once left this out
         async with get_client() as client:
-            return [(a.data, a.description) for a in await client.read_artifacts()
+            found = await client.read_artifacts(artifact_filter=ArtifactFilter(
+                flow_run_id=ArtifactFilterFlowRunId(any_=[UUID(run_id)])))
+            return [(a.data, a.description) for a in found
                     if a.type == "progress" and (a.description or "").startswith("cell-x")]
 
     found = asyncio.run(progress_artifacts())
