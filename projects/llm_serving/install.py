@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from core.filelock import dir_lock
 from core.safeio import write_text
 from core.terminal import ArgumentParser, say
 from projects.llm_serving.settings import serving_environment
@@ -78,6 +79,10 @@ def install(venv: Path, *, force: bool = False,
             say: Callable[[str], None] = print) -> dict[str, str]:
     """Build (or find) the serving venv; return the versions it serves with.
 
+    Two builds at once (two first runs, a test run beside a project run) would install into
+    one venv together and break it for both (pip's metadata half-written): a build holds a
+    lock beside the venv, and one that waited for it uses what the other built.
+
     Raises:
         RuntimeError: A step failed (its output's end is in the message); the half-built
             venv is removed so the next try starts clean.
@@ -85,6 +90,12 @@ def install(venv: Path, *, force: bool = False,
     found = None if force else installed(venv)
     if found is not None:
         return found
+    with dir_lock(venv.parent, f".{venv.name}.lock"):
+        found = None if force else installed(venv)  # built while this one waited
+        return found if found is not None else _build(venv, say)
+
+
+def _build(venv: Path, say: Callable[[str], None]) -> dict[str, str]:
     if venv.exists():
         shutil.rmtree(venv)
     started = time.monotonic()

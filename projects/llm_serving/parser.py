@@ -185,6 +185,8 @@ class ServingResult(RunResult):
                                        "(what the generation delay is measured against).")
     successful: int | None = None
     errored: int | None = None
+    incomplete: int | None = Field(default=None, description="Requests still running when "
+                                   "the measured window closed.")
     ttft_ms: Stats = Field(default_factory=Stats)
     itl_ms: Stats = Field(default_factory=Stats)
     tpot_ms: Stats = Field(default_factory=Stats)
@@ -317,6 +319,7 @@ class ServingParser:
         metrics = bench.metrics
         out.successful = metrics.request_totals.successful
         out.errored = metrics.request_totals.errored
+        out.incomplete = metrics.request_totals.incomplete
         out.warnings = [w.code for w in bench.warnings]
         # the load step recorded which warnings invalidate (its config's list); a cluster's
         # log line carries none: the default list

@@ -8,6 +8,7 @@
   overhead of the requests measured. With the summary at hand the median decides; without
   it (an older result), the warning does;
 - GuideLLM's other warnings listed in ``tests.llm_serving.invalid_on_warnings``;
+- no request completed in the window, none errored (all still running when it closed);
 - more than `MAX_ERROR_SHARE` of the requests errored;
 - the concurrency achieved (GuideLLM's mean requests in flight) below `MIN_CONCURRENCY_SHARE`
   of the concurrency asked for: the server was measured at another load than labelled.
@@ -16,7 +17,7 @@
 from __future__ import annotations
 
 from analysis.parsing import ParsedResult
-from projects.llm_serving.parser import ServingResult
+from projects.llm_serving.parser import ServingResult, UserServing
 
 __all__ = ["MAX_ERROR_SHARE", "MAX_GENERATION_DELAY_SHARE", "MIN_CONCURRENCY_SHARE",
            "MIN_WINDOW_S", "measured_window",
@@ -34,6 +35,15 @@ def _serving(result: ParsedResult) -> ServingResult:
     if not isinstance(result, ServingResult):
         raise TypeError(f"not an llm_serving result: {type(result).__name__}")
     return result
+
+
+def _finished_nothing(load: ServingResult | UserServing) -> bool:
+    """Whether a load step (the cell's, or a fan-out client's) finished no request.
+
+    It ended 0, none succeeded and none errored: every request still running when its
+    window closed.
+    """
+    return load.exit_code == 0 and load.successful == 0 and not load.errored
 
 
 def validity_reasons(result: ParsedResult) -> list[str]:
@@ -56,6 +66,16 @@ def validity_reasons(result: ParsedResult) -> list[str]:
                        + (f": its mean generation delay was {ratio:.1%} of the mean time to "
                           "first token" if ratio is not None
                           and "generation_delay_ttft" in warnings else ""))
+    if _finished_nothing(serving):
+        # the load step ran and the server failed nothing, but no request finished in the
+        # window: nothing was measured (a failed cell is exit 4, never judged at all)
+        reasons.append(f"no request completed within the measured window "
+                       f"({serving.incomplete or 0} still running, none errored): too slow a "
+                       "server for the window, or a loaded machine")
+    idle = [u.index for u in serving.users if _finished_nothing(u)]
+    if idle:  # the same, client by client (each user's load step ends 0 then)
+        reasons.append(f"{len(idle)} of {len(serving.users)} user(s) completed no request "
+                       f"within the window, none errored (users {', '.join(map(str, idle[:10]))})")
     total = (serving.successful or 0) + (serving.errored or 0)
     if total and (serving.errored or 0) / total > MAX_ERROR_SHARE:
         reasons.append(f"{serving.errored} of {total} requests errored "

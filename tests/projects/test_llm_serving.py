@@ -255,6 +255,44 @@ def test_errors_and_achieved_concurrency_decide_validity(errored: int, achieved:
     assert any("concurrency" in r for r in reasons) == (achieved < 0.75 * concurrency)
 
 
+@pytest.mark.parametrize("errored", [0, 2])
+def test_a_window_in_which_no_request_finished_is_invalid_not_a_failed_server(
+        tmp_path: Path, errored: int) -> None:
+    """Every request still running when GuideLLM's window closed, none errored (a slow
+    server on a loaded machine): the server failed nothing — the load step ends 0 and the
+    measurement is invalid (re-run under enforce). With errors it is the server's failure."""
+    from projects.llm_serving.workload.load import _verdict
+
+    data = _recorded()
+    bench = data["benchmarks"][0]
+    bench["warnings"] = []
+    bench["metrics"]["request_totals"].update(successful=0, errored=errored, incomplete=1,
+                                              total=1 + errored)
+    bench["requests"]["successful"] = []
+    result_file = tmp_path / "guidellm.json"
+    result_file.write_text(json.dumps(data))
+    code, summary = _verdict(str(result_file), ["generation_delay_ttft"])
+    if errored:
+        assert code == 4  # the server refused or failed what it was sent: a failed cell
+        return
+    assert code == 0 and summary["incomplete"] == 1
+    result, _ = _result(tmp_path / "cell", {"artifacts/guidellm.json": json.dumps(data),
+                                            "artifacts/load.json": json.dumps(summary)})
+    assert not result.measured and result.incomplete == 1
+    reasons = PROJECT.validity(result)
+    assert any(r.startswith("no request completed within the measured window (1 still "
+                            "running, none errored)") for r in reasons), reasons
+    kpis = {k.name: k.value for k in compute_kpis(PROJECT.kpis, result, {})}
+    assert "ttft_p95" not in kpis or kpis["ttft_p95"] is None
+    # the same window in one client of a fan-out: that client's load step ends 0 too
+    files = {f"users/user-{u:03d}/{name}": text for u, recorded in enumerate((_recorded(), data))
+             for name, text in (("guidellm.json", json.dumps(recorded)), ("exit_code", "0\n"))}
+    fanned, _ = _result(tmp_path / "users", files)
+    assert fanned.measured  # the other client measured the server
+    assert any(r.startswith("1 of 2 user(s) completed no request within the window")
+               for r in PROJECT.validity(fanned)), PROJECT.validity(fanned)
+
+
 def test_multi_user_results_give_per_client_rows_and_first_success(tmp_path: Path) -> None:
     """The fan-out layout (users/user-NNN/) with results written by the real GuideLLM."""
     recorded = (Path(__file__).resolve().parent.parent / "data" / "guidellm_light.json")

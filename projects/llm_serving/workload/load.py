@@ -283,9 +283,14 @@ def _verdict(result_file, invalidating):
     except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
         return 3, {"error": f"no readable result: {exc}"}
     summary = {"successful": totals.get("successful"), "errored": totals.get("errored"),
-               "warnings": warnings,
+               "incomplete": totals.get("incomplete"), "warnings": warnings,
                "invalid_warnings": [code for code in warnings if code in invalidating]}
-    if not totals.get("successful"):
+    # Nothing succeeded and something errored: the server refused or failed the requests (a
+    # failed cell). Nothing succeeded and nothing errored: every request was still running
+    # when the window closed (a server too slow for the window, e.g. on a loaded machine) —
+    # the server failed nothing; an invalid measurement, which validity decides (re-run once
+    # under `validity: enforce`), not a failure.
+    if not totals.get("successful") and totals.get("errored"):
         return 4, summary
     return 0, summary
 
@@ -339,6 +344,10 @@ def main(argv):
               "refused or failed every request", file=sys.stderr, flush=True)
     elif verdict == 3:
         print(f"error: {summary.get('error')}", file=sys.stderr, flush=True)
+    if verdict == 0 and not summary.get("successful"):
+        print(f"warning: no request completed within the {config['duration_s']} s window "
+              f"({summary.get('incomplete') or 0} still running, none errored): an invalid "
+              "measurement of the server (kept, not judged)", file=sys.stderr, flush=True)
     if summary.get("invalid_warnings"):
         print("warning: GuideLLM says the load generator itself was the bottleneck "
               f"({', '.join(summary['invalid_warnings'])}): an invalid measurement of the "
