@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from analysis.kpi import KpiDefinition
 from projects.fine_tuning.parser import FineTuningResult
 from projects.library.cost import cost_per_million_tokens, declared_cost
@@ -92,6 +90,8 @@ def _user_stat(field: str, stat: str) -> Any:
             return None
         if stat == "max":
             return max(values)
+        import numpy as np  # here: the project's declaration is imported by every command line
+
         return float(np.percentile(values, {"p50": 50, "p90": 90}[stat]))
 
     return compute

@@ -27,7 +27,6 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import httpx
 from pydantic import ValidationError
 
 from core.errors import ConfigError, PermanentServiceError, TransientServiceError
@@ -98,6 +97,10 @@ class PrometheusServer:
         self._scraped = False
         self.local = bool(processes)  # ours: it scrapes the node exporter itself
         self.relocate_to: Path | None = None
+        # httpx (~0.2 s) is imported where a server is made, not with this module: every
+        # command line imports it (through the spare's), a plan or a user error needs none
+        import httpx
+
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._client = httpx.Client(base_url=self.url, headers=headers, timeout=30.0,
                                     verify=verify_tls)
@@ -252,6 +255,8 @@ class PrometheusServer:
         return max(values, default=0.0)
 
     def _wait(self, timeout_s: float, what: str, done: Callable[[], bool]) -> None:
+        import httpx
+
         deadline = time.monotonic() + timeout_s
         while True:
             self._check_alive()
@@ -273,6 +278,8 @@ class PrometheusServer:
             TransientServiceError: Unreachable, or a 5xx/429 (worth a retry).
             PermanentServiceError: Refused (4xx: a bad query, a bad token) or malformed.
         """
+        import httpx
+
         # Prometheus refuses more than 11 000 points a series: widen the step to fit
         span = max((end - start).total_seconds(), 0.0)
         step = max(step_s, math.ceil(span / (MAX_POINTS - 1) * 1000) / 1000, 0.001)
@@ -309,6 +316,8 @@ class PrometheusServer:
         A cluster's Prometheus usually has the admin API off (403/404): then the range
         queries of each cell are all there is, which is enough for post-processing.
         """
+        import httpx
+
         try:
             answer = self._client.post("/api/v1/admin/tsdb/snapshot")
             name = answer.json()["data"]["name"] if answer.status_code == 200 else None
