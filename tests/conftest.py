@@ -144,11 +144,47 @@ def s3_bucket(s3_server: str, monkeypatch: pytest.MonkeyPatch) -> str:
     return name
 
 
+@pytest.hookimpl(optionalhook=True)  # -p no:xdist: no such hook
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto``: two workers a core (``--maxprocesses`` caps it at 4), unless
+    ``PYTEST_XDIST_AUTO_NUM_WORKERS`` says otherwise (xdist's own hook reads it).
+
+    A test waits a third of its time on a process it started (a server's start, a worker's
+    poll, a retry's backoff): with one worker a core the 2-core machine was 78 % busy, and
+    the suite took 14 min 21 s; with two, 99 % and 11 min 54 s (docs/performance.md).
+    """
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    return 2 * len(os.sched_getaffinity(0))
+
+
+def _shared_setup(item: pytest.Item) -> object:
+    """The module whose fixture ``item`` shares with its neighbours (a deploy, a generated
+    history: tens of seconds each) or whose tests are marked ``one_worker``, else the item
+    itself."""
+    if item.get_closest_marker("one_worker") is not None:
+        return item.nodeid.split("::", 1)[0]
+    definitions = getattr(item, "_fixtureinfo", None)
+    for defs in (definitions.name2fixturedefs.values() if definitions else ()):
+        if any(d.scope in ("module", "package", "class") for d in defs):
+            return item.nodeid.split("::", 1)[0]
+    return item
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Whole-flow tests first: a minute-long test started last keeps one worker busy while
-    the others idle (the suite's tail); work stealing evens out the short ones after
-    (measured: 12 min 23 s against 13 min 02 s in collection order)."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """Each xdist worker's first block of tests gets its share of the expected time, longest
+    first (`tests.durations.deal`): measured against whole flows first, which put them all
+    in one worker's block, in docs/performance.md."""
+    from tests.durations import DEFAULT_S, DEFAULT_SLOW_S, deal, expected_seconds
+
+    expected = expected_seconds()
+
+    def cost(item: pytest.Item) -> float:
+        slow = item.get_closest_marker("slow") is not None
+        return expected.get(item.nodeid, DEFAULT_SLOW_S if slow else DEFAULT_S)
+
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    items[:] = deal(items, cost, workers, group=_shared_setup)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -28,7 +28,9 @@ from tests.factories import (
     terminal_job,
 )
 
-pytestmark = pytest.mark.slow
+# one_worker: each test starts a real vLLM server, which takes both cores; two at once
+# (dealt to two workers) left a 5 s load window without one finished request
+pytestmark = [pytest.mark.slow, pytest.mark.one_worker]
 
 # One server for both cells; the second calls the chat route of a model with no chat
 # template: every request is refused (400), the load step says no request succeeded.
