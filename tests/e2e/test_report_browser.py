@@ -93,16 +93,26 @@ def _night(root: Path, night: int, start: datetime, rng: random.Random,
 
 
 def _build_report(root: Path) -> str:
-    """36 nights post-processed into ``root``; the last night's outcome, as JSON."""
+    """36 nights post-processed into ``root``; the last night's outcome, as JSON.
+
+    The 35 earlier nights in one post-processing (one tree, a night a folder), the newest
+    alone: the history holds KPI rows, not verdicts, so the newest night's verdicts are the
+    ones 35 nightly post-processings left (checked: the same 16), in ~1 s instead of ~22
+    (29 CPU-s of the suite). The earlier runs' cells carry their night's folder
+    (``night07/000__cell``); configurations are compared by their labels, not by cell.
+    """
     history = str(root / "history")
     start = datetime(2026, 10, 1, 2, 30, tzinfo=UTC)
     rng = random.Random(45)
     nights = 36
-    for night in range(nights):
-        results = root / f"night{night:02d}"
-        _night(results, night, start, rng, nights)
-        outcome = postprocess(results, "fine_tuning", root / f"out{night:02d}",
-                              history_uri=history, report=night == nights - 1)
+    for night in range(nights - 1):
+        _night(root / "earlier" / f"night{night:02d}", night, start, rng, nights)
+    postprocess(root / "earlier", "fine_tuning", root / "out-earlier", history_uri=history,
+                report=False)
+    results = root / f"night{nights - 1:02d}"
+    _night(results, nights - 1, start, rng, nights)
+    outcome = postprocess(results, "fine_tuning", root / f"out{nights - 1:02d}",
+                          history_uri=history, report=True)
     # and the compare page of the last two nights against the ten before
     from analysis.compare import compare_frames, comparison_html
     from analysis.history import HistoryStore
