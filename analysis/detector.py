@@ -46,6 +46,11 @@ def _finite(values: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
     return array[index], index
 
 
+def usable_repeats(latest: float | Sequence[float]) -> np.ndarray:
+    """A run's usable values (its one value, or its repeats) by the history's rule (`usable`)."""
+    return _finite(np.atleast_1d(np.asarray(latest, dtype=float)))[0]
+
+
 def noise_scale(values: Sequence[float]) -> float:
     """Robust noise standard deviation of a series (0.0 for a constant series).
 

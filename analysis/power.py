@@ -25,6 +25,7 @@ from analysis.detector import (
     _trimmed_mean,
     noise_scale,
     pooled_noise,
+    usable_repeats,
 )
 from analysis.regression import _shapes
 from analysis.seasonality import deseasonalised
@@ -114,7 +115,7 @@ def shift_at(history: Sequence[float], latest: float | Sequence[float], start_ru
     noise standard errors, its start in runs back), or None without enough history.
     """
     found = _analysis_units(history, settings)
-    repeats = _finite(np.atleast_1d(np.asarray(latest, dtype=float)))[0]
+    repeats = usable_repeats(latest)
     if found is None or not len(repeats):
         return None
     y, log_scale = found

@@ -148,6 +148,7 @@ from analysis.detector import (
     noise_scale,
     pooled_noise,
     usable,
+    usable_repeats,
 )
 from analysis.exact import exact_steps
 from analysis.excursions import excursions
@@ -370,7 +371,7 @@ def verdict(history: Sequence[float], latest: float | Sequence[float],
         # decided without numpy: a first run judges each KPI this way (8 000 verdicts for a
         # tree of 1 000 new configurations, a tenth of a second in small-array calls)
         return _too_short(latest, sum(map(usable, history)), False, settings)
-    repeats = _finite(np.atleast_1d(np.asarray(latest, dtype=float)))[0]
+    repeats = usable_repeats(latest)
     h, index = _finite(history)
     first = int(np.searchsorted(index, accepted)) if accepted is not None else 0
     if len(repeats) == 0 or len(h) - first < settings.min_history:
