@@ -23,6 +23,11 @@ The subcommands' ``--history`` defaults to the history the project's runs append
 either). A run is named by its uuid or by the id its run folder ends with (``25f0bdb0``):
 ``analysis history`` lists both.
 
+A tree already post-processed into the same ``--out``, with nothing changed since (the
+tree, a read-only ``--history``, the code, the arguments, the environment, the outputs
+themselves), answers from those outputs in a fraction of a second: ``analysis.memo``
+says what is witnessed and when a run leaves no memo. ``--force`` analyses again.
+
 Progress lines (``parse: 4,000/10,000 run(s) (40 %), 1,250/s``, judging, the report) go to
 stderr; ``--quiet`` leaves them out.
 
@@ -40,6 +45,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from core.environment import default_data_dir, env_settings
 from core.errors import TelltaleError, UserError
@@ -306,11 +312,78 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="cpt mode: every LTS field is required")
     parser.add_argument("--fail-on-regression", action="store_true",
                         help="exit 1 when a KPI regressed")
-    parser.add_argument("--force", action="store_true", help="re-parse, ignoring caches")
+    parser.add_argument("--force", action="store_true", help="re-parse and analyse again, "
+                        "ignoring the parse caches and the memo of an unchanged tree")
     parser.add_argument("--no-report", action="store_true", help="skip the HTML report")
     parser.add_argument("--quiet", action="store_true",
                         help="no progress lines on stderr (parse, judge, report)")
     args = parser.parse_args(argv)
+    if not args.quiet:
+        _show_progress()
+    try:
+        force = args.force or env_settings().force_reparse  # a bad TELLTALE_* variable:
+        # one line, exit 2, before any work
+        memo = _memo_of(args)
+        if memo is not None and not force:
+            summary = _answer_from_memo(*memo)
+            if summary is not None:
+                return _print_summary(summary)
+        summary = _postprocess(args, memo)
+    except TelltaleError as exc:
+        return _failed(exc)
+    except OSError as exc:  # a full disk mid-way: one line, not a traceback
+        say(f"error: {exc.strerror or exc} ({exc.filename or args.out})", error=True)
+        return 1
+    return _print_summary(summary)
+
+
+_Memo = tuple[Path, str, list[Any]]  # --out, the memo's key, its witnessed roots
+
+
+def _memo_of(args: argparse.Namespace) -> _Memo | None:
+    """Where and under which key this command is memoised (`analysis.memo`); None: never.
+
+    Not with a history it appends to (each run writes a part to it) or an ``s3://`` one
+    (its state is a listing away), nor when ``--out`` holds the tree.
+    """
+    from analysis import memo
+
+    if args.history and ("://" in args.history or not args.no_append):
+        return None
+    tree, out = Path(os.path.abspath(args.results_dir)), Path(os.path.abspath(args.out))
+    if out == tree or out in tree.parents:
+        return None
+    history = Path(os.path.abspath(args.history)) if args.history else None
+    # the paths as given too: the summary prints them so (another cwd: another memo)
+    key = memo.key_of({"tree": str(tree), "out": str(out), "history": str(history),
+                       "as_given": [args.results_dir, args.out, args.history],
+                       "project": args.project, "strict": args.strict,
+                       "fail_on_regression": args.fail_on_regression,
+                       "report": not args.no_report, "append": not args.no_append})
+    roots: list[memo.Root] = [("tree", tree, True), *memo.code_roots()]
+    if history is not None:
+        roots.append(("history", history, True))
+    return out, key, roots
+
+
+def _answer_from_memo(out: Path, key: str, roots: list[Any]) -> dict[str, Any] | None:
+    """The recorded summary when nothing changed since ``out``'s outputs were made."""
+    import time
+
+    from analysis import memo
+
+    began = time.perf_counter()
+    summary = memo.answer(out, key, roots)
+    if summary is not None:
+        progress_logger.info("nothing changed since the outputs in %s were made (checked in "
+                             "%.2f s): they stand (--force analyses again)", out,
+                             time.perf_counter() - began)
+    return summary
+
+
+def _postprocess(args: argparse.Namespace, memo_at: _Memo | None) -> dict[str, Any]:
+    """Post-process the tree as the arguments say; the summary the command prints."""
+    from analysis import memo
     from analysis.pipeline import postprocess, settings_for
     from analysis.project import load_project
 
@@ -322,42 +395,50 @@ def main(argv: Sequence[str] | None = None) -> int:
     # objects are parsed results and rows (no reference cycles to speak of), and the
     # default threshold spent ~40 ms of a 2 s post-processing walking them
     gc.set_threshold(50_000, 20, 20)
-    if not args.quiet:
-        _show_progress()
-    try:
-        env_settings()  # a bad TELLTALE_* variable: one line, exit 2, before any work
-        # the run's (or the project's) analysis block: the same history selection and
-        # ignored labels as the run itself; the command line's flags go on top
-        base = settings_for(load_project(args.project), args.results_dir)
-        settings = base.model_copy(update={
-            "mode": "cpt" if args.strict else base.mode, "strict": args.strict or base.strict,
-            "regression": base.regression.model_copy(update={
-                "fail_on_regression": args.fail_on_regression})})
-        writable_dir(args.out, "--out")
-        outcome = postprocess(args.results_dir, args.project, args.out,
-                              history_uri=args.history, settings=settings,
-                              append_history=not args.no_append, force=args.force,
-                              report=not args.no_report)
-    except TelltaleError as exc:
-        return _failed(exc)
-    except OSError as exc:  # a full disk mid-way: one line, not a traceback
-        say(f"error: {exc.strerror or exc} ({exc.filename or args.out})", error=True)
-        return 1
-    invalid = sum(v.status == "invalid" for v in outcome.validity.values())
-    say(f"{outcome.runs} run(s) parsed ({outcome.failed_runs} failed, {invalid} invalid, "
-          f"{outcome.problems} problem(s), {len(outcome.skipped)} dir(s) skipped); "
-          f"{outcome.kpi_rows} KPI rows")
-    for reason, count in _skip_reasons(outcome.skipped):
-        say(f"  skipped {count} dir(s): {printable(reason)}")
-    if outcome.verdict_counts:
-        say("verdicts: " + ", ".join(f"{k}={v}" for k, v in
-                                       sorted(outcome.verdict_counts.items())))
-    for name, path in outcome.files.items():
-        say(f"  {name:<18} {path}")
-    for failure in outcome.gate_failures:
-        say(f"GATE: {failure}", error=True)
-    return 1 if outcome.gate_failures else 0
+    # the run's (or the project's) analysis block: the same history selection and
+    # ignored labels as the run itself; the command line's flags go on top
+    base = settings_for(load_project(args.project), args.results_dir)
+    settings = base.model_copy(update={
+        "mode": "cpt" if args.strict else base.mode, "strict": args.strict or base.strict,
+        "regression": base.regression.model_copy(update={
+            "fail_on_regression": args.fail_on_regression})})
+    writable_dir(args.out, "--out")
+    before = None
+    if memo_at is not None:
+        out, _, roots = memo_at
+        memo.forget(out)  # a run that fails or is stopped leaves no memo of older outputs
+        before = memo.Before(roots, exclude=[out])
+    outcome = postprocess(args.results_dir, args.project, args.out,
+                          history_uri=args.history, settings=settings,
+                          append_history=not args.no_append, force=args.force,
+                          report=not args.no_report)
+    summary = {
+        "runs": outcome.runs, "failed": outcome.failed_runs,
+        "invalid": sum(v.status == "invalid" for v in outcome.validity.values()),
+        "problems": outcome.problems, "skipped": len(outcome.skipped),
+        "skip_reasons": _skip_reasons(outcome.skipped), "kpi_rows": outcome.kpi_rows,
+        "verdicts": outcome.verdict_counts, "files": outcome.files,
+        "gate_failures": outcome.gate_failures}
+    if memo_at is not None and before is not None:
+        memo.record(memo_at[0], memo_at[1], before, summary)
+    return summary
 
+
+def _print_summary(summary: dict[str, Any]) -> int:
+    """Print what a post-processing made (from its outcome or its memo); the exit code."""
+    say(f"{summary['runs']} run(s) parsed ({summary['failed']} failed, {summary['invalid']} "
+        f"invalid, {summary['problems']} problem(s), {summary['skipped']} dir(s) skipped); "
+        f"{summary['kpi_rows']} KPI rows")
+    for reason, count in summary["skip_reasons"]:
+        say(f"  skipped {count} dir(s): {printable(reason)}")
+    if summary["verdicts"]:
+        say("verdicts: " + ", ".join(f"{k}={v}" for k, v in
+                                     sorted(summary["verdicts"].items())))
+    for name, path in summary["files"].items():
+        say(f"  {name:<18} {path}")
+    for failure in summary["gate_failures"]:
+        say(f"GATE: {failure}", error=True)
+    return 1 if summary["gate_failures"] else 0
 
 if __name__ == "__main__":
     try:
