@@ -384,6 +384,22 @@ def _answer_from_memo(out: Path, key: str, roots: list[Any]) -> dict[str, Any] |
 def _postprocess(args: argparse.Namespace, memo_at: _Memo | None) -> dict[str, Any]:
     """Post-process the tree as the arguments say; the summary the command prints."""
     from analysis import memo
+
+    if memo_at is None:
+        return _analyse(args)
+    out, _, roots = memo_at
+    memo.forget(out)  # a run that fails or is stopped leaves no memo of older outputs
+    before = memo.Before(roots, exclude=[out])  # before anything is read (the code too)
+    try:
+        summary = _analyse(args)
+        memo.record(out, memo_at[1], before, summary)
+    finally:
+        before.close()
+    return summary
+
+
+def _analyse(args: argparse.Namespace) -> dict[str, Any]:
+    """`postprocess` as the arguments say; what the command prints of its outcome."""
     from analysis.pipeline import postprocess, settings_for
     from analysis.project import load_project
 
@@ -403,11 +419,6 @@ def _postprocess(args: argparse.Namespace, memo_at: _Memo | None) -> dict[str, A
         "regression": base.regression.model_copy(update={
             "fail_on_regression": args.fail_on_regression})})
     writable_dir(args.out, "--out")
-    before = None
-    if memo_at is not None:
-        out, _, roots = memo_at
-        memo.forget(out)  # a run that fails or is stopped leaves no memo of older outputs
-        before = memo.Before(roots, exclude=[out])
     outcome = postprocess(args.results_dir, args.project, args.out,
                           history_uri=args.history, settings=settings,
                           append_history=not args.no_append, force=args.force,
@@ -419,9 +430,7 @@ def _postprocess(args: argparse.Namespace, memo_at: _Memo | None) -> dict[str, A
         "skip_reasons": _skip_reasons(outcome.skipped), "kpi_rows": outcome.kpi_rows,
         "verdicts": outcome.verdict_counts, "files": outcome.files,
         "gate_failures": outcome.gate_failures}
-    if memo_at is not None and before is not None:
-        memo.record(memo_at[0], memo_at[1], before, summary)
-    return summary
+    return summary  # the outcome goes here: the memo's stamps are taken without it
 
 
 def _print_summary(summary: dict[str, Any]) -> int:
