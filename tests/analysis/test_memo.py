@@ -48,7 +48,10 @@ def tick_past(root: Path) -> None:
 
 # -- the stamps, on generated trees --------------------------------------------------------
 
-names = st.text("abcxyz._-", min_size=1, max_size=6).filter(lambda n: n not in {".", ".."})
+# names as a results tree may hold them: spaces, tabs, line breaks, quotes, accents, bytes
+# that are not UTF-8 (a surrogate escape), each a path the memo's lines must carry
+names = st.text(st.sampled_from([*"abcxyz._- \t\n\"\\é", "\udcff"]), min_size=1,
+                max_size=6).filter(lambda n: n not in {".", ".."})
 contents = st.binary(max_size=40)
 trees = st.recursive(contents, lambda sub: st.dictionaries(names, sub, min_size=1,
                                                            max_size=4), max_leaves=12)
