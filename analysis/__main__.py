@@ -350,10 +350,12 @@ def _memo_of(args: argparse.Namespace) -> _Memo | None:
 
     if args.history and ("://" in args.history or not args.no_append):
         return None
-    tree, out = Path(os.path.abspath(args.results_dir)), Path(os.path.abspath(args.out))
+    # real paths: a root that is a link is walked where it points (its target's own stamp
+    # says when an entry is added there), and a retargeted link is another root
+    tree, out = Path(os.path.realpath(args.results_dir)), Path(os.path.realpath(args.out))
     if out == tree or out in tree.parents:
         return None
-    history = Path(os.path.abspath(args.history)) if args.history else None
+    history = Path(os.path.realpath(args.history)) if args.history else None
     # the paths as given too: the summary prints them so (another cwd: another memo)
     key = memo.key_of({"tree": str(tree), "out": str(out), "history": str(history),
                        "as_given": [args.results_dir, args.out, args.history],

@@ -223,6 +223,23 @@ def test_a_change_of_any_input_analyses_again(cli: Cli, change: str,
         assert "4 run(s) parsed" in out
 
 
+def test_a_tree_named_by_a_link_is_witnessed_where_it_points(
+        tree: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    link = tmp_path / "latest"
+    link.symlink_to(tree)
+    cli = Cli(link, tmp_path / "out", caplog, capsys)
+    cli.settle()
+    make_result_dir(tree, "003__cell", seed=3)  # added where the link points
+    assert not cli()[2]
+    cli.settle()
+    other = tmp_path / "other"
+    make_result_dir(other, "000__cell", seed=5)
+    link.unlink()
+    link.symlink_to(other)  # the link retargeted
+    assert "1 run(s) parsed" in cli()[1]
+
+
 def test_the_shells_own_variables_and_a_second_terminal_still_answer(
         cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
     cli.settle()
