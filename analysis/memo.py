@@ -74,12 +74,20 @@ _SHELL_BOOKKEEPING = frozenset({
 made absolute), never read by a post-processing."""
 
 
+def _stamp_of(st: os.stat_result) -> Stamp:
+    return st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino
+
+
 def _stamp(path: str) -> Stamp | None:
     try:
-        st = os.lstat(path)
+        return _stamp_of(os.lstat(path))
     except OSError:
         return None
-    return st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino
+
+
+def _named(roots: Sequence[Root]) -> list[list[Any]]:
+    """The roots as a memo's header records them."""
+    return [[name, str(path), walk] for name, path, walk in roots]
 
 
 def key_of(parts: Mapping[str, Any]) -> str:
@@ -131,9 +139,7 @@ def _walk(root: Path, skip: frozenset[str], exclude: frozenset[str]
             if entry.path in exclude:
                 continue
             try:
-                st = entry.stat(follow_symlinks=False)
-                stamp: Stamp | None = (st.st_mode, st.st_size, st.st_mtime_ns,
-                                       st.st_ctime_ns, st.st_ino)
+                stamp: Stamp | None = _stamp_of(entry.stat(follow_symlinks=False))
             except OSError:
                 stamp = None
             yield child, stamp
@@ -201,7 +207,7 @@ def answer(out: Path, key: str, roots: Sequence[Root]) -> dict[str, Any] | None:
             header = _header(stream)
             expected = [*roots, ("out", out, True)]
             if header is None or header.get("key") != key or \
-                    header.get("roots") != [[n, str(p), w] for n, p, w in expected]:
+                    header.get("roots") != _named(expected):
                 return None
             if not stamps_hold(expected, iter(stream.readline, b"")):
                 return None
@@ -268,7 +274,7 @@ def record(out: Path, key: str, before: Before, summary: Mapping[str, Any]) -> b
         return False
     roots = [*before.roots, ("out", out, True)]
     header = {"format": _FORMAT, "key": key, "summary": summary,
-              "roots": [[n, str(p), w] for n, p, w in roots]}
+              "roots": _named(roots)}
     index = len(before.roots)
     try:
         with atomic_open(out / MEMO_FILE, durable=False) as stream:  # a cache: made again
