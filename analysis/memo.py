@@ -221,8 +221,8 @@ def forget(out: Path) -> None:
     """Remove ``out``'s memo: the outputs are about to change."""
     try:
         os.unlink(out / MEMO_FILE)
-    except FileNotFoundError:
-        pass
+    except (FileNotFoundError, IsADirectoryError):  # no memo (a dir there is none either:
+        pass  # it is never read as one, and no memo is written over it)
 
 
 class Before:

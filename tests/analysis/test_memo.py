@@ -272,6 +272,24 @@ def test_a_failed_run_leaves_no_memo_of_older_outputs(cli: Cli) -> None:
     assert not (cli.out / memo.MEMO_FILE).exists()
 
 
+@pytest.mark.parametrize("planted", ["empty", "garbage", "a link", "a dir"])
+def test_a_memo_file_that_is_no_memo_is_analysed_again_and_never_fails_the_run(
+        cli: Cli, planted: str) -> None:
+    cli.settle()
+    path = cli.out / memo.MEMO_FILE
+    path.unlink()
+    if planted == "empty":
+        path.write_bytes(b"")
+    elif planted == "garbage":
+        path.write_bytes(b'{"format": 1, "key": "x"}\n\xff\xfe\t\t\n')
+    elif planted == "a link":
+        path.symlink_to(cli.tree / "000__cell" / "settings.yaml")
+    else:
+        path.mkdir()
+    code, out, answered = cli()
+    assert code == 0 and not answered and "3 run(s) parsed" in out
+
+
 def test_an_answer_imports_neither_pandas_nor_pyarrow(tree: Path, tmp_path: Path) -> None:
     """The memo is what makes a warm answer fast: the data libraries are never loaded."""
     script = f"""
