@@ -236,7 +236,11 @@ class Before:
         self.roots = list(roots)
         settled_before = time.time_ns() - SETTLED_NS
         self.settled = True
-        self._spool = tempfile.TemporaryFile(prefix="telltale-memo-")
+        try:
+            self._spool: IO[bytes] | None = tempfile.TemporaryFile(prefix="telltale-memo-")
+        except OSError:  # no usable temporary dir: this run leaves no memo, and still runs
+            self._spool, self.settled = None, False
+            return
         for index, rel, stamp in take_stamps(self.roots, exclude):
             # git's "racy" rule, with a margin for coarse and skewed clocks: an entry changed
             # just before these stamps could change again within the same timestamp tick
@@ -246,6 +250,8 @@ class Before:
 
     def lines(self) -> Iterator[bytes]:
         """The recorded lines, from the first."""
+        if self._spool is None:
+            return iter(())
         self._spool.seek(0)
         return iter(self._spool.readline, b"")
 
@@ -255,7 +261,8 @@ class Before:
 
     def close(self) -> None:
         """Drop the recorded stamps."""
-        self._spool.close()
+        if self._spool is not None:
+            self._spool.close()
 
 
 def _is_memo(rel: str) -> bool:

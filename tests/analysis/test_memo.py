@@ -290,6 +290,17 @@ def test_a_memo_file_that_is_no_memo_is_analysed_again_and_never_fails_the_run(
     assert code == 0 and not answered and "3 run(s) parsed" in out
 
 
+def test_no_usable_temporary_dir_leaves_no_memo_and_still_runs(
+        cli: Cli, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-dir"))
+    for _ in range(3):
+        code, out, answered = cli()
+        assert code == 0 and not answered and "3 run(s) parsed" in out
+    assert not (cli.out / memo.MEMO_FILE).exists()
+
+
 def test_an_answer_imports_neither_pandas_nor_pyarrow(tree: Path, tmp_path: Path) -> None:
     """The memo is what makes a warm answer fast: the data libraries are never loaded."""
     script = f"""
