@@ -28,7 +28,7 @@ from deployments.automations import (
     webhook_block,
 )
 from tests.servers import serve
-from tests.servers.prefect_server import clean_env, prefect_server
+from tests.servers.prefect_server import api_call, clean_env, prefect_server
 
 pytestmark = pytest.mark.slow
 
@@ -176,17 +176,13 @@ def test_the_scheduled_deployments_of_a_tag_are_all_found_past_one_page(
     tag, named flow/deployment, past the API's one page (its default limit), none other."""
     import uuid
 
-    import httpx
-
     import deployments.automations as automations
 
     monkeypatch.setattr(automations, "PAGE", 3)  # pages of 3: the paging is what is tested
     tag = f"nightly-{uuid.uuid4().hex[:8]}"
 
     def post(path: str, body: dict[str, object]) -> str:
-        answer = httpx.post(f"{prefect_harness}{path}", json=body, timeout=60)
-        assert answer.status_code in (200, 201), answer.text
-        return str(answer.json()["id"])
+        return str(api_call(prefect_harness, "POST", path, body)["id"])
 
     every = {}
     for i in range(7):

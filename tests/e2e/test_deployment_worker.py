@@ -22,10 +22,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 import pytest
 
-from tests.servers.prefect_server import clean_env, prefect_server, wait_for
+from tests.servers.prefect_server import api_call, clean_env, prefect_server, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -86,15 +85,12 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
 def _state(api: str, run_id: str) -> str:
     """The flow run's state type (``COMPLETED``...), read from the API itself: each
     ``prefect flow-run inspect`` was a 2-4 s command start, and a wait polled it."""
-    answer = httpx.get(f"{api}/flow_runs/{run_id}", timeout=30)
-    answer.raise_for_status()
-    return str((answer.json().get("state") or {}).get("type"))
+    return str((api_call(api, "GET", f"/flow_runs/{run_id}").get("state") or {}).get("type"))
 
 
 def _api_post(api: str, path: str, body: dict[str, object]) -> None:
     """Create an object through Prefect's REST API (a work pool, a variable)."""
-    answer = httpx.post(f"{api}{path}", json=body, timeout=60)
-    assert answer.status_code == 201, answer.text
+    api_call(api, "POST", path, body)
 
 
 def _start(user: dict[str, str], clone: Path, overrides: dict[str, object]) -> str:

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-__all__ = ["clean_env", "prefect_server", "wait_for"]
+__all__ = ["api_call", "clean_env", "prefect_server", "wait_for"]
 
 
 def _free_port() -> int:
@@ -54,6 +54,20 @@ def wait_for(what: str, predicate: Callable[[], T], process: subprocess.Popen[An
             raise RuntimeError(f"no {what} within {limit_s:.0f} s")
         time.sleep(poll_s)
     return found
+
+
+def api_call(api: str, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    """One call on a Prefect API (``http://HOST:PORT/api``) through Prefect's own HTTP client;
+    the answer's JSON.
+
+    Prefect's server answers 503 while its SQLite database is busy (a loaded machine, the
+    suite's shared API): its client retries that (and 429/502) with backoff, a bare httpx call
+    failed a CI run on it. Raises ``httpx.HTTPStatusError`` on any other error answer.
+    """
+    from prefect.client.base import PrefectHttpxSyncClient
+
+    with PrefectHttpxSyncClient(base_url=api, timeout=60) as client:
+        return client.request(method, path, json=body).json()
 
 
 def _healthy(url: str) -> bool:
