@@ -126,6 +126,10 @@ class LocalService:
         health_path: Answers 200 once the server is ready.
         ready_timeout_s: How long the start may take (model load, warm-up).
         facts: Recorded in the server's ``service.json`` (model, runtime version...).
+        needs: Paths the server reads as it starts (a model dir the project's prepare
+            builds). A command line starts the first cell's server ahead of the run only
+            when they all exist: one started before its model was built dies, or is taken
+            and dies, a few seconds later (`tasks.platforms.local_ahead`).
     """
 
     key: str
@@ -134,6 +138,7 @@ class LocalService:
     health_path: str = "/health"
     ready_timeout_s: float = 600.0
     facts: Mapping[str, Any] = field(default_factory=dict)
+    needs: Sequence[str] = ()
 
 
 @dataclass(frozen=True)

@@ -170,7 +170,8 @@ def local_service(ctx: CellContext) -> LocalService:
              "PYTHONPATH": str(_CHECKOUT)},
         health_path="/health", ready_timeout_s=float(test.local.ready_timeout_s),
         facts={"runtime": "vllm", "model_name": str(settings.model_name),
-               "model_dir": str(model), "engine_core_start": ENGINE_CORE_STARTS[0]})
+               "model_dir": str(model), "engine_core_start": ENGINE_CORE_STARTS[0]},
+        needs=(str(model / "config.json"),))
 
 
 def _load_config(ctx: CellContext) -> dict[str, Any]:

@@ -93,8 +93,8 @@ def _service_ahead(hooks: Project, config: Config, artifact_dir: Path | None) ->
     """Start the first cell's server (a project's `LocalService`) while Prefect starts.
 
     Best effort: the run takes it when its first cell asks for the same server, or starts
-    its own (and reports what goes wrong); a command that is not there yet (the serving
-    venv of a first run) is not tried.
+    its own (and reports what goes wrong); a command or an input that is not there yet
+    (the serving venv or the model of a first run: the prepare builds them) is not tried.
     """
     if hooks.local_service is None:
         return
@@ -103,7 +103,7 @@ def _service_ahead(hooks: Project, config: Config, artifact_dir: Path | None) ->
         if context is None:
             return
         spec = hooks.local_service(context)
-        if not Path(str(spec.argv[0])).exists():
+        if not all(Path(str(p)).exists() for p in (spec.argv[0], *spec.needs)):
             return
         service.start_ahead(spec, artifact_dir.parent if artifact_dir else Path("runs"))
     except ConfigError:  # a cell that cannot run: the run's own check says why, once

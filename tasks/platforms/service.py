@@ -87,6 +87,10 @@ def _launch(spec: LocalService, home: Path) -> _Launched:
                      started_at, began)
 
 
+class _ExitedWhileStarting(StepError):
+    """The server process ended before its health endpoint answered."""
+
+
 def _ready(launched: _Launched, root: Path) -> RunningService:
     process, spec = launched.process, launched.spec
     try:
@@ -110,7 +114,7 @@ def start_service(spec: LocalService, root: Path) -> RunningService:
 
     A server started ahead for this key (`start_ahead`) is taken instead: its dir moves into
     the run (the running server keeps its open log) and its start-up time counts from its
-    real start.
+    real start. One taken that then exits while starting is started again, once, here.
 
     Args:
         spec: What to run.
@@ -125,9 +129,16 @@ def start_service(spec: LocalService, root: Path) -> RunningService:
     """
     home = service_home(root, spec.key)
     launched = take_ahead(spec, home)
-    if launched is None:
-        launched = _launch(spec, home)
-    return _ready(launched, root)
+    if launched is not None:
+        try:
+            return _ready(launched, root)
+        except _ExitedWhileStarting as exc:
+            # Started ahead is best effort: one that dies after it was taken (what it reads
+            # changed under it, a first run's model built meanwhile) never fails a cell a
+            # fresh start passes. Its log stays above the fresh one's (the log appends).
+            logger.warning("the %s server started ahead exited while starting: starting "
+                           "it again (%s)", spec.key, str(exc).splitlines()[0])
+    return _ready(_launch(spec, home), root)
 
 
 _AHEAD: list[_Launched] = []  # started by a CLI before its run exists (one per process)
@@ -184,9 +195,9 @@ def _wait_healthy(process: ManagedProcess, health: str, timeout_s: float,
     with httpx.Client(timeout=5.0) as client:
         while True:
             if not process.running:
-                raise StepError(f"the server exited with {process.proc.returncode} while "
-                                f"starting; end of {process.log_file}:\n"
-                                f"{process.tail(1500).strip()}")
+                raise _ExitedWhileStarting(
+                    f"the server exited with {process.proc.returncode} while starting; end "
+                    f"of {process.log_file}:\n{process.tail(1500).strip()}")
             try:
                 if client.get(health).status_code == 200:
                     return

@@ -39,6 +39,16 @@ TWO_CELLS = ["--var", "tests.llm_serving.test_settings.duration_s=5",
                       " {request_format: /v1/chat/completions}]"]
 
 
+def _reasons(run_dir: Path) -> str:
+    """Each cell's status and reason from the run's outcome, and the end of each server log."""
+    outcome = run_dir / "outcome.json"
+    cells = json.loads(outcome.read_text())["cells"] if outcome.exists() else []
+    said = [f"{c.get('name')}: {c.get('status')} {c.get('reason') or ''}" for c in cells]
+    said += [f"{log}:\n{log.read_text(errors='replace')[-3000:]}"
+             for log in sorted(run_dir.glob("services/*/server.log"))]
+    return "\n".join(said)
+
+
 def test_two_cells_share_one_real_server_and_a_failed_cell_leaves_nothing(
         tmp_path: Path) -> None:
     serving_venv_or_skip()
@@ -50,7 +60,9 @@ def test_two_cells_share_one_real_server_and_a_failed_cell_leaves_nothing(
     assert proc.returncode == 1, output  # one cell failed
     cells = sorted(run_dir.glob("*__cell*"))
     assert len(cells) == 2, output
-    jobs = [next(c.glob("*__llm_serving__run_llm_serving_load")) for c in cells]
+    jobs = [next(c.glob("*__llm_serving__run_llm_serving_load"), None) for c in cells]
+    # a cell with no load step failed before it (its server, Prometheus): say why
+    assert None not in jobs, f"{_reasons(run_dir)}\n{output}"
     # each cell's load forked from the serving venv's warm Python, GuideLLM imported
     # there once (tasks.warm_python; workload/load.py runs it in-process)
     launches = [json.loads((j / "artifacts" / "process.json").read_text())["launch"]

@@ -163,3 +163,73 @@ def test_a_server_started_ahead_for_another_key_is_stopped_not_used(tmp_path: Pa
     ahead_pid = int((hidden / PID_FILE).read_text())
     svc.stop_ahead()
     assert not _alive(ahead_pid) and not hidden.exists()
+
+
+# Started ahead, it exits once the run has taken it (its log moved out of the hidden
+# `.service-*` dir): what a first run's vLLM did when its model was built meanwhile. Any
+# later start (the marker is gone) serves.
+_DIES_ONCE_TAKEN = """
+import os, runpy, sys, time
+try:
+    os.remove(sys.argv[1])
+except FileNotFoundError:
+    sys.argv = ["http.server", sys.argv[2], "--bind", "127.0.0.1"]
+    runpy.run_module("http.server", run_name="__main__")
+else:
+    while ".service-" in os.readlink("/proc/self/fd/1"):
+        time.sleep(0.05)
+    print("ahead: what it read changed under it", flush=True)
+    sys.exit(3)
+"""
+
+
+def test_a_server_started_ahead_that_exits_once_taken_is_started_again(tmp_path: Path) -> None:
+    from tasks.platforms import service as svc
+
+    marker = tmp_path / "first-start"
+    marker.touch()
+    spec = LocalService(key="web", argv=[sys.executable, "-c", _DIES_ONCE_TAKEN, str(marker),
+                                         "{port}"], health_path="/", ready_timeout_s=120)
+    svc.start_ahead(spec, tmp_path)
+    ahead_pid = int((next(tmp_path.glob(".service-*")) / PID_FILE).read_text())
+    running = start_service(spec, tmp_path / "run")
+    try:
+        assert running.process.proc.pid != ahead_pid and not _alive(ahead_pid)
+        assert running.process.running and not marker.exists()
+        # the first one's last words stay in the one log, above the fresh start's
+        assert "ahead: what it read changed under it" in running.process.log_file.read_text()
+        assert [p.name for p in (tmp_path / "run" / "services").iterdir()] == ["web"]
+    finally:
+        running.stop()
+
+
+def test_a_server_that_needs_what_a_first_run_builds_is_not_started_ahead(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """llm_serving's vLLM reads the tiny model the prepare builds: none ahead before it is."""
+    from tasks.platforms import service as svc
+    from tasks.platforms.local_ahead import _service_ahead
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # no model built here
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    project = registry.load("llm_serving")
+    config = resolve("llm_serving", presets=["light"],
+                     overrides={"tests.llm_serving.local.venv": str(venv)}, env={})
+    runs = tmp_path / "runs"
+    _service_ahead(project, config, runs / "run")
+    assert not list(runs.glob(".service-*"))  # the model is missing: nothing started
+    context = CellContext(settings=cells_of(config, "llm_serving")[0].typed_as(
+        project.settings_model), test=project.test_block(config.model), index=1, name="c",
+        workdir=tmp_path, data_dir=project.data_dir, run_id="t")
+    needs = project.local_service(context).needs
+    assert needs and all(str(tmp_path / "cache") in n for n in needs)
+    for need in needs:  # as the prepare leaves it
+        Path(need).parent.mkdir(parents=True, exist_ok=True)
+        Path(need).write_text("{}")
+    try:
+        _service_ahead(project, config, runs / "run")
+        assert len(list(runs.glob(".service-*"))) == 1  # now it starts ahead
+    finally:
+        svc.stop_ahead()
+    assert not list(runs.glob(".service-*"))
