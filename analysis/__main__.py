@@ -402,6 +402,9 @@ def _postprocess(args: argparse.Namespace, memo_at: _Memo | None) -> dict[str, A
 
 def _analyse(args: argparse.Namespace) -> dict[str, Any]:
     """`postprocess` as the arguments say; what the command prints of its outcome."""
+    from analysis.arrow_memory import use_system_allocator
+
+    use_system_allocator()  # before pandas imports pyarrow: its C++ side reads it then
     from analysis.pipeline import postprocess, settings_for
     from analysis.project import load_project
 

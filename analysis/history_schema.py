@@ -13,6 +13,7 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
+from analysis.arrow_memory import use_system_allocator
 from analysis.kpi import BASE_COLUMNS
 from core.errors import ResultsError
 
@@ -26,6 +27,10 @@ SCHEMA_VERSION = 3
 `FINGERPRINT`)."""
 VERSION_KEY = b"telltale.history.schema"
 """The part footer's metadata key holding `SCHEMA_VERSION`."""
+
+# Every analysis that writes or reads a table imports this module first: Arrow's buffers
+# come from the C library's allocator from here on (`analysis.arrow_memory`).
+use_system_allocator()
 
 
 def is_text(kind: pa.DataType) -> bool:

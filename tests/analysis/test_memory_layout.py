@@ -1,0 +1,128 @@
+"""What keeps a 10 000-run post-processing small (#43) keeps its outputs exactly as before.
+
+The peak figures themselves are measured in ``benchmarks/analysis_bounds.py``, never here;
+these tests hold the mechanisms: the runs table built column by column equals the table of
+one dict per run, equal validities are one object, Arrow's buffers come from the C
+library in the CLI and the variable saying so never reaches a child process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pandas as pd
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from analysis.arrow_memory import POOL_ENV
+from analysis.pipeline import postprocess
+from analysis.run_analysis import runs_table
+from tests.factories import make_result_dir
+
+REPO = Path(__file__).resolve().parents[2]
+
+_NAMES = st.sampled_from(["model", "lr", "test_path", "status", "cell", "exit_code", "gpu"])
+_LABELS = st.dictionaries(_NAMES, st.text(max_size=6), max_size=5)
+
+
+def _run(i: int, labels: dict[str, str], start: str | None, presets: list[str] | None,
+         problems: int) -> Any:
+    meta = SimpleNamespace(start=start, end="2026-12-03T00:00:00+00:00", status="success",
+                           presets=presets)
+    return SimpleNamespace(run_uuid=f"uuid-{i}", payload=SimpleNamespace(metadata=meta),
+                           result=SimpleNamespace(exit_code=i % 3, rel_path=f"{i:03d}__cell",
+                                                  problems=[None] * problems),
+                           name=f"cell {i}", labels=labels)
+
+
+def _one_dict_per_run(runs: list[Any]) -> pd.DataFrame:
+    """The table as it was built before: a label named like a column wins (a dict's update)."""
+    return pd.DataFrame([{
+        "run_uuid": r.run_uuid, "start": r.payload.metadata.start,
+        "end": r.payload.metadata.end, "status": r.payload.metadata.status,
+        "exit_code": r.result.exit_code, "test_path": r.result.rel_path, "cell": r.name,
+        "presets": ",".join(r.payload.metadata.presets or []),
+        "problems": len(r.result.problems), **r.labels} for r in runs])
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.lists(st.tuples(_LABELS, st.none() | st.just("2026-12-01T00:00:00+00:00"),
+                               st.none() | st.lists(st.sampled_from(["light", "gpu"]),
+                                                    max_size=2),
+                               st.integers(0, 3)), min_size=1, max_size=6))
+def test_the_runs_table_built_by_column_is_the_table_of_one_dict_per_run(
+        rows: list[tuple[dict[str, str], str | None, list[str] | None, int]]) -> None:
+    runs = [_run(i, *row) for i, row in enumerate(rows)]
+    pd.testing.assert_frame_equal(runs_table(runs), _one_dict_per_run(runs))
+
+
+def test_equal_validities_are_one_object_and_their_reasons_stay_apart(tmp_path: Path) -> None:
+    tree = tmp_path / "results"
+    for i in range(3):
+        make_result_dir(tree, f"{i:03d}__cell", seed=i)
+    make_result_dir(tree, "003__cell", exit_code=1, seed=3)
+    outcome = postprocess(tree, "fine_tuning", tmp_path / "out", report=False)
+    validity = outcome.validity
+    valid = [v for v in validity.values() if v.status == "valid"]
+    assert len(valid) == 3 and len({id(v) for v in valid}) == 1
+    (failed,) = [v for v in validity.values() if v.status == "failed"]
+    assert failed.reasons == ["the workload exited 1"] and valid[0].reasons == []
+    written = pd.read_parquet(tmp_path / "out" / "runs.parquet")
+    assert sorted(written["test_path"]) == sorted(validity)
+
+
+_PROBE = """
+import json, os, subprocess, sys
+from analysis.arrow_memory import use_system_allocator
+backend = use_system_allocator()
+child = subprocess.run([sys.executable, "-c",
+                        "import os; print(os.environ.get('ARROW_DEFAULT_MEMORY_POOL'))"],
+                       capture_output=True, text=True, check=True).stdout.strip()
+print(json.dumps({"backend": backend, "env": os.environ.get("ARROW_DEFAULT_MEMORY_POOL"),
+                  "child": child, "again": use_system_allocator()}))
+"""
+
+
+def _probe(env: dict[str, str]) -> dict[str, Any]:
+    done = subprocess.run([sys.executable, "-c", _PROBE], cwd=REPO, env=env,
+                          capture_output=True, text=True, check=True)
+    return dict(json.loads(done.stdout.splitlines()[-1]))
+
+
+def test_arrow_takes_the_c_librarys_allocator_and_no_child_inherits_the_setting() -> None:
+    env = {k: v for k, v in os.environ.items() if k != POOL_ENV}
+    assert _probe(env) == {"backend": "system", "env": None, "child": "None",
+                           "again": "system"}
+    # a user's own choice wins, and stays theirs for the children
+    chosen = _probe({**env, POOL_ENV: "jemalloc"})
+    assert chosen["env"] == chosen["child"] == "jemalloc"
+    assert chosen["backend"] == chosen["again"] != "system"
+
+
+def test_the_command_line_sets_the_allocator_before_pyarrow_is_imported(
+        tmp_path: Path) -> None:
+    """Arrow's C++ side reads the pool when pyarrow is imported: later is too late.
+
+    Set later, the Python-side default says "system" too, but the C++ side (the Parquet
+    writer) still allocates from mimalloc: that pool must never have been used.
+    """
+    tree = tmp_path / "results"
+    make_result_dir(tree, "000__cell")
+    code = ("import runpy, sys; sys.argv = ['analysis', *sys.argv[1:]]\n"
+            "try:\n    runpy.run_module('analysis', run_name='__main__')\n"
+            "except SystemExit:\n    pass\n"
+            "import pyarrow as pa\n"
+            "try:\n    unused = pa.mimalloc_memory_pool().max_memory() == 0\n"
+            "except NotImplementedError:  # a pyarrow built without it\n    unused = True\n"
+            "print('pool', pa.default_memory_pool().backend_name, unused)")
+    env = {k: v for k, v in os.environ.items() if k != POOL_ENV}
+    done = subprocess.run([sys.executable, "-c", code, str(tree), "--project", "fine_tuning",
+                           "--out", str(tmp_path / "out"), "--no-report", "--quiet"],
+                          cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.splitlines()[-1] == "pool system True", done.stderr[-2000:]
