@@ -91,7 +91,10 @@ def _draw_curve_band(ctx: ReportContext, options: dict[str, Any]) -> str:
     return "".join(parts)
 
 
-REPORT_KINDS: dict[str, Callable[[ReportContext, dict[str, Any]], str]] = {
+PageBody = str | list[str]
+"""What a report kind draws: a page's HTML, whole or in parts written one after the other."""
+
+REPORT_KINDS: dict[str, Callable[[ReportContext, dict[str, Any]], PageBody]] = {
     "kpi_table": _draw_kpi_table,
     "kpi_history": _draw_kpi_history,
     "loss_curve": _draw_loss_curve,

@@ -148,10 +148,11 @@ MAX_HISTORY_LINES = 12
 """Configurations drawn per KPI chart (the newest ones): more lines are unreadable."""
 
 
-def _draw_kpi_history(ctx: ReportContext, options: dict[str, Any]) -> str:
+def _draw_kpi_history(ctx: ReportContext, options: dict[str, Any]) -> list[str]:
+    """The history page: one chart a KPI, in parts (the page is written part by part)."""
     frame = shape_kpi_history(ctx, options.get("kpis"))
     if frame.empty:
-        return "<p class='empty'>no history yet</p>"
+        return ["<p class='empty'>no history yet</p>"]
     verdicts = {(v.run_uuid, v.kpi): v for v in ctx.verdicts}
     parts = [_shared_html(ctx)]
     for kpi, group in frame.groupby("kpi", sort=False):
@@ -199,4 +200,4 @@ def _draw_kpi_history(ctx: ReportContext, options: dict[str, Any]) -> str:
         # long configuration names ran over the axis title and the tick labels
         fig["layout"]["legend"] = {"title": {"text": "configuration"}}
         parts.append(_figure_html(fig))
-    return "\n".join(parts)
+    return parts

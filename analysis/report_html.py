@@ -13,7 +13,7 @@ import html
 import json
 import math
 import uuid
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -311,9 +311,19 @@ td:has(> details){min-width:18em}
 
 
 def _page(title: str, body: str, plotly: bool) -> str:
+    return "".join(page_parts(title, [body], plotly))
+
+
+def page_parts(title: str, body: Sequence[str], plotly: bool) -> Iterator[str]:
+    """A report page's HTML in order: the head, each part of ``body``, the end.
+
+    Written part by part (`core.safeio.write_text_parts`), a large page is never held whole.
+    """
     script = f"<script src='{PLOTLY_FILE}'></script>" if plotly else ""
-    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
-            f"</title><style>{_STYLE}</style>{script}</head><body>{body}</body></html>")
+    yield (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
+           f"</title><style>{_STYLE}</style>{script}</head><body>")
+    yield from body
+    yield "</body></html>"
 
 
 PLOTLY_FILE = "plotly.min.js"

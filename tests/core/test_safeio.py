@@ -6,6 +6,7 @@ import ast
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from core.safeio import (
     read_bounded,
     write_bytes,
     write_text,
+    write_text_parts,
 )
 from tests.code_tree import python_files
 
@@ -165,6 +167,39 @@ def test_atomic_write_round_trips_and_replaces(tmp_path_factory: pytest.TempPath
     write_bytes(target, data)
     assert target.read_bytes() == data
     assert [p.name for p in root.iterdir()] == ["f.bin"]
+
+
+@given(parts=st.lists(st.text(max_size=200), max_size=8))
+def test_a_text_written_in_parts_is_the_text_written_whole(
+        tmp_path_factory: pytest.TempPathFactory, parts: list[str]) -> None:
+    root = tmp_path_factory.mktemp("out")
+    write_text_parts(root / "parts.html", iter(parts))  # an iterator: read once
+    write_text(root / "whole.html", "".join(parts))
+    assert (root / "parts.html").read_bytes() == (root / "whole.html").read_bytes()
+    assert sorted(p.name for p in root.iterdir()) == ["parts.html", "whole.html"]
+
+
+def test_a_page_written_in_parts_masks_secrets_in_each_and_fails_whole(
+        tmp_path: Path) -> None:
+    from core.redact import known_secrets, register_secret, restore_secrets
+
+    before = known_secrets()
+    register_secret("Parts-secret-9876")
+    try:
+        target = write_text_parts(tmp_path / "page.html",
+                                  ["<p>a</p>", "<p>Parts-secret-9876</p>", "<p>b</p>"])
+    finally:
+        restore_secrets(before)
+    assert target.read_text() == "<p>a</p><p>***</p><p>b</p>"
+
+    def cut() -> Iterator[str]:
+        yield "<p>new</p>"
+        raise RuntimeError("a figure failed")
+
+    with pytest.raises(RuntimeError):
+        write_text_parts(target, cut())
+    assert target.read_text() == "<p>a</p><p>***</p><p>b</p>"  # the old page, whole
+    assert [p.name for p in tmp_path.iterdir()] == ["page.html"]
 
 
 def test_a_failing_writer_leaves_the_old_file_and_no_temporary(tmp_path: Path) -> None:
