@@ -102,8 +102,10 @@ def _shape_kpi_history(ctx: ReportContext) -> pd.DataFrame:
             if VALIDITY in part.columns else True
         rows.append(part[["timestamp", "kpi", "value", "unit", "run_uuid"]]
                     .assign(current=current, valid=valid))
-        labels.append(part.drop_duplicates("run_uuid", keep="last")[
-            ["run_uuid", *(k for k in keys if k in part.columns)]])
+        # the columns taken before the duplicates are dropped: the other way round copied
+        # every column of a run's last row (~8 MB at 10 000 runs) to keep a few
+        labels.append(part[["run_uuid", *(k for k in keys if k in part.columns)]]
+                      .drop_duplicates("run_uuid", keep="last"))
     if not rows:
         return pd.DataFrame(columns=_HISTORY_COLUMNS)
     frame = pd.concat(rows, ignore_index=True).drop_duplicates(subset=["run_uuid", "kpi"],
