@@ -31,7 +31,7 @@ from analysis.history import (
 )
 from analysis.judging import VERDICT_KINDS, VerdictRow, _gate, judge_runs
 from analysis.kpi import kpi_table, openmetrics_lines
-from analysis.lts import LtsMetadata, LtsPayload, require_complete
+from analysis.lts import require_complete
 from analysis.project import AnalysisProject, load_project
 from analysis.run_analysis import RunAnalysis, _analyse_tree, runs_table
 from analysis.settings import AnalysisSettings
@@ -57,10 +57,6 @@ logger = logging.getLogger("telltale.analysis")
 _LTS_VERDICT = {"verdict", "baseline", "change_pct", "confidence", "history_used",
                 "explanation", "validity", "what_changed", "suspects",
                 "mde_pct"}  # what an LTS payload's regression block keeps of a verdict
-# Fields sets shared by every model_construct-ed instance (all fields set): the
-# metadata-only copies of the spooled payloads
-_PAYLOAD_FIELDS = set(LtsPayload.model_fields)
-_METADATA_FIELDS = set(LtsMetadata.model_fields)
 
 
 class PostprocessOutcome(BaseModel):
@@ -204,27 +200,21 @@ def postprocess(
     out_dir = Path(out)
     with output_root(out_dir):
         out_dir.mkdir(parents=True, exist_ok=True)
-        # Each run's LTS payload goes to a spool file as it is analysed and only its metadata
-        # stays in memory (6 KB a run: 60 MB at 10 000 runs); lts_payload.json is written from
+        # Each run's LTS payload goes to a spool file as it is analysed and leaves memory
+        # (6 KB a run: 60 MB at 10 000 runs; the metadata it kept, 1.7 KB a run, went too:
+        # the run carries the few fields the outputs read); lts_payload.json is written from
         # the spool once the verdicts are known.
         places: dict[int, tuple[int, int]] = {}  # id(run) -> (offset, length) in the spool
         # An anonymous file (no name a results tree could have planted a link under)
         with tempfile.TemporaryFile(dir=out_dir, prefix=".lts_payload.spool") as spool:
             def keep(run: RunAnalysis) -> None:
+                if run.payload is None:  # spooled already
+                    return
                 require_complete(run.payload, settings.mode)
                 data = run.payload.model_dump_json(exclude={"regression", "curve"}).encode()
                 places[id(run)] = (spool.tell(), len(data))
                 spool.write(data)
-                # Every field given (model_construct computes a missing default through
-                # inspect.signature: 0.75 ms a run) and one shared fields set: a copy's own
-                # sets were ~1 KB a run.
-                metadata = run.payload.metadata
-                run.payload = LtsPayload.model_construct(
-                    _fields_set=_PAYLOAD_FIELDS, **{
-                        **run.payload.__dict__, "results": {}, "kpis": {}, "problems": [],
-                        "metadata": LtsMetadata.model_construct(
-                            _fields_set=_METADATA_FIELDS,
-                            **{**metadata.__dict__, "settings": None, "config": None})})
+                run.payload = None
 
             found, runs, skipped, (failed, problems) = _analyse_tree(
                 results_dir, hooks, presets, config_text, force=force,

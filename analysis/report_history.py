@@ -63,7 +63,7 @@ def shape_kpi_table(ctx: ReportContext) -> pd.DataFrame:
     columns: dict[str, list[Any]] = {
         "run": [ctx.name_of(r) for r in ctx.runs],
         "dir": [r.result.rel_path for r in ctx.runs],
-        "status": [r.payload.metadata.status for r in ctx.runs]}
+        "status": [r.status for r in ctx.runs]}
     for key in varying:
         columns.setdefault(key, [f.get(key) for f in flat])
     for name in names:

@@ -42,7 +42,15 @@ class RunAnalysis(BaseModel):
     timestamp: str | None
     labels: dict[str, str]
     kpis: list[Kpi]
-    payload: LtsPayload
+    payload: LtsPayload | None = Field(description="The run's LTS payload; None once "
+                                       "post-processing has spooled it to disk (~1.7 KB a "
+                                       "run held, `analysis.pipeline`).")
+    status: Literal["success", "failed", "partial"] = Field(
+        default="success", description="The run's status, as its payload says.")
+    start: str | None = Field(default=None, description="Its start (ISO), as its payload says.")
+    end: str | None = Field(default=None, description="Its end (ISO), as its payload says.")
+    presets: list[str] | None = Field(default=None, description="Its presets, as its payload "
+                                      "says.")
     identity: str = Field(description="Hash of the settings and start (the history refuses "
                           "another run under this uuid).")
     validity: Validity = Field(default_factory=Validity)
@@ -151,7 +159,8 @@ def analyse_run(project: AnalysisProject, result: ParsedResult,
     return _new_run(
         result=result, run_uuid=run_uuid, timestamp=_timestamp(start, result), labels=labels,
         kpis=kpis, payload=payload, identity=run_identity(result.settings, start),
-        validity=validity, fingerprint=fingerprint, cell=cell)
+        validity=validity, fingerprint=fingerprint, cell=cell, status=metadata.status,
+        start=start, end=end, presets=metadata.presets)
 
 
 def runs_table(runs: Sequence[RunAnalysis]) -> pd.DataFrame:
@@ -164,12 +173,10 @@ def runs_table(runs: Sequence[RunAnalysis]) -> pd.DataFrame:
         "run_uuid", "start", "end", "status", "exit_code", "test_path", "cell", "presets",
         "problems")}
     for row, r in enumerate(runs):
-        meta = r.payload.metadata
-        for name, value in (("run_uuid", r.run_uuid), ("start", meta.start),
-                            ("end", meta.end), ("status", meta.status),
-                            ("exit_code", r.result.exit_code),
+        for name, value in (("run_uuid", r.run_uuid), ("start", r.start), ("end", r.end),
+                            ("status", r.status), ("exit_code", r.result.exit_code),
                             ("test_path", r.result.rel_path), ("cell", r.name),
-                            ("presets", ",".join(meta.presets or [])),
+                            ("presets", ",".join(r.presets or [])),
                             ("problems", len(r.result.problems)), *r.labels.items()):
             column = columns.get(name)
             if column is None:  # a label first seen on this run: missing on the earlier

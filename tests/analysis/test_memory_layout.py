@@ -33,9 +33,8 @@ _LABELS = st.dictionaries(_NAMES, st.text(max_size=6), max_size=5)
 
 def _run(i: int, labels: dict[str, str], start: str | None, presets: list[str] | None,
          problems: int) -> Any:
-    meta = SimpleNamespace(start=start, end="2026-12-03T00:00:00+00:00", status="success",
-                           presets=presets)
-    return SimpleNamespace(run_uuid=f"uuid-{i}", payload=SimpleNamespace(metadata=meta),
+    return SimpleNamespace(run_uuid=f"uuid-{i}", start=start, end="2026-12-03T00:00:00+00:00",
+                           status="success", presets=presets,
                            result=SimpleNamespace(exit_code=i % 3, rel_path=f"{i:03d}__cell",
                                                   problems=[None] * problems),
                            name=f"cell {i}", labels=labels)
@@ -44,10 +43,9 @@ def _run(i: int, labels: dict[str, str], start: str | None, presets: list[str] |
 def _one_dict_per_run(runs: list[Any]) -> pd.DataFrame:
     """The table as it was built before: a label named like a column wins (a dict's update)."""
     return pd.DataFrame([{
-        "run_uuid": r.run_uuid, "start": r.payload.metadata.start,
-        "end": r.payload.metadata.end, "status": r.payload.metadata.status,
+        "run_uuid": r.run_uuid, "start": r.start, "end": r.end, "status": r.status,
         "exit_code": r.result.exit_code, "test_path": r.result.rel_path, "cell": r.name,
-        "presets": ",".join(r.payload.metadata.presets or []),
+        "presets": ",".join(r.presets or []),
         "problems": len(r.result.problems), **r.labels} for r in runs])
 
 
