@@ -146,10 +146,14 @@ def _not_judged(run: RunAnalysis) -> VerdictRow:
         latest=None, repeats=[], baseline=None, change_pct=None, verdict=NOT_JUDGED,
         confidence=0.0, suspect=False, history_used=0,
         explanation=f"not judged: {run.validity.summary()}", validity=run.validity.status,
-        since_runs=None, what_changed=[], suspects=[], mde_pct=None)
+        since_runs=None, what_changed=_NONE, suspects=_NONE, mde_pct=None)
 
 
 _Judged = tuple[Kpi, list[float], Any, dict[str, Any]]
+_NONE: list[str] = []
+"""The empty ``what_changed`` and ``suspects`` every row without them shares (read-only by
+convention: a row's list is replaced, never appended to). Two empty lists a row were
+5.6 MB at 10 000 runs."""
 
 
 def _judge_group(group: Sequence[RunAnalysis], by_kpi: _KpiSeries,
@@ -172,7 +176,7 @@ def _judge_group(group: Sequence[RunAnalysis], by_kpi: _KpiSeries,
         mde = minimum_detectable_effect(values[start or 0:], len(repeats), settings=tuning)
         out[kpi.name] = (kpi, repeats, judged, {
             "mde_pct": round(mde * 100, 3) if mde is not None else None,
-            "what_changed": [], "suspects": []})
+            "what_changed": _NONE, "suspects": _NONE})
     for name, (_, _, judged, extra) in out.items():
         if judged is None or judged.kind not in ("regression", "improvement") \
                 or not judged.start_runs:

@@ -25,7 +25,7 @@ Kinds (explicit registry, no self-registration):
 from __future__ import annotations
 
 import html
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from analysis.project import AnalysisProject
@@ -91,8 +91,8 @@ def _draw_curve_band(ctx: ReportContext, options: dict[str, Any]) -> str:
     return "".join(parts)
 
 
-PageBody = str | list[str]
-"""What a report kind draws: a page's HTML, whole or in parts written one after the other."""
+PageBody = str | Iterator[str]
+"""What a report kind draws: a page's HTML, whole or in parts written as they are drawn."""
 
 REPORT_KINDS: dict[str, Callable[[ReportContext, dict[str, Any]], PageBody]] = {
     "kpi_table": _draw_kpi_table,

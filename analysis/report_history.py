@@ -6,7 +6,7 @@ configuration, change points and verdicts marked).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -29,9 +29,9 @@ from analysis.report_html import (
     _axis_values,
     _baseline_band,
     _cap_note,
-    _figure_html,
     _lines,
     _table_html,
+    figure_parts,
     time_axis,
 )
 
@@ -150,14 +150,31 @@ MAX_HISTORY_LINES = 12
 """Configurations drawn per KPI chart (the newest ones): more lines are unreadable."""
 
 
-def _draw_kpi_history(ctx: ReportContext, options: dict[str, Any]) -> list[str]:
-    """The history page: one chart a KPI, in parts (the page is written part by part)."""
+def _hover(texts: dict[tuple[str, str], str], row: Any) -> str:
+    """A current run's verdict as its marker's hover text, one string for equal texts."""
+    if row is None:
+        return "no verdict"
+    key = (row.verdict, row.explanation)
+    text = texts.get(key)
+    if text is None:
+        text = texts[key] = f"{row.verdict}: {row.explanation}"
+    return text
+
+
+def _draw_kpi_history(ctx: ReportContext, options: dict[str, Any]) -> Iterator[str]:
+    """The history page: one chart a KPI, each written as soon as it is drawn.
+
+    At 10 000 runs the page is 8 MB: its charts held until the end, and every verdict by
+    (run, KPI) rather than one KPI's at a time, made this page the post-processing's peak.
+    """
     frame = shape_kpi_history(ctx, options.get("kpis"))
     if frame.empty:
-        return ["<p class='empty'>no history yet</p>"]
-    verdicts = {(v.run_uuid, v.kpi): v for v in ctx.verdicts}
-    parts = [_shared_html(ctx)]
+        yield "<p class='empty'>no history yet</p>"
+        return
+    yield _shared_html(ctx)
+    texts: dict[tuple[str, str], str] = {}  # one hover text for the runs with one verdict
     for kpi, group in frame.groupby("kpi", sort=False):
+        verdicts = {v.run_uuid: v for v in ctx.verdicts if v.kpi == kpi}
         unit = group["unit"].iloc[0]
         shown = list(dict.fromkeys(group["configuration"]))[-MAX_HISTORY_LINES:]
         group = group[group["configuration"].isin(shown)]
@@ -188,7 +205,7 @@ def _draw_kpi_history(ctx: ReportContext, options: dict[str, Any]) -> list[str]:
                     "hovertext": ["change point: a new level starts here"] * len(at),
                     "hoverinfo": "text"})
         now = group[group["current"].astype(bool)]
-        judged = [verdicts.get((r, kpi)) for r in now["run_uuid"]]
+        judged = [verdicts.get(r) for r in now["run_uuid"]]
         if any(judged):
             fig["data"].append({
                 "type": "scatter", "x": _axis_values(now["timestamp"]),
@@ -196,10 +213,10 @@ def _draw_kpi_history(ctx: ReportContext, options: dict[str, Any]) -> list[str]:
                 "marker": {"size": 14, "symbol": "circle-open", "line": {"width": 3},
                            "color": [_VERDICT_MARKS.get(v.verdict if v else "", "#999")
                                      for v in judged]},
-                "hovertext": [f"{v.verdict}: {v.explanation}" if v else "no verdict"
-                              for v in judged], "hoverinfo": "text"})
+                "hovertext": [_hover(texts, v) for v in judged], "hoverinfo": "text"})
         # the legend beside the chart (plotly widens the margin for it): below it, a dozen
         # long configuration names ran over the axis title and the tick labels
         fig["layout"]["legend"] = {"title": {"text": "configuration"}}
-        parts.append(_figure_html(fig))
-    return parts
+        parts = figure_parts(fig)
+        del fig, verdicts, group, now, judged, invalid  # not held while the parts are written
+        yield from parts

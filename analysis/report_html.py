@@ -13,7 +13,7 @@ import html
 import json
 import math
 import uuid
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -110,10 +110,19 @@ def _figure_html(figure: Any) -> str:
     """
     if not isinstance(figure, dict):
         return str(figure.to_html(full_html=False, include_plotlyjs=False))
+    return "".join(figure_parts(figure))
+
+
+def figure_parts(figure: dict[str, Any]) -> list[str]:
+    """A figure dict's ``<div>`` and script (`_figure_html`), in parts.
+
+    A page writes them one after the other: the data's JSON (MBs for 10 000 points) is never
+    copied into one text with the rest.
+    """
     div = f"plot-{uuid.uuid4().hex}"
-    return (f"<div id='{div}' class='plotly-graph-div' style='height:100%; width:100%;'>"
-            f"</div><script>Plotly.newPlot('{div}',{_script_json(figure.get('data', []))},"
-            f"{_script_json(figure.get('layout', {}))},{{\"responsive\":true}});</script>")
+    return [f"<div id='{div}' class='plotly-graph-div' style='height:100%; width:100%;'>"
+            f"</div><script>Plotly.newPlot('{div}',", _script_json(figure.get("data", [])),
+            f",{_script_json(figure.get('layout', {}))},{{\"responsive\":true}});</script>"]
 
 
 def _script_json(value: Any) -> str:
@@ -314,7 +323,7 @@ def _page(title: str, body: str, plotly: bool) -> str:
     return "".join(page_parts(title, [body], plotly))
 
 
-def page_parts(title: str, body: Sequence[str], plotly: bool) -> Iterator[str]:
+def page_parts(title: str, body: Iterable[str], plotly: bool) -> Iterator[str]:
     """A report page's HTML in order: the head, each part of ``body``, the end.
 
     Written part by part (`core.safeio.write_text_parts`), a large page is never held whole.

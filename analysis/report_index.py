@@ -11,6 +11,7 @@ The pages themselves are drawn by `analysis.report`.
 from __future__ import annotations
 
 import html
+import itertools
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
@@ -255,14 +256,15 @@ def render_report(out_dir: Path, project: AnalysisProject, runs: Sequence[Any],
         kind, title = entry["kind"], str(entry.get("title", entry["kind"]))
         options = {k: v for k, v in entry.items() if k not in ("kind", "title")}
         drawn = REPORT_KINDS[kind](ctx, options)
-        body = [drawn] if isinstance(drawn, str) else drawn
         name = f"{index:02d}_{kind}.html"
-        needs_js = any("Plotly" in part or "plotly" in part for part in body)
+        # a page drawn in parts is written as it is drawn, never held: it carries plotly.js
+        needs_js = not isinstance(drawn, str) or "Plotly" in drawn or "plotly" in drawn
         plotly_needed = plotly_needed or needs_js
+        head = f"<p><a href='index.html'>← index</a></p><h1>{html.escape(title)}</h1>"
         write_text_parts(out_dir / name, page_parts(
-            title, [f"<p><a href='index.html'>← index</a></p><h1>{html.escape(title)}</h1>",
-                    *body], needs_js))
-        del drawn, body  # a history page's parts: ~8 MB at 10 000 runs
+            title, [head, drawn] if isinstance(drawn, str) else itertools.chain([head], drawn),
+            needs_js))
+        del drawn
         links.append((name, title))
         progress.advance()  # a page written
     cards = verdict_cards(ctx)

@@ -276,6 +276,7 @@ def write_text_parts(path: str | Path, parts: Iterable[str], *, durable: bool = 
     with atomic_open(path, "wb", durable=durable) as stream:
         for part in parts:
             stream.write(redact_bytes(part.encode("utf-8")))
+            del part  # not held while the next part is made
     return Path(path)
 
 
