@@ -124,3 +124,25 @@ def test_the_command_line_sets_the_allocator_before_pyarrow_is_imported(
                            "--out", str(tmp_path / "out"), "--no-report", "--quiet"],
                           cwd=REPO, env=env, capture_output=True, text=True, check=True)
     assert done.stdout.splitlines()[-1] == "pool system True", done.stderr[-2000:]
+
+
+_TRACE = st.dictionaries(st.sampled_from(["x", "y", "name", "hovertext"]),
+                         st.lists(st.floats(allow_nan=True) | st.text(max_size=8), max_size=4)
+                         | st.text(max_size=12), max_size=4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.lists(_TRACE, max_size=4) | _TRACE, layout=_TRACE)
+def test_a_figure_written_in_parts_is_the_figure_written_whole(data: Any, layout: Any) -> None:
+    """Each trace's JSON a part of its own (`figure_parts`) writes the text the whole data's
+    JSON did, escapes included (``</script>`` in a name never closes the script)."""
+    from analysis.report_html import _figure_html, _script_json, figure_parts
+
+    figure = {"data": data, "layout": layout}
+    text = "".join(figure_parts(figure))
+    div = text.split("'", 2)[1]
+    assert text == (f"<div id='{div}' class='plotly-graph-div' style='height:100%; "
+                    f"width:100%;'></div><script>Plotly.newPlot('{div}',{_script_json(data)},"
+                    f"{_script_json(layout)},{{\"responsive\":true}});</script>")
+    assert "</script>" not in text[:-len("</script>")]
+    assert _figure_html(figure).count("Plotly.newPlot") == 1
