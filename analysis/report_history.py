@@ -161,16 +161,21 @@ def _hover(texts: dict[tuple[str, str], str], row: Any) -> str:
     return text
 
 
-def _draw_kpi_history(ctx: ReportContext, options: dict[str, Any]) -> Iterator[str]:
+def _draw_kpi_history(ctx: ReportContext, options: dict[str, Any]) -> str | Iterator[str]:
     """The history page: one chart a KPI, each written as soon as it is drawn.
 
     At 10 000 runs the page is 8 MB: its charts held until the end, and every verdict by
     (run, KPI) rather than one KPI's at a time, made this page the post-processing's peak.
+    A history with nothing to draw is one line of text (a page without plotly.js).
     """
     frame = shape_kpi_history(ctx, options.get("kpis"))
     if frame.empty:
-        yield "<p class='empty'>no history yet</p>"
-        return
+        return "<p class='empty'>no history yet</p>"
+    return _history_charts(ctx, frame)
+
+
+def _history_charts(ctx: ReportContext, frame: pd.DataFrame) -> Iterator[str]:
+    """The parts of `_draw_kpi_history`'s page, drawn one KPI at a time."""
     yield _shared_html(ctx)
     texts: dict[tuple[str, str], str] = {}  # one hover text for the runs with one verdict
     for kpi, group in frame.groupby("kpi", sort=False):

@@ -123,21 +123,12 @@ def figure_parts(figure: dict[str, Any]) -> list[str]:
     """
     div = f"plot-{uuid.uuid4().hex}"
     data = figure.get("data", [])
-    traces = ["[", *_joined([_script_json(trace) for trace in data]), "]"] \
+    traces = ["[", *(("," if index else "") + _script_json(trace)
+                     for index, trace in enumerate(data)), "]"] \
         if isinstance(data, list) else [_script_json(data)]
     return [f"<div id='{div}' class='plotly-graph-div' style='height:100%; width:100%;'>"
             f"</div><script>Plotly.newPlot('{div}',", *traces,
             f",{_script_json(figure.get('layout', {}))},{{\"responsive\":true}});</script>"]
-
-
-def _joined(parts: list[str]) -> list[str]:
-    """``parts`` with a comma between each two (what ``",".join`` writes, kept apart)."""
-    out: list[str] = []
-    for index, part in enumerate(parts):
-        if index:
-            out.append(",")
-        out.append(part)
-    return out
 
 
 def _script_json(value: Any) -> str:

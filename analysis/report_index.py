@@ -261,10 +261,10 @@ def render_report(out_dir: Path, project: AnalysisProject, runs: Sequence[Any],
         needs_js = not isinstance(drawn, str) or "Plotly" in drawn or "plotly" in drawn
         plotly_needed = plotly_needed or needs_js
         head = f"<p><a href='index.html'>← index</a></p><h1>{html.escape(title)}</h1>"
-        write_text_parts(out_dir / name, page_parts(
-            title, [head, drawn] if isinstance(drawn, str) else itertools.chain([head], drawn),
-            needs_js))
-        del drawn
+        body = [drawn] if isinstance(drawn, str) else drawn
+        write_text_parts(out_dir / name, page_parts(title, itertools.chain([head], body),
+                                                    needs_js))
+        del drawn, body
         links.append((name, title))
         progress.advance()  # a page written
     cards = verdict_cards(ctx)

@@ -146,3 +146,24 @@ def test_a_figure_written_in_parts_is_the_figure_written_whole(data: Any, layout
                     f"{_script_json(layout)},{{\"responsive\":true}});</script>")
     assert "</script>" not in text[:-len("</script>")]
     assert _figure_html(figure).count("Plotly.newPlot") == 1
+
+
+def test_a_history_page_with_nothing_to_draw_is_whole_and_carries_no_plotly(
+        tmp_path: Path) -> None:
+    """Only a page of charts is drawn in parts (and so carries plotly.js): a history with
+    nothing to draw stays one line, and a report of only such pages needs no plotly.js."""
+    from analysis.discovery import discover
+    from analysis.project import load_project
+    from analysis.report import REPORT_KINDS
+    from analysis.report_context import ReportContext
+
+    make_result_dir(tmp_path / "results", "001__cell")
+    ctx = ReportContext(load_project("fine_tuning"), [], pd.DataFrame(), None, [],
+                        discover(tmp_path / "results"))
+    assert REPORT_KINDS["kpi_history"](ctx, {}) == "<p class='empty'>no history yet</p>"
+    tree = tmp_path / "one"
+    make_result_dir(tree, "000__cell")
+    outcome = postprocess(tree, "fine_tuning", tmp_path / "out")
+    assert outcome.report is not None
+    page = next((tmp_path / "out" / "report").glob("*_kpi_history.html")).read_text()
+    assert page.count("Plotly.newPlot") >= 1 and "<script src='plotly.min.js'>" in page
