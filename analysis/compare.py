@@ -121,7 +121,8 @@ def runs_named(frame: pd.DataFrame, token: str) -> pd.Series:
     prefix = folder["id"] if folder else token
     if by_uuid.any() or len(prefix) < 8 or "run_id" not in frame.columns:
         return by_uuid
-    return frame["run_id"].fillna("").astype(str).str.startswith(prefix)
+    # as objects first: a dictionary-encoded column takes no fill value it lacks
+    return frame["run_id"].astype("object").fillna("").astype(str).str.startswith(prefix)
 
 
 def select_runs(frame: pd.DataFrame, spec: str) -> tuple[pd.DataFrame, set[str]]:

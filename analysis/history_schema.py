@@ -17,8 +17,8 @@ from analysis.arrow_memory import use_system_allocator
 from analysis.kpi import BASE_COLUMNS
 from core.errors import ResultsError
 
-__all__ = ["SCHEMA_VERSION", "VERSION_KEY", "WRITTEN_AT", "is_text", "normalised",
-           "part_problem"]
+__all__ = ["SCHEMA_VERSION", "VERSION_KEY", "WRITTEN_AT", "decoded", "is_text", "normalised",
+           "part_problem", "write_parquet"]
 
 WRITTEN_AT = "_written_at"
 """Column holding each row's write time (ns): the newest write of a run wins."""
@@ -50,6 +50,63 @@ BASE_TYPES: dict[str, Any] = {
 }
 
 
+def decoded(column: pd.Series) -> pd.Series:
+    """``column`` with a dictionary-encoded (categorical) column as its plain values.
+
+    The KPI table holds its label and per-run columns dictionary-encoded (`analysis.kpi.
+    kpi_table`: one copy of each value, not one a row); every file stores them as the text
+    columns they were before (pandas ``string``), so no reader of a file meets a dictionary.
+    """
+    if not isinstance(column.dtype, pd.CategoricalDtype):
+        return column
+    kind = column.dtype.categories.dtype
+    return column.astype("string" if pd.api.types.is_string_dtype(kind) else kind)
+
+
+def write_parquet(frame: pd.DataFrame, stream: Any, *, rows_per_group: int = 16_384) -> None:
+    """Write ``frame`` as Parquet to ``stream``, dictionary-encoded columns as text.
+
+    The one way a table leaves post-processing as Parquet (the KPI and runs tables): the
+    file holds the types the history stores. Decoded a row group at a time, so a 10 000-run
+    table never holds a text copy of each label beside its codes.
+    """
+    import pyarrow.parquet as pq
+
+    def part(rows: pd.DataFrame) -> pd.DataFrame:
+        return pd.DataFrame({name: decoded(rows[name]) for name in rows.columns},
+                            index=rows.index, copy=False)
+
+    schema = _file_schema(frame, part)
+    with pq.ParquetWriter(stream, schema) as writer:
+        for start in range(0, max(len(frame), 1), rows_per_group):
+            # safeio-exempt: writes the stream its caller opened with atomic_open
+            writer.write_table(pa.Table.from_pandas(
+                part(frame.iloc[start:start + rows_per_group]), schema=schema,
+                preserve_index=False))
+
+
+def _file_schema(frame: pd.DataFrame, part: Callable[[pd.DataFrame], pd.DataFrame]
+                 ) -> pa.Schema:
+    """The Arrow schema of ``frame`` with each dictionary-encoded column as its values.
+
+    Inferred on the whole frame (a column of objects is typed by all its rows, not by a
+    first row group that may hold only nulls); the pandas metadata of an encoded column is
+    that of its decoded values, so pandas reads the file back as text.
+    """
+    import json
+
+    whole = pa.Schema.from_pandas(frame, preserve_index=False)
+    encoded = [f.name for f in whole if pa.types.is_dictionary(f.type)]
+    if not encoded:
+        return whole
+    plain = pa.Schema.from_pandas(part(frame[encoded].iloc[:0]), preserve_index=False)
+    meta = json.loads(whole.metadata[b"pandas"])
+    plain_meta = {c["name"]: c for c in json.loads(plain.metadata[b"pandas"])["columns"]}
+    meta["columns"] = [plain_meta.get(c["name"], c) for c in meta["columns"]]
+    fields = [plain.field(f.name) if f.name in plain_meta else f for f in whole]
+    return pa.schema(fields, metadata={**whole.metadata, b"pandas": json.dumps(meta).encode()})
+
+
 def normalised(frame: pd.DataFrame) -> pd.DataFrame:
     """The rows with every column in the type the history stores, or a clear refusal.
 
@@ -71,6 +128,8 @@ def normalised(frame: pd.DataFrame) -> pd.DataFrame:
         if name == WRITTEN_AT:
             continue
         column = out[name]
+        if isinstance(column.dtype, pd.CategoricalDtype):
+            column = out[name] = decoded(column)
         try:
             if name in casts:
                 out[name] = casts[name](column)

@@ -184,14 +184,21 @@ def to_openmetrics(kpis: Iterable[Kpi], *, prefix: str = "") -> str:
     return "".join(openmetrics_lines(kpis, prefix=prefix))
 
 
-def kpi_table(rows: Iterable[tuple[str, str | None, Sequence[Kpi]]]) -> pd.DataFrame:
+def kpi_table(rows: Iterable[tuple[str, str | None, Sequence[Kpi]]],
+              run_columns: Mapping[str, Sequence[str | None]] | None = None) -> pd.DataFrame:
     """Build the tidy KPI table: one row per run × KPI, plus one column per label.
 
     Args:
         rows: ``(run_uuid, timestamp ISO string or None, kpis)`` per run.
+        run_columns: More columns with one value per run (in the order of ``rows``), placed
+            after the labels in the order given (`analysis.history.RUN_COLUMNS`).
 
     Returns:
-        A DataFrame with `BASE_COLUMNS` then the label columns (strings, sorted).
+        A DataFrame with `BASE_COLUMNS`, the label columns (sorted), then ``run_columns``.
+        The label and run columns are dictionary-encoded text (pandas ``category``): a value
+        is held once, not once a row — 34 of the 42 MB of a 10 000-run table were those
+        copies. Every file stores them as text (`analysis.history_schema.write_parquet`,
+        `normalised`); readers compare, group and sort them as they do text.
     """
     # imported here: a project's declaration imports this module, and every command line
     # reads one before it runs anything (pandas and NumPy: ~0.7 s)
@@ -205,6 +212,7 @@ def kpi_table(rows: Iterable[tuple[str, str | None, Sequence[Kpi]]]) -> pd.DataF
     uuids: list[str] = []
     stamps: list[str | None] = []
     label_sets: list[Mapping[str, Any]] = []
+    run_of: list[int] = []  # per labels set: its run's position in ``rows``
     owner: list[int] = []  # per row: its position in uuids/stamps/label_sets
     names: list[str] = []
     values: list[float] = []
@@ -212,8 +220,8 @@ def kpi_table(rows: Iterable[tuple[str, str | None, Sequence[Kpi]]]) -> pd.DataF
     lower: list[bool] = []
     ignored: list[bool] = []
     keys: set[str] = set()
-    reserved = set(BASE_COLUMNS)
-    for run_uuid, timestamp, kpis in rows:
+    reserved = set(BASE_COLUMNS) | set(run_columns or ())
+    for index, (run_uuid, timestamp, kpis) in enumerate(rows):
         current: object = None
         for kpi in kpis:
             if kpi.labels is not current:
@@ -224,6 +232,7 @@ def kpi_table(rows: Iterable[tuple[str, str | None, Sequence[Kpi]]]) -> pd.DataF
                 uuids.append(run_uuid)
                 stamps.append(timestamp)
                 label_sets.append(kpi.labels)
+                run_of.append(index)
                 keys.update(kpi.labels)
             owner.append(len(uuids) - 1)
             names.append(kpi.name)
@@ -233,11 +242,14 @@ def kpi_table(rows: Iterable[tuple[str, str | None, Sequence[Kpi]]]) -> pd.DataF
             ignored.append(kpi.ignored_for_regression)
     where = np.asarray(owner, dtype=np.intp)
 
-    def expanded(column: list[Any], dtype: str) -> Any:
-        return pd.array(column, dtype=dtype).take(where)
+    def encoded(column: list[str | None]) -> pd.Categorical:
+        # categories of pandas text (not NumPy objects): decoded, a column is the text
+        # column it was before; codes taken by row, never the strings
+        kinds = pd.Index(pd.unique(pd.array(column, dtype="string")).dropna(), dtype="string")
+        return pd.Categorical(column, categories=kinds.sort_values()).take(where)
 
     columns: dict[str, Any] = {
-        "run_uuid": expanded(uuids, "string"),
+        "run_uuid": pd.array(uuids, dtype="string").take(where),
         "timestamp": pd.to_datetime(pd.Series(stamps, dtype="object"), utc=True,
                                     errors="coerce").array.take(where),
         "kpi": pd.array(names, dtype="string"),
@@ -247,8 +259,9 @@ def kpi_table(rows: Iterable[tuple[str, str | None, Sequence[Kpi]]]) -> pd.DataF
         "ignored_for_regression": np.asarray(ignored, dtype=bool),
     }
     for key in sorted(keys):
-        columns[key] = expanded([_label_text(labels.get(key)) for labels in label_sets],
-                                "string")
+        columns[key] = encoded([_label_text(labels.get(key)) for labels in label_sets])
+    for key, per_run in (run_columns or {}).items():
+        columns[key] = encoded([per_run[index] for index in run_of])
     return pd.DataFrame(columns, copy=False)  # the arrays are new: no second copy
 
 

@@ -50,7 +50,7 @@ def _when(value: object) -> str:
 
 def _validity(frame: pd.DataFrame) -> pd.Series:
     if VALIDITY in frame.columns:
-        return frame[VALIDITY].fillna("valid")
+        return frame[VALIDITY].astype("object").fillna("valid")  # encoded or text alike
     return pd.Series("valid", index=frame.index)
 
 

@@ -29,6 +29,7 @@ from analysis.history import (
     HistorySource,
     HistoryStore,
 )
+from analysis.history_schema import write_parquet
 from analysis.judging import VERDICT_KINDS, VerdictRow, _gate, judge_runs
 from analysis.kpi import kpi_table, openmetrics_lines
 from analysis.lts import require_complete
@@ -252,26 +253,23 @@ def _write_outputs(out_dir: Path, hooks: AnalysisProject, settings: AnalysisSett
                    history_lock: AppendLock | None = None,
                    shared_dir: Path | None = None) -> PostprocessOutcome:
     """Judge the analysed runs and write every output of `postprocess`."""
-    frame = kpi_table((r.run_uuid, r.timestamp, r.kpis) for r in runs)
-    for column, per_run in ((IDENTITY, {r.run_uuid: r.identity for r in runs}),
-                            (VALIDITY, {r.run_uuid: r.validity.status for r in runs}),
-                            (FINGERPRINT, {r.run_uuid: encode(r.fingerprint) for r in runs}),
-                            (CELL, {r.run_uuid: r.name for r in runs})):
-        frame[column] = pd.array(frame["run_uuid"].map(per_run), dtype="string")
+    frame = kpi_table(((r.run_uuid, r.timestamp, r.kpis) for r in runs), run_columns={
+        IDENTITY: [r.identity for r in runs], VALIDITY: [r.validity.status for r in runs],
+        FINGERPRINT: [encode(r.fingerprint) for r in runs], CELL: [r.name for r in runs]})
     # A workload that exited 0 and yielded no KPI measured nothing: never a green run.
     empty = [r for r in runs if r.result.exit_code == 0 and not r.kpis
              and not hooks.kpi_less]
     files: dict[str, str] = {}
     files["kpis"] = str(out_dir / "kpis.parquet")
     with atomic_open(files["kpis"]) as stream:
-        frame.to_parquet(stream, index=False)
+        write_parquet(frame, stream)
     files["openmetrics"] = str(out_dir / "kpis.prom")
     with atomic_open(files["openmetrics"], "w") as text:
         text.writelines(openmetrics_lines(k for r in runs for k in r.kpis))
 
     files["runs"] = str(out_dir / "runs.parquet")
     with atomic_open(files["runs"]) as stream:
-        runs_table(runs).to_parquet(stream, index=False)
+        write_parquet(runs_table(runs), stream)
 
     store = HistoryStore(history_uri, filesystem=history_filesystem,
                          lock=history_lock) if history_uri else None

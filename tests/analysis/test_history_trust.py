@@ -18,6 +18,7 @@ from analysis.history import (
     HistoryConflictError,
     HistoryStore,
 )
+from analysis.history_schema import decoded
 from analysis.kpi import Kpi, kpi_table
 
 
@@ -61,8 +62,13 @@ def _good(store: HistoryStore) -> None:
     store.append(rows("good2", 2, 2.0))
 
 
+def _as_text(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows as a writer of text columns (an older Telltale, another tool) has them."""
+    return pd.DataFrame({name: decoded(frame[name]) for name in frame.columns})
+
+
 def _poison(frame: pd.DataFrame, **changes: object) -> pa.Table:
-    frame = frame.copy()
+    frame = _as_text(frame)
     frame["_written_at"] = 1
     for column, value in changes.items():
         if value is None:
@@ -104,7 +110,8 @@ def test_a_version_1_part_is_read_with_a_null_identity(tmp_path: Path) -> None:
     store = HistoryStore(str(tmp_path / "h"))
     old = rows("old", 1, 1.0).drop(columns=[IDENTITY])
     old["_written_at"] = 1
-    _write_part(store, "part-old.parquet", pa.Table.from_pandas(old, preserve_index=False))
+    _write_part(store, "part-old.parquet", pa.Table.from_pandas(_as_text(old),
+                                                                 preserve_index=False))
     store.append(rows("new", 2, 2.0))
     frame = store.read()
     assert sorted(frame["run_uuid"].unique()) == ["new", "old"]

@@ -2,7 +2,8 @@
 
 The peak figures themselves are measured in ``benchmarks/analysis_bounds.py``, never here;
 these tests hold the mechanisms: the runs table built column by column equals the table of
-one dict per run, equal validities are one object, Arrow's buffers come from the C
+one dict per run, the KPI table's dictionary-encoded labels decode to the text table and reach
+every file as text, equal validities are one object, Arrow's buffers come from the C
 library in the CLI and the variable saying so never reaches a child process.
 """
 
@@ -17,10 +18,15 @@ from types import SimpleNamespace
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from analysis.arrow_memory import POOL_ENV
+from analysis.history import FINGERPRINT
+from analysis.history_schema import decoded, write_parquet
+from analysis.kpi import Kpi, kpi_table
 from analysis.pipeline import postprocess
 from analysis.run_analysis import runs_table
 from tests.factories import make_result_dir
@@ -167,3 +173,79 @@ def test_a_history_page_with_nothing_to_draw_is_whole_and_carries_no_plotly(
     assert outcome.report is not None
     page = next((tmp_path / "out" / "report").glob("*_kpi_history.html")).read_text()
     assert page.count("Plotly.newPlot") >= 1 and "<script src='plotly.min.js'>" in page
+
+
+_LABEL_VALUES = st.none() | st.text(max_size=5)
+_KPI_RUNS = st.lists(st.tuples(
+    st.dictionaries(st.sampled_from(["model", "lr", "gpu", "zone"]),
+                    st.text(max_size=5), max_size=4),
+    st.lists(st.sampled_from(["k1", "k2", "k3"]), max_size=3, unique=True), _LABEL_VALUES),
+    min_size=1, max_size=6)
+
+
+def _one_row_each(runs: list[tuple[dict[str, str], list[str], str | None]]) -> pd.DataFrame:
+    """The KPI table as text, one dict per row: what the encoded table decodes to."""
+    rows = [{"run_uuid": f"r{i}", "kpi": name, "value": float(n), **labels,
+             FINGERPRINT: extra} for i, (labels, names, extra) in enumerate(runs)
+            for n, name in enumerate(names)]
+    keys = sorted({k for labels, names, _ in runs if names for k in labels})
+    frame = pd.DataFrame(rows, columns=["run_uuid", "kpi", "value", *keys, FINGERPRINT])
+    return frame.astype({"value": "float64",
+                         **{c: "string" for c in ["run_uuid", "kpi", *keys, FINGERPRINT]}})
+
+
+@settings(max_examples=80, deadline=None)
+@given(runs=_KPI_RUNS)
+def test_the_encoded_kpi_table_decodes_to_the_text_table_and_is_written_as_text(
+        runs: list[tuple[dict[str, str], list[str], str | None]], tmp_path_factory: Any) -> None:
+    frame = kpi_table([(f"r{i}", None, [Kpi(name=name, value=float(n), unit="u", help="h",
+                                            lower_better=False, labels=labels)
+                                        for n, name in enumerate(names)])
+                       for i, (labels, names, _) in enumerate(runs)],
+                      run_columns={FINGERPRINT: [extra for _, _, extra in runs]})
+    expected = _one_row_each(runs)
+    labels = [c for c in expected.columns if c not in ("run_uuid", "kpi", "value")]
+    assert [c for c in frame.columns if c in labels] == labels
+    assert all(isinstance(frame[c].dtype, pd.CategoricalDtype) for c in labels)
+    text = pd.DataFrame({c: decoded(frame[c]) for c in expected.columns})
+    pd.testing.assert_frame_equal(text, expected)
+    # groups and order as text: a grouping by an encoded label is the grouping by its text
+    for column in labels:
+        assert ([k for k, _ in frame.groupby(column, sort=True, dropna=False)]
+                == [k for k, _ in text.groupby(column, sort=True, dropna=False)])
+    path = tmp_path_factory.mktemp("kpis") / "kpis.parquet"
+    with path.open("wb") as stream:
+        write_parquet(frame, stream, rows_per_group=2)
+    schema = pq.read_schema(path)
+    assert not any(pa.types.is_dictionary(t) for t in schema.types)
+    read = pd.read_parquet(path)
+    pd.testing.assert_frame_equal(read[list(expected.columns)], expected)
+
+
+def test_a_written_column_is_typed_by_all_its_rows_not_its_first_row_group(
+        tmp_path: Path) -> None:
+    frame = pd.DataFrame({"late": [None, None, "x"],
+                          "code": pd.Categorical(["a", None, "a"])})
+    path = tmp_path / "t.parquet"
+    with path.open("wb") as stream:
+        write_parquet(frame, stream, rows_per_group=1)
+    table = pq.read_table(path)
+    assert [str(t) for t in table.schema.types] == ["large_string", "large_string"]
+    assert table.column("late").to_pylist() == [None, None, "x"]
+    assert table.column("code").to_pylist() == ["a", None, "a"]
+    with (tmp_path / "empty.parquet").open("wb") as stream:
+        write_parquet(frame.iloc[:0], stream)
+    assert pq.read_table(tmp_path / "empty.parquet").num_rows == 0
+
+
+def test_every_parquet_file_of_the_analysis_is_written_as_text() -> None:
+    """Audit: a table leaves post-processing as Parquet through `write_parquet` (the
+    history's parts through `normalised`): an encoded label never reaches a file."""
+    allowed = {"history_schema.py": "write_parquet", "history.py": "_write_table"}
+    offenders = []
+    for path in sorted((REPO / "analysis").glob("*.py")):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if ".to_parquet(" in line or "write_table(" in line or "ParquetWriter(" in line:
+                if path.name not in allowed:
+                    offenders.append(f"{path.name}:{number}: {line.strip()}")
+    assert not offenders, offenders
