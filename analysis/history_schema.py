@@ -72,21 +72,22 @@ def write_parquet(frame: pd.DataFrame, stream: Any, *, rows_per_group: int = 16_
     """
     import pyarrow.parquet as pq
 
-    def part(rows: pd.DataFrame) -> pd.DataFrame:
-        return pd.DataFrame({name: decoded(rows[name]) for name in rows.columns},
-                            index=rows.index, copy=False)
-
-    schema = _file_schema(frame, part)
+    schema = _file_schema(frame)
     with pq.ParquetWriter(stream, schema) as writer:
         for start in range(0, max(len(frame), 1), rows_per_group):
             # safeio-exempt: writes the stream its caller opened with atomic_open
             writer.write_table(pa.Table.from_pandas(
-                part(frame.iloc[start:start + rows_per_group]), schema=schema,
+                _decoded_rows(frame.iloc[start:start + rows_per_group]), schema=schema,
                 preserve_index=False))
 
 
-def _file_schema(frame: pd.DataFrame, part: Callable[[pd.DataFrame], pd.DataFrame]
-                 ) -> pa.Schema:
+def _decoded_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """``rows`` with every column `decoded` (the others not copied)."""
+    return pd.DataFrame({name: decoded(rows[name]) for name in rows.columns},
+                        index=rows.index, copy=False)
+
+
+def _file_schema(frame: pd.DataFrame) -> pa.Schema:
     """The Arrow schema of ``frame`` with each dictionary-encoded column as its values.
 
     Inferred on the whole frame (a column of objects is typed by all its rows, not by a
@@ -99,7 +100,8 @@ def _file_schema(frame: pd.DataFrame, part: Callable[[pd.DataFrame], pd.DataFram
     encoded = [f.name for f in whole if pa.types.is_dictionary(f.type)]
     if not encoded:
         return whole
-    plain = pa.Schema.from_pandas(part(frame[encoded].iloc[:0]), preserve_index=False)
+    plain = pa.Schema.from_pandas(_decoded_rows(frame[encoded].iloc[:0]),
+                                  preserve_index=False)
     meta = json.loads(whole.metadata[b"pandas"])
     plain_meta = {c["name"]: c for c in json.loads(plain.metadata[b"pandas"])["columns"]}
     meta["columns"] = [plain_meta.get(c["name"], c) for c in meta["columns"]]
