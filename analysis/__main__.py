@@ -49,6 +49,7 @@ from typing import Any
 
 from core.environment import default_data_dir, env_settings
 from core.errors import TelltaleError, UserError
+from core.exit import exit_now
 from core.paths import writable_dir
 from core.progress import logger as progress_logger
 from core.terminal import ArgumentParser, printable, say
@@ -456,7 +457,8 @@ def _print_summary(summary: dict[str, Any]) -> int:
 
 if __name__ == "__main__":
     try:
-        sys.exit(main())
-    except BrokenPipeError:  # `| head`: the reader left; end now, without a traceback (a
-        # normal exit would flush the broken stdout again and print one)
-        os._exit(1)
+        code = main()
+    except BrokenPipeError:  # `| head`: the reader left; end without a traceback (`exit_now`
+        # does not fail on the broken stdout, which a normal exit flushes again and reports)
+        code = 1
+    exit_now(code)

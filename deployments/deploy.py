@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from core.errors import ConfigError, UserError
+from core.exit import exit_now
 from core.terminal import ArgumentParser, say
 from core.yamlio import load_yaml
 from deployments.prefect_file import PREFECT_FILE
@@ -108,4 +109,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 if __name__ == "__main__":
     from flows.cli import main_guard
 
-    sys.exit(main_guard(main)())
+    exit_now(main_guard(main)())

@@ -23,11 +23,11 @@ that are surely older than ``--older-than``. ``--artifact-dir`` releases one run
 Credentials: the project's ``secrets.quads_credentials`` (``--project``, ``--preset``).
 """
 
-import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from core.errors import ConfigError
+from core.exit import exit_now
 from flows.cli import (
     EXIT_OK,
     lazy_exports,
@@ -108,4 +108,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

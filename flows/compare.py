@@ -7,10 +7,10 @@ table and a markdown artifact of the flow run (a deployment of it answers "is 0.
 than 0.32?" from the UI).
 """
 
-import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from core.exit import exit_now
 from flows.cli import EXIT_OK, lazy_exports, main_guard, make_parser, prefect_defaults, say
 
 if TYPE_CHECKING:
@@ -45,4 +45,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import keyword
 import re
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from core.errors import ConfigError
+from core.exit import exit_now
 from core.safeio import copy_file, write_text
 from core.terminal import say
 from flows.cli import EXIT_OK, main_guard, make_parser
@@ -134,4 +134,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -15,11 +15,11 @@ S3 endpoint and credentials come from the project's ``export_artifacts`` block a
 judged against the history but not appended to it again.
 """
 
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from core.exit import exit_now
 from flows.cli import (
     EXIT_FAILED,
     EXIT_OK,
@@ -74,4 +74,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -10,10 +10,10 @@ resource KPIs. Needs the ``prometheus`` binary, not the run.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from core.exit import exit_now
 from core.terminal import say
 from flows.cli import EXIT_OK, main_guard, make_parser
 from tasks.observe.snapshot import requery_run
@@ -43,4 +43,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -1,8 +1,7 @@
 """``python -m flows.fine_tuning``: the shared project command line (`flows.project_cli`)."""
 
-import sys
-
+from core.exit import exit_now
 from flows.project_cli import project_main
 
 if __name__ == "__main__":
-    sys.exit(project_main("fine_tuning"))
+    exit_now(project_main("fine_tuning"))

@@ -36,6 +36,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from core.exit import exit_now
 from projects.fine_tuning.trainer import TrainerConfig
 from projects.library.tiny_lm import build_model, build_tokenizer, read_samples
 
@@ -193,27 +194,6 @@ def main(argv: list[str]) -> int:
             trainer.state.num_input_tokens_seen / float(metrics["train_runtime"]), 3)
     print(_format_summary(metrics), flush=True)
     return 0
-
-
-def exit_now(code: int) -> None:
-    """End the process the way ``sys.exit`` would, without Python's module teardown.
-
-    With torch and transformers loaded, the interpreter's finalization (module teardown,
-    garbage collection) took 2.7-3.3 s after the summary line (measured beside the suite)
-    and wrote nothing: every ``atexit`` handler still runs (logging's flush among them) and
-    the streams are flushed, then the process ends with ``code``.
-    """
-    import atexit
-
-    try:
-        atexit._run_exitfuncs()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):  # a closed or broken stream: nothing left to say
-                pass
-        os._exit(code)
 
 
 if __name__ == "__main__":
