@@ -118,13 +118,17 @@ def test_the_command_line_sets_the_allocator_before_pyarrow_is_imported(
     """
     tree = tmp_path / "results"
     make_result_dir(tree, "000__cell")
-    code = ("import runpy, sys; sys.argv = ['analysis', *sys.argv[1:]]\n"
-            "try:\n    runpy.run_module('analysis', run_name='__main__')\n"
-            "except SystemExit:\n    pass\n"
-            "import pyarrow as pa\n"
-            "try:\n    unused = pa.mimalloc_memory_pool().max_memory() == 0\n"
-            "except NotImplementedError:  # a pyarrow built without it\n    unused = True\n"
-            "print('pool', pa.default_memory_pool().backend_name, unused)")
+    # The command ends through core.exit.exit_now (no code runs after its __main__), which
+    # runs the atexit handlers: the probe is one, registered before the command starts.
+    code = ("import atexit, runpy, sys; sys.argv = ['analysis', *sys.argv[1:]]\n"
+            "def probe():\n"
+            "    import pyarrow as pa\n"
+            "    try:\n        unused = pa.mimalloc_memory_pool().max_memory() == 0\n"
+            "    except NotImplementedError:  # a pyarrow built without it\n"
+            "        unused = True\n"
+            "    print('pool', pa.default_memory_pool().backend_name, unused, flush=True)\n"
+            "atexit.register(probe)\n"
+            "runpy.run_module('analysis', run_name='__main__')\n")
     env = {k: v for k, v in os.environ.items() if k != POOL_ENV}
     done = subprocess.run([sys.executable, "-c", code, str(tree), "--project", "fine_tuning",
                            "--out", str(tmp_path / "out"), "--no-report", "--quiet"],
