@@ -40,6 +40,14 @@ os.environ.setdefault("TELLTALE_DATA_DIR", tempfile.mkdtemp(prefix="telltale-dat
 # test after test; one a test's own services home started is never asked again, so it goes
 # after 5 unused minutes instead of 10 (`pytest_sessionfinish` stops whatever is left).
 os.environ.setdefault("TELLTALE_WARM_PYTHON_MINUTES", "5")
+# The suite runs four workers on two cores, so the trainers and vLLM servers it starts (every
+# child inherits this) always share the CPU. libgomp's default lets an idle OpenMP thread spin
+# for a while before it sleeps: on a quiet machine that is the fastest (the light trainer's 60
+# steps in 0.8 s against 2 s passive), beside busy processes it burns the cores the others need
+# (the same steps took 16-23 s beside six busy loops, 3-6 s passive; session 37,
+# docs/performance.md). The product keeps the default: a measurement is only valid on a quiet
+# machine, where spinning wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 for name in list(os.environ):
     if name.startswith("TELLTALE__"):
         del os.environ[name]

@@ -40,6 +40,7 @@ NOT_RUN_HERE = {
     "flow_overhead.py": "whole flows through Prefect (the e2e tests run them)",
     "llm_serving.py": "the serving venv and a vLLM server (the e2e serving tests)",
     "main_job.py": "whole command lines (the e2e CLI tests)",
+    "openmp_wait.py": "a whole command line, then trainers beside busy loops",
     "prometheus_overhead.py": "whole command lines with and without Prometheus",
     "regression/families_run.py": "its tuning grid takes ~30 s even at one series a family",
     "regression/anchors.py": "a helper the regression benchmark calls with arguments",
