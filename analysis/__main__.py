@@ -43,7 +43,7 @@ import gc
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -392,17 +392,22 @@ def _postprocess(args: argparse.Namespace, memo_at: _Memo | None) -> dict[str, A
         return _analyse(args)
     out, _, roots = memo_at
     memo.forget(out)  # a run that fails or is stopped leaves no memo of older outputs
-    before = memo.Before(roots, exclude=[out])  # before anything is read (the code too)
+    before = memo.Before(roots, exclude=[out])  # before anything is read (the code too;
+    # the trees' stamps are taken beside this process while it imports the pipeline)
     try:
-        summary = _analyse(args)
+        summary = _analyse(args, ready=before.wait)
         memo.record(out, memo_at[1], before, summary)
     finally:
         before.close()
     return summary
 
 
-def _analyse(args: argparse.Namespace) -> dict[str, Any]:
-    """`postprocess` as the arguments say; what the command prints of its outcome."""
+def _analyse(args: argparse.Namespace, ready: Callable[[], None] = lambda: None
+             ) -> dict[str, Any]:
+    """`postprocess` as the arguments say; what the command prints of its outcome.
+
+    ``ready`` returns once the tree may be read (the memo's stamps of it are taken).
+    """
     from analysis.arrow_memory import use_system_allocator
 
     use_system_allocator()  # before pandas imports pyarrow: its C++ side reads it then
@@ -417,9 +422,11 @@ def _analyse(args: argparse.Namespace) -> dict[str, Any]:
     # objects are parsed results and rows (no reference cycles to speak of), and the
     # default threshold spent ~40 ms of a 2 s post-processing walking them
     gc.set_threshold(50_000, 20, 20)
+    hooks = load_project(args.project)
+    ready()
     # the run's (or the project's) analysis block: the same history selection and
     # ignored labels as the run itself; the command line's flags go on top
-    base = settings_for(load_project(args.project), args.results_dir)
+    base = settings_for(hooks, args.results_dir)
     settings = base.model_copy(update={
         "mode": "cpt" if args.strict else base.mode, "strict": args.strict or base.strict,
         "regression": base.regression.model_copy(update={

@@ -11,8 +11,9 @@ import logging
 import tempfile
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pandas as pd
 from pydantic import BaseModel, Field, ValidationError
@@ -38,6 +39,7 @@ from analysis.run_analysis import RunAnalysis, _analyse_tree, runs_table
 from analysis.settings import AnalysisSettings
 from analysis.validity import Validity
 from core.errors import ConfigError
+from core.forked import Beside, beside
 from core.redact import redact_bytes
 from core.safeio import atomic_open, output_root, write_text
 from core.yamlio import dump_yaml, load_yaml
@@ -208,18 +210,10 @@ def postprocess(
         places: dict[int, tuple[int, int]] = {}  # id(run) -> (offset, length) in the spool
         # An anonymous file (no name a results tree could have planted a link under)
         with tempfile.TemporaryFile(dir=out_dir, prefix=".lts_payload.spool") as spool:
-            def keep(run: RunAnalysis) -> None:
-                if run.payload is None:  # spooled already
-                    return
-                require_complete(run.payload, settings.mode)
-                data = run.payload.model_dump_json(exclude={"regression", "curve"}).encode()
-                places[id(run)] = (spool.tell(), len(data))
-                spool.write(data)
-                run.payload = None
-
             found, runs, skipped, (failed, problems) = _analyse_tree(
                 results_dir, hooks, presets, config_text, force=force,
-                trust_cache=trust_cache, keep=keep, policy=settings.validity)
+                trust_cache=trust_cache, keep=_Spooled(spool, places, settings.mode),
+                policy=settings.validity)
             outcome = _write_outputs(
                 out_dir, hooks, settings, found, runs, skipped, failed, problems,
                 spool, places, history_uri=history_uri, history=history,
@@ -227,6 +221,25 @@ def postprocess(
                 shared_dir=Path(shared_dir) if shared_dir else None,
                 append_history=append_history, report=report)
     return outcome
+
+
+class _Spooled:
+    """Each run's LTS payload in the spool: encoded where the run is analysed (`Keep`)."""
+
+    def __init__(self, spool: Any, places: dict[int, tuple[int, int]],
+                 mode: Literal["investigate", "cpt"]) -> None:
+        self.spool, self.places, self.mode = spool, places, mode
+
+    def encode(self, run: RunAnalysis) -> bytes:
+        """The payload without the keys judging adds (cpt mode: complete, or an error)."""
+        assert run.payload is not None
+        require_complete(run.payload, self.mode)
+        return run.payload.model_dump_json(exclude={"regression", "curve"}).encode()
+
+    def store(self, run: RunAnalysis, data: bytes) -> None:
+        """Append ``data`` to the spool and note where it lies."""
+        self.places[id(run)] = (self.spool.tell(), len(data))
+        self.spool.write(data)
 
 
 def _judge_curves(hooks: AnalysisProject, settings: AnalysisSettings, frame: pd.DataFrame,
@@ -259,98 +272,129 @@ def _write_outputs(out_dir: Path, hooks: AnalysisProject, settings: AnalysisSett
     # A workload that exited 0 and yielded no KPI measured nothing: never a green run.
     empty = [r for r in runs if r.result.exit_code == 0 and not r.kpis
              and not hooks.kpi_less]
-    files: dict[str, str] = {}
-    files["kpis"] = str(out_dir / "kpis.parquet")
+    files = {"kpis": str(out_dir / "kpis.parquet"), "openmetrics": str(out_dir / "kpis.prom"),
+             "runs": str(out_dir / "runs.parquet")}
+    # the tables are written beside this process while it judges (`core.forked`), and are
+    # on disk before anything after them can fail
+    tables = beside(_write_tables, files, frame, runs)
+    try:
+        store = HistoryStore(history_uri, filesystem=history_filesystem,
+                             lock=history_lock) if history_uri else None
+        source: HistorySource | None = history if history is not None else store
+        verdicts = judge_runs(runs, source, settings) if settings.regression.enabled else []
+        # the sweeps, each one curve against the earlier curves (read before this run's
+        # rows are appended: its own curves are never their baseline), before the
+        # payloads: each cell's payload carries its curve's verdict to OpenSearch and Horreum
+        curves = _judge_curves(hooks, settings, frame, store.read() if store is not None
+                               and hooks.curve is not None else None, files, out_dir)
+    finally:
+        tables.result()
+    drawing = settings.report if report is None else report
+    appends = store is not None and append_history
+    history_frame = store.read() if store is not None and not appends else None
+    # the report is drawn beside the payloads' writing unless it must show the history
+    # with this run appended (the append comes last: the outputs are written first)
+    report_job = _draw_report(out_dir, hooks, settings, runs, frame, history_frame, verdicts,
+                              found, history_uri, shared_dir, curves) \
+        if drawing and not appends else None
+    with report_job or nullcontext():  # a failure below stops a report drawn beside
+        curve_of = {uuid: lts_curve(c, hooks.curve) for c in curves for uuid in c.run_uuids} \
+            if hooks.curve is not None else {}
+        # From here on the KPI table holds every value (the report reads it): the runs' own
+        # KPI objects go, ~4 KB a run.
+        for run in runs:
+            run.kpis = []
+        by_run: dict[str, list[VerdictRow]] = {}
+        for row in verdicts:
+            by_run.setdefault(row.run_uuid, []).append(row)
+        counts = dict(Counter(v.verdict for v in verdicts))
+        files["lts"] = str(out_dir / "lts_payload.json")
+
+        def payloads() -> Iterable[bytes]:
+            for run in runs:
+                offset, length = places[id(run)]
+                spool.seek(offset)
+                data = spool.read(length)  # a JSON object without its "regression" key
+                judged = {row.kpi: row.model_dump(include=_LTS_VERDICT) for row in
+                          by_run.get(run.run_uuid, ())}
+                curve = curve_of.get(run.run_uuid)
+                # spliced in as the last keys, not parsed and encoded again (~0.2 ms a run)
+                yield (data[:-1] + b',"regression":'
+                       + json.dumps(judged or None, separators=(",", ":")).encode()
+                       + b',"curve":' + (curve.model_dump_json().encode() if curve else b"null")
+                       + b"}")
+
+        # Compact JSON, one run at a time: an indent sends json through its pure-Python encoder
+        # (2.6 s for 1 000 runs), and one dumps() of 10 000 payloads held ~600 MB at once.
+        # These files are read by programs (OpenSearch export, replot), not people.
+        _write_json_array(files["lts"], payloads())
+        by_run.clear()  # not held through the report
+        files["regression"] = str(out_dir / "regression.json")
+        _write_json_array(files["regression"],
+                          (VerdictRow.__pydantic_serializer__.to_json(v) for v in verdicts))
+        files["regression_summary"] = str(out_dir / "regression_summary.yaml")
+        write_text(files["regression_summary"], dump_yaml({
+            "counts": {k: counts.get(k, 0) for k in VERDICT_KINDS},
+            "runs": len(runs),
+            "invalid_runs": sum(r.validity.status == "invalid" for r in runs),
+        }))
+
+        if appends:
+            assert store is not None
+            store.append(frame)
+            history_frame = store.read()
+        outcome = PostprocessOutcome(
+            out_dir=str(out_dir), runs=len(runs),
+            failed_runs=failed,
+            skipped=[s.model_dump() for s in skipped],
+            problems=problems, kpi_rows=len(frame),
+            verdicts=verdicts, verdict_counts=counts, history_uri=history_uri, files=files,
+            curves=curves,
+            validity={r.result.rel_path or r.run_uuid: r.validity for r in runs},
+            gate_failures=_gate(verdicts, settings) + [
+                f"curve {c.group_text()}: "
+                f"{c.verdict.explanation}" for c in curves
+                if c.verdict.kind == "regression" and settings.regression.fail_on_regression] + [
+                f"run {r.result.rel_path or r.run_uuid} exited 0 but yielded no KPI: its "
+                "result files are missing or empty" for r in empty[:10]] + (
+                [f"no KPI at all from {len(runs)} run(s)"] if frame.empty and not empty
+                and not hooks.kpi_less else []),
+        )
+    if drawing:
+        report_job = report_job or _draw_report(
+            out_dir, hooks, settings, runs, frame, history_frame, verdicts, found,
+            history_uri, shared_dir, curves)
+        with report_job:
+            outcome.report = report_job.result()
+        outcome.files["report"] = outcome.report
+    return outcome
+
+
+def _write_tables(files: dict[str, str], frame: pd.DataFrame, runs: list[RunAnalysis]
+                  ) -> None:
+    """``kpis.parquet``, ``kpis.prom`` and ``runs.parquet``: what the runs measured."""
     with atomic_open(files["kpis"]) as stream:
         write_parquet(frame, stream)
-    files["openmetrics"] = str(out_dir / "kpis.prom")
     with atomic_open(files["openmetrics"], "w") as text:
         text.writelines(openmetrics_lines(k for r in runs for k in r.kpis))
-
-    files["runs"] = str(out_dir / "runs.parquet")
     with atomic_open(files["runs"]) as stream:
         write_parquet(runs_table(runs), stream)
 
-    store = HistoryStore(history_uri, filesystem=history_filesystem,
-                         lock=history_lock) if history_uri else None
-    source: HistorySource | None = history if history is not None else store
-    verdicts = judge_runs(runs, source, settings) if settings.regression.enabled else []
-    # the sweeps, each one curve against the earlier curves (read before this run's rows
-    # are appended: its own curves are never their baseline), before the payloads: each
-    # cell's payload carries its curve's verdict to OpenSearch and Horreum
-    curves = _judge_curves(hooks, settings, frame, store.read() if store is not None and
-                           hooks.curve is not None else None, files, out_dir)
-    curve_of = {uuid: lts_curve(c, hooks.curve) for c in curves for uuid in c.run_uuids} \
-        if hooks.curve is not None else {}
-    # From here on the KPI table holds every value (the report reads it): the runs' own
-    # KPI objects go, ~4 KB a run.
-    for run in runs:
-        run.kpis = []
-    by_run: dict[str, list[VerdictRow]] = {}
-    for row in verdicts:
-        by_run.setdefault(row.run_uuid, []).append(row)
-    counts = dict(Counter(v.verdict for v in verdicts))
-    files["lts"] = str(out_dir / "lts_payload.json")
 
-    def payloads() -> Iterable[bytes]:
-        for run in runs:
-            offset, length = places[id(run)]
-            spool.seek(offset)
-            data = spool.read(length)  # a JSON object without its "regression" key
-            judged = {row.kpi: row.model_dump(include=_LTS_VERDICT) for row in
-                      by_run.get(run.run_uuid, ())}
-            curve = curve_of.get(run.run_uuid)
-            # spliced in as the last keys, not parsed and encoded again (~0.2 ms a run)
-            yield (data[:-1] + b',"regression":'
-                   + json.dumps(judged or None, separators=(",", ":")).encode()
-                   + b',"curve":' + (curve.model_dump_json().encode() if curve else b"null")
-                   + b"}")
+def _draw_report(out_dir: Path, hooks: AnalysisProject, settings: AnalysisSettings,
+                 runs: list[RunAnalysis], frame: pd.DataFrame,
+                 history_frame: pd.DataFrame | None, verdicts: list[VerdictRow],
+                 found: Discovery, history_uri: str | None, shared_dir: Path | None,
+                 curves: list[CurveResult]) -> Beside[str]:
+    """The HTML report, drawn beside this process (`core.forked`): its index page's path."""
+    from analysis.report_index import render_report
 
-    # Compact JSON, one run at a time: an indent sends json through its pure-Python encoder
-    # (2.6 s for 1 000 runs), and one dumps() of 10 000 payloads held ~600 MB at once.
-    # These files are read by programs (OpenSearch export, replot), not people.
-    _write_json_array(files["lts"], payloads())
-    by_run.clear()  # not held through the report
-    files["regression"] = str(out_dir / "regression.json")
-    _write_json_array(files["regression"],
-                      (VerdictRow.__pydantic_serializer__.to_json(v) for v in verdicts))
-    files["regression_summary"] = str(out_dir / "regression_summary.yaml")
-    write_text(files["regression_summary"], dump_yaml({
-        "counts": {k: counts.get(k, 0) for k in VERDICT_KINDS},
-        "runs": len(runs),
-        "invalid_runs": sum(r.validity.status == "invalid" for r in runs),
-    }))
-
-    history_frame = None
-    if store is not None:
-        if append_history:
-            store.append(frame)
-        history_frame = store.read()
-    outcome = PostprocessOutcome(
-        out_dir=str(out_dir), runs=len(runs),
-        failed_runs=failed,
-        skipped=[s.model_dump() for s in skipped],
-        problems=problems, kpi_rows=len(frame),
-        verdicts=verdicts, verdict_counts=counts, history_uri=history_uri, files=files,
-        curves=curves,
-        validity={r.result.rel_path or r.run_uuid: r.validity for r in runs},
-        gate_failures=_gate(verdicts, settings) + [
-            f"curve {c.group_text()}: "
-            f"{c.verdict.explanation}" for c in curves
-            if c.verdict.kind == "regression" and settings.regression.fail_on_regression] + [
-            f"run {r.result.rel_path or r.run_uuid} exited 0 but yielded no KPI: its "
-            "result files are missing or empty" for r in empty[:10]] + (
-            [f"no KPI at all from {len(runs)} run(s)"] if frame.empty and not empty
-            and not hooks.kpi_less else []),
-    )
-    if settings.report if report is None else report:
-        from analysis.report_index import render_report
-
-        outcome.report = str(render_report(
+    def draw() -> str:
+        return str(render_report(
             out_dir / "report", hooks, runs, frame, history_frame, verdicts, found,
             ignored_labels=settings.comparison.ignored_labels,
             compared_label=settings.comparison.compared_label,
             detector=settings.regression.detector(), history_uri=history_uri,
             target_mde_pct=settings.target_mde_pct, shared_dir=shared_dir, curves=curves))
-        outcome.files["report"] = outcome.report
-    return outcome
+
+    return beside(draw)

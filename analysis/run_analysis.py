@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 import pandas as pd
 from pydantic import BaseModel, Field
@@ -193,13 +193,13 @@ def runs_table(runs: Sequence[RunAnalysis]) -> pd.DataFrame:
 
 def _analyse_tree(results_dir: str | Path, hooks: AnalysisProject,
                   presets: Sequence[str] | None, config_text: str | None, *, force: bool,
-                  trust_cache: bool, keep: Callable[[RunAnalysis], None] | None = None,
+                  trust_cache: bool, keep: Keep | None = None,
                   policy: ValidityPolicy | None = None,
                   ) -> tuple[Discovery, list[RunAnalysis], list[SkippedDir], tuple[int, int]]:
     """Discover, parse and analyse every result dir of a tree (nothing written but caches).
 
-    ``keep`` is called with each analysed run as it arrives (before its bulky fields are
-    dropped): post-processing spools the LTS payload to disk there.
+    ``keep`` sees each analysed run as it arrives (its payload encoded, before its bulky
+    fields are dropped): post-processing spools the LTS payload to disk there.
 
     Returns the discovery (its root and skipped dirs: the result dirs it found are the runs
     now, ~2 KB a dir with their settings), the analysed runs, the skipped dirs and (failed
@@ -217,10 +217,9 @@ def _analyse_tree(results_dir: str | Path, hooks: AnalysisProject,
     counts = [0, 0]
     progress = StageProgress("parse", total)
 
-    def analyse(index: int, result: ParsedResult) -> RunAnalysis | SkippedDir:
-        progress.advance()
-        counts[0] += result.exit_code != 0
-        counts[1] += len(result.problems)
+    def analyse(index: int, result: ParsedResult) -> _Analysed:
+        # may run beside this process (`parse_dirs`): it changes nothing of the caller's
+        failed, problems = result.exit_code != 0, len(result.problems)
         try:
             run = analyse_run(hooks, result, presets, config_text, policy,
                               cell=found.results[index].cell)
@@ -228,16 +227,30 @@ def _analyse_tree(results_dir: str | Path, hooks: AnalysisProject,
             # Result trees are untrusted: a badly typed field (numbers for strings, a
             # scalar for a mapping) is this run's problem, never the whole analysis's.
             return SkippedDir(path=result.path, reason=(
-                f"labels/KPIs could not be computed: {type(exc).__name__}: {exc}")[:300])
-        if keep is not None:
-            keep(run)
+                f"labels/KPIs could not be computed: {type(exc).__name__}: {exc}")[:300]), \
+                failed, problems, None
+        data = keep.encode(run) if keep is not None and run.payload is not None else None
+        if data is not None:
+            run.payload = None  # encoded: the bytes travel, not the model
         if index < total - KEEP_BULKY:
             run.result = _slimmed(run.result, hooks)
+        return run, failed, problems, data
+
+    def arrived(index: int, analysed: _Analysed) -> RunAnalysis | SkippedDir:
+        run, failed, problems, data = analysed
+        progress.advance()
+        counts[0] += failed
+        counts[1] += problems
+        if isinstance(run, RunAnalysis):
+            if data is not None and keep is not None:
+                keep.store(run, data)
+            if index < total - KEEP_BULKY:
+                _share_again(run, hooks)
         return run
 
     analysed = parse_dirs(found.results, hooks.parser, project=hooks.name, force=force,
-                          trust_cache=trust_cache, then=analyse, apart=hooks.bulky,
-                          skip_before=total - KEEP_BULKY)
+                          trust_cache=trust_cache, then=analyse, after=arrived,
+                          apart=hooks.bulky, skip_before=total - KEEP_BULKY)
     progress.finish()
     runs = [a for a in analysed if isinstance(a, RunAnalysis)]
     skipped = [*found.skipped, *(a for a in analysed if isinstance(a, SkippedDir))]
@@ -247,6 +260,21 @@ def _analyse_tree(results_dir: str | Path, hooks: AnalysisProject,
                            + "; ".join(f"{s.path}: {s.reason}" for s in skipped[:5]))
     lean = Discovery.model_construct(root=found.root, results=[], skipped=found.skipped)
     return lean, runs, skipped, (counts[0], counts[1])
+
+
+class Keep(Protocol):
+    """What `_analyse_tree` does with each run's LTS payload (post-processing's spool)."""
+
+    def encode(self, run: RunAnalysis) -> bytes:
+        """The payload as the spool keeps it; may run beside the caller (`parse_dirs`)."""
+
+    def store(self, run: RunAnalysis, data: bytes) -> None:
+        """Keep ``data`` for ``run``; run in the caller, in order."""
+
+
+_Analysed = tuple["RunAnalysis | SkippedDir", bool, int, bytes | None]
+"""An analysed dir as it travels from `parse_dirs`' ``then`` to its ``after``: the run (or
+why it was skipped), whether it failed, its parse problems, its encoded payload."""
 
 
 def _refuse_shared_uuids(runs: Sequence[RunAnalysis]) -> None:
@@ -289,6 +317,20 @@ def _slimmed(result: ParsedResult, hooks: AnalysisProject) -> ParsedResult:
     _set(slim, "__pydantic_private__", {**(result.__pydantic_private__ or {}),
                                         "_engine": None})  # read into the run already
     return slim
+
+
+def _share_again(run: RunAnalysis, hooks: AnalysisProject) -> None:
+    """A slimmed run that crossed from a child (`parse_dirs`) shares this process's values.
+
+    Unpickled, its fields set, settings, emptied fields and validity are copies of its own
+    (pickle shares them only within one child's answer): slimmed again, they are the ones
+    every run here shares. A run slimmed in this process already is left as it is.
+    """
+    names = run.result.__pydantic_fields_set__
+    if names is _FIELD_SETS.get(frozenset(names)):
+        return
+    run.result = _slimmed(run.result, hooks)
+    run.validity = _shared_validity(run.validity)
 
 
 _set = object.__setattr__

@@ -44,6 +44,10 @@ class TelltaleEnv(BaseSettings):
                                   "dir is given (default ./runs; <data dir>/runs for a "
                                   "deployment run, whose working dir a worker deletes).")
     force_reparse: bool = Field(default=False, description="Ignore the parse caches.")
+    beside: bool = Field(default=True, description="A command-line post-processing uses the "
+                         "machine's other core for work that waits on nothing else "
+                         "(core.forked): the memo's stamps, half the warm parse, the "
+                         "report. 0: one core.")
 
     @field_validator("data_dir", "runs_dir", "prefect_api_home")
     @classmethod

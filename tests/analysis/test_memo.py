@@ -372,8 +372,10 @@ def _unwitnessed(tmp_path: Path, argv: list[str], run: str, *,
                  also_read: Path | None = None) -> list[str]:
     """What one audited post-processing read that the memo does not witness."""
     (tmp_path / "audit.py").write_text(AUDIT)
+    # one core: a child beside (`core.forked`) reads with the same code, but its hook's
+    # events would stay in the child
     env = {**os.environ, "AUDIT_OUT": str(tmp_path / f"{run}.json"), "PYTHONPATH": str(REPO),
-           "AUDIT_ALSO_READ": str(also_read or "")}
+           "AUDIT_ALSO_READ": str(also_read or ""), "TELLTALE_BESIDE": "0"}
     proc = subprocess.run([sys.executable, str(tmp_path / "audit.py"), *argv], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr

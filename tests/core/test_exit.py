@@ -22,6 +22,7 @@ PRODUCT = ("analysis", "blocks", "core", "deployments", "flows", "projects", "ta
 OWN_EXIT = {
     "core/exit.py": "the mechanism itself",
     "tasks/platforms/fanout.py": "a forked user's child: its parent's handlers are not its own",
+    "core/forked.py": "work forked beside its caller: its parent's handlers are not its own",
     "projects/llm_serving/workload/load.py": "GuideLLM forked in the load script's child; the "
                                              "script is standard library only (a cluster's "
                                              "load Pod runs the file alone)",

@@ -1,0 +1,224 @@
+"""Work done beside the caller, on the machine's other core: a forked child, its answer piped back.
+
+A warm ``python -m analysis`` of 1 000 result dirs used one core of two for ~1.2 s: the
+memo's stamps of the tree, the warm parse and the report each waited for the work before
+them, though none reads what the other writes. `beside` starts such a piece of work in a
+forked child and returns at once; `Beside.result` waits for the child's answer (its return
+value, or the exception it raised, pickled through a pipe) — a wait on the pipe's end, never
+on a clock.
+
+A child is forked only where that is safe and useful, else the work runs at once in the
+caller (the same answer, one core):
+
+- a POSIX ``fork`` and at least two usable CPUs;
+- **one thread in the process**: a fork copies only the calling thread, so a lock another
+  thread held (Prefect's API client, a log handler's queue, an executor) would stay held
+  in the child forever. Inside a flow run, whose tasks run in threads, everything runs
+  inline; the command line (`python -m analysis`) forks;
+- ``TELLTALE_BESIDE`` is not ``0`` (`core.environment`).
+
+The child ignores SIGINT (the caller decides: an interrupted caller kills it), dies with
+its parent (``PR_SET_PDEATHSIG``), freezes the garbage collector's view of what it
+inherited (a collection would otherwise touch, and copy, every inherited page), and ends
+with ``os._exit``: its parent's ``atexit`` handlers (temporary dirs, log flushes) are not
+its own. Whatever it printed is flushed first; whatever the parent had buffered was
+flushed before the fork, so nothing is printed twice.
+
+Standard library only, but for the setting.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import pickle
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, Generic, ParamSpec, TypeVar
+
+__all__ = ["Beside", "ChildDied", "beside", "can_fork"]
+
+T = TypeVar("T")
+P = ParamSpec("P")
+
+_CHILD_FAILED = 70  # the child could not even send its answer (EX_SOFTWARE)
+
+
+class ChildDied(RuntimeError):
+    """The child ended without an answer (a signal, the OOM killer, a failed send)."""
+
+
+def can_fork() -> bool:
+    """True when `beside` would fork here and now (see the module's conditions)."""
+    if not hasattr(os, "fork") or threading.active_count() != 1:
+        return False
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        usable = os.cpu_count() or 1
+    if usable < 2:
+        return False
+    from core.environment import env_settings
+
+    return env_settings().beside
+
+
+class Beside(Generic[T]):
+    """Work started by `beside`: its answer, once `result` is asked.
+
+    A context manager: leaving the block waits for the child's answer (`result` gives it
+    then), unless an exception is leaving it (the caller failed or was interrupted): then a
+    child still working is killed.
+    """
+
+    def __init__(self, pid: int | None, reader: int | None,
+                 answer: tuple[bool, Any] | None = None) -> None:
+        self.pid, self._reader, self._answer = pid, reader, answer
+
+    @property
+    def forked(self) -> bool:
+        """True when the work runs (or ran) in a child."""
+        return self.pid is not None
+
+    def result(self) -> T:
+        """The work's return value; its exception raised here if it raised one.
+
+        Raises:
+            ChildDied: The child ended without an answer.
+        """
+        if self._answer is None:
+            self._answer = self._collect()
+        ok, value = self._answer
+        if not ok:
+            raise value
+        return value  # type: ignore[no-any-return]
+
+    def _collect(self) -> tuple[bool, Any]:
+        assert self.pid is not None and self._reader is not None
+        chunks = []
+        try:
+            while chunk := os.read(self._reader, 1 << 20):
+                chunks.append(chunk)
+        finally:
+            os.close(self._reader)
+            self._reader = None
+            _, status = os.waitpid(self.pid, 0)
+        data = b"".join(chunks)
+        if not data:
+            return False, ChildDied(f"the work beside this process (pid {self.pid}) ended "
+                                    f"without an answer: {_how_it_ended(status)}")
+        answer: tuple[bool, Any] = pickle.loads(data)
+        return answer
+
+    def close(self) -> None:
+        """Kill the child if its answer was never collected (idempotent)."""
+        if self._reader is None or self.pid is None:
+            return
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.close(self._reader)
+        self._reader = None
+        os.waitpid(self.pid, 0)
+
+    def __enter__(self) -> Beside[T]:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        if error is not None:
+            self.close()
+        elif self._answer is None:
+            self._answer = self._collect()
+
+
+def beside(work: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> Beside[T]:
+    """Start ``work(*args, **kwargs)`` in a forked child when `can_fork`; else run it now.
+
+    The work must be what a child can do alone: what it returns (or raises) travels back
+    pickled, and nothing it changes in memory is seen by the caller — only what it writes
+    to files.
+
+    Returns:
+        A `Beside`: ``result()`` waits for the child and gives its answer.
+    """
+    if not can_fork():
+        try:
+            return Beside(None, None, (True, work(*args, **kwargs)))
+        except Exception as exc:  # raised from result(), as a child's would be
+            return Beside(None, None, (False, exc))
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            stream.flush()
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        os.close(reader)
+        _child(writer, work, args, kwargs)
+    os.close(writer)
+    return Beside(pid, reader)
+
+
+def _child(writer: int, work: Callable[..., Any], args: Any, kwargs: Any) -> None:
+    status = 0
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        _die_with_parent()
+        gc.freeze()
+        try:
+            answer: tuple[bool, Any] = (True, work(*args, **kwargs))
+        except Exception as exc:
+            answer = (False, _portable(exc))
+        data = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(writer, view):]
+    except BaseException:  # noqa: BLE001 - nothing may escape a forked child
+        status = _CHILD_FAILED
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                if stream is not None:
+                    stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(status)  # never the parent's atexit handlers (core.exit's audit lists why)
+
+
+def _portable(exc: Exception) -> Exception:
+    """``exc`` if it survives pickling, else a RuntimeError that says what it was."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:  # noqa: BLE001 - an exception class pickle cannot rebuild
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+    return exc
+
+
+def _die_with_parent() -> None:
+    """Linux's ``PR_SET_PDEATHSIG``: a SIGKILLed parent leaves no child working on."""
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(_CHILD_FAILED)
+
+
+def _how_it_ended(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(number).name
+        except ValueError:
+            name = str(number)
+        return f"killed by {name}" + (" (out of memory?)" if number == signal.SIGKILL else "")
+    return f"exit status {os.waitstatus_to_exitcode(status)}"

@@ -1,0 +1,96 @@
+"""A post-processing on both cores writes what one core writes (`core.forked` in `analysis`).
+
+``python -m analysis`` forks the memo's stamps of the tree, half of each window of warm
+dirs, the tables and the report (`docs/performance.md`). Each command here runs in a fresh
+single-threaded interpreter, where it forks (an audit hook counts the forks), and again with
+``TELLTALE_BESIDE=0``; every output must be the same to the byte (the report's pages but for
+the random ids plotly gives each chart).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.factories import make_result_dir
+
+REPO = Path(__file__).resolve().parents[2]
+DIRS = 40  # over twice parsing's _PARALLEL_MIN: a window is split
+
+COUNTING = """
+import json, os, sys
+forks = []
+sys.addaudithook(lambda event, args: forks.append(1) if event == "os.fork" else None)
+from analysis.__main__ import main
+code = main(sys.argv[1:])
+sys.stdout.flush()
+sys.stderr.write("FORKS " + json.dumps(len(forks)) + "\\n")
+sys.exit(code)
+"""
+OUTPUTS = ("kpis.parquet", "runs.parquet", "kpis.prom", "lts_payload.json", "regression.json",
+           "regression_summary.yaml")
+
+
+def _analysis(tree: Path, out: Path, *extra: str, beside: bool) -> tuple[int, str, int]:
+    """(exit code, stdout, forks) of one ``python -m analysis`` command."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TELLTALE_BESIDE": "1" if beside else "0"}
+    proc = subprocess.run([sys.executable, "-c", COUNTING, str(tree), "--project",
+                           "fine_tuning", "--out", str(out), "--quiet", *extra], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=600)
+    forks = re.search(r"FORKS (\d+)", proc.stderr)
+    assert forks or proc.returncode != 0, proc.stderr
+    return proc.returncode, proc.stdout + proc.stderr.split("FORKS")[0], \
+        int(forks.group(1)) if forks else -1
+
+
+def _page(path: Path) -> str:
+    return re.sub(r"[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}", "ID",
+                  path.read_text())
+
+
+def _tree(root: Path) -> Path:
+    tree = root / "results"
+    for i in range(DIRS):
+        broken = {"summary"} if i == 27 else {"pod_json"} if i == 5 else None
+        make_result_dir(tree, f"{i:03d}__cell", seed=i, exit_code=1 if i == 30 else 0,
+                        tokens_per_second=1000.0 + 13 * i, broken=broken)
+    return tree
+
+
+def test_both_cores_write_every_output_as_one_core_does(tmp_path: Path) -> None:
+    tree = _tree(tmp_path)
+    assert _analysis(tree, tmp_path / "cold", beside=False)[0] == 0  # the parse caches
+    one = _analysis(tree, tmp_path / "one", beside=False)
+    both = _analysis(tree, tmp_path / "both", beside=True)
+    assert one[0] == both[0] == 0
+    assert one[2] == 0 and both[2] >= 4, "stamps, half the parse, the tables, the report"
+    assert one[1].replace(str(tmp_path / "one"), "OUT") == \
+        both[1].replace(str(tmp_path / "both"), "OUT")  # the summary: counts and files
+    for name in OUTPUTS:
+        assert (tmp_path / "one" / name).read_bytes() == \
+            (tmp_path / "both" / name).read_bytes(), name
+    pages = sorted(p.name for p in (tmp_path / "one" / "report").glob("*.html"))
+    assert pages == sorted(p.name for p in (tmp_path / "both" / "report").glob("*.html"))
+    for name in pages:
+        assert _page(tmp_path / "one" / "report" / name) == \
+            _page(tmp_path / "both" / "report" / name), name
+    payloads = json.loads((tmp_path / "both" / "lts_payload.json").read_text())
+    assert len(payloads) == DIRS  # every run's, the child's half included, in order
+    assert [p["metadata"]["run_uuid"] for p in payloads] == [
+        p["metadata"]["run_uuid"] for p in
+        json.loads((tmp_path / "one" / "lts_payload.json").read_text())]
+
+
+def test_an_error_in_the_childs_half_is_the_commands_error(tmp_path: Path) -> None:
+    tree = _tree(tmp_path)  # dir 27 (the child's half) has no summary: incomplete
+    assert _analysis(tree, tmp_path / "cold", beside=False)[0] == 0
+    code_one, said_one, _ = _analysis(tree, tmp_path / "one", "--strict", beside=False)
+    code_both, said_both, _ = _analysis(tree, tmp_path / "both", "--strict", beside=True)
+    assert code_one == code_both == 2
+    assert "incomplete" in said_both and said_both.replace(
+        str(tmp_path / "both"), "OUT") == said_one.replace(str(tmp_path / "one"), "OUT")
+    assert not list((tmp_path / "both").glob(".lts_payload.spool*"))
