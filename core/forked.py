@@ -93,7 +93,7 @@ class Beside(Generic[T]):
             self._answer = self._collect()
         ok, value = self._answer
         if not ok:
-            raise value
+            raise value if isinstance(value, BaseException) else _rebuilt(*value)
         return value  # type: ignore[no-any-return]
 
     def _collect(self) -> tuple[bool, Any]:
@@ -173,7 +173,10 @@ def _child(writer: int, work: Callable[..., Any], args: Any, kwargs: Any) -> Non
             answer: tuple[bool, Any] = (True, work(*args, **kwargs))
         except Exception as exc:
             answer = (False, _portable(exc))
-        data = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            data = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # noqa: BLE001 - an answer pickle cannot carry
+            data = pickle.dumps((False, _portable(exc)), protocol=pickle.HIGHEST_PROTOCOL)
         view = memoryview(data)
         while view:
             view = view[os.write(writer, view):]
@@ -189,12 +192,37 @@ def _child(writer: int, work: Callable[..., Any], args: Any, kwargs: Any) -> Non
         os._exit(status)  # never the parent's atexit handlers (core.exit's audit lists why)
 
 
-def _portable(exc: Exception) -> Exception:
-    """``exc`` if it survives pickling, else a RuntimeError that says what it was."""
+def _portable(exc: Exception) -> tuple[type[Exception], tuple[Any, ...], dict[str, Any]]:
+    """``exc`` as its class, its ``args`` and its attributes, ready to be pickled.
+
+    Not the exception itself: pickle rebuilds one by calling its class with its ``args``,
+    which fails for the many that take other parameters (`core.errors.ParseError`'s
+    ``file``, `core.safeio.UnsafeOutputError`'s ``path``). What does not pickle this way
+    either (a class defined in a function, an attribute holding a lock) travels as a
+    RuntimeError that names it.
+    """
+    state = dict(vars(exc))
+    if isinstance(exc, OSError):  # slots, not attributes: set apart from its args
+        state.update(errno=exc.errno, strerror=exc.strerror, filename=exc.filename,
+                     filename2=exc.filename2)
+    parts = (type(exc), exc.args, state)
     try:
-        pickle.loads(pickle.dumps(exc))
-    except Exception:  # noqa: BLE001 - an exception class pickle cannot rebuild
-        return RuntimeError(f"{type(exc).__name__}: {exc}")
+        pickle.loads(pickle.dumps(parts))
+    except Exception:  # noqa: BLE001 - any failure means: send words instead
+        return RuntimeError, (f"{type(exc).__name__}: {exc}",), {}
+    return parts
+
+
+def _rebuilt(kind: type[Exception], args: tuple[Any, ...], state: dict[str, Any]
+             ) -> Exception:
+    """The child's exception again, without calling its ``__init__``.
+
+    The same class, args and attributes; its traceback stayed in the child.
+    """
+    exc = kind.__new__(kind, *args)
+    exc.args = args
+    for name, value in state.items():
+        setattr(exc, name, value)
     return exc
 
 

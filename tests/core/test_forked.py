@@ -40,6 +40,18 @@ class Odd(Exception):
 def odd():
     raise Odd(1, 2)
 
+def unsafe():
+    from core.safeio import UnsafeOutputError
+    raise UnsafeOutputError("it is a symbolic link", path="/out/kpis.prom")
+
+class Locked(Exception):
+    pass
+
+def locked():
+    exc = Locked("holds a lock")
+    exc.lock = threading.Lock()  # no pickle carries a lock
+    raise exc
+
 def die():
     os.kill(os.getpid(), signal.SIGKILL)
 
@@ -52,10 +64,12 @@ elif case == "error":
     except ValueError as exc:
         out["error"] = str(exc)
 elif case == "unpicklable":
-    try:
-        beside(odd).result()
-    except RuntimeError as exc:
-        out["error"] = str(exc)
+    for work in (odd, unsafe, locked):
+        try:
+            beside(work).result()
+        except Exception as exc:
+            out.setdefault("errors", []).append(
+                [type(exc).__name__, str(exc), getattr(exc, "filename", None)])
 elif case == "killed":
     try:
         beside(die).result()
@@ -113,7 +127,12 @@ def test_the_answer_comes_from_a_child_on_another_core_when_one_can_fork() -> No
 
 def test_a_childs_exception_is_raised_by_result() -> None:
     assert _run("error")["error"] == "the work failed: bad row 7"
-    assert _run("unpicklable")["error"] == "Odd: 1/2"
+    # its class, message and attributes, whatever its __init__ takes; words if not even that
+    assert _run("unpicklable")["errors"] == [
+        ["Odd", "1/2", None],
+        ["UnsafeOutputError", "cannot write /out/kpis.prom: it is a symbolic link",
+         "/out/kpis.prom"],
+        ["RuntimeError", "Locked: holds a lock", None]]
 
 
 def test_a_child_that_dies_says_how() -> None:
