@@ -39,6 +39,7 @@ payload), with one line on stderr.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import logging
 import os
@@ -392,21 +393,31 @@ def _postprocess(args: argparse.Namespace, memo_at: _Memo | None) -> dict[str, A
         return _analyse(args)
     out, _, roots = memo_at
     memo.forget(out)  # a run that fails or is stopped leaves no memo of older outputs
-    before = memo.Before(roots, exclude=[out])  # before anything is read (the code too;
-    # the trees' stamps are taken beside this process while it imports the pipeline)
+    # before anything is read (the code too); the trees' stamps are taken, then the tree
+    # discovered, beside this process while it imports the pipeline
+    before = memo.Before(roots, exclude=[out], then=functools.partial(
+        _discover, args.results_dir, args.project))
     try:
-        summary = _analyse(args, ready=before.wait)
+        summary = _analyse(args, ready=before.wait, tree_read=before.recheck_trees)
         memo.record(out, memo_at[1], before, summary)
     finally:
         before.close()
     return summary
 
 
-def _analyse(args: argparse.Namespace, ready: Callable[[], None] = lambda: None
-             ) -> dict[str, Any]:
+def _discover(results_dir: str, project: str) -> Any:
+    """The tree's discovery (`analysis.discovery`), as the pipeline would make it."""
+    from analysis.discovery import discover
+
+    return discover(results_dir, project=project)
+
+
+def _analyse(args: argparse.Namespace, ready: Callable[[], Any] = lambda: None,
+             tree_read: Callable[[], None] | None = None) -> dict[str, Any]:
     """`postprocess` as the arguments say; what the command prints of its outcome.
 
-    ``ready`` returns once the tree may be read (the memo's stamps of it are taken).
+    ``ready`` returns once the tree may be read (the memo's stamps of it are taken): the
+    tree's discovery when it made one, else None. ``tree_read``: see `postprocess`.
     """
     from analysis.arrow_memory import use_system_allocator
 
@@ -423,7 +434,9 @@ def _analyse(args: argparse.Namespace, ready: Callable[[], None] = lambda: None
     # default threshold spent ~40 ms of a 2 s post-processing walking them
     gc.set_threshold(50_000, 20, 20)
     hooks = load_project(args.project)
-    ready()
+    discovered = ready()
+    if discovered is not None and hooks.name != args.project:  # another name for it:
+        discovered = None  # discovered again, for the name the pipeline uses
     # the run's (or the project's) analysis block: the same history selection and
     # ignored labels as the run itself; the command line's flags go on top
     base = settings_for(hooks, args.results_dir)
@@ -435,7 +448,8 @@ def _analyse(args: argparse.Namespace, ready: Callable[[], None] = lambda: None
     outcome = postprocess(args.results_dir, args.project, args.out,
                           history_uri=args.history, settings=settings,
                           append_history=not args.no_append, force=args.force,
-                          report=not args.no_report)
+                          report=not args.no_report, discovered=discovered,
+                          tree_read=tree_read)
     summary = {
         "runs": outcome.runs, "failed": outcome.failed_runs,
         "invalid": sum(v.status == "invalid" for v in outcome.validity.values()),

@@ -45,7 +45,7 @@ import site
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -233,32 +233,46 @@ class Before:
     at 10 000 result dirs, through the whole post-processing). The code's few hundred
     entries are stamped here and now, before the caller imports more of it; the trees (the
     results, a read-only history: ~15 000 entries at 1 000 result dirs, 0.1 s) in a child
-    beside the caller (`core.forked`) while it imports pandas and pyarrow. `wait` returns
-    once they are taken: the caller asks before it reads a tree.
+    beside the caller (`core.forked`) while it imports pandas and pyarrow, and that child
+    goes on with ``then`` (the command line's discovery of the tree: it may read the
+    tree once the stamps are taken). `wait` returns ``then``'s answer once both are done:
+    the caller asks before it reads a tree.
+
+    `recheck_trees`, called once the trees have been read for the last time, checks their
+    stamps beside the caller while it writes its outputs; `held` checks the rest.
     """
 
-    def __init__(self, roots: Sequence[Root], exclude: Sequence[Path] = ()) -> None:
+    def __init__(self, roots: Sequence[Root], exclude: Sequence[Path] = (),
+                 then: Callable[[], Any] | None = None) -> None:
         self.roots = list(roots)
         settled_before = time.time_ns() - SETTLED_NS
         self._settled = True
-        self._trees: Beside[bool] | None = None
+        self._then: Any = None
+        self._recheck: Beside[bool] | None = None
+        self._trees: Beside[tuple[bool, Any]] | None = None
+        code = [i for i, (name, _, _) in enumerate(self.roots) if name.startswith(_CODE)]
+        self._tree_roots = [i for i in range(len(self.roots)) if i not in code]
         try:
             self._spool: IO[bytes] | None = tempfile.TemporaryFile(prefix="telltale-memo-")
         except OSError:  # no usable temporary dir: this run leaves no memo, and still runs
             self._spool, self._settled = None, False
+            self._trees = beside(_then_of, then)
             return
-        code = [i for i, (name, _, _) in enumerate(self.roots) if name.startswith(_CODE)]
-        trees = [i for i in range(len(self.roots)) if i not in code]
         self._settled = _write_stamps(self._spool, self.roots, code, exclude, settled_before)
-        self._trees = beside(_write_stamps, self._spool, self.roots, trees, exclude,
-                             settled_before)
+        self._trees = beside(_stamps_then, self._spool, self.roots, self._tree_roots,
+                             exclude, settled_before, then)
 
-    def wait(self) -> None:
-        """Return once every stamp is taken (the trees' in the child beside)."""
+    def wait(self) -> Any:
+        """Return once every stamp is taken (the trees' in the child beside).
+
+        Returns ``then``'s answer (None without one); its exception is raised here.
+        """
         if self._trees is not None:
             trees, self._trees = self._trees, None
             with trees:
-                self._settled = trees.result() and self._settled
+                settled, self._then = trees.result()
+            self._settled = settled and self._settled
+        return self._then
 
     @property
     def settled(self) -> bool:
@@ -266,26 +280,55 @@ class Before:
         self.wait()
         return self._settled
 
-    def lines(self) -> Iterator[bytes]:
-        """The recorded lines, from the first."""
+    def lines(self, roots: Sequence[int] | None = None) -> Iterator[bytes]:
+        """The recorded lines, from the first (only those of ``roots``, given)."""
         self.wait()
         if self._spool is None:
             return iter(())
         self._spool.seek(0)
-        return iter(self._spool.readline, b"")
+        every = iter(self._spool.readline, b"")
+        if roots is None:
+            return every
+        chosen = {b"%d" % i for i in roots}
+        return (line for line in every if line.split(b"\t", 1)[0] in chosen)
+
+    def recheck_trees(self) -> None:
+        """Start checking the trees' stamps beside the caller: it has read them for good."""
+        if self._spool is not None and self._recheck is None and self.settled:
+            self._recheck = beside(stamps_hold, self.roots, self.lines(self._tree_roots))
 
     def held(self) -> bool:
         """True when the run changed none of its inputs (and nothing else did)."""
-        self.wait()
-        return self.settled and stamps_hold(self.roots, self.lines())
+        if not self.settled:
+            return False
+        if self._recheck is None:
+            return stamps_hold(self.roots, self.lines())
+        recheck, self._recheck = self._recheck, None
+        with recheck:
+            trees = recheck.result()
+        rest = [i for i in range(len(self.roots)) if i not in self._tree_roots]
+        return trees and stamps_hold(self.roots, self.lines(rest))
 
     def close(self) -> None:
-        """Drop the recorded stamps (a child still taking them is stopped)."""
-        if self._trees is not None:
-            self._trees.close()
-            self._trees = None
+        """Drop the recorded stamps (a child still at work is stopped)."""
+        for job in (self._trees, self._recheck):
+            if job is not None:
+                job.close()
+        self._trees = self._recheck = None
         if self._spool is not None:
             self._spool.close()
+
+
+def _then_of(then: Callable[[], Any] | None) -> tuple[bool, Any]:
+    return False, then() if then is not None else None
+
+
+def _stamps_then(spool: IO[bytes], roots: Sequence[Root], indices: Sequence[int],
+                 exclude: Sequence[Path], settled_before: int,
+                 then: Callable[[], Any] | None) -> tuple[bool, Any]:
+    """`_write_stamps`, then ``then``: (settled, its answer)."""
+    settled = _write_stamps(spool, roots, indices, exclude, settled_before)
+    return settled, then() if then is not None else None
 
 
 _CODE = ("code:", "site:")  # the roots `code_roots` names

@@ -10,7 +10,7 @@ import json
 import logging
 import tempfile
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Literal
@@ -161,6 +161,8 @@ def postprocess(
     history_filesystem: Any = None,
     history_lock: AppendLock | None = None,
     shared_dir: str | Path | None = None,
+    discovered: Discovery | None = None,
+    tree_read: Callable[[], None] | None = None,
 ) -> PostprocessOutcome:
     """Post-process a results tree and write every output into ``out``.
 
@@ -190,6 +192,10 @@ def postprocess(
             `analysis.history.AppendLock`); a local history locks itself.
         shared_dir: Where files every report carries are kept once (a runs root's
             ``.telltale/``): plotly.js is hard-linked from there into the report.
+        discovered: ``results_dir``'s discovery for ``project``, when the caller made it
+            (the command line does, beside its imports); default: discovered here.
+        tree_read: Called once every file of ``results_dir`` has been read (the command
+            line's memo checks the tree's stamps from then on, beside the outputs).
 
     Returns:
         The `PostprocessOutcome`.
@@ -213,7 +219,9 @@ def postprocess(
             found, runs, skipped, (failed, problems) = _analyse_tree(
                 results_dir, hooks, presets, config_text, force=force,
                 trust_cache=trust_cache, keep=_Spooled(spool, places, settings.mode),
-                policy=settings.validity)
+                policy=settings.validity, found=discovered)
+            if tree_read is not None:
+                tree_read()
             outcome = _write_outputs(
                 out_dir, hooks, settings, found, runs, skipped, failed, problems,
                 spool, places, history_uri=history_uri, history=history,

@@ -194,12 +194,13 @@ def runs_table(runs: Sequence[RunAnalysis]) -> pd.DataFrame:
 def _analyse_tree(results_dir: str | Path, hooks: AnalysisProject,
                   presets: Sequence[str] | None, config_text: str | None, *, force: bool,
                   trust_cache: bool, keep: Keep | None = None,
-                  policy: ValidityPolicy | None = None,
+                  policy: ValidityPolicy | None = None, found: Discovery | None = None,
                   ) -> tuple[Discovery, list[RunAnalysis], list[SkippedDir], tuple[int, int]]:
     """Discover, parse and analyse every result dir of a tree (nothing written but caches).
 
     ``keep`` sees each analysed run as it arrives (its payload encoded, before its bulky
     fields are dropped): post-processing spools the LTS payload to disk there.
+    ``found``: the tree's discovery when the caller made it already.
 
     Returns the discovery (its root and skipped dirs: the result dirs it found are the runs
     now, ~2 KB a dir with their settings), the analysed runs, the skipped dirs and (failed
@@ -208,7 +209,8 @@ def _analyse_tree(results_dir: str | Path, hooks: AnalysisProject,
     Raises:
         ResultsError: No result dir, or no usable run.
     """
-    found: Discovery = discover(results_dir, project=hooks.name)
+    if found is None:
+        found = discover(results_dir, project=hooks.name)
     if not found.results:
         reasons = "; ".join(f"{s.path}: {s.reason}" for s in found.skipped[:5])
         raise ResultsError(f"no result dir (settings.yaml + exit_code) under {results_dir}"

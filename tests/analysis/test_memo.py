@@ -116,6 +116,30 @@ def test_every_change_to_a_generated_tree_is_seen(tmp_path_factory: pytest.TempP
     assert not before.held(), f"{kind} was not seen"
 
 
+@pytest.mark.parametrize("kind", sorted(MUTATIONS))
+def test_the_trees_rechecked_beside_and_the_code_at_the_end_see_every_change(
+        tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`recheck_trees` (the command line starts it once the tree is read) and `held` (the
+    rest at the end) together see what `held` alone sees: a change to the tree before
+    the recheck, a change to the code after it."""
+    monkeypatch.setattr(memo, "SETTLED_NS", 0)
+    tree, code = tmp_path / "tree", tmp_path / "code"
+    _build(tree, {"a": b"1", "d": {"b": b"2", "c": b"3"}})
+    _build(code, {"m.py": b"x = 1", "pkg": {"n.py": b"y = 2"}})
+    roots: list[memo.Root] = [("tree", tree, True), ("code:pkg", code, True)]
+    for changed in ("none", "tree", "code"):
+        tick_past(tree)
+        tick_past(code)
+        before = memo.Before(roots)
+        if changed == "tree":  # before the tree is rechecked
+            MUTATIONS[kind](*[_entries(tree)[0][1], _entries(tree)[1][1]])
+        before.recheck_trees()
+        if changed == "code":  # after: the rest is checked at the end
+            MUTATIONS[kind](*[_entries(code)[0][1], _entries(code)[1][1]])
+        assert before.held() == (changed == "none"), f"{kind} of the {changed} not seen"
+        before.close()
+
+
 def test_a_change_within_the_settling_time_is_never_trusted(tmp_path: Path) -> None:
     root = tmp_path / "t"
     _build(root, {"a": b"1"})
