@@ -285,6 +285,7 @@ def _write_outputs(out_dir: Path, hooks: AnalysisProject, settings: AnalysisSett
     # the tables are written beside this process while it judges (`core.forked`), and are
     # on disk before anything after them can fail
     tables = beside(_write_tables, files, frame, runs)
+    report_job: Beside[str] | None = None
     try:
         store = HistoryStore(history_uri, filesystem=history_filesystem,
                              lock=history_lock) if history_uri else None
@@ -295,16 +296,21 @@ def _write_outputs(out_dir: Path, hooks: AnalysisProject, settings: AnalysisSett
         # payloads: each cell's payload carries its curve's verdict to OpenSearch and Horreum
         curves = _judge_curves(hooks, settings, frame, store.read() if store is not None
                                and hooks.curve is not None else None, files, out_dir)
+        drawing = settings.report if report is None else report
+        appends = store is not None and append_history
+        history_frame = store.read() if store is not None and not appends else None
+        # the report is drawn beside the payloads' writing unless it must show the history
+        # with this run appended (the append comes last: the outputs are written first)
+        if drawing and not appends:
+            report_job = _draw_report(out_dir, hooks, settings, runs, frame, history_frame,
+                                      verdicts, found, history_uri, shared_dir, curves)
     finally:
-        tables.result()
-    drawing = settings.report if report is None else report
-    appends = store is not None and append_history
-    history_frame = store.read() if store is not None and not appends else None
-    # the report is drawn beside the payloads' writing unless it must show the history
-    # with this run appended (the append comes last: the outputs are written first)
-    report_job = _draw_report(out_dir, hooks, settings, runs, frame, history_frame, verdicts,
-                              found, history_uri, shared_dir, curves) \
-        if drawing and not appends else None
+        try:
+            tables.result()
+        except BaseException:
+            if report_job is not None:
+                report_job.close()
+            raise
     with report_job or nullcontext():  # a failure below stops a report drawn beside
         curve_of = {uuid: lts_curve(c, hooks.curve) for c in curves for uuid in c.run_uuids} \
             if hooks.curve is not None else {}
