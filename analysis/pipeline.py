@@ -282,8 +282,8 @@ def _write_outputs(out_dir: Path, hooks: AnalysisProject, settings: AnalysisSett
              and not hooks.kpi_less]
     files = {"kpis": str(out_dir / "kpis.parquet"), "openmetrics": str(out_dir / "kpis.prom"),
              "runs": str(out_dir / "runs.parquet")}
-    # the tables are written beside this process while it judges (`core.forked`), and are
-    # on disk before anything after them can fail
+    # the tables are written beside this process while it judges and writes the payloads
+    # (`core.forked`); they are on disk before this returns or raises
     tables = beside(_write_tables, files, frame, runs)
     report_job: Beside[str] | None = None
     try:
@@ -304,6 +304,63 @@ def _write_outputs(out_dir: Path, hooks: AnalysisProject, settings: AnalysisSett
         if drawing and not appends:
             report_job = _draw_report(out_dir, hooks, settings, runs, frame, history_frame,
                                       verdicts, found, history_uri, shared_dir, curves)
+        with report_job or nullcontext():  # a failure below stops a report drawn beside
+            curve_of = {uuid: lts_curve(c, hooks.curve) for c in curves for uuid in c.run_uuids} \
+                if hooks.curve is not None else {}
+            # From here on the KPI table holds every value (the report reads it): the runs' own
+            # KPI objects go, ~4 KB a run.
+            for run in runs:
+                run.kpis = []
+            by_run: dict[str, list[VerdictRow]] = {}
+            for row in verdicts:
+                by_run.setdefault(row.run_uuid, []).append(row)
+            counts = dict(Counter(v.verdict for v in verdicts))
+            files["lts"] = str(out_dir / "lts_payload.json")
+
+            def payloads() -> Iterable[bytes]:
+                for run in runs:
+                    offset, length = places[id(run)]
+                    spool.seek(offset)
+                    data = spool.read(length)  # a JSON object without its "regression" key
+                    judged = {row.kpi: row.model_dump(include=_LTS_VERDICT) for row in
+                              by_run.get(run.run_uuid, ())}
+                    curve = curve_of.get(run.run_uuid)
+                    # spliced in as the last keys, not parsed and encoded again (~0.2 ms a run)
+                    yield (data[:-1] + b',"regression":'
+                           + json.dumps(judged or None, separators=(",", ":")).encode()
+                           + b',"curve":' + (curve.model_dump_json().encode() if curve else b"null")
+                           + b"}")
+
+            # Compact JSON, one run at a time: an indent sends json through its pure-Python encoder
+            # (2.6 s for 1 000 runs), and one dumps() of 10 000 payloads held ~600 MB at once.
+            # These files are read by programs (OpenSearch export, replot), not people.
+            _write_json_array(files["lts"], payloads())
+            by_run.clear()  # not held through the report
+            files["regression"] = str(out_dir / "regression.json")
+            _write_json_array(files["regression"],
+                              (VerdictRow.__pydantic_serializer__.to_json(v) for v in verdicts))
+            files["regression_summary"] = str(out_dir / "regression_summary.yaml")
+            write_text(files["regression_summary"], dump_yaml({
+                "counts": {k: counts.get(k, 0) for k in VERDICT_KINDS},
+                "runs": len(runs),
+                "invalid_runs": sum(r.validity.status == "invalid" for r in runs),
+            }))
+
+            if appends:
+                assert store is not None
+                tables.result()  # this run's own outputs first, then the history's part
+                store.append(frame)
+                history_frame = store.read()
+            outcome = PostprocessOutcome(
+                out_dir=str(out_dir), runs=len(runs),
+                failed_runs=failed,
+                skipped=[s.model_dump() for s in skipped],
+                problems=problems, kpi_rows=len(frame),
+                verdicts=verdicts, verdict_counts=counts, history_uri=history_uri, files=files,
+                curves=curves,
+                validity={r.result.rel_path or r.run_uuid: r.validity for r in runs},
+                gate_failures=_gate_failures(hooks, settings, runs, frame, verdicts, curves,
+                                             empty))
     finally:
         try:
             tables.result()
@@ -311,69 +368,6 @@ def _write_outputs(out_dir: Path, hooks: AnalysisProject, settings: AnalysisSett
             if report_job is not None:
                 report_job.close()
             raise
-    with report_job or nullcontext():  # a failure below stops a report drawn beside
-        curve_of = {uuid: lts_curve(c, hooks.curve) for c in curves for uuid in c.run_uuids} \
-            if hooks.curve is not None else {}
-        # From here on the KPI table holds every value (the report reads it): the runs' own
-        # KPI objects go, ~4 KB a run.
-        for run in runs:
-            run.kpis = []
-        by_run: dict[str, list[VerdictRow]] = {}
-        for row in verdicts:
-            by_run.setdefault(row.run_uuid, []).append(row)
-        counts = dict(Counter(v.verdict for v in verdicts))
-        files["lts"] = str(out_dir / "lts_payload.json")
-
-        def payloads() -> Iterable[bytes]:
-            for run in runs:
-                offset, length = places[id(run)]
-                spool.seek(offset)
-                data = spool.read(length)  # a JSON object without its "regression" key
-                judged = {row.kpi: row.model_dump(include=_LTS_VERDICT) for row in
-                          by_run.get(run.run_uuid, ())}
-                curve = curve_of.get(run.run_uuid)
-                # spliced in as the last keys, not parsed and encoded again (~0.2 ms a run)
-                yield (data[:-1] + b',"regression":'
-                       + json.dumps(judged or None, separators=(",", ":")).encode()
-                       + b',"curve":' + (curve.model_dump_json().encode() if curve else b"null")
-                       + b"}")
-
-        # Compact JSON, one run at a time: an indent sends json through its pure-Python encoder
-        # (2.6 s for 1 000 runs), and one dumps() of 10 000 payloads held ~600 MB at once.
-        # These files are read by programs (OpenSearch export, replot), not people.
-        _write_json_array(files["lts"], payloads())
-        by_run.clear()  # not held through the report
-        files["regression"] = str(out_dir / "regression.json")
-        _write_json_array(files["regression"],
-                          (VerdictRow.__pydantic_serializer__.to_json(v) for v in verdicts))
-        files["regression_summary"] = str(out_dir / "regression_summary.yaml")
-        write_text(files["regression_summary"], dump_yaml({
-            "counts": {k: counts.get(k, 0) for k in VERDICT_KINDS},
-            "runs": len(runs),
-            "invalid_runs": sum(r.validity.status == "invalid" for r in runs),
-        }))
-
-        if appends:
-            assert store is not None
-            store.append(frame)
-            history_frame = store.read()
-        outcome = PostprocessOutcome(
-            out_dir=str(out_dir), runs=len(runs),
-            failed_runs=failed,
-            skipped=[s.model_dump() for s in skipped],
-            problems=problems, kpi_rows=len(frame),
-            verdicts=verdicts, verdict_counts=counts, history_uri=history_uri, files=files,
-            curves=curves,
-            validity={r.result.rel_path or r.run_uuid: r.validity for r in runs},
-            gate_failures=_gate(verdicts, settings) + [
-                f"curve {c.group_text()}: "
-                f"{c.verdict.explanation}" for c in curves
-                if c.verdict.kind == "regression" and settings.regression.fail_on_regression] + [
-                f"run {r.result.rel_path or r.run_uuid} exited 0 but yielded no KPI: its "
-                "result files are missing or empty" for r in empty[:10]] + (
-                [f"no KPI at all from {len(runs)} run(s)"] if frame.empty and not empty
-                and not hooks.kpi_less else []),
-        )
     if drawing:
         report_job = report_job or _draw_report(
             out_dir, hooks, settings, runs, frame, history_frame, verdicts, found,
@@ -382,6 +376,19 @@ def _write_outputs(out_dir: Path, hooks: AnalysisProject, settings: AnalysisSett
             outcome.report = report_job.result()
         outcome.files["report"] = outcome.report
     return outcome
+
+
+def _gate_failures(hooks: AnalysisProject, settings: AnalysisSettings,
+                   runs: list[RunAnalysis], frame: pd.DataFrame, verdicts: list[VerdictRow],
+                   curves: list[CurveResult], empty: list[RunAnalysis]) -> list[str]:
+    """What fails the regression gate: the KPIs' and curves' regressions, runs with no KPI."""
+    return _gate(verdicts, settings) + [
+        f"curve {c.group_text()}: {c.verdict.explanation}" for c in curves
+        if c.verdict.kind == "regression" and settings.regression.fail_on_regression] + [
+        f"run {r.result.rel_path or r.run_uuid} exited 0 but yielded no KPI: its result "
+        "files are missing or empty" for r in empty[:10]] + (
+        [f"no KPI at all from {len(runs)} run(s)"] if frame.empty and not empty
+        and not hooks.kpi_less else [])
 
 
 def _write_tables(files: dict[str, str], frame: pd.DataFrame, runs: list[RunAnalysis]
