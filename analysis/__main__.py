@@ -398,7 +398,8 @@ def _postprocess(args: argparse.Namespace, memo_at: _Memo | None) -> dict[str, A
     before = memo.Before(roots, exclude=[out], then=functools.partial(
         _discover, args.results_dir, args.project))
     try:
-        summary = _analyse(args, ready=before.wait, tree_read=before.recheck_trees)
+        summary = _analyse(args, ready=before.wait, discovery=before.take,
+                           tree_read=before.recheck_trees)
         memo.record(out, memo_at[1], before, summary)
     finally:
         before.close()
@@ -412,12 +413,13 @@ def _discover(results_dir: str, project: str) -> Any:
     return discover(results_dir, project=project)
 
 
-def _analyse(args: argparse.Namespace, ready: Callable[[], Any] = lambda: None,
+def _analyse(args: argparse.Namespace, ready: Callable[[], None] = lambda: None,
+             discovery: Callable[[], Any] | None = None,
              tree_read: Callable[[], None] | None = None) -> dict[str, Any]:
     """`postprocess` as the arguments say; what the command prints of its outcome.
 
-    ``ready`` returns once the tree may be read (the memo's stamps of it are taken): the
-    tree's discovery when it made one, else None. ``tree_read``: see `postprocess`.
+    ``ready`` returns once the tree may be read (the memo's stamps of it are taken);
+    ``discovery`` and ``tree_read``: see `postprocess`.
     """
     from analysis.arrow_memory import use_system_allocator
 
@@ -434,9 +436,9 @@ def _analyse(args: argparse.Namespace, ready: Callable[[], Any] = lambda: None,
     # default threshold spent ~40 ms of a 2 s post-processing walking them
     gc.set_threshold(50_000, 20, 20)
     hooks = load_project(args.project)
-    discovered = ready()
-    if discovered is not None and hooks.name != args.project:  # another name for it:
-        discovered = None  # discovered again, for the name the pipeline uses
+    ready()
+    if hooks.name != args.project:  # another name for it: discovered again, for the name
+        discovery = None  # the pipeline uses
     # the run's (or the project's) analysis block: the same history selection and
     # ignored labels as the run itself; the command line's flags go on top
     base = settings_for(hooks, args.results_dir)
@@ -448,7 +450,7 @@ def _analyse(args: argparse.Namespace, ready: Callable[[], Any] = lambda: None,
     outcome = postprocess(args.results_dir, args.project, args.out,
                           history_uri=args.history, settings=settings,
                           append_history=not args.no_append, force=args.force,
-                          report=not args.no_report, discovered=discovered,
+                          report=not args.no_report, discovery=discovery,
                           tree_read=tree_read)
     summary = {
         "runs": outcome.runs, "failed": outcome.failed_runs,

@@ -328,8 +328,9 @@ def parse_dirs(results: Sequence[ResultDir], parser: ResultParser, *, project: s
             in a child beside this process (half of each window of warm dirs,
             `core.forked`): what it returns must pickle, and what it changes in memory
             stays there — keep that for ``after``.
-        after: Called here, in order, with (index, what ``then`` made of it); its return
-            value takes that place.
+        after: Called here with (index, what ``then`` made of it); its return value takes
+            that place. In index order within each share of a window (this process's,
+            then the child's).
         apart: Bulky fields (the project's ``bulky``) the caches store apart (`parse_one`).
         skip_before: Results before this index may come without the ``apart`` fields
             (read from a cache that stores them apart, or parsed in a worker process: they
@@ -358,32 +359,44 @@ def parse_dirs(results: Sequence[ResultDir], parser: ResultParser, *, project: s
     parsed: dict[int, Any] = {}
     cold: list[int] = []
 
-    def serve(indices: Sequence[int]) -> tuple[list[tuple[int, Any]], list[int]]:
-        """What ``then`` makes of the warm dirs of ``indices``; the cold ones' indices."""
-        served, missed = [], []
+    def serve(indices: Sequence[int], take: Callable[[int, Any], None] | None = None
+              ) -> tuple[list[tuple[int, Any]], list[int]]:
+        """What ``then`` makes of the warm dirs of ``indices``; the cold ones' indices.
+
+        Each is given to ``take`` as it is made (without it: returned, a child's answer).
+        """
+        served: list[tuple[int, Any]] = []
+        missed: list[int] = []
         for index in indices:
             cached = None if (force or not use_cache) else _load_cached(
                 results[index], parser, trust_cache, skip(index))
             if cached is None:
                 missed.append(index)
+            elif take is not None:
+                take(index, made(index, cached))
             else:
                 served.append((index, made(index, cached)))
         return served, missed
 
+    def take(index: int, value: Any) -> None:
+        parsed[index] = arrived(index, value)
+
     # The end of each window is served beside this process, on the other core
     # (`core.forked`; 0.14 s of a 1 000-dir post-processing's 0.32 s of warm parse): a
-    # window bounds what a child's answer holds in memory at once.
+    # window bounds what a child's answer holds in memory at once. This process takes in
+    # its own share as it is made (a run's payload is spooled at once).
     split = not force and use_cache and can_fork()
     for start in range(0, len(results), _WARM_WINDOW):
         window = range(start, min(start + _WARM_WINDOW, len(results)))
-        half = int(len(window) * _BESIDE_SHARE) if split and \
+        theirs = int(len(window) * _BESIDE_SHARE) if split and \
             len(window) >= 2 * _PARALLEL_MIN else 0
-        with beside(serve, window[len(window) - half:]) if half else nullcontext() as theirs:
-            for answer in (serve(window[:len(window) - half]),
-                           *([theirs.result()] if half else [])):
-                served, missed = answer
+        mine = window[:len(window) - theirs]
+        with beside(serve, window[len(mine):]) if theirs else nullcontext() as child:
+            cold.extend(serve(mine, take)[1])
+            if child is not None:
+                served, missed = child.result()
                 for index, value in served:
-                    parsed[index] = arrived(index, value)
+                    take(index, value)
                 cold.extend(missed)
     if len(cold) < _PARALLEL_MIN:
         for index in cold:

@@ -161,7 +161,7 @@ def postprocess(
     history_filesystem: Any = None,
     history_lock: AppendLock | None = None,
     shared_dir: str | Path | None = None,
-    discovered: Discovery | None = None,
+    discovery: Callable[[], Discovery | None] | None = None,
     tree_read: Callable[[], None] | None = None,
 ) -> PostprocessOutcome:
     """Post-process a results tree and write every output into ``out``.
@@ -192,8 +192,10 @@ def postprocess(
             `analysis.history.AppendLock`); a local history locks itself.
         shared_dir: Where files every report carries are kept once (a runs root's
             ``.telltale/``): plotly.js is hard-linked from there into the report.
-        discovered: ``results_dir``'s discovery for ``project``, when the caller made it
-            (the command line does, beside its imports); default: discovered here.
+        discovery: Gives ``results_dir``'s discovery for ``project`` when the caller made
+            it (the command line does, beside its imports); None from it, or no
+            callable: discovered here. A callable, so no frame holds the discovery past
+            the parse (~2 KB a dir).
         tree_read: Called once every file of ``results_dir`` has been read (the command
             line's memo checks the tree's stamps from then on, beside the outputs).
 
@@ -219,7 +221,7 @@ def postprocess(
             found, runs, skipped, (failed, problems) = _analyse_tree(
                 results_dir, hooks, presets, config_text, force=force,
                 trust_cache=trust_cache, keep=_Spooled(spool, places, settings.mode),
-                policy=settings.validity, found=discovered)
+                policy=settings.validity, found=discovery() if discovery else None)
             if tree_read is not None:
                 tree_read()
             outcome = _write_outputs(
@@ -296,6 +298,11 @@ def _write_outputs(out_dir: Path, hooks: AnalysisProject, settings: AnalysisSett
         # payloads: each cell's payload carries its curve's verdict to OpenSearch and Horreum
         curves = _judge_curves(hooks, settings, frame, store.read() if store is not None
                                and hooks.curve is not None else None, files, out_dir)
+        # From here on the KPI table holds every value (the report reads it): the runs'
+        # own KPI objects go, ~4 KB a run (40 MB at 10 000: not held through the report,
+        # nor copied into its child; the tables' child forked with them keeps its own)
+        for run in runs:
+            run.kpis = []
         drawing = settings.report if report is None else report
         appends = store is not None and append_history
         history_frame = store.read() if store is not None and not appends else None
@@ -307,10 +314,6 @@ def _write_outputs(out_dir: Path, hooks: AnalysisProject, settings: AnalysisSett
         with report_job or nullcontext():  # a failure below stops a report drawn beside
             curve_of = {uuid: lts_curve(c, hooks.curve) for c in curves for uuid in c.run_uuids} \
                 if hooks.curve is not None else {}
-            # From here on the KPI table holds every value (the report reads it): the runs' own
-            # KPI objects go, ~4 KB a run.
-            for run in runs:
-                run.kpis = []
             by_run: dict[str, list[VerdictRow]] = {}
             for row in verdicts:
                 by_run.setdefault(row.run_uuid, []).append(row)

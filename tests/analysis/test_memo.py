@@ -140,6 +140,20 @@ def test_the_trees_rechecked_beside_and_the_code_at_the_end_see_every_change(
         before.close()
 
 
+def test_the_work_after_the_stamps_is_handed_over_once_and_not_held(tmp_path: Path) -> None:
+    """``then`` (the command line's discovery) runs once the stamps are taken; its answer
+    is given once and not kept (~20 MB at 10 000 dirs); its error is raised by `wait`."""
+    _build(tmp_path / "t", {"a": b"1"})
+    answer = {"found": ["a"]}
+    before = memo.Before([("tree", tmp_path / "t", True)], then=lambda: answer)
+    assert before.take() == answer and before.take() is None
+    before.close()
+    failing = memo.Before([("tree", tmp_path / "t", True)], then=lambda: 1 // 0)
+    with pytest.raises(ZeroDivisionError):
+        failing.wait()
+    failing.close()
+
+
 def test_a_change_within_the_settling_time_is_never_trusted(tmp_path: Path) -> None:
     root = tmp_path / "t"
     _build(root, {"a": b"1"})
