@@ -55,6 +55,7 @@ from core.forked import beside, can_fork
 from core.safeio import RefusedInput, open_stream, write_bytes
 
 __all__ = [
+    "BESIDE_MAX_RUNS",
     "CACHE_FILE",
     "FORCE_ENV",
     "EngineInputs",
@@ -74,6 +75,13 @@ CACHE_FILE = ".telltale_parse_cache.json"
 FORCE_ENV = "TELLTALE_FORCE_REPARSE"
 _PARALLEL_MIN = 16  # below this many dirs, worker start-up costs more than it saves
 _WARM_WINDOW = 2048  # warm dirs served at a time, some of them beside (`parse_dirs`)
+BESIDE_MAX_RUNS = 2_500
+"""Up to this many result dirs, post-processing works on both cores (`core.forked`): the
+end of each warm window parsed beside, then the tables, the report and the tree's stamps.
+A child copies every page of its parent it touches (a read writes an object's reference
+count): at 10 000 runs the processes held 468 MB together (PSS) against 279 MB on one core,
+over #43's 300 MB, and 347 MB with the parse alone beside. Above it only the memo's stamps
+and the discovery run beside (taken at the start, from a small parent)."""
 _BESIDE_SHARE = 0.44
 """The share of a window served beside: this process also takes in each of the child's
 answers (unpickled, its payload spooled); with half, it waited ~40 ms of 1 000 dirs."""
@@ -385,7 +393,7 @@ def parse_dirs(results: Sequence[ResultDir], parser: ResultParser, *, project: s
     # (`core.forked`; 0.14 s of a 1 000-dir post-processing's 0.32 s of warm parse): a
     # window bounds what a child's answer holds in memory at once. This process takes in
     # its own share as it is made (a run's payload is spooled at once).
-    split = not force and use_cache and can_fork()
+    split = not force and use_cache and len(results) <= BESIDE_MAX_RUNS and can_fork()
     for start in range(0, len(results), _WARM_WINDOW):
         window = range(start, min(start + _WARM_WINDOW, len(results)))
         theirs = int(len(window) * _BESIDE_SHARE) if split and \

@@ -34,12 +34,13 @@ from analysis.history_schema import write_parquet
 from analysis.judging import VERDICT_KINDS, VerdictRow, _gate, judge_runs
 from analysis.kpi import kpi_table, openmetrics_lines
 from analysis.lts import require_complete
+from analysis.parsing import BESIDE_MAX_RUNS
 from analysis.project import AnalysisProject, load_project
 from analysis.run_analysis import RunAnalysis, _analyse_tree, runs_table
 from analysis.settings import AnalysisSettings
 from analysis.validity import Validity
 from core.errors import ConfigError
-from core.forked import Beside, beside
+from core.forked import Beside, at_once, beside
 from core.redact import redact_bytes
 from core.safeio import atomic_open, output_root, write_text
 from core.yamlio import dump_yaml, load_yaml
@@ -222,8 +223,8 @@ def postprocess(
                 results_dir, hooks, presets, config_text, force=force,
                 trust_cache=trust_cache, keep=_Spooled(spool, places, settings.mode),
                 policy=settings.validity, found=discovery() if discovery else None)
-            if tree_read is not None:
-                tree_read()
+            if tree_read is not None and len(runs) <= BESIDE_MAX_RUNS:
+                tree_read()  # (a check beside: see BESIDE_MAX_RUNS)
             outcome = _write_outputs(
                 out_dir, hooks, settings, found, runs, skipped, failed, problems,
                 spool, places, history_uri=history_uri, history=history,
@@ -286,7 +287,8 @@ def _write_outputs(out_dir: Path, hooks: AnalysisProject, settings: AnalysisSett
              "runs": str(out_dir / "runs.parquet")}
     # the tables are written beside this process while it judges and writes the payloads
     # (`core.forked`); they are on disk before this returns or raises
-    tables = beside(_write_tables, files, frame, runs)
+    start = beside if len(runs) <= BESIDE_MAX_RUNS else at_once
+    tables = start(_write_tables, files, frame, runs)
     report_job: Beside[str] | None = None
     try:
         store = HistoryStore(history_uri, filesystem=history_filesystem,
@@ -310,7 +312,8 @@ def _write_outputs(out_dir: Path, hooks: AnalysisProject, settings: AnalysisSett
         # with this run appended (the append comes last: the outputs are written first)
         if drawing and not appends:
             report_job = _draw_report(out_dir, hooks, settings, runs, frame, history_frame,
-                                      verdicts, found, history_uri, shared_dir, curves)
+                                      verdicts, found, history_uri, shared_dir, curves,
+                                      start)
         with report_job or nullcontext():  # a failure below stops a report drawn beside
             curve_of = {uuid: lts_curve(c, hooks.curve) for c in curves for uuid in c.run_uuids} \
                 if hooks.curve is not None else {}
@@ -409,8 +412,9 @@ def _draw_report(out_dir: Path, hooks: AnalysisProject, settings: AnalysisSettin
                  runs: list[RunAnalysis], frame: pd.DataFrame,
                  history_frame: pd.DataFrame | None, verdicts: list[VerdictRow],
                  found: Discovery, history_uri: str | None, shared_dir: Path | None,
-                 curves: list[CurveResult]) -> Beside[str]:
-    """The HTML report, drawn beside this process (`core.forked`): its index page's path."""
+                 curves: list[CurveResult], start: Callable[..., Beside[str]] = at_once
+                 ) -> Beside[str]:
+    """The HTML report, drawn by ``start`` (`core.forked`): its index page's path."""
     from analysis.report_index import render_report
 
     def draw() -> str:
@@ -421,4 +425,4 @@ def _draw_report(out_dir: Path, hooks: AnalysisProject, settings: AnalysisSettin
             detector=settings.regression.detector(), history_uri=history_uri,
             target_mde_pct=settings.target_mde_pct, shared_dir=shared_dir, curves=curves))
 
-    return beside(draw)
+    return start(draw)

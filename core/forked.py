@@ -39,7 +39,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Generic, ParamSpec, TypeVar
 
-__all__ = ["Beside", "ChildDied", "beside", "can_fork"]
+__all__ = ["Beside", "ChildDied", "at_once", "beside", "can_fork"]
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -147,10 +147,7 @@ def beside(work: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> Beside[T]
         A `Beside`: ``result()`` waits for the child and gives its answer.
     """
     if not can_fork():
-        try:
-            return Beside(None, None, (True, work(*args, **kwargs)))
-        except Exception as exc:  # raised from result(), as a child's would be
-            return Beside(None, None, (False, exc))
+        return at_once(work, *args, **kwargs)
     for stream in (sys.stdout, sys.stderr):
         if stream is not None:
             stream.flush()
@@ -161,6 +158,18 @@ def beside(work: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> Beside[T]
         _child(writer, work, args, kwargs)
     os.close(writer)
     return Beside(pid, reader)
+
+
+def at_once(work: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> Beside[T]:
+    """``work(*args, **kwargs)`` done now, in this process, answered as `beside` answers.
+
+    What `beside` does where it cannot fork; a caller chooses it where a child would cost
+    more than it saves (the memory a child copies of what it touches).
+    """
+    try:
+        return Beside(None, None, (True, work(*args, **kwargs)))
+    except Exception as exc:  # raised from result(), as a child's would be
+        return Beside(None, None, (False, exc))
 
 
 def _child(writer: int, work: Callable[..., Any], args: Any, kwargs: Any) -> None:
