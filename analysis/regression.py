@@ -154,7 +154,7 @@ from analysis.exact import exact_steps
 from analysis.excursions import excursions
 from analysis.seasonality import MAX_PERIOD, Seasonality, deseasonalised, seasonality
 from analysis.segmentation import _explains_better, _levels, _steps
-from analysis.spread import SPREAD_WINDOW, _spread_changes
+from analysis.spread import SPREAD_WINDOW, _spread_changes, place_spread_changes
 from analysis.verdict_text import above, below, spread_text
 
 __all__ = [
@@ -312,6 +312,8 @@ def _shapes(values: Sequence[float], direction: Direction, settings: DetectorSet
         near = 2 * settings.min_size
         brief = [c for a, b in pairs if all(min(abs(a - f), abs(b - f)) >= near
                                             for f in found) for c in (a, b)]
+    # found on the differences' rank scores, each is placed again on the runs themselves
+    found = place_spread_changes(y, found, levels, settings.min_size)
     return index, sorted({*levels, *brief}), found, season
 
 

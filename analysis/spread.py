@@ -59,6 +59,69 @@ SPREAD_POWER = 0.5
 SPREAD_WINDOW = 200
 """The spread is read from ``|diff| ** SPREAD_POWER`` (see `_spread_changes`)."""
 
+PLACE_RADIUS = 20
+"""How far (runs) `place_spread_changes` may move a spread change found by the segmentation."""
+PLACE_WINDOW = 120
+"""How many runs on each side of a spread change `place_spread_changes` reads."""
+
+
+def place_spread_changes(y: np.ndarray, found: Sequence[int], levels: Sequence[int],
+                         min_size: int) -> list[int]:
+    """Each spread change of ``found`` moved to its most likely run (positions in ``y``).
+
+    The segmentation finds a spread change on the sizes of first differences, each of which
+    spans two runs, and its rank scores blur a change further: measured on variance changes
+    of x2-x4 (`benchmarks/regression/long_probe.py`'s ``variance`` class and draws of
+    normal and Student-t noise), fewer than 60 % of the changes found were placed within two
+    runs. Here each one is placed again by the likelihood of a change of scale in the
+    residuals around a line fitted to its neighbourhood (up to `PLACE_WINDOW` runs on each
+    side, never across another change): the split that minimises ``n1 log mean|r1| +
+    n2 log mean|r2|`` (Laplace's scale, not the normal's squares: as sharp on normal noise,
+    and far less pulled by one far-out run), within `PLACE_RADIUS` runs. Measured: 84 -> 111
+    of 141 changes within two runs on normal noise, 82 -> 97 of 138 on Student-t(5) noise,
+    65 -> 72 of 119 on Student-t(3) noise; the changes found are the same.
+    """
+    near = 2 * min_size  # as `_spread_changes` keeps a spread change from a level change
+    out: list[int] = []
+    for i, c in enumerate(found):
+        others = [f for j, f in enumerate(found) if j != i]
+        before = [b for b in (*levels, *others) if b < c]
+        after = [a for a in (*levels, *others) if a > c]
+        lo_data = max(max(before, default=0), c - PLACE_WINDOW)
+        hi_data = min(min(after, default=len(y)), c + PLACE_WINDOW)
+        lower = max(c - PLACE_RADIUS, lo_data + min_size,
+                    max((b + near for b in levels if b < c), default=near))
+        upper = min(c + PLACE_RADIUS, hi_data - min_size,
+                    min((a - near for a in levels if a > c), default=len(y) - near))
+        lower, upper = min(lower, c), max(upper, c)
+        out.append(_most_likely_split(y[lo_data:hi_data], lower - lo_data,
+                                      upper - lo_data, c - lo_data) + lo_data)
+    return out
+
+
+def _most_likely_split(segment: np.ndarray, lower: int, upper: int, default: int) -> int:
+    """The ``k`` in ``[lower, upper]`` where ``segment`` most likely changed its scale.
+
+    Residuals around the segment's least-squares line (a slow drift is no spread); ``default``
+    when no split has a finite likelihood (a side with no spread at all).
+    """
+    n = len(segment)
+    if n < 4:  # no line and two scales to fit
+        return default
+    x = np.arange(n, dtype=float)
+    slope, intercept = np.polyfit(x, segment, 1)
+    size = np.abs(segment - (slope * x + intercept))
+    sums = np.concatenate([[0.0], np.cumsum(size)])
+    k = np.arange(max(lower, 1), min(upper, n - 1) + 1)
+    if len(k) == 0:
+        return default
+    first, second = sums[k] / k, (sums[n] - sums[k]) / (n - k)
+    with np.errstate(divide="ignore"):
+        cost = k * np.log(first) + (n - k) * np.log(second)
+    if not np.any(np.isfinite(cost)):
+        return default
+    return int(k[int(np.nanargmin(np.where(np.isfinite(cost), cost, np.inf)))])
+
 
 def _correlation_factor(t: np.ndarray, block: int = 20) -> float:
     """The factor from ``t``'s difference-based noise scale to the one its means vary by.

@@ -261,6 +261,29 @@ def test_a_noisier_stretch_is_no_level_change() -> None:
     assert false_levels <= 8, false_levels
 
 
+def test_a_spread_change_is_placed_on_its_run() -> None:
+    """The noise's SD x2-x4 from a run on (or until one), normal and Student-t(5) noise: a
+    spread change found is placed within two runs of where it happened in most draws. Found
+    on the differences' rank scores alone, 45 of these 77 were (`place_spread_changes`
+    places them again on the runs: 57)."""
+    rng = np.random.default_rng(2027)
+    placed = found = 0
+    for i in range(80):
+        n = int(rng.integers(150, 900))
+        at = int(rng.integers(n // 4, 3 * n // 4))
+        noise = rng.normal(0, 1, n) if i % 2 else rng.standard_t(5, n)
+        factor = rng.uniform(2, 4)
+        if i % 4 < 2:
+            noise[at:] *= factor
+        else:
+            noise[:at] *= factor
+        near = [c for c in spread_change_points(list(50 + noise)) if abs(c - at) <= 30]
+        found += bool(near)
+        placed += any(abs(c - at) <= 2 for c in near)
+    assert found >= 70, found
+    assert placed >= 52, (placed, found)
+
+
 def test_a_regression_fixed_a_few_runs_later_is_two_change_points() -> None:
     """2-4 runs at 6-12 sigma, then the level back: its first run and the first run after.
     The segmentation needs 5 runs a side and its shield took two such runs for outliers
