@@ -351,14 +351,16 @@ def _detect(y: np.ndarray, sigma: float, s: DetectorSettings, log_scale: bool) -
     elif kept:
         # A staircase of steps can absorb a drift whole (no slope is left within its
         # segments): the drift and fewer steps may explain the series better. The cheaper
-        # model wins, a drift costing what a step costs.
+        # model wins, a drift costing what a step costs, each at `drift_choice_weight` of
+        # the segmentation's penalty (every step of ``kept`` passed validation already).
         slope, sxx = _drift_slope(y, [0, len(y)])
         if _is_drift(slope, sxx, sigma, s.drift_z):
             flat = y - slope * np.arange(len(y))
             other = _validate(y, _refine(y, _candidates(flat, sigma, s), sigma, s), sigma, s,
                               log_scale)
-            if len(other) < len(kept) and _model_cost(y, other, sigma, s, True) < _model_cost(
-                    y, kept, sigma, s, False):
+            weight = s.drift_choice_weight
+            if len(other) < len(kept) and _model_cost(y, other, sigma, s, True, weight) < \
+                    _model_cost(y, kept, sigma, s, False, weight):
                 kept = other
     if kept:
         curved = _curved_alternative(y, kept, sigma, s, log_scale)
@@ -485,13 +487,16 @@ def _curved_alternative(y: np.ndarray, kept: list[int], sigma: float, s: Detecto
 
 
 def _model_cost(y: np.ndarray, cps: Sequence[int], sigma: float, s: DetectorSettings,
-                drift: bool) -> float:
-    """Penalised least-squares cost of levels at ``cps`` (plus a shared drift when asked)."""
+                drift: bool, weight: float = 1.0) -> float:
+    """Penalised least-squares cost of levels at ``cps`` (plus a shared drift when asked).
+
+    Each parameter costs ``weight`` times the segmentation's penalty.
+    """
     r = y
     if drift:
         slope, _ = _drift_slope(y, [0, *cps, len(y)])
         r = y - slope * np.arange(len(y))
-    return levels_rss(r, cps) / sigma ** 2 + s.candidate_z ** 2 * (len(cps) + drift)
+    return levels_rss(r, cps) / sigma ** 2 + weight * s.candidate_z ** 2 * (len(cps) + drift)
 
 
 def levels_rss(y: np.ndarray, cps: Sequence[int]) -> float:

@@ -61,6 +61,7 @@ GRID: list[tuple[str, dict[str, float]]] = [
     ("floor2%", {"min_magnitude": 0.02}),
     ("default", {}),
     ("s2.4", {"suspect_z": 2.4}),
+    ("drift-w1", {"drift_choice_weight": 1.0}),  # the weighing before 2026-12-07
     ("v2.25-z4", {"verdict_z": 2.25, "edge_z": 4.0, "suspect_z": 2.5, "z_threshold": 4.0,
                   "candidate_z": 4.0}),
 ]
