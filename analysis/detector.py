@@ -17,6 +17,7 @@ from functools import lru_cache
 
 import numpy as np
 
+import analysis.blas  # noqa: F401  (numpy's BLAS on one thread: `analysis.blas` says why)
 from analysis.detector_settings import DEFAULTS as DEFAULTS  # re-exported
 from analysis.detector_settings import DetectorSettings
 

@@ -48,6 +48,8 @@ from functools import lru_cache
 
 import numpy as np
 
+import analysis.blas  # noqa: F401  (numpy's BLAS on one thread: `analysis.blas` says why)
+
 __all__ = ["Seasonality", "ar_behind", "deseasonalised", "seasonality"]
 
 MAX_PERIOD = 48

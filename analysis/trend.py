@@ -17,6 +17,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+import analysis.blas  # noqa: F401  (numpy's BLAS on one thread: `analysis.blas` says why)
+
 __all__ = ["SPLINE_PARAMETERS", "natural_spline_basis", "needed_steps", "smooth_trend",
            "step_columns"]
 
