@@ -19,6 +19,7 @@ from analysis.regression import (
     verdict,
 )
 from analysis.seasonality import seasonality
+from analysis.spread import PLACE_RADIUS, place_spread_changes
 from tests.series_checks import KINDS, assert_ordered_and_explained
 
 # values a result tree can carry: constant, tiny, huge, negative, zero, NaN and inf holes
@@ -282,6 +283,29 @@ def test_a_spread_change_is_placed_on_its_run() -> None:
         placed += any(abs(c - at) <= 2 for c in near)
     assert found >= 70, found
     assert placed >= 52, (placed, found)
+
+
+@settings(max_examples=80, deadline=None, derandomize=True)
+@given(values=st.lists(st.one_of(st.floats(-1e6, 1e6, allow_nan=False), st.just(0.0)),
+                       min_size=30, max_size=200),
+       picks=st.lists(st.floats(0, 1), min_size=1, max_size=4),
+       levels=st.lists(st.floats(0, 1), max_size=3))
+def test_placing_a_spread_change_keeps_it_apart_and_near(values: list[float],
+                                                         picks: list[float],
+                                                         levels: list[float]) -> None:
+    """Whatever the runs (constant stretches, zeros, huge values): each spread change stays
+    within `PLACE_RADIUS` runs of where it was found, inside the series, on its own side of
+    every other change, and none is lost or merged."""
+    y = np.asarray(values)
+    n = len(y)
+    found = sorted({int(10 + p * (n - 20)) for p in picks})
+    level_cps = sorted({int(p * n) for p in levels} - set(found))
+    placed = place_spread_changes(y, found, level_cps, 5)
+    assert len(placed) == len(found)
+    for before, after in zip(found, placed, strict=True):
+        assert 0 < after < n and abs(after - before) <= PLACE_RADIUS
+        assert not any(min(before, after) < c < max(before, after) or c == after
+                       for c in (*level_cps, *(f for f in found if f != before)))
 
 
 def test_a_low_staircase_keeps_each_step_on_its_own_evidence() -> None:
