@@ -81,7 +81,7 @@ class DetectorSettings:
             the segmentation's penalty. At 1 a staircase of three 1-2 SD steps lost to a
             line whenever its sawtooth around the line (``n h^2 / 12``) was under two
             steps' penalty: all three steps or none (issue #41). 0.5 keeps each validated
-            step on its own evidence more often (families' ``staircase`` F1 0.643 -> 0.702
+            step on its own evidence more often (families' ``staircase`` F1 0.643 -> 0.701
             and ``drift`` 0.647 -> 0.640 on 120 series each, seed 3; docs/performance.md).
     """
 
