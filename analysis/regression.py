@@ -390,9 +390,13 @@ def verdict(history: Sequence[float], latest: float | Sequence[float],
     if log_scale:
         h, repeats = np.log(h), np.log(repeats)
     if season is not None and log_scale == shapes_in_logs:
-        # judged against the wave: the history and the newest run less their phase of it
+        # judged against the wave: the history and the newest run less their phase of it,
+        # at a higher bar (the wave at the newest runs is extrapolated, an error the shift's
+        # standard error leaves out: `periodic_verdict_extra_z`)
         h = deseasonalised(h, season)
         repeats = repeats - season.at(len(h))
+        settings = replace(settings,
+                           verdict_z=settings.verdict_z + settings.periodic_verdict_extra_z)
     else:
         season = None
     shifts = _tail_shifts(h, repeats, settings, levels, first, log_scale,
