@@ -21,20 +21,13 @@ own installation (a distribution's, MKL), nothing is changed.
 
 from __future__ import annotations
 
-import threading
-
 __all__ = ["numpy_blas_threads", "one_blas_thread"]
-
-_DONE = threading.Event()
 
 
 def one_blas_thread() -> None:
-    """Limit numpy's bundled BLAS to one thread (once a process; cheap after the first)."""
-    if _DONE.is_set():
-        return
+    """Limit numpy's bundled BLAS to one thread (run once, when this module is imported)."""
     for controller in _numpy_blas():
         controller.set_num_threads(1)
-    _DONE.set()
 
 
 def numpy_blas_threads() -> list[int]:
