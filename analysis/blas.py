@@ -17,11 +17,21 @@ s to segment with OpenBLAS's two threads, 0.21-0.52 s with one; quiet, the same 
 Only the BLAS that numpy itself loaded is limited (its wheel's ``numpy.libs``), so a torch or
 another library in the same process keeps its own threads. Where numpy links a BLAS of its
 own installation (a distribution's, MKL), nothing is changed.
+
+threadpoolctl's import sets ``KMP_DUPLICATE_LIB_OK`` in the environment (for its own nested
+OpenMP libraries); that is undone here: every workload, server and warm Python a run starts
+inherits the environment, and a warm Python's key is a digest of it — a run that imported
+this between two asks started a second warm Python for the same workload.
 """
 
 from __future__ import annotations
 
+import os
+
 __all__ = ["numpy_blas_threads", "one_blas_thread"]
+
+
+_KMP = "KMP_DUPLICATE_LIB_OK"
 
 
 def one_blas_thread() -> None:
@@ -38,7 +48,12 @@ def numpy_blas_threads() -> list[int]:
 def _numpy_blas() -> list:  # type: ignore[type-arg]
     """The controllers (threadpoolctl's) of the BLAS libraries numpy's wheel ships."""
     import numpy  # noqa: F401  (loads its BLAS before the libraries are listed)
+
+    before = os.environ.get(_KMP)
     from threadpoolctl import ThreadpoolController
+
+    if before is None:  # its import's setdefault: not ours to pass on (see the module)
+        os.environ.pop(_KMP, None)
 
     return [lib for lib in ThreadpoolController().lib_controllers
             if lib.user_api == "blas" and "numpy" in str(lib.filepath)]
