@@ -130,6 +130,11 @@ class LocalService:
             builds). A command line starts the first cell's server ahead of the run only
             when they all exist: one started before its model was built dies, or is taken
             and dies, a few seconds later (`tasks.platforms.local_ahead`).
+        preload: For a ``PYTHON -m MODULE ...`` server: the heavy modules a warm Python
+            imports once, left by a run after its cells, so that later runs fork the server
+            from it instead of importing them again (`tasks.platforms.service_launch`).
+        forked_facts: What ``facts`` says otherwise of a server forked from that warm
+            Python (its record's ``launch`` says it was).
     """
 
     key: str
@@ -139,6 +144,8 @@ class LocalService:
     ready_timeout_s: float = 600.0
     facts: Mapping[str, Any] = field(default_factory=dict)
     needs: Sequence[str] = ()
+    preload: Sequence[str] = ()
+    forked_facts: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

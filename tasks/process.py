@@ -17,9 +17,10 @@ from pathlib import Path
 
 from core.loopback import LOOPBACK_HOST
 from core.safeio import open_append, write_text
+from projects.library.runs import FRESH
 from tasks.runner import CMDLINE_FILE, PID_FILE, die_with_parent
 
-__all__ = ["ManagedProcess", "free_port", "pid_alive"]
+__all__ = ["ManagedProcess", "free_port", "log_tail", "pid_alive"]
 
 
 def pid_alive(pid: int) -> bool:
@@ -66,15 +67,34 @@ class ManagedProcess:
                                          env={**os.environ, **(env or {})})
         write_text(home / PID_FILE, f"{self.proc.pid}\n")
 
+    launch = FRESH
+    """How it was started (`projects.library.runs`): a fresh process."""
+
     @property
     def log_file(self) -> Path:
         """Its stdout and stderr."""
         return self.home / f"{self.name}.log"
 
     @property
+    def pid(self) -> int:
+        """Its pid (its process group's id too)."""
+        return self.proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        """Its exit code once it ended and was reaped, else None."""
+        return self.proc.returncode
+
+    @property
     def running(self) -> bool:
         """It has not exited."""
         return self.proc.poll() is None
+
+    def move_home(self, home: Path) -> None:
+        """Move its directory to ``home`` (same file system; its open log follows)."""
+        # safeio-exempt: renames a directory of this run (the process's home)
+        os.replace(self.home, home)
+        self.home = home
 
     def stop(self, grace_s: float = 20.0) -> None:
         """SIGTERM to its session (it and its children), SIGKILL after ``grace_s``.
@@ -99,9 +119,14 @@ class ManagedProcess:
 
     def tail(self, size: int = 2000) -> str:
         """The end of its log."""
-        try:
-            with open(self.log_file, "rb") as stream:
-                stream.seek(max(0, stream.seek(0, os.SEEK_END) - size))
-                return stream.read().decode("utf-8", "replace")
-        except OSError:
-            return ""
+        return log_tail(self.log_file, size)
+
+
+def log_tail(path: Path, size: int = 2000) -> str:
+    """The last ``size`` bytes of a process's log, as text ("" when unreadable)."""
+    try:
+        with open(path, "rb") as stream:
+            stream.seek(max(0, stream.seek(0, os.SEEK_END) - size))
+            return stream.read().decode("utf-8", "replace")
+    except OSError:
+        return ""

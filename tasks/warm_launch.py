@@ -16,7 +16,8 @@ from pathlib import Path
 
 from core.safeio import open_append
 from projects.library.runs import FORKED, FRESH
-from tasks.warm_python import WarmPython, WarmPythonGone, run_warm
+from tasks.warm_child import WarmPythonGone, run_warm
+from tasks.warm_python import WarmPython
 
 __all__ = ["fork_or_fresh"]
 

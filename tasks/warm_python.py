@@ -44,8 +44,9 @@ The interpreter is the path a workload names (a venv's ``bin/python``), not the 
 every venv links to: llm_serving's load script runs on the serving venv's Python, whose warm
 Python has GuideLLM imported (`tasks.warm_key`: stamps read in that venv).
 
-One module (~600 lines): the client, the server loop and the child share the order's wire
-format, the key and the socket's path; split, each half would import the other.
+This module is the warm Python and how a run finds or starts one; `tasks.warm_child` is the
+ordering side (a child ordered, its pid, its end), which reads the order's wire format and
+the socket's path from here.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -76,7 +77,7 @@ from core.terminal import say
 from tasks.process import pid_alive
 from tasks.warm_key import interpreter, workload_module
 
-__all__ = ["WARM_DIR", "Order", "WarmPython", "WarmPythonGone", "acquire", "offer", "run_warm",
+__all__ = ["WARM_DIR", "Order", "WarmPython", "acquire", "offer", "socket_path", "starting",
            "stop_warm_pythons", "warm_base"]
 
 WARM_DIR = "telltale-warm-python"
@@ -126,7 +127,7 @@ class WarmPython:
 
 
 @contextlib.contextmanager
-def _socket_path(directory: Path) -> Iterator[str]:
+def socket_path(directory: Path) -> Iterator[str]:
     """A short path to ``directory``'s socket, through an open fd (``/proc/self/fd/N/``).
 
     A Unix socket's path holds at most 107 bytes; a user's home can be longer.
@@ -163,23 +164,32 @@ def _is_warm_python(pid: int, directory: Path) -> bool:
     return b"tasks.warm_python" in cmdline and str(directory).encode() in cmdline
 
 
-def acquire(key: str, *, wait_s: float = 180.0, base: Path | None = None) -> WarmPython | None:
+def acquire(key: str, *, wait_s: float = 180.0, base: Path | None = None,
+            cancelled: threading.Event | None = None) -> WarmPython | None:
     """The ready warm Python for ``key``, waiting for one that is still importing; or None.
 
     Waiting is cheaper than the alternative: a fresh workload would import the same modules
-    beside it, on the same cores.
+    beside it, on the same cores. ``cancelled``, once set, ends the wait (None).
     """
     directory = (base or warm_base()) / key
     deadline = time.monotonic() + wait_s
     while True:
         record = _read_record(directory)
-        starting = _starting_pid(directory)
         if record is not None and record.key == key and _is_warm_python(record.pid, directory):
             return WarmPython(pid=record.pid, key=key, directory=directory)
-        if starting is None or not _is_warm_python(starting, directory) \
-                or time.monotonic() > deadline:
+        if not starting(key, base=base) or time.monotonic() > deadline:
             return None
-        time.sleep(0.1)
+        if cancelled is not None and cancelled.wait(0.1):
+            return None
+        if cancelled is None:
+            time.sleep(0.1)
+
+
+def starting(key: str, *, base: Path | None = None) -> bool:
+    """A warm Python for ``key`` runs: importing, or ready (`acquire` finds the latter)."""
+    directory = (base or warm_base()) / key
+    pid = _starting_pid(directory)
+    return pid is not None and _is_warm_python(pid, directory)
 
 
 def _starting_pid(directory: Path) -> int | None:
@@ -205,8 +215,7 @@ def offer(key: str, python: str, modules: Sequence[str], cwd: str | Path,
     directory.mkdir(mode=0o700, exist_ok=True)
     directory.chmod(0o700)  # whoever reaches its socket runs commands as this user
     with dir_lock(directory, _LOCK):
-        running = _starting_pid(directory)
-        if running is not None and _is_warm_python(running, directory):
+        if starting(key, base=root):
             return False
         (directory / _RECORD).unlink(missing_ok=True)
         (directory / _SOCKET).unlink(missing_ok=True)
@@ -245,68 +254,6 @@ def stop_warm_pythons(under: Path) -> list[int]:
     return stopped
 
 
-class WarmPythonGone(RuntimeError):
-    """The warm Python ended while its child ran (the child dies with it)."""
-
-
-def run_warm(warm: WarmPython, argv: Sequence[str], *, env: Mapping[str, str],
-             output_file: Path, timeout: float | None,
-             on_start: Callable[[int], None] | None = None) -> int:
-    """Run ``argv`` (``PYTHON -m MODULE ARGS``) as a child of the warm Python; its exit code.
-
-    Args:
-        warm: From `acquire`.
-        argv: The workload's command line (what a fresh process would have run).
-        env: Its whole environment.
-        output_file: Its stdout and stderr, appended.
-        timeout: Seconds before its process group is killed (`TimeoutError`).
-        on_start: Called with the child's pid once it runs (the run's pid file).
-
-    Raises:
-        TimeoutError: The deadline passed (the group was killed).
-        WarmPythonGone: The warm Python died; so did the child.
-        OSError: The warm Python could not be reached (nothing was started).
-    """
-    order = Order(argv=[str(a) for a in argv], env=dict(env), cwd=os.getcwd(),
-                  output_file=str(output_file))
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    pid: int | None = None
-    try:
-        conn.settimeout(30)
-        with _socket_path(warm.directory) as path:
-            conn.connect(path)
-        conn.sendall(order.model_dump_json().encode() + b"\n")
-        reader = conn.makefile("rb")
-        try:  # no answer: a warm Python stopping (SIGTERM) takes no more orders
-            pid = int(json.loads(reader.readline(4096))["pid"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ConnectionRefusedError(f"the warm Python (pid {warm.pid}) took no order: "
-                                         f"{exc}") from None
-        if on_start is not None:
-            on_start(pid)
-        conn.settimeout(timeout)
-        try:
-            line = reader.readline(4096)
-        except TimeoutError:
-            _kill_group(pid)
-            raise
-        if not line:
-            raise WarmPythonGone(f"the warm Python (pid {warm.pid}) ended while its child "
-                                 f"{pid} ran")
-        return int(json.loads(line)["exit"])
-    except BaseException:  # Ctrl-C, cancellation, a deadline: never leave the child running
-        if pid is not None:
-            _kill_group(pid)
-        raise
-    finally:
-        conn.close()
-
-
-def _kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)
-
-
 # --- the warm Python itself -------------------------------------------------------------------
 
 
@@ -334,7 +281,7 @@ def _serve(directory: Path, key: str, idle_s: float, modules: Sequence[str]) -> 
     for name in modules:
         importlib.import_module(name)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    with _socket_path(directory) as path:
+    with socket_path(directory) as path:
         listener.bind(path)
     listener.listen(16)
     server = _Server(directory=directory, idle_s=idle_s, listener=listener)

@@ -192,8 +192,9 @@ def labels(result: ParsedResult) -> dict[str, str]:
         "user_count": len(serving.users) or 1,
         "telltale_image": serving.telltale_image,
         # the local server's engine core forked from a fork server (workload/vllm_server.py)
-        # holds ~140 MB more of the machine's memory than vLLM's own start: another history
-        # for the resource KPIs, as the trainer's launch is (empty: the rows before it)
+        # holds ~140 MB more of the machine's memory than vLLM's own start, and a server
+        # forked from a warm Python ("forked") starts in half the time: each is another
+        # history, as the trainer's launch is (empty: the rows before it)
         "engine_core_start": serving.engine_core_start,
     }.items()}
 

@@ -35,8 +35,11 @@ __all__ = ["ENGINE_CORE_STARTS", "LOAD_STEP", "ServingParser", "ServingResult", 
 
 LOAD_STEP = "run_llm_serving_load"
 WORKLOAD_GLOB = f"*__llm_serving__{LOAD_STEP}"
-ENGINE_CORE_STARTS = ("forkserver",)
-"""The values `service.json`'s ``engine_core_start`` may have (anything else reads as empty)."""
+ENGINE_CORE_STARTS = ("forkserver", "forked")
+"""How the local vLLM server's engine core started (`service.json`'s ``engine_core_start``):
+from a fork server the server started, or forked from a server that was itself forked from a
+warm Python (`tasks.platforms.service_launch`). Anything else reads as empty (vLLM's own
+start, the runs before session 24)."""
 CAPTURE_GLOB = "*__cluster__capture_environment"
 DEFAULT_INVALID_WARNINGS = frozenset({"generation_delay_ttft"})
 """Invalidating GuideLLM warnings when the load step did not record its own list."""
@@ -167,8 +170,10 @@ class ServingResult(RunResult):
     server_startup_s: float | None = None
     engine_core_start: str = Field(default="", description="How the local vLLM server's "
                                    "engine core was started: forkserver "
-                                   "(workload/vllm_server.py), or empty (vLLM's own start, a "
-                                   "cluster's, or a record from before it was recorded).")
+                                   "(workload/vllm_server.py), forked (the server forked "
+                                   "from a warm Python, its engine core from it), or empty "
+                                   "(vLLM's own start, a cluster's, or a record from before "
+                                   "it was recorded).")
     measured: bool = Field(default=False, description="The load step judged the run a valid "
                            "measurement (exit 0: no fatal GuideLLM warning, some success).")
     warnings: list[str] = Field(default_factory=list)

@@ -52,6 +52,7 @@ from projects.llm_serving.manifests import JOB_NAME_LABEL, LOAD_SCRIPT, cell_man
 from projects.llm_serving.models import ServingSettings, ServingTest
 from projects.llm_serving.parser import ENGINE_CORE_STARTS, LOAD_STEP, ServingParser
 from projects.llm_serving.settings import serving_environment
+from projects.llm_serving.workload.vllm_server import SERVER_PRELOAD
 
 __all__ = ["PROJECT", "model_dir"]
 
@@ -61,7 +62,8 @@ CORPUS = FOLDER.parent / "fine_tuning" / "data" / "alpaca_mini.jsonl"
 """The tokenizer's training text: the fine-tuning project's dataset (shipped in the repo)."""
 _BUILDER = "projects.llm_serving.workload.build_model"
 LOAD_MODULE = "projects.llm_serving.workload.load"
-# vLLM's OpenAI server, its engine core forked from a preloaded fork server (why: its docstring)
+# vLLM's OpenAI server, its engine core forked from a preloaded fork server, or the whole
+# server forked from a warm Python that imported SERVER_PRELOAD (why: its docstring)
 SERVER_MODULE = "projects.llm_serving.workload.vllm_server"
 # GuideLLM's command line and its benchmark entry point: importing them imports torch,
 # transformers and datasets (~9 s, ~560 MB); a warm Python of the serving venv does it once
@@ -171,7 +173,8 @@ def local_service(ctx: CellContext) -> LocalService:
         health_path="/health", ready_timeout_s=float(test.local.ready_timeout_s),
         facts={"runtime": "vllm", "model_name": str(settings.model_name),
                "model_dir": str(model), "engine_core_start": ENGINE_CORE_STARTS[0]},
-        needs=(str(model / "config.json"),))
+        needs=(str(model / "config.json"),), preload=SERVER_PRELOAD,
+        forked_facts={"engine_core_start": ENGINE_CORE_STARTS[1]})
 
 
 def _load_config(ctx: CellContext) -> dict[str, Any]:

@@ -71,6 +71,7 @@ from tasks.platforms.local_warm import (
     warm_for,
 )
 from tasks.platforms.service import SERVICE_FILE, RunningService, start_service
+from tasks.platforms.service_launch import offer_warm_service
 from tasks.progress import LogProgress, ProgressArtifact
 from tasks.runner import CMDLINE_FILE, PID_FILE, CommandTimeout, die_with_parent
 from tasks.warm_python import WarmPython
@@ -398,7 +399,7 @@ class LocalPlatform:
         if current is not None:
             if not current.process.running:
                 logger.warning("the %s server exited (%s): starting it again", current.spec.key,
-                               current.process.proc.returncode)
+                               current.process.returncode)
             current.stop()
             self.service = None
         self.service = start_service(spec, run_ctx.root)
@@ -479,8 +480,11 @@ class LocalPlatform:
         is measured, and the run leaves its spare Prometheus for the next run then
         (`offer_spare`), not at its cleanup — its post-processing and cleanup overlap the
         spare's ~5-10 s to its first scrape, which a run started right after this one waits
-        for. A failed or interrupted run leaves none.
+        for. A failed or interrupted run leaves none. So with its server's warm Python
+        (`tasks.platforms.service_launch`): its imports never run beside a measurement.
         """
         yield
         if self.prometheus is not None:  # the run measured with one
             offer_spare(run_ctx.model.observe.prometheus)
+        if self.service is not None:
+            offer_warm_service(self.service.spec)

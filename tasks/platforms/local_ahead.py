@@ -34,7 +34,7 @@ from tasks.observe.spare import adopt, offer, spare_base
 from tasks.platforms import service
 from tasks.platforms.local_warm import offer_warm
 
-__all__ = ["adopt_spare", "ahead", "offer_spare"]
+__all__ = ["adopt_spare", "ahead", "first_context", "offer_spare"]
 
 
 @contextmanager
@@ -76,7 +76,7 @@ def _observe_ahead(block: Any, artifact_dir: Path | None) -> None:
         say(f"note: prometheus not started ahead: {exc}", error=True)
 
 
-def _first_context(hooks: Project, config: Config) -> CellContext | None:
+def first_context(hooks: Project, config: Config) -> CellContext | None:
     """The first runnable cell's context as the run will give it (None: no cell runs)."""
     from projects.plan import cells_of
 
@@ -99,7 +99,7 @@ def _service_ahead(hooks: Project, config: Config, artifact_dir: Path | None) ->
     if hooks.local_service is None:
         return
     try:
-        context = _first_context(hooks, config)
+        context = first_context(hooks, config)
         if context is None:
             return
         spec = hooks.local_service(context)
@@ -122,7 +122,7 @@ def _warm_ahead(hooks: Project, config: Config) -> None:
     if hooks.local is None or env_settings().warm_python_minutes <= 0:
         return
     try:
-        context = _first_context(hooks, config)
+        context = first_context(hooks, config)
         if context is not None:
             offer_warm(hooks.local(context))
     except ConfigError:  # a cell that cannot run: the run's own check says why, once

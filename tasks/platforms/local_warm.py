@@ -24,8 +24,8 @@ from tasks.warm_key import warm_key, workload_module
 from tasks.warm_launch import fork_or_fresh
 from tasks.warm_python import WarmPython, acquire, offer
 
-__all__ = ["find_warm", "offer_warm", "run_process", "wanted_warm", "warm_for",
-           "warm_key_of"]
+__all__ = ["command_warm_key", "find_warm", "offer_command", "offer_warm", "run_process",
+           "wanted_warm", "warm_for", "warm_key_of"]
 
 logger = logging.getLogger("telltale.local")
 
@@ -79,10 +79,18 @@ def find_warm(wanted: tuple[LocalWorkload, str] | None) -> WarmPython | None:
 
 def warm_key_of(workload: LocalWorkload, env: Mapping[str, str]) -> str | None:
     """The warm Python key of a workload run with ``env`` added (None: it takes none)."""
-    if not workload.preload or workload_module(workload.argv) is None:
+    return command_warm_key(workload.argv, workload.preload, env)
+
+
+def command_warm_key(argv: Sequence[str], preload: Sequence[str],
+                     env: Mapping[str, str]) -> str | None:
+    """The warm Python key of ``argv`` (``PYTHON -m MODULE ...``) run with ``env`` added.
+
+    Its warm Python imports ``preload``; None when it takes none.
+    """
+    if not preload or workload_module(argv) is None:
         return None
-    return warm_key(str(workload.argv[0]), workload.preload, os.getcwd(),
-                    {**os.environ, **env})
+    return warm_key(str(argv[0]), preload, os.getcwd(), {**os.environ, **env})
 
 
 def warm_for(warm: Mapping[str, object] | None, workload: LocalWorkload,
@@ -101,12 +109,20 @@ def offer_warm(workload: LocalWorkload, key: str | None = None) -> bool:
 
     True when one was started now (False: one runs or starts already, or none is wanted).
     """
-    key = key or warm_key_of(workload, dict(workload.env))
-    if key is None or not Path(str(workload.argv[0])).exists():
+    return offer_command(workload.argv, workload.preload, workload.env, key)
+
+
+def offer_command(argv: Sequence[str], preload: Sequence[str], env: Mapping[str, str],
+                  key: str | None = None) -> bool:
+    """Start a warm Python importing ``preload`` for ``argv`` run with ``env`` added.
+
+    True when one was started now; never fails a run (see `offer_warm`).
+    """
+    key = key or command_warm_key(argv, preload, env)
+    if key is None or not Path(str(argv[0])).exists():
         return False  # not there yet (a serving venv the run's prepare builds): asked again
     try:
-        return offer(key, str(workload.argv[0]), workload.preload, os.getcwd(),
-                     {**os.environ, **workload.env},
+        return offer(key, str(argv[0]), preload, os.getcwd(), {**os.environ, **env},
                      minutes=env_settings().warm_python_minutes)
     except Exception as exc:  # the run starts a fresh process
         logger.warning("no warm python started: %s", exc)

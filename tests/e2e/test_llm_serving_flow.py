@@ -19,7 +19,7 @@ from analysis.discovery import ResultDir
 from analysis.kpi import compute_kpis
 from analysis.parsing import FileReader
 from projects import registry
-from projects.library.runs import FORKED
+from projects.library.runs import FORKED, FRESH
 from tests.factories import (
     cli_env,
     group_gone,
@@ -49,9 +49,27 @@ def _reasons(run_dir: Path) -> str:
     return "\n".join(said)
 
 
+def _offer_the_servers_warm_python() -> None:
+    """What a light run leaves once its cells are done: the server's warm Python, vLLM's API
+    server and engine core imported (`tasks.platforms.service_launch`), offered here with
+    the environment a CLI run of this test has (its key must be the run's)."""
+    from projects.config import resolve
+    from tasks.platforms.local_ahead import first_context
+    from tasks.platforms.service_launch import offer_warm_service
+
+    project = registry.load("llm_serving")
+    context = first_context(project, resolve("llm_serving", presets=["light"], env={}))
+    assert project.local_service is not None and context is not None
+    offer_warm_service(project.local_service(context))
+
+
 def test_two_cells_share_one_real_server_and_a_failed_cell_leaves_nothing(
         tmp_path: Path) -> None:
+    """The server forked from its warm Python (a later run's start), still importing when
+    the run asks for it: the run waits for it, and its engine core is forked from the
+    server."""
     serving_venv_or_skip()
+    _offer_the_servers_warm_python()
     run_dir = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-m", "flows.llm_serving", "--preset", "light",
                            *TWO_CELLS, "--artifact-dir", str(run_dir)],
@@ -74,11 +92,12 @@ def test_two_cells_share_one_real_server_and_a_failed_cell_leaves_nothing(
     records = [json.loads((j / "artifacts" / "service.json").read_text()) for j in jobs]
     assert records[0]["pid"] == records[1]["pid"] and records[0]["url"] == records[1]["url"]
     assert process_gone(records[0]["pid"]), "the vLLM server outlived the run"
-    # its engine core was forked from the fork server the launcher started first
-    # (workload/vllm_server.py); neither it nor the fork server nor the worker outlived it
-    assert records[0]["engine_core_start"] == "forkserver"
+    # the server was forked from its warm Python, its engine core from the server
+    # (workload/vllm_server.py); neither it nor the worker outlived it
+    assert records[0]["launch"].startswith(FORKED), records[0]
+    assert records[0]["engine_core_start"] == "forked"
     server_log = (services[0] / "server.log").read_text()
-    assert "telltale: the engine core is forked from a fork server" in server_log
+    assert "telltale: the engine core is forked from the API server" in server_log
     assert group_gone(records[0]["pid"]), "a process of the vLLM server outlived the run"
     assert not list(run_dir.rglob("workload.pid"))
     assert "stopped_at" in json.loads((services[0] / "service.json").read_text())
@@ -91,7 +110,7 @@ def test_two_cells_share_one_real_server_and_a_failed_cell_leaves_nothing(
     written = json.loads(result_file.read_text())["benchmarks"][0]["metrics"]
     post = next(run_dir.glob("*__analysis__postprocess_results"))
     kpis = pd.read_parquet(post / "kpis.parquet")
-    assert set(kpis["engine_core_start"]) == {"forkserver"}  # a label: its own history
+    assert set(kpis["engine_core_start"]) == {"forked"}  # a label: its own history
     good = kpis[kpis["request_format"] == "/v1/completions"].set_index("kpi")["value"]
     assert math.isclose(good["ttft_p95"], written["time_to_first_token_ms"]["successful"][
         "percentiles"]["p95"])
@@ -145,7 +164,10 @@ def test_ctrl_c_while_the_server_starts_leaves_no_server(tmp_path: Path) -> None
 def test_a_nightly_serving_run_that_stays_invalid_exits_3_never_1(tmp_path: Path) -> None:
     """validity: enforce (nightly): an invalid measurement is re-run once against the same
     server; still invalid (here: a declared minimum window of a day), the run is
-    inconclusive — exit 3 — with both results kept, stored marked and never judged."""
+    inconclusive — exit 3 — with both results kept, stored marked and never judged.
+
+    Warm Pythons off: the server starts as a fresh process (its engine core forked from the
+    fork server it starts first), the load steps too."""
     serving_venv_or_skip()
     run_dir = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-m", "flows.llm_serving", "--preset", "nightly",
@@ -153,9 +175,18 @@ def test_a_nightly_serving_run_that_stays_invalid_exits_3_never_1(tmp_path: Path
                            "--var", "analysis.validity.min_window_s=86400",
                            "--var", f"analysis.history_uri={tmp_path / 'history'}",
                            "--artifact-dir", str(run_dir)],
-                          capture_output=True, text=True, env=cli_env(tmp_path), timeout=1500)
+                          capture_output=True, text=True, timeout=1500,
+                          env={**cli_env(tmp_path), "TELLTALE_WARM_PYTHON_MINUTES": "0"})
     output = proc.stdout[-4000:] + proc.stderr[-4000:]
     assert proc.returncode == 3, output
+    record = json.loads(next(run_dir.glob("services/*/service.json")).read_text())
+    assert record["launch"] == FRESH and record["engine_core_start"] == "forkserver", record
+    server_log = next(run_dir.glob("services/*/server.log")).read_text()
+    assert "telltale: the engine core is forked from a fork server" in server_log
+    assert group_gone(record["pid"]), "a process of the vLLM server outlived the run"
+    launches = {json.loads(p.read_text())["launch"]
+                for p in run_dir.glob("*__cell*/*__run_llm_serving_load/artifacts/process.json")}
+    assert launches == {FRESH}, launches
     outcome = json.loads((run_dir / "outcome.json").read_text())
     assert [c["validity"] for c in outcome["cells"]] == ["invalid", "invalid"], output
     assert outcome["failures"] == [] and outcome["verdict_counts"] == {"not_judged": 2}

@@ -18,14 +18,13 @@ from hypothesis import strategies as st
 
 from projects.library.runs import FORKED, FRESH
 from tasks.process import pid_alive
+from tasks.warm_child import WarmPythonGone, run_warm
 from tasks.warm_key import installed_stamps, warm_key, workload_module
 from tasks.warm_launch import fork_or_fresh
 from tasks.warm_python import (
     WarmPython,
-    WarmPythonGone,
     acquire,
     offer,
-    run_warm,
     stop_warm_pythons,
 )
 from tests.factories import process_gone, wait_until
@@ -119,7 +118,8 @@ def test_a_requester_that_dies_takes_its_workload_with_it(warm) -> None:
     found, work = warm
     os.mkfifo(work / "never")
     script = (f"import sys, os\nsys.path.insert(0, {str(Path.cwd())!r})\n"
-              "from pathlib import Path\nfrom tasks.warm_python import WarmPython, run_warm\n"
+              "from pathlib import Path\nfrom tasks.warm_python import WarmPython\n"
+              "from tasks.warm_child import run_warm\n"
               f"w = WarmPython(pid={found.pid}, key={found.key!r}, "
               f"directory=Path({str(found.directory)!r}))\n"
               "run_warm(w, [sys.executable, '-m', 'wl_probe', 'wait', 'never'], "

@@ -24,6 +24,11 @@ What stays as vLLM does it, on purpose:
 - **The three processes, their roles, arguments, process titles and the multiprocessing
   executor.**
 
+Forked from a warm Python (`tasks.platforms.service_launch`: a later run's server, the
+modules of `SERVER_PRELOAD` imported ahead), this process has the engine core's modules
+already: the engine core is then forked from it directly (the start method vLLM itself uses
+for its engine core on a GPU), and no fork server is started. The worker is still spawned.
+
 Where this vLLM has no such hook point (another version), the server starts as vLLM starts
 it, and the log says so.
 """
@@ -38,13 +43,15 @@ import runpy
 import sys
 from typing import Any
 
-__all__ = ["ENGINE_CORE_MODULES", "EnvCarryingProcess", "forkserver_context",
-           "install_engine_core_hook", "main"]
+__all__ = ["ENGINE_CORE_MODULES", "SERVER_PRELOAD", "EnvCarryingProcess", "forkserver_context",
+           "install_engine_core_hook", "main", "preloaded"]
 
 _THIS = "projects.llm_serving.workload.vllm_server"
 _API_SERVER = "vllm.entrypoints.openai.api_server"
 ENGINE_CORE_MODULES = ("vllm.v1.engine.core",)
 """What the fork server imports before the first engine core is forked from it."""
+SERVER_PRELOAD = (_API_SERVER, *ENGINE_CORE_MODULES)
+"""What a warm Python imports ahead for this server (`LocalService.preload`)."""
 _HOOKED_MODULE = "vllm.v1.engine.utils"  # launch_core_engines: where vLLM starts engine cores
 _HOOK = "get_mp_context"
 _NEEDS_SPAWN = frozenset({"--numa-bind"})  # vLLM forces spawn for it (executable hijacking)
@@ -88,14 +95,20 @@ def forkserver_context() -> multiprocessing.context.BaseContext:
     return _Context()
 
 
-def install_engine_core_hook(args: list[str] | None = None) -> str:
+def preloaded() -> bool:
+    """This process has the server's modules imported already (forked from a warm Python)."""
+    return all(name in sys.modules for name in SERVER_PRELOAD)
+
+
+def install_engine_core_hook(args: list[str] | None = None, *, fork: bool = False) -> str:
     """Make vLLM start its engine cores from the fork server; what was done, in words.
 
     Only the engine-core launch is hooked (``vllm.v1.engine.utils.get_mp_context``): the
     worker the engine core starts, and every other process, keep vLLM's own start method.
     vLLM's own function still runs first (its checks and environment settings). Server
     arguments that need vLLM's own start (``--numa-bind`` re-executes the process) leave it
-    unhooked.
+    unhooked. ``fork``: the engine core is forked from this process instead (its modules
+    are imported already: `preloaded`).
     """
     needs_spawn = [a for a in args or [] if a.split("=", 1)[0] in _NEEDS_SPAWN]
     if needs_spawn:
@@ -107,25 +120,31 @@ def install_engine_core_hook(args: list[str] | None = None) -> str:
     original = getattr(module, _HOOK, None)
     if not callable(original):
         return f"vLLM's own start (no {_HOOKED_MODULE}.{_HOOK} in this vLLM)"
-    context = forkserver_context()
+    # a forked child has the environment of this process when it starts, as spawn's has
+    context = multiprocessing.get_context("fork") if fork else forkserver_context()
 
     def get_mp_context() -> Any:
         original()  # vLLM's checks and the environment it sets for its children
         return context
 
     setattr(module, _HOOK, get_mp_context)
+    if fork:
+        return "forked from the API server, whose modules a warm Python imported ahead"
     return "forked from a fork server with " + ", ".join(ENGINE_CORE_MODULES) + " imported"
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Start the fork server, then run vLLM's OpenAI server with ``argv``."""
+    """Start the fork server (unless `preloaded`), then run vLLM's OpenAI server."""
     args = sys.argv[1:] if argv is None else argv
-    # The fork server imports the engine core's modules now, beside the API server's imports
-    # below; it imports this module too (the process class is unpickled by its name).
-    multiprocessing.set_forkserver_preload([_THIS, *ENGINE_CORE_MODULES])
-    multiprocessing.forkserver.ensure_running()
-    __import__(_API_SERVER)
-    how = install_engine_core_hook(args)
+    warm = preloaded()
+    if not warm:
+        # The fork server imports the engine core's modules now, beside the API server's
+        # imports below; it imports this module too (the process class is unpickled by its
+        # name).
+        multiprocessing.set_forkserver_preload([_THIS, *ENGINE_CORE_MODULES])
+        multiprocessing.forkserver.ensure_running()
+        __import__(_API_SERVER)
+    how = install_engine_core_hook(args, fork=warm)
     print(f"telltale: the engine core is {how}", file=sys.stderr, flush=True)
     sys.argv = [_API_SERVER, *args]
     runpy.run_module(_API_SERVER, run_name="__main__", alter_sys=False)
