@@ -14,8 +14,16 @@ and as medians:
 - generator overhead: GuideLLM's mean request-generation delay as a share of the mean TTFT
   (the metric behind its "bottlenecked by the data generation" warning, threshold 1 %).
 
+- server forked: 1 when the vLLM server was forked from its warm Python (a run left it;
+  `tasks.platforms.service_launch`), 0 for a fresh server (the first run);
+- TTFT and ITL means, and requests/s: what the run measured.
+
 Goals: light preset <= 30 s wall (issue #43; #17 asked 90 s) including the server start;
 generator overhead <= 1 % of TTFT.
+
+``--ab``: every other run starts its server fresh (the server's warm Python stopped before
+it), the others fork it; the medians are printed per group — does a forked server measure
+what a fresh one does?
 """
 
 from __future__ import annotations
@@ -54,10 +62,35 @@ def one_run(root: Path, preset: str, extra: list[str], api_home: Path) -> dict[s
     print(f"load step launch: {launch}", flush=True)  # forked: GuideLLM imported ahead
     bench = json.loads((job / "artifacts" / "guidellm.json").read_text())["benchmarks"][0]
     delay = bench["scheduler_metrics"]["generation_delay"]["mean"]
-    ttft_s = bench["metrics"]["time_to_first_token_ms"]["successful"]["mean"] / 1000
+    metrics = bench["metrics"]
+    ttft_s = metrics["time_to_first_token_ms"]["successful"]["mean"] / 1000
     return {"wall_s": wall, "server_start_s": float(service["startup_s"]),
             "load_step_s": float(load), "postprocess_s": float(post),
-            "generator_overhead_pct": 100 * delay / ttft_s, "ttft_mean_ms": ttft_s * 1000}
+            "generator_overhead_pct": 100 * delay / ttft_s, "ttft_mean_ms": ttft_s * 1000,
+            "itl_mean_ms": float(metrics["inter_token_latency_ms"]["successful"]["mean"]),
+            "requests_per_s": float(metrics["requests_per_second"]["successful"]["mean"]),
+            "server_forked": float(str(service.get("launch", "")).startswith("forked"))}
+
+
+def stop_server_warm_python(api_home: Path) -> None:
+    """Stop the warm Python(s) of vLLM's server under ``api_home`` (the next server: fresh)."""
+    from tasks.warm_python import WARM_DIR
+
+    for record in (api_home / WARM_DIR).glob("*/warm.json"):
+        if "vllm" in record.read_text():
+            subprocess.run([sys.executable, "-c", "import sys, time; from pathlib import Path; "
+                            "from tasks.process import pid_alive; "
+                            "from tasks.warm_python import stop_warm_pythons; "
+                            "pids = stop_warm_pythons(Path(sys.argv[1]))\n"
+                            "while any(map(pid_alive, pids)): time.sleep(0.05)",
+                            str(record.parent)], cwd=REPO, check=True)
+
+
+def medians(rows: list[dict[str, float]], title: str) -> None:
+    """Print the median of every column of ``rows``."""
+    print(f"\n{title}:")
+    for key in rows[0]:
+        print(f"  {key:24s} {statistics.median(r[key] for r in rows):9.2f}")
 
 
 def main() -> int:
@@ -65,6 +98,8 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--preset", default="light")
     parser.add_argument("--var", action="append", default=[], help="passed to the CLI")
+    parser.add_argument("--ab", action="store_true",
+                        help="alternate fresh and forked servers (see the docstring)")
     args = parser.parse_args()
     extra = [a for v in args.var for a in ("--var", v)]
     rows = []
@@ -73,6 +108,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="llm-serving-bench-api-") as api_home:
         try:
             for index in range(args.runs):
+                if args.ab and index % 2 == 0:
+                    stop_server_warm_python(Path(api_home))
                 with tempfile.TemporaryDirectory(prefix="llm-serving-bench-") as tmp:
                     row = one_run(Path(tmp), args.preset, extra, Path(api_home))
                 rows.append(row)
@@ -82,9 +119,12 @@ def main() -> int:
             subprocess.run([sys.executable, "-m", "flows.local_api", "stop"], cwd=REPO,
                            env={**os.environ, "TELLTALE_PREFECT_API_HOME": api_home},
                            capture_output=True, check=False)
-    print("\nmedians:")
-    for key in rows[0]:
-        print(f"  {key:24s} {statistics.median(r[key] for r in rows):9.2f}")
+    medians(rows, "medians")
+    if args.ab:
+        for forked in (0.0, 1.0):
+            group = [r for r in rows if r["server_forked"] == forked]
+            if group:
+                medians(group, f"{'forked' if forked else 'fresh'} servers ({len(group)})")
     wall = statistics.median(r["wall_s"] for r in rows)
     overhead = statistics.median(r["generator_overhead_pct"] for r in rows)
     floor = statistics.median(r["server_start_s"] + r["load_step_s"] for r in rows)

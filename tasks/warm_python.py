@@ -69,6 +69,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError
 
+from core.cmdline import set_cmdline
 from core.environment import local_services_home
 from core.exit import exit_now
 from core.filelock import dir_lock
@@ -408,29 +409,11 @@ def _fork(server: _Server, conn: socket.socket, order: Order) -> Order | None:
     return None
 
 
-def _set_cmdline(argv: Sequence[str]) -> bool:
-    """Rewrite this process's ``/proc/PID/cmdline`` in place (its argv area); False if too long.
-
-    The warm Python is started with a padding argument, so the area has room; the kernel
-    reads the command line from it (``arg_start``..``arg_end`` in ``/proc/self/stat``).
-    """
-    import ctypes
-
-    fields = read_bounded("/proc/self/stat", 4096, what="stat",
-                          follow_links=True).rsplit(b")", 1)[1].split()
-    start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (fields 48, 49)
-    text = b"\0".join(a.encode() for a in argv) + b"\0"
-    if len(text) > end - start:
-        return False
-    ctypes.memmove(start, text + b"\0" * (end - start - len(text)), end - start)
-    return True
-
-
 def _become(order: Order, warm_pid: int) -> int:
     """In the forked child: become the ordered workload, run it, return its exit code."""
     from tasks.runner import set_parent_death_signal
 
-    _set_cmdline(order.argv)  # first: the process exporter may look at any moment
+    set_cmdline(order.argv)  # first: the process exporter may look at any moment
     os.setsid()
     set_parent_death_signal(signal.SIGTERM)
     if os.getppid() != warm_pid:  # the warm Python died before the signal was set

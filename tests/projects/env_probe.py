@@ -11,10 +11,13 @@ def write_env(path: str, name: str) -> None:
     Path(path).write_text(os.environ.get(name, "-"))
 
 
-def write_vllm_title(path: str) -> None:
+def write_vllm_title(path: str, *, cmdline: bool = False) -> None:
     """Title this process as vLLM titles its engine core (``vllm.utils.system_utils.
-    set_process_title``: setproctitle, ``VLLM::EngineCore``), then write what ``ps`` shows."""
+    set_process_title``: setproctitle, ``VLLM::EngineCore``), then write what ``ps`` shows:
+    its name (comm), after its command line when asked."""
     import setproctitle
 
     setproctitle.setproctitle("VLLM::EngineCore")
-    Path(path).write_text(Path("/proc/self/comm").read_text().strip())
+    comm = Path("/proc/self/comm").read_text().strip()
+    line = Path("/proc/self/cmdline").read_bytes().rstrip(b"\0").decode().replace("\0", " ")
+    Path(path).write_text(f"{line} {comm}" if cmdline else comm)

@@ -100,3 +100,34 @@ def test_the_real_vllm_starts_its_engine_core_from_the_fork_server_and_nothing_e
     assert lines == ["forked from a fork server with vllm.v1.engine.core imported",
                      "_Context forkserver EnvCarryingProcess", "True",
                      "VLLM::EngineCor"], done.stdout[-2000:]  # comm: 15 characters
+
+
+def test_a_server_forked_from_its_warm_python_forks_its_engine_core_which_keeps_its_title(
+        tmp_path: Path) -> None:
+    """Against the serving venv's vLLM, in a real warm Python of that venv: the engine core
+    is forked from the server itself, and titled as after a fresh start (setproctitle alone
+    cannot find a forked child's command line: it showed ``python``)."""
+    serving_venv_or_skip()
+    from tasks.warm_child import run_warm
+    from tasks.warm_key import warm_key
+    from tasks.warm_python import acquire, offer, stop_warm_pythons
+
+    python = str(install.venv_python(install.default_venv()))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "VLLM_NO_USAGE_STATS": "1",
+           "DO_NOT_TRACK": "1"}
+    base = tmp_path / "warm"
+    key = warm_key(python, vllm_server.SERVER_PRELOAD, REPO, env)
+    assert offer(key, python, vllm_server.SERVER_PRELOAD, REPO, env, minutes=5, base=base)
+    try:
+        found = acquire(key, base=base, wait_s=600)
+        assert found is not None, (base / key / "warm-python.log").read_text()[-3000:]
+        log = tmp_path / "out.log"
+        code = run_warm(found, [python, "-m", "tests.projects.forked_probe",
+                                str(tmp_path / "title")],
+                        env=env, output_file=log, timeout=600)
+        lines = log.read_text().strip().splitlines()
+        assert code == 0, lines[-30:]
+        assert lines[-3:] == ["forked from the API server, whose modules a warm Python "
+                              "imported ahead", "fork", "VLLM::EngineCore VLLM::EngineCor"]
+    finally:
+        stop_warm_pythons(base)

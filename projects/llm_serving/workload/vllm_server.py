@@ -3,7 +3,7 @@
     python -m projects.llm_serving.workload.vllm_server [vLLM's server arguments]
 
 Run by the serving venv's Python (the local platform's `LocalService`; a cluster runs vLLM's
-own image and never this). Standard library and vLLM only.
+own image and never this). Standard library, vLLM and `core.cmdline` (standard library) only.
 
 Why: vLLM's CPU platform starts three processes one after the other — the API server, the
 engine core it starts, the worker the engine core starts — with the ``spawn`` method, so each
@@ -28,6 +28,9 @@ Forked from a warm Python (`tasks.platforms.service_launch`: a later run's serve
 modules of `SERVER_PRELOAD` imported ahead), this process has the engine core's modules
 already: the engine core is then forked from it directly (the start method vLLM itself uses
 for its engine core on a GPU), and no fork server is started. The worker is still spawned.
+vLLM titles its processes with ``setproctitle``, which cannot find the command line of a
+process forked from a warm Python: there the title is written by `core.cmdline.set_title`
+(``ps`` shows ``VLLM::EngineCore`` as after a fresh start).
 
 Where this vLLM has no such hook point (another version), the server starts as vLLM starts
 it, and the log says so.
@@ -133,6 +136,17 @@ def install_engine_core_hook(args: list[str] | None = None, *, fork: bool = Fals
     return "forked from a fork server with " + ", ".join(ENGINE_CORE_MODULES) + " imported"
 
 
+def _title_in_place() -> None:
+    """Make vLLM's process titles work in a process forked from a warm Python (see above)."""
+    try:
+        import setproctitle
+    except ImportError:  # vLLM then titles nothing either
+        return
+    from core.cmdline import set_title
+
+    setproctitle.setproctitle = set_title
+
+
 def main(argv: list[str] | None = None) -> None:
     """Start the fork server (unless `preloaded`), then run vLLM's OpenAI server."""
     args = sys.argv[1:] if argv is None else argv
@@ -145,6 +159,8 @@ def main(argv: list[str] | None = None) -> None:
         multiprocessing.forkserver.ensure_running()
         __import__(_API_SERVER)
     how = install_engine_core_hook(args, fork=warm)
+    if warm:
+        _title_in_place()
     print(f"telltale: the engine core is {how}", file=sys.stderr, flush=True)
     sys.argv = [_API_SERVER, *args]
     runpy.run_module(_API_SERVER, run_name="__main__", alter_sys=False)
