@@ -58,13 +58,14 @@ ALLOWED = {
     "projects/llm_serving/workload/load.py::main": "the load step's own files",
     "tasks/kube/user_pod_script.py::upload_results": "inside a user pod: its own results",
     # streams this process itself is writing
-    "tasks/process.py::ManagedProcess.tail": "the log its own child is writing",
+    "tasks/process.py::log_tail": "the log its own child (a server, fresh or forked) writes",
     "tasks/progress.py::_read_tail": "the log its own child is writing",
     "tasks/runner.py::run": "the step log it is writing",
     "tasks/runner.py::_tail_of": "the step log it wrote",
     "tasks/publish/s3.py::_sha256": "a file of this run it is about to upload",
     "tasks/hostwatch.py::_read": "/proc files of this machine",
     "core/timeline.py::process_start": "/proc/self/stat: this process's start",
+    "core/cmdline.py::set_cmdline": "/proc/self/stat: this process's argv area",
     "tasks/process.py::pid_alive": "/proc/<pid>/stat: is a process a zombie",
 }
 # Sites still reading run-dir files without the bounded reader: none left.

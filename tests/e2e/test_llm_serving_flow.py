@@ -19,6 +19,7 @@ from analysis.discovery import ResultDir
 from analysis.kpi import compute_kpis
 from analysis.parsing import FileReader
 from projects import registry
+from projects.contract import LocalService
 from projects.library.runs import FORKED, FRESH
 from tests.factories import (
     cli_env,
@@ -49,18 +50,35 @@ def _reasons(run_dir: Path) -> str:
     return "\n".join(said)
 
 
-def _offer_the_servers_warm_python() -> None:
-    """What a light run leaves once its cells are done: the server's warm Python, vLLM's API
-    server and engine core imported (`tasks.platforms.service_launch`), offered here with
-    the environment a CLI run of this test has (its key must be the run's)."""
+def _light_server() -> LocalService:
+    """The light preset's server, as a CLI run of these tests asks for it."""
     from projects.config import resolve
     from tasks.platforms.local_ahead import first_context
-    from tasks.platforms.service_launch import offer_warm_service
 
     project = registry.load("llm_serving")
     context = first_context(project, resolve("llm_serving", presets=["light"], env={}))
     assert project.local_service is not None and context is not None
-    offer_warm_service(project.local_service(context))
+    return project.local_service(context)
+
+
+def _offer_the_servers_warm_python() -> None:
+    """What a light run leaves once its cells are done: the server's warm Python, vLLM's API
+    server and engine core imported (`tasks.platforms.service_launch`), offered here with
+    the environment a CLI run of this test has (its key must be the run's)."""
+    from tasks.platforms.service_launch import offer_warm_service
+
+    offer_warm_service(_light_server())
+
+
+def _stop_the_servers_warm_python() -> None:
+    """No warm Python for the server: the next run's server starts fresh (a first run's)."""
+    from tasks.platforms.service_launch import service_warm_key
+    from tasks.warm_python import stop_warm_pythons, warm_base
+
+    key = service_warm_key(_light_server())
+    assert key is not None
+    for pid in stop_warm_pythons(warm_base() / key):
+        assert process_gone(pid)
 
 
 def test_two_cells_share_one_real_server_and_a_failed_cell_leaves_nothing(
@@ -166,17 +184,17 @@ def test_a_nightly_serving_run_that_stays_invalid_exits_3_never_1(tmp_path: Path
     server; still invalid (here: a declared minimum window of a day), the run is
     inconclusive — exit 3 — with both results kept, stored marked and never judged.
 
-    Warm Pythons off: the server starts as a fresh process (its engine core forked from the
-    fork server it starts first), the load steps too."""
+    No warm Python for the server, as on a first run: it starts as a fresh process, its
+    engine core forked from the fork server it starts first."""
     serving_venv_or_skip()
+    _stop_the_servers_warm_python()
     run_dir = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-m", "flows.llm_serving", "--preset", "nightly",
                            "--var", "tests.llm_serving.test_settings.duration_s=5",
                            "--var", "analysis.validity.min_window_s=86400",
                            "--var", f"analysis.history_uri={tmp_path / 'history'}",
                            "--artifact-dir", str(run_dir)],
-                          capture_output=True, text=True, timeout=1500,
-                          env={**cli_env(tmp_path), "TELLTALE_WARM_PYTHON_MINUTES": "0"})
+                          capture_output=True, text=True, env=cli_env(tmp_path), timeout=1500)
     output = proc.stdout[-4000:] + proc.stderr[-4000:]
     assert proc.returncode == 3, output
     record = json.loads(next(run_dir.glob("services/*/service.json")).read_text())
@@ -184,9 +202,6 @@ def test_a_nightly_serving_run_that_stays_invalid_exits_3_never_1(tmp_path: Path
     server_log = next(run_dir.glob("services/*/server.log")).read_text()
     assert "telltale: the engine core is forked from a fork server" in server_log
     assert group_gone(record["pid"]), "a process of the vLLM server outlived the run"
-    launches = {json.loads(p.read_text())["launch"]
-                for p in run_dir.glob("*__cell*/*__run_llm_serving_load/artifacts/process.json")}
-    assert launches == {FRESH}, launches
     outcome = json.loads((run_dir / "outcome.json").read_text())
     assert [c["validity"] for c in outcome["cells"]] == ["invalid", "invalid"], output
     assert outcome["failures"] == [] and outcome["verdict_counts"] == {"not_judged": 2}
