@@ -44,11 +44,15 @@ def wait_for(what: str, predicate: Callable[[], T], process: subprocess.Popen[An
     """Wait for an event (an answer, a file, a state) while ``process`` lives; its value.
 
     Not a sleep: the limit is a hang guard. Raises RuntimeError naming ``what`` when the
-    process exits first or the limit passes.
+    process exits first or the limit passes. The event is asked once more after the exit
+    is seen: a ``--run-once`` worker ends right after the state it waits for is set, and
+    between the two asks the run went from CANCELLING to CANCELLED and the worker exited.
     """
     deadline = time.monotonic() + limit_s
     while not (found := predicate()):
         if process.poll() is not None:
+            if found := predicate():
+                break
             raise RuntimeError(f"{process.args[2:4]} exited {process.returncode} before {what}")
         if time.monotonic() > deadline:
             raise RuntimeError(f"no {what} within {limit_s:.0f} s")
