@@ -50,8 +50,12 @@ class WarmChild:
     def poll(self) -> int | None:
         """Its exit code once it ended, else None; never blocks.
 
-        A warm Python that died under it reads as exit 1 (`gone` says so).
+        A warm Python that died under it reads as exit 1 (`gone` says so); a child whose
+        connection was closed before its end was heard of, as -1 (it is not followed any
+        more: the warm Python stopped it).
         """
+        if self._conn.fileno() < 0:
+            return self.returncode if self.returncode is not None else -1
         while self.returncode is None and b"\n" not in self._buffer and not self._eof \
                 and select.select([self._conn], [], [], 0)[0]:
             self._receive()

@@ -179,9 +179,9 @@ class WarmServerProcess:
             except OSError as exc:  # not reached: a fresh start follows (`running`)
                 logger.info("warm python %s not reached (%s)", warm.pid, exc)
                 return
-            self._child = child
             count_as_run(child.pid)
             write_text(self.home / PID_FILE, f"{child.pid}\n")
+            self._child = child  # last: whoever sees its pid finds its pid file
 
     def move_home(self, home: Path) -> None:
         """Move its directory to ``home`` (same file system; its open log follows)."""
@@ -206,6 +206,8 @@ class WarmServerProcess:
             with contextlib.suppress(TimeoutError, WarmPythonGone):  # gone: it died with it
                 child.wait(grace_s)
             child.signal_group(signal.SIGKILL)  # what outlived the leader
+            with contextlib.suppress(TimeoutError, WarmPythonGone):  # its exit code, heard
+                child.wait(10.0)
             child.close()
             uncount(child.pid)
         (self.home / PID_FILE).unlink(missing_ok=True)

@@ -38,7 +38,9 @@ while not os.path.exists(os.environ["GATE_FILE"]):  # "importing" until the test
     time.sleep(0.02)
 '''
 SERVER = '''
-import http.server, json, os, subprocess, sys
+import http.server, json, os, signal, subprocess, sys
+if os.path.exists("ignore-term"):  # a server that does not stop on SIGTERM
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
 print(json.dumps({"pid": os.getpid(), "ppid": os.getppid(), "helper": helper.pid,
                   "preloaded": "gate_mod" in sys.modules}), flush=True)
@@ -120,6 +122,7 @@ def test_a_later_run_forks_its_server_from_the_warm_python_the_first_left(work: 
         assert saved["pid"] == process.pid and saved["launch"].startswith(FORKED)
     finally:
         second.stop()
+    assert not process.running and process.returncode is not None  # its end, heard
     assert group_gone(process.pid) and process_gone(int(str(said["helper"])))
     assert process.pid not in hostwatch._ALSO_RUN
     assert not (home / PID_FILE).exists()
@@ -228,3 +231,15 @@ def test_with_warm_pythons_off_a_server_is_always_fresh(work: Path, tmp_path: Pa
         assert running.record["launch"] == FRESH and running.record["how"] == "fresh"
     finally:
         running.stop()
+
+
+def test_a_forked_server_deaf_to_sigterm_is_killed_and_its_end_heard(work: Path,
+                                                                    tmp_path: Path) -> None:
+    (work / "ignore-term").write_text("")
+    _ready_warm()
+    running = start_service(_spec(), tmp_path)
+    process = running.process
+    assert isinstance(process, WarmServerProcess)
+    process.stop(grace_s=0.5)  # SIGTERM ignored: SIGKILL after the grace
+    assert not process.running and process.returncode == -9
+    assert group_gone(process.pid)
