@@ -14,15 +14,17 @@ and as medians:
 - generator overhead: GuideLLM's mean request-generation delay as a share of the mean TTFT
   (the metric behind its "bottlenecked by the data generation" warning, threshold 1 %).
 
-- server forked: 1 when the vLLM server was forked from its warm Python (a run left it;
-  `tasks.platforms.service_launch`), 0 for a fresh server (the first run);
+- server forked: 1 when the vLLM server was forked from its warm Python
+  (`tasks.platforms.service_launch`: the first run starts it, later runs find it), 0 for a
+  fresh server;
 - TTFT and ITL means, and requests/s: what the run measured.
 
 Goals: light preset <= 30 s wall (issue #43; #17 asked 90 s) including the server start;
 generator overhead <= 1 % of TTFT.
 
-``--ab``: every other run starts its server fresh (the server's warm Python stopped before
-it), the others fork it; the medians are printed per group — does a forked server measure
+``--ab``: every other run starts its server fresh (``TELLTALE_WARM_PYTHON_MINUTES=0``: its
+load step is a fresh process too, which its KPIs, measured over the load window, do not
+see), the others fork it; the medians are printed per group — does a forked server measure
 what a fresh one does?
 """
 
@@ -41,10 +43,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def one_run(root: Path, preset: str, extra: list[str], api_home: Path) -> dict[str, float]:
+def one_run(root: Path, preset: str, extra: list[str], api_home: Path,
+            fresh: bool = False) -> dict[str, float]:
     run_dir = root / "run"
     env = {**os.environ, "PREFECT_HOME": str(root / "prefect-home"),
-           "TELLTALE_DATA_DIR": str(root / "data"), "TELLTALE_PREFECT_API_HOME": str(api_home)}
+           "TELLTALE_DATA_DIR": str(root / "data"), "TELLTALE_PREFECT_API_HOME": str(api_home),
+           **({"TELLTALE_WARM_PYTHON_MINUTES": "0"} if fresh else {})}
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "flows.llm_serving", "--preset", preset,
                            *extra, "--artifact-dir", str(run_dir)], cwd=REPO, env=env,
@@ -72,20 +76,6 @@ def one_run(root: Path, preset: str, extra: list[str], api_home: Path) -> dict[s
             "server_forked": float(str(service.get("launch", "")).startswith("forked"))}
 
 
-def stop_server_warm_python(api_home: Path) -> None:
-    """Stop the warm Python(s) of vLLM's server under ``api_home`` (the next server: fresh)."""
-    from tasks.warm_python import WARM_DIR
-
-    for record in (api_home / WARM_DIR).glob("*/warm.json"):
-        if "vllm" in record.read_text():
-            subprocess.run([sys.executable, "-c", "import sys, time; from pathlib import Path; "
-                            "from tasks.process import pid_alive; "
-                            "from tasks.warm_python import stop_warm_pythons; "
-                            "pids = stop_warm_pythons(Path(sys.argv[1]))\n"
-                            "while any(map(pid_alive, pids)): time.sleep(0.05)",
-                            str(record.parent)], cwd=REPO, check=True)
-
-
 def medians(rows: list[dict[str, float]], title: str) -> None:
     """Print the median of every column of ``rows``."""
     print(f"\n{title}:")
@@ -108,10 +98,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="llm-serving-bench-api-") as api_home:
         try:
             for index in range(args.runs):
-                if args.ab and index % 2 == 0:
-                    stop_server_warm_python(Path(api_home))
                 with tempfile.TemporaryDirectory(prefix="llm-serving-bench-") as tmp:
-                    row = one_run(Path(tmp), args.preset, extra, Path(api_home))
+                    row = one_run(Path(tmp), args.preset, extra, Path(api_home),
+                                  fresh=args.ab and index % 2 == 0)
                 rows.append(row)
                 print(f"run {index + 1}: " + "  ".join(f"{k} {v:.2f}" for k, v in row.items()),
                       flush=True)

@@ -2,13 +2,15 @@
 
 A model server's start is mostly its imports (vLLM's API server: 8 s on a quiet 2-core
 machine, ~18 s beside a run's other start-up). A service that declares ``preload`` gets a
-warm Python of its own (`tasks.warm_python`): left by a run once its cells are done
-(`offer_warm_service`, beside the run's post-processing, never beside a measurement), it
-stays for the next runs, which fork their server from it (`launch_server`). The first run,
-and every run with ``TELLTALE_WARM_PYTHON_MINUTES=0``, starts the server as a fresh process,
-as before. What a forked server shares with a fresh one, and what it does not (its memory
-starts as the warm Python's pages), is `tasks.warm_python`'s; the server's record says which
-it was (``launch``), and a project makes it part of its runs' identity.
+warm Python of its own (`tasks.warm_python`), as a workload does: a run that finds none
+starts it when it starts its server, and forks the server from it once its imports are
+done (`launch_server`: the imports the fresh server would have made, once); it stays for
+the next runs, which fork theirs at once. A run whose cells are done offers it again
+(`offer_warm_service`: one that expired or died mid-run is started beside the run's
+post-processing, never beside a measurement). With ``TELLTALE_WARM_PYTHON_MINUTES=0`` every
+server is a fresh process. What a forked server shares with a fresh one, and what it does
+not (its memory starts as the warm Python's pages), is `tasks.warm_python`'s; the server's
+record says which it was (``launch``), and a project makes it part of its runs' identity.
 
 A warm Python still importing when the server is asked for is waited for in a thread (the
 run's start goes on meanwhile): importing a second copy beside it would slow both. If it
@@ -68,12 +70,16 @@ def launch_server(name: str, spec: LocalService, argv: Sequence[str],
                   home: Path) -> ManagedProcess | WarmServerProcess:
     """Start ``argv`` (``spec``'s command, its port filled in) for ``spec``, in ``home``.
 
-    Forked from ``spec``'s warm Python when one is ready or importing; else a fresh process.
+    Forked from ``spec``'s warm Python: the one ready, or importing, or one started now
+    when there is none (its imports are what the fresh server's would have been, once);
+    a fresh process when warm Pythons are off or none could be started.
     """
     try:
         key = service_warm_key(spec)
         if key is not None:
             ready = acquire(key, wait_s=0)
+            if ready is None and not starting(key):
+                offer_command(spec.argv, spec.preload, spec.env, key)
             if ready is not None or starting(key):
                 return WarmServerProcess(name, argv, home, spec.env, key, ready)
     except Exception as exc:  # a broken warm Python never stops a run: a fresh server

@@ -70,22 +70,11 @@ def _offer_the_servers_warm_python() -> None:
     offer_warm_service(_light_server())
 
 
-def _stop_the_servers_warm_python() -> None:
-    """No warm Python for the server: the next run's server starts fresh (a first run's)."""
-    from tasks.platforms.service_launch import service_warm_key
-    from tasks.warm_python import stop_warm_pythons, warm_base
-
-    key = service_warm_key(_light_server())
-    assert key is not None
-    for pid in stop_warm_pythons(warm_base() / key):
-        assert process_gone(pid)
-
-
 def test_two_cells_share_one_real_server_and_a_failed_cell_leaves_nothing(
         tmp_path: Path) -> None:
-    """The server forked from its warm Python (a later run's start), still importing when
-    the run asks for it: the run waits for it, and its engine core is forked from the
-    server."""
+    """The server forked from its warm Python, still importing when the run asks for it (a
+    run started right after a first one): the run waits for it, and the server's engine
+    core is forked from the server."""
     serving_venv_or_skip()
     _offer_the_servers_warm_python()
     run_dir = tmp_path / "run"
@@ -184,17 +173,17 @@ def test_a_nightly_serving_run_that_stays_invalid_exits_3_never_1(tmp_path: Path
     server; still invalid (here: a declared minimum window of a day), the run is
     inconclusive — exit 3 — with both results kept, stored marked and never judged.
 
-    No warm Python for the server, as on a first run: it starts as a fresh process, its
-    engine core forked from the fork server it starts first."""
+    Warm Pythons off (``TELLTALE_WARM_PYTHON_MINUTES=0``): the server starts as a fresh
+    process, its engine core forked from the fork server it starts first; the loads too."""
     serving_venv_or_skip()
-    _stop_the_servers_warm_python()
     run_dir = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-m", "flows.llm_serving", "--preset", "nightly",
                            "--var", "tests.llm_serving.test_settings.duration_s=5",
                            "--var", "analysis.validity.min_window_s=86400",
                            "--var", f"analysis.history_uri={tmp_path / 'history'}",
                            "--artifact-dir", str(run_dir)],
-                          capture_output=True, text=True, env=cli_env(tmp_path), timeout=1500)
+                          capture_output=True, text=True, timeout=1500,
+                          env={**cli_env(tmp_path), "TELLTALE_WARM_PYTHON_MINUTES": "0"})
     output = proc.stdout[-4000:] + proc.stderr[-4000:]
     assert proc.returncode == 3, output
     record = json.loads(next(run_dir.glob("services/*/service.json")).read_text())
@@ -202,6 +191,9 @@ def test_a_nightly_serving_run_that_stays_invalid_exits_3_never_1(tmp_path: Path
     server_log = next(run_dir.glob("services/*/server.log")).read_text()
     assert "telltale: the engine core is forked from a fork server" in server_log
     assert group_gone(record["pid"]), "a process of the vLLM server outlived the run"
+    launches = {json.loads(p.read_text())["launch"]
+                for p in run_dir.glob("*__cell*/*__run_llm_serving_load/artifacts/process.json")}
+    assert launches == {FRESH}, launches
     outcome = json.loads((run_dir / "outcome.json").read_text())
     assert [c["validity"] for c in outcome["cells"]] == ["invalid", "invalid"], output
     assert outcome["failures"] == [] and outcome["verdict_counts"] == {"not_judged": 2}

@@ -27,7 +27,7 @@ from tasks.platforms.service_launch import (
     offer_warm_service,
     service_warm_key,
 )
-from tasks.process import ManagedProcess, pid_alive
+from tasks.process import pid_alive
 from tasks.runner import PID_FILE
 from tasks.warm_python import acquire, starting, stop_warm_pythons, warm_base
 from tests.factories import group_gone, process_gone, wait_until
@@ -89,7 +89,8 @@ def _open_gate(work: Path) -> None:
 
 
 def _ready_warm() -> int:
-    """Offer the service's warm Python, open its gate, wait until ready: its pid."""
+    """Offer the service's warm Python (what a run whose cells are done does), open its
+    gate, wait until ready: its pid."""
     assert offer_warm_service(_spec())
     key = service_warm_key(_spec())
     assert key is not None
@@ -99,13 +100,19 @@ def _ready_warm() -> int:
     return found.pid
 
 
-def test_a_later_run_forks_its_server_from_the_warm_python_the_first_left(work: Path,
-                                                                         tmp_path: Path) -> None:
-    first = start_service(_spec(), tmp_path / "run1")  # none there: a fresh process
-    assert isinstance(first.process, ManagedProcess) and first.record["launch"] == FRESH
-    assert first.record["how"] == "fresh"
+def test_a_server_forks_from_the_warm_python_its_first_start_began_and_the_next_at_once(
+        work: Path, tmp_path: Path) -> None:
+    """None there: the first start begins the server's warm Python and forks from it once
+    its imports are done (as a workload's first run does); it stays for the next runs."""
+    _open_gate(work)
+    key = service_warm_key(_spec())
+    assert key is not None and not starting(key)
+    first = start_service(_spec(), tmp_path / "run1")
+    found = acquire(key, wait_s=0)
+    assert found is not None
+    warm_pid = found.pid
+    assert first.record["launch"] == f"{FORKED} {warm_pid}" and first.record["how"] == "forked"
     first.stop()
-    warm_pid = _ready_warm()  # what the first run leaves once its cells are done
     second = start_service(_spec(), tmp_path / "run2")
     try:
         process = second.process
@@ -243,3 +250,17 @@ def test_a_forked_server_deaf_to_sigterm_is_killed_and_its_end_heard(work: Path,
     process.stop(grace_s=0.5)  # SIGTERM ignored: SIGKILL after the grace
     assert not process.running and process.returncode == -9
     assert group_gone(process.pid)
+
+
+def test_a_warm_python_that_cannot_import_its_preload_leaves_a_fresh_server(
+        work: Path, tmp_path: Path) -> None:
+    """A broken warm Python never stops a run: its server starts as a fresh process."""
+    import dataclasses
+
+    spec = dataclasses.replace(_spec(), preload=["no_such_module_here"])
+    running = start_service(spec, tmp_path)
+    try:
+        assert running.record["launch"] == FRESH and running.record["how"] == "fresh"
+        assert _said(running.process.log_file)["preloaded"] is False
+    finally:
+        running.stop()
