@@ -17,7 +17,6 @@ from pathlib import Path
 
 from core.loopback import LOOPBACK_HOST
 from core.safeio import open_append, write_text
-from projects.library.runs import FRESH
 from tasks.runner import CMDLINE_FILE, PID_FILE, die_with_parent
 
 __all__ = ["ManagedProcess", "free_port", "log_tail", "pid_alive"]
@@ -67,8 +66,14 @@ class ManagedProcess:
                                          env={**os.environ, **(env or {})})
         write_text(home / PID_FILE, f"{self.proc.pid}\n")
 
-    launch = FRESH
-    """How it was started (`projects.library.runs`): a fresh process."""
+    @property
+    def launch(self) -> str:
+        """How it was started (`projects.library.runs`): a fresh process."""
+        # imported here: the runs' module brings the parser's models, and this module is
+        # imported by every warm Python and spare Prometheus keeper at their start
+        from projects.library.runs import FRESH
+
+        return FRESH
 
     @property
     def log_file(self) -> Path:

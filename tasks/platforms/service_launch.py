@@ -102,8 +102,7 @@ class WarmServerProcess:
         self.name = name
         self.home = home
         self._argv = [str(a) for a in argv]
-        self._env = {**os.environ, **env}
-        self._extra_env = dict(env)
+        self._env = dict(env)  # beside this process's environment when it starts
         self._key = key
         self._lock = threading.Lock()
         self._cancelled = threading.Event()
@@ -165,7 +164,7 @@ class WarmServerProcess:
             if self._child is None:  # the thread ended without a child
                 logger.info("no warm python for the %s server: a fresh process", self.name)
                 self._fresh = ManagedProcess(self.name, self._argv, self.home,
-                                             env=self._extra_env)
+                                             env=self._env)
         return self.running
 
     def _wait_and_order(self) -> None:
@@ -181,7 +180,8 @@ class WarmServerProcess:
             if self._cancelled.is_set():
                 return
             try:
-                child = start_warm(warm, self._argv, env=self._env, output_file=self.log_file)
+                child = start_warm(warm, self._argv, env={**os.environ, **self._env},
+                                   output_file=self.log_file)
             except OSError as exc:  # not reached: a fresh start follows (`running`)
                 logger.info("warm python %s not reached (%s)", warm.pid, exc)
                 return
