@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import logging
 import os
 import time
@@ -82,7 +81,6 @@ __all__ = [
     "matched_labels",
     "open_filesystem",
     "local_append_lock",
-    "run_identity",
     "usable_rows",
 ]
 
@@ -96,7 +94,8 @@ ALL_KPIS = "*"
 QUARANTINE = "quarantine"
 """Sub-directory where unreadable history files are moved (kept for inspection)."""
 IDENTITY = "run_identity"
-"""Column holding a run's identity: a hash of its settings and start (`run_identity`)."""
+"""Column holding a run's identity: a hash of its settings and start
+(`analysis.run_analysis.run_identity`)."""
 VALIDITY = "validity"
 """Column holding a run's validity: valid, invalid or failed (null in older parts: valid).
 Only valid rows are a baseline (`usable_rows`)."""
@@ -113,12 +112,6 @@ class HistoryConflictError(TelltaleError):
 
     Not a user error of the command line (exit 1): the run's KPIs were not stored.
     """
-
-
-def run_identity(settings: Any, start: str | None) -> str:
-    """A run's identity: the hash of its settings and start time (16 hex characters)."""
-    text = json.dumps([settings, start], sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 class HistorySource(Protocol):

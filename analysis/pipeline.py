@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pandas as pd
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
 from analysis.curve import CurveResult, judge_curves, lts_curve
 from analysis.discovery import Discovery, SkippedDir
@@ -33,17 +33,15 @@ from analysis.history import (
 from analysis.history_schema import write_parquet
 from analysis.judging import VERDICT_KINDS, VerdictRow, _gate, judge_runs
 from analysis.kpi import kpi_table, openmetrics_lines
-from analysis.lts import require_complete
 from analysis.parsing import BESIDE_MAX_RUNS
 from analysis.project import AnalysisProject, load_project
-from analysis.run_analysis import RunAnalysis, _analyse_tree, runs_table
-from analysis.settings import AnalysisSettings
+from analysis.run_analysis import Prepared, RunAnalysis, _analyse_tree, runs_table
+from analysis.settings import AnalysisSettings, settings_for
 from analysis.validity import Validity
-from core.errors import ConfigError
 from core.forked import Beside, at_once, beside
 from core.redact import redact_bytes
 from core.safeio import atomic_open, output_root, write_text
-from core.yamlio import dump_yaml, load_yaml
+from core.yamlio import dump_yaml
 
 __all__ = [
     "PostprocessOutcome",
@@ -52,7 +50,6 @@ __all__ = [
     "judge_runs",
     "postprocess",
     "runs_table",
-    "settings_for",
     "suspects",
     "validity_of_tree",
 ]
@@ -83,27 +80,6 @@ class PostprocessOutcome(BaseModel):
                                           "validity by its result dir (test path).")
     curves: list[CurveResult] = Field(default_factory=list, description="This run's load "
                                       "sweeps, each judged as one curve (`analysis.curve`).")
-
-
-def settings_for(project: AnalysisProject, results_dir: str | Path) -> AnalysisSettings:
-    """The ``analysis`` block a run used, so a re-analysis gives the verdicts the run gave.
-
-    The run's own ``config.yaml`` at the top of ``results_dir`` (a Telltale artifact dir)
-    wins; otherwise the project's defaults (`AnalysisProject.analysis_defaults`). A missing,
-    linked or invalid run config falls back to the defaults with a warning.
-    """
-    config = Path(results_dir) / "config.yaml"
-    block: object = None
-    if config.is_file() and not config.is_symlink():
-        try:
-            data, _ = load_yaml(config, untrusted=True)
-            block = data.get("analysis") if isinstance(data, dict) else None
-            if block is not None:
-                return AnalysisSettings.model_validate(block)
-        except (ConfigError, ValidationError) as exc:
-            logger.warning("%s: its analysis block is unusable (%s); using the project's "
-                           "defaults", config, str(exc).splitlines()[0])
-    return AnalysisSettings.model_validate(project.analysis_defaults())
 
 
 def suspects(results_dir: str | Path, project: str | AnalysisProject, history_uri: str,
@@ -162,7 +138,7 @@ def postprocess(
     history_filesystem: Any = None,
     history_lock: AppendLock | None = None,
     shared_dir: str | Path | None = None,
-    discovery: Callable[[], Discovery | None] | None = None,
+    prepared: Callable[[], Prepared | None] | None = None,
     tree_read: Callable[[], None] | None = None,
 ) -> PostprocessOutcome:
     """Post-process a results tree and write every output into ``out``.
@@ -193,10 +169,12 @@ def postprocess(
             `analysis.history.AppendLock`); a local history locks itself.
         shared_dir: Where files every report carries are kept once (a runs root's
             ``.telltale/``): plotly.js is hard-linked from there into the report.
-        discovery: Gives ``results_dir``'s discovery for ``project`` when the caller made
-            it (the command line does, beside its imports); None from it, or no
-            callable: discovered here. A callable, so no frame holds the discovery past
-            the parse (~2 KB a dir).
+        prepared: Gives ``results_dir``'s discovery for ``project`` when the caller made
+            it, and the warm dirs it served ahead (the command line does both beside its
+            imports: `analysis.run_analysis.serve_early`; they are taken in when they were
+            analysed as this post-processing analyses, else served again); None from it,
+            or no callable: discovered here. A callable, so no frame holds the discovery
+            past the parse (~2 KB a dir).
         tree_read: Called once every file of ``results_dir`` has been read (the command
             line's memo checks the tree's stamps from then on, beside the outputs).
 
@@ -222,7 +200,7 @@ def postprocess(
             found, runs, skipped, (failed, problems) = _analyse_tree(
                 results_dir, hooks, presets, config_text, force=force,
                 trust_cache=trust_cache, keep=_Spooled(spool, places, settings.mode),
-                policy=settings.validity, found=discovery() if discovery else None)
+                policy=settings.validity, prepared=prepared() if prepared else None)
             if tree_read is not None and len(runs) <= BESIDE_MAX_RUNS:
                 tree_read()  # (a check beside: see BESIDE_MAX_RUNS)
             outcome = _write_outputs(
@@ -235,17 +213,11 @@ def postprocess(
 
 
 class _Spooled:
-    """Each run's LTS payload in the spool: encoded where the run is analysed (`Keep`)."""
+    """Each run's LTS payload in the spool (`Keep`): encoded where the run is analysed."""
 
     def __init__(self, spool: Any, places: dict[int, tuple[int, int]],
                  mode: Literal["investigate", "cpt"]) -> None:
         self.spool, self.places, self.mode = spool, places, mode
-
-    def encode(self, run: RunAnalysis) -> bytes:
-        """The payload without the keys judging adds (cpt mode: complete, or an error)."""
-        assert run.payload is not None
-        require_complete(run.payload, self.mode)
-        return run.payload.model_dump_json(exclude={"regression", "curve"}).encode()
 
     def store(self, run: RunAnalysis, data: bytes) -> None:
         """Append ``data`` to the spool and note where it lies."""

@@ -38,6 +38,8 @@ POWER_Z = 0.8416
 
 def _analysis_units(history: Sequence[float], settings: DetectorSettings
                     ) -> tuple[np.ndarray, bool] | None:
+    if len(history) < settings.min_history:  # fewer finite ones still (no array made)
+        return None
     h, _ = _finite(history)
     if len(h) < settings.min_history:
         return None

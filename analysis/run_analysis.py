@@ -8,30 +8,36 @@ history needs (`KEEP_BULKY` keeps the bulky fields of the newest).
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
-from collections.abc import Hashable, Sequence
+import re
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
-import pandas as pd
 from pydantic import BaseModel, Field
 
 from analysis.construct import constructor
 from analysis.discovery import Discovery, SkippedDir, discover
 from analysis.fingerprint import Fingerprint
-from analysis.history import (
-    run_identity,
-)
 from analysis.kpi import Kpi, compute_kpis, label_strings
-from analysis.lts import LtsKpi, LtsMetadata, LtsPayload
-from analysis.parsing import ParsedResult, engine_inputs, parse_dirs
+from analysis.lts import LtsKpi, LtsMetadata, LtsPayload, require_complete
+from analysis.parsing import ParsedResult, Served, engine_inputs, parse_dirs, serve_until
 from analysis.project import AnalysisProject
 from analysis.settings import ValidityPolicy
 from analysis.validity import MachineInputs, Validity, judge_validity
 from core.errors import ResultsError
 from core.progress import StageProgress
 from core.redact import redact
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# No pandas here at import: the command line's early parse analyses runs with this module
+# beside its own import of pandas (`analysis.__main__`); only `runs_table` and the rare
+# time `_usable_time` cannot read without it import it.
 
 
 class RunAnalysis(BaseModel):
@@ -72,25 +78,51 @@ def _status(result: ParsedResult) -> Literal["success", "failed", "partial"]:
     return "partial" if result.problems else "success"
 
 
-_EARLIEST = pd.Timestamp("1970-01-01", tz="UTC")
-_LATEST = pd.Timestamp("2200-01-01", tz="UTC")
+_EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+_LATEST = datetime(2200, 1, 1, tzinfo=UTC)
+_ISO_TIME = re.compile(r"\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d{1,6})?)?"
+                       r"(?:Z|[+-]\d{2}:\d{2})?)?", re.ASCII)
+"""The ISO 8601 times runs write, read without pandas; anything else goes through pandas."""
 
 
-def _usable_time(text: str | None) -> str | None:
+def _usable_time(text: Any) -> Any:
     """A run's start or end as read from its tree, or None when it is not a usable time.
 
     Result trees are untrusted: a start in year 9999 overflowed every nanosecond timestamp
-    the history and verdicts use. Times outside 1970-2200 are treated as unknown.
+    the history and verdicts use. Times outside 1970-2200 are treated as unknown. What
+    ``pd.Timestamp`` reads is usable; the plain ISO forms are read by the standard library
+    (the same answer: a test generates both), others by pandas.
     """
     if text is None:
         return None
+    if isinstance(text, str) and _ISO_TIME.fullmatch(text):
+        try:
+            stamp = datetime.fromisoformat(text)
+        except ValueError:  # a 13th month: pandas has the last word
+            return _usable_by_pandas(text)
+        if stamp.tzinfo is None:
+            stamp = stamp.replace(tzinfo=UTC)
+        return text if _EARLIEST <= stamp < _LATEST else None
+    return _usable_by_pandas(text)
+
+
+def _usable_by_pandas(text: Any) -> Any:
+    """`_usable_time` for what only ``pd.Timestamp`` reads."""
+    import pandas as pd
+
     try:
         stamp = pd.Timestamp(text)
     except (ValueError, TypeError, OverflowError):
         return None
     if stamp.tzinfo is None:
         stamp = stamp.tz_localize("UTC")
-    return text if _EARLIEST <= stamp < _LATEST else None
+    return text if pd.Timestamp(_EARLIEST) <= stamp < pd.Timestamp(_LATEST) else None
+
+
+def run_identity(settings: Any, start: str | None) -> str:
+    """A run's identity: the hash of its settings and start time (16 hex characters)."""
+    text = json.dumps([settings, start], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _timestamp(start: str | None, result: ParsedResult) -> str:
@@ -169,6 +201,8 @@ def runs_table(runs: Sequence[RunAnalysis]) -> pd.DataFrame:
     Built column by column: a dict per run was ~2.3 KB (23 MB at 10 000 runs) for a
     table of 4 MB. A label a run lacks is missing (NA) on its row.
     """
+    import pandas as pd
+
     columns: dict[str, list[Any]] = {name: [] for name in (
         "run_uuid", "start", "end", "status", "exit_code", "test_path", "cell", "presets",
         "problems")}
@@ -191,16 +225,98 @@ def runs_table(runs: Sequence[RunAnalysis]) -> pd.DataFrame:
     return pd.DataFrame(columns)
 
 
+@dataclass(frozen=True)
+class Analyser:
+    """How each run of a tree is analysed: `parse_dirs`' ``then``, wherever it runs.
+
+    `analyse_run`, then the payload encoded when ``mode`` is given (post-processing spools
+    it: `Keep`), then the parsed result slimmed unless it is among the newest
+    `KEEP_BULKY`. It may run beside the caller (`parse_dirs`, `serve_early`): it changes
+    nothing of the caller's.
+    """
+
+    hooks: AnalysisProject
+    found: Discovery
+    presets: tuple[str, ...] | None
+    config_text: str | None
+    policy: ValidityPolicy
+    mode: Literal["investigate", "cpt"] | None = None
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        """What the runs it makes depend on beyond the tree: equal keys, equal runs."""
+        return (self.hooks.name, self.presets, self.config_text,
+                self.policy.model_dump_json(), self.mode)
+
+    def __call__(self, index: int, result: ParsedResult) -> _Analysed:
+        """The run of ``results[index]``, parsed as ``result``: see the class."""
+        failed, problems = result.exit_code != 0, len(result.problems)
+        try:
+            run = analyse_run(self.hooks, result, self.presets, self.config_text, self.policy,
+                              cell=self.found.results[index].cell)
+        except (TypeError, ValueError, AttributeError, KeyError) as exc:
+            # Result trees are untrusted: a badly typed field (numbers for strings, a
+            # scalar for a mapping) is this run's problem, never the whole analysis's.
+            return SkippedDir(path=result.path, reason=(
+                f"labels/KPIs could not be computed: {type(exc).__name__}: {exc}")[:300]), \
+                failed, problems, None
+        data = None
+        if self.mode is not None and run.payload is not None:
+            data = encode_payload(run.payload, self.mode)
+            run.payload = None  # encoded: the bytes travel, not the model
+        if index < len(self.found.results) - KEEP_BULKY:
+            run.result = _slimmed(run.result, self.hooks)
+        return run, failed, problems, data
+
+
+def encode_payload(payload: LtsPayload, mode: Literal["investigate", "cpt"]) -> bytes:
+    """A run's payload as post-processing spools it: without the keys judging adds.
+
+    Raises:
+        ResultsError: cpt mode, and the payload is incomplete.
+    """
+    require_complete(payload, mode)
+    return payload.model_dump_json(exclude={"regression", "curve"}).encode()
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What a caller made of a tree before post-processing asked for it.
+
+    Its discovery, and the warm dirs it served ahead (`serve_early`) with an `Analyser` of
+    ``key``.
+    """
+
+    discovery: Discovery
+    served: Served | None = None
+    key: tuple[Any, ...] | None = None
+
+
+def serve_early(analyser: Analyser, stop: Callable[[], bool]) -> Prepared:
+    """Serve the tree's warm dirs from the first on, until ``stop()``: a `Prepared`.
+
+    The command line does it beside its own imports (`analysis.__main__`); post-processing
+    takes the runs in and serves the rest (`postprocess`' ``prepared``).
+    """
+    results = analyser.found.results
+    served = serve_until(results, analyser.hooks.parser, analyser, stop,
+                         apart=analyser.hooks.bulky,
+                         skip_before=len(results) - KEEP_BULKY)
+    return Prepared(analyser.found, served, analyser.key)
+
+
 def _analyse_tree(results_dir: str | Path, hooks: AnalysisProject,
                   presets: Sequence[str] | None, config_text: str | None, *, force: bool,
                   trust_cache: bool, keep: Keep | None = None,
                   policy: ValidityPolicy | None = None, found: Discovery | None = None,
+                  prepared: Prepared | None = None,
                   ) -> tuple[Discovery, list[RunAnalysis], list[SkippedDir], tuple[int, int]]:
     """Discover, parse and analyse every result dir of a tree (nothing written but caches).
 
     ``keep`` sees each analysed run as it arrives (its payload encoded, before its bulky
     fields are dropped): post-processing spools the LTS payload to disk there.
-    ``found``: the tree's discovery when the caller made it already.
+    ``found``: the tree's discovery when the caller made it already; ``prepared``: that
+    and the warm dirs it served ahead, taken in when they were analysed as these are.
 
     Returns the discovery (its root and skipped dirs: the result dirs it found are the runs
     now, ~2 KB a dir with their settings), the analysed runs, the skipped dirs and (failed
@@ -209,6 +325,8 @@ def _analyse_tree(results_dir: str | Path, hooks: AnalysisProject,
     Raises:
         ResultsError: No result dir, or no usable run.
     """
+    if prepared is not None:
+        found = prepared.discovery
     if found is None:
         found = discover(results_dir, project=hooks.name)
     if not found.results:
@@ -218,25 +336,11 @@ def _analyse_tree(results_dir: str | Path, hooks: AnalysisProject,
     total = len(found.results)
     counts = [0, 0]
     progress = StageProgress("parse", total)
-
-    def analyse(index: int, result: ParsedResult) -> _Analysed:
-        # may run beside this process (`parse_dirs`): it changes nothing of the caller's
-        failed, problems = result.exit_code != 0, len(result.problems)
-        try:
-            run = analyse_run(hooks, result, presets, config_text, policy,
-                              cell=found.results[index].cell)
-        except (TypeError, ValueError, AttributeError, KeyError) as exc:
-            # Result trees are untrusted: a badly typed field (numbers for strings, a
-            # scalar for a mapping) is this run's problem, never the whole analysis's.
-            return SkippedDir(path=result.path, reason=(
-                f"labels/KPIs could not be computed: {type(exc).__name__}: {exc}")[:300]), \
-                failed, problems, None
-        data = keep.encode(run) if keep is not None and run.payload is not None else None
-        if data is not None:
-            run.payload = None  # encoded: the bytes travel, not the model
-        if index < total - KEEP_BULKY:
-            run.result = _slimmed(run.result, hooks)
-        return run, failed, problems, data
+    analyse = Analyser(hooks, found, tuple(presets) if presets is not None else None,
+                       config_text, policy or ValidityPolicy(),
+                       keep.mode if keep is not None else None)
+    served = prepared.served if prepared is not None and prepared.key == analyse.key \
+        else None
 
     def arrived(index: int, analysed: _Analysed) -> RunAnalysis | SkippedDir:
         run, failed, problems, data = analysed
@@ -252,7 +356,7 @@ def _analyse_tree(results_dir: str | Path, hooks: AnalysisProject,
 
     analysed = parse_dirs(found.results, hooks.parser, project=hooks.name, force=force,
                           trust_cache=trust_cache, then=analyse, after=arrived,
-                          apart=hooks.bulky, skip_before=total - KEEP_BULKY)
+                          apart=hooks.bulky, skip_before=total - KEEP_BULKY, served=served)
     progress.finish()
     runs = [a for a in analysed if isinstance(a, RunAnalysis)]
     skipped = [*found.skipped, *(a for a in analysed if isinstance(a, SkippedDir))]
@@ -267,8 +371,8 @@ def _analyse_tree(results_dir: str | Path, hooks: AnalysisProject,
 class Keep(Protocol):
     """What `_analyse_tree` does with each run's LTS payload (post-processing's spool)."""
 
-    def encode(self, run: RunAnalysis) -> bytes:
-        """The payload as the spool keeps it; may run beside the caller (`parse_dirs`)."""
+    mode: Literal["investigate", "cpt"]
+    """The payloads' mode: each is encoded as `encode_payload` says, where it is analysed."""
 
     def store(self, run: RunAnalysis, data: bytes) -> None:
         """Keep ``data`` for ``run``; run in the caller, in order."""

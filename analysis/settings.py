@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
-from typing import Annotated, Literal
+from pathlib import Path
+from typing import Annotated, Any, Literal, Protocol
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator
 
 from analysis.detector_settings import DEFAULTS, DetectorSettings
+from core.errors import ConfigError
 from core.strict import StrictSettings
+from core.yamlio import load_yaml
 
-__all__ = ["AnalysisSettings", "ComparisonSettings", "RegressionSettings", "ValidityPolicy"]
+__all__ = ["AnalysisSettings", "ComparisonSettings", "RegressionSettings", "ValidityPolicy",
+           "settings_for"]
+
+logger = logging.getLogger("telltale.analysis")
 
 
 class ComparisonSettings(StrictSettings):
@@ -131,3 +138,32 @@ class AnalysisSettings(StrictSettings):
         return {"mode": value} if isinstance(value, str) else value
     comparison: ComparisonSettings = Field(default_factory=ComparisonSettings)
     regression: RegressionSettings = Field(default_factory=RegressionSettings)
+
+
+class _Defaults(Protocol):
+    """What `settings_for` needs of a project (`analysis.project.AnalysisProject`)."""
+
+    def analysis_defaults(self) -> dict[str, Any]:
+        """The project's own ``analysis`` block."""
+        ...
+
+
+def settings_for(project: _Defaults, results_dir: str | Path) -> AnalysisSettings:
+    """The ``analysis`` block a run used, so a re-analysis gives the verdicts the run gave.
+
+    The run's own ``config.yaml`` at the top of ``results_dir`` (a Telltale artifact dir)
+    wins; otherwise the project's defaults (`AnalysisProject.analysis_defaults`). A missing,
+    linked or invalid run config falls back to the defaults with a warning.
+    """
+    config = Path(results_dir) / "config.yaml"
+    block: object = None
+    if config.is_file() and not config.is_symlink():
+        try:
+            data, _ = load_yaml(config, untrusted=True)
+            block = data.get("analysis") if isinstance(data, dict) else None
+            if block is not None:
+                return AnalysisSettings.model_validate(block)
+        except (ConfigError, ValidationError) as exc:
+            logger.warning("%s: its analysis block is unusable (%s); using the project's "
+                           "defaults", config, str(exc).splitlines()[0])
+    return AnalysisSettings.model_validate(project.analysis_defaults())

@@ -4,8 +4,8 @@ from prefect import flow
 
 from analysis.compare import Comparison, compare_frames
 from analysis.history import HistoryStore
-from analysis.pipeline import settings_for
 from analysis.project import load_project
+from analysis.settings import settings_for
 from tasks.publish.prefect_artifacts import publish_comparison
 
 __all__ = ["compare"]

@@ -14,7 +14,7 @@ import yaml
 
 from analysis.discovery import discover
 from analysis.parsing import parse_dirs
-from analysis.pipeline import postprocess, settings_for
+from analysis.pipeline import postprocess
 from analysis.project import load_project
 from analysis.report import (
     ReportContext,
@@ -24,6 +24,7 @@ from analysis.report import (
     shape_loss_curve,
 )
 from analysis.run_analysis import analyse_run
+from analysis.settings import settings_for
 from tests.factories import DEFAULT_SETTINGS, make_result_dir
 
 

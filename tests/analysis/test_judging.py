@@ -12,10 +12,10 @@ import analysis.judging as judging
 from analysis.history import HistoryStore
 from analysis.judging import judge_runs
 from analysis.kpi import kpi_table
-from analysis.pipeline import settings_for
 from analysis.project import load_project
 from analysis.regression import verdict
 from analysis.run_analysis import _analyse_tree
+from analysis.settings import settings_for
 from tests.factories import make_result_dir
 
 
