@@ -162,8 +162,8 @@ def compare_main(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     from analysis.compare import compare_frames, comparison_html, comparison_lines
     from analysis.history import HistoryStore
-    from analysis.pipeline import settings_for
     from analysis.project import load_project
+    from analysis.settings import settings_for
     from core.safeio import write_json, write_text
 
     try:
@@ -388,17 +388,25 @@ def _answer_from_memo(out: Path, key: str, roots: list[Any]) -> dict[str, Any] |
 def _postprocess(args: argparse.Namespace, memo_at: _Memo | None) -> dict[str, Any]:
     """Post-process the tree as the arguments say; the summary the command prints."""
     from analysis import memo
+    from core.forked import Flag
 
     if memo_at is None:
         return _analyse(args)
     out, _, roots = memo_at
     memo.forget(out)  # a run that fails or is stopped leaves no memo of older outputs
     # before anything is read (the code too); the trees' stamps are taken, then the tree
-    # discovered, beside this process while it imports the pipeline
+    # discovered and its first warm dirs analysed, beside this process while it imports
+    # the pipeline, until it is ready for them
+    ready = Flag()
     before = memo.Before(roots, exclude=[out], then=functools.partial(
-        _discover, args.results_dir, args.project))
+        _prepare, args, ready, os.getpid()))
+
+    def wait() -> None:
+        ready.set()
+        before.wait()
+
     try:
-        summary = _analyse(args, ready=before.wait, discovery=before.take,
+        summary = _analyse(args, ready=wait, prepared=before.take,
                            tree_read=before.recheck_trees)
         memo.record(out, memo_at[1], before, summary)
     finally:
@@ -406,25 +414,63 @@ def _postprocess(args: argparse.Namespace, memo_at: _Memo | None) -> dict[str, A
     return summary
 
 
-def _discover(results_dir: str, project: str) -> Any:
-    """The tree's discovery (`analysis.discovery`), as the pipeline would make it."""
-    from analysis.discovery import discover
+def _prepare(args: argparse.Namespace, ready: Any, parent: int) -> Any:
+    """The tree's discovery, then its warm dirs analysed from the first on until ``ready``.
 
-    return discover(results_dir, project=project)
+    Runs beside the command (`memo.Before`'s child) while it imports the pipeline (pandas,
+    pyarrow: ~0.4 s of a warm 1 000-dir run in which the other core had nothing to do): an
+    `analysis.run_analysis.Prepared`, its runs analysed as the command then analyses them
+    (the same `Analyser`, from the same settings: the pipeline takes them in only when the
+    keys match). Where no child could be forked, or above `BESIDE_MAX_RUNS` (the memory a
+    child's answer holds), the discovery alone. Nothing here imports pandas.
+    """
+    from analysis.discovery import discover
+    from analysis.parsing import BESIDE_MAX_RUNS
+    from analysis.run_analysis import Prepared
+
+    found = discover(args.results_dir, project=args.project)
+    if os.getpid() == parent or args.force or not found.results \
+            or len(found.results) > BESIDE_MAX_RUNS:
+        return Prepared(found)
+    from analysis.project import load_project
+    from analysis.run_analysis import Analyser, serve_early
+
+    hooks = load_project(args.project)
+    if hooks.name != args.project:  # another name for it: the command discovers again
+        return Prepared(found)
+    logging.disable(logging.WARNING)  # the command itself warns of unusable settings
+    settings = _settings(hooks, args)
+    logging.disable(logging.NOTSET)
+    return serve_early(Analyser(hooks, found, None, None, settings.validity, settings.mode),
+                       ready.is_set)
+
+
+def _settings(hooks: Any, args: argparse.Namespace) -> Any:
+    """The run's (or the project's) analysis block, with the command line's flags on top.
+
+    The same history selection and ignored labels as the run itself.
+    """
+    from analysis.settings import settings_for
+
+    base = settings_for(hooks, args.results_dir)
+    return base.model_copy(update={
+        "mode": "cpt" if args.strict else base.mode, "strict": args.strict or base.strict,
+        "regression": base.regression.model_copy(update={
+            "fail_on_regression": args.fail_on_regression})})
 
 
 def _analyse(args: argparse.Namespace, ready: Callable[[], None] = lambda: None,
-             discovery: Callable[[], Any] | None = None,
+             prepared: Callable[[], Any] | None = None,
              tree_read: Callable[[], None] | None = None) -> dict[str, Any]:
     """`postprocess` as the arguments say; what the command prints of its outcome.
 
     ``ready`` returns once the tree may be read (the memo's stamps of it are taken);
-    ``discovery`` and ``tree_read``: see `postprocess`.
+    ``prepared`` and ``tree_read``: see `postprocess`.
     """
     from analysis.arrow_memory import use_system_allocator
 
     use_system_allocator()  # before pandas imports pyarrow: its C++ side reads it then
-    from analysis.pipeline import postprocess, settings_for
+    from analysis.pipeline import postprocess
     from analysis.project import load_project
 
     # Everything imported so far lives as long as the process: out of the collector's sight,
@@ -438,19 +484,13 @@ def _analyse(args: argparse.Namespace, ready: Callable[[], None] = lambda: None,
     hooks = load_project(args.project)
     ready()
     if hooks.name != args.project:  # another name for it: discovered again, for the name
-        discovery = None  # the pipeline uses
-    # the run's (or the project's) analysis block: the same history selection and
-    # ignored labels as the run itself; the command line's flags go on top
-    base = settings_for(hooks, args.results_dir)
-    settings = base.model_copy(update={
-        "mode": "cpt" if args.strict else base.mode, "strict": args.strict or base.strict,
-        "regression": base.regression.model_copy(update={
-            "fail_on_regression": args.fail_on_regression})})
+        prepared = None  # the pipeline uses
+    settings = _settings(hooks, args)
     writable_dir(args.out, "--out")
     outcome = postprocess(args.results_dir, args.project, args.out,
                           history_uri=args.history, settings=settings,
                           append_history=not args.no_append, force=args.force,
-                          report=not args.no_report, discovery=discovery,
+                          report=not args.no_report, prepared=prepared,
                           tree_read=tree_read)
     summary = {
         "runs": outcome.runs, "failed": outcome.failed_runs,

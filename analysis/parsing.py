@@ -65,6 +65,7 @@ __all__ = [
     "ParseProblem",
     "ParsedResult",
     "ResultParser",
+    "Served",
     "engine_inputs",
     "parse_dirs",
     "parse_one",
@@ -312,12 +313,46 @@ def _parse_chunk(parser: ResultParser, results: list[ResultDir], use_cache: bool
     return out
 
 
+Served = tuple[list[tuple[int, Any]], list[int]]
+"""Warm dirs served ahead (`serve_until`): (index, what ``then`` made of it) for each warm
+one, then the indices of those found cold."""
+
+
+def serve_until(results: Sequence[ResultDir], parser: ResultParser,
+                then: Callable[[int, ParsedResult], Any], stop: Callable[[], bool], *,
+                apart: Sequence[str] = (), skip_before: int = 0) -> Served:
+    """Serve warm dirs from the first on, until ``stop()`` is true: `parse_dirs`' ``served``.
+
+    What the command line's early parse does beside its own imports (`analysis.__main__`).
+    ``stop`` is asked before each dir. A dir whose ``then`` raises ends the serving there:
+    it is left to `parse_dirs`, which raises the same error where a run's parse raises it.
+    Nothing is served when a forced parse was asked for (``TELLTALE_FORCE_REPARSE``).
+    """
+    served: list[tuple[int, Any]] = []
+    missed: list[int] = []
+    if _force_from_env():
+        return served, missed
+    for index, result in enumerate(results):
+        if stop():
+            break
+        cached = _load_cached(result, parser, False, apart if index < skip_before else ())
+        if cached is None:
+            missed.append(index)
+            continue
+        try:
+            served.append((index, then(index, cached)))
+        except Exception:  # noqa: BLE001 - raised again where parse_dirs serves it
+            break
+    return served, missed
+
+
 def parse_dirs(results: Sequence[ResultDir], parser: ResultParser, *, project: str | None = None,
                force: bool = False, use_cache: bool = True,
                workers: int | None = None, trust_cache: bool = False,
                then: Callable[[int, ParsedResult], Any] | None = None,
                after: Callable[[int, Any], Any] | None = None,
-               apart: Sequence[str] = (), skip_before: int = 0) -> list[Any]:
+               apart: Sequence[str] = (), skip_before: int = 0,
+               served: Served | None = None) -> list[Any]:
     """Parse many result dirs, in parallel processes when there are enough of them.
 
     Args:
@@ -343,6 +378,9 @@ def parse_dirs(results: Sequence[ResultDir], parser: ResultParser, *, project: s
         skip_before: Results before this index may come without the ``apart`` fields
             (read from a cache that stores them apart, or parsed in a worker process: they
             keep their defaults).
+        served: Dirs served ahead by `serve_until` with this ``then`` (the caller
+            vouches for that): taken in first, never served again; its cold ones are
+            parsed with the others. Ignored when forced or without the caches.
 
     Returns:
         Results (or what ``then`` made of them) in the order of ``results``.
@@ -350,22 +388,29 @@ def parse_dirs(results: Sequence[ResultDir], parser: ResultParser, *, project: s
     made: Callable[[int, ParsedResult], Any] = then or (lambda _index, result: result)
     arrived: Callable[[int, Any], Any] = after or (lambda _index, value: value)
 
-    def emit(index: int, result: ParsedResult) -> Any:
-        return arrived(index, made(index, result))
-
     force = force or _force_from_env()  # asked once here, not once per dir
     workers = workers or os.cpu_count() or 1
+    parsed: dict[int, Any] = {}
+    cold: list[int] = []
+    todo: Sequence[int] = range(len(results))
+    if served is not None and use_cache and not force:
+        for index, value in served[0]:
+            parsed[index] = arrived(index, value)
+        cold.extend(served[1])
+        if parsed or cold:
+            done = {*parsed, *cold}
+            todo = [i for i in todo if i not in done]
 
     def skip(index: int) -> Sequence[str]:
         return apart if index < skip_before else ()
 
     if project is None or workers <= 1 or len(results) < _PARALLEL_MIN:
-        return [emit(i, parse_one(r, parser, force=force, use_cache=use_cache,
-                                  trust_cache=trust_cache, apart=apart, skip=skip(i)))
-                for i, r in enumerate(results)]
+        for i in sorted([*cold, *todo]):
+            parsed[i] = arrived(i, made(i, parse_one(
+                results[i], parser, force=force, use_cache=use_cache,
+                trust_cache=trust_cache, apart=apart, skip=skip(i))))
+        return [parsed[i] for i in range(len(results))]
     # Warm dirs are cheap: serve them here and send only the cold ones to workers.
-    parsed: dict[int, Any] = {}
-    cold: list[int] = []
 
     def serve(indices: Sequence[int], take: Callable[[int, Any], None] | None = None
               ) -> tuple[list[tuple[int, Any]], list[int]]:
@@ -394,22 +439,22 @@ def parse_dirs(results: Sequence[ResultDir], parser: ResultParser, *, project: s
     # window bounds what a child's answer holds in memory at once. This process takes in
     # its own share as it is made (a run's payload is spooled at once).
     split = not force and use_cache and len(results) <= BESIDE_MAX_RUNS and can_fork()
-    for start in range(0, len(results), _WARM_WINDOW):
-        window = range(start, min(start + _WARM_WINDOW, len(results)))
+    for start in range(0, len(todo), _WARM_WINDOW):
+        window = todo[start:start + _WARM_WINDOW]
         theirs = int(len(window) * _BESIDE_SHARE) if split and \
             len(window) >= 2 * _PARALLEL_MIN else 0
         mine = window[:len(window) - theirs]
         with beside(serve, window[len(mine):]) if theirs else nullcontext() as child:
             cold.extend(serve(mine, take)[1])
             if child is not None:
-                served, missed = child.result()
-                for index, value in served:
+                result_served, missed = child.result()
+                for index, value in result_served:
                     take(index, value)
                 cold.extend(missed)
     if len(cold) < _PARALLEL_MIN:
         for index in cold:
-            parsed[index] = emit(index, parse_one(results[index], parser, force=True,
-                                                  use_cache=use_cache, apart=apart))
+            parsed[index] = arrived(index, made(index, parse_one(
+                results[index], parser, force=True, use_cache=use_cache, apart=apart)))
     else:
         # small chunks: the last ones end close together (a 125-dir chunk left one core
         # idle for ~0.3 s at the end of 1 000 cold dirs)
@@ -426,5 +471,5 @@ def parse_dirs(results: Sequence[ResultDir], parser: ResultParser, *, project: s
                 for index, (data, engine) in zip(chunk, future.result(), strict=True):
                     result = parser.result_model.model_validate_json(data)
                     result._engine = EngineInputs.model_validate_json(engine)
-                    parsed[index] = emit(index, result)
+                    parsed[index] = arrived(index, made(index, result))
     return [parsed[i] for i in range(len(results))]

@@ -30,6 +30,7 @@ Standard library only, but for the setting.
 from __future__ import annotations
 
 import gc
+import mmap
 import os
 import pickle
 import signal
@@ -39,7 +40,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Generic, ParamSpec, TypeVar
 
-__all__ = ["Beside", "ChildDied", "at_once", "beside", "can_fork"]
+__all__ = ["Beside", "ChildDied", "Flag", "at_once", "beside", "can_fork"]
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -134,6 +135,27 @@ class Beside(Generic[T]):
             self.close()
         elif self._answer is None:
             self._answer = self._collect()
+
+
+class Flag:
+    """A flag one process sets and its forked children see: a shared anonymous page.
+
+    Made before the fork; a child reads it between pieces of its work (the command line's
+    early parse stops after the dir it is on once the caller sets it, `analysis.__main__`).
+    Set once, never cleared. Where no child was forked, the caller reads its own flag:
+    the same answer.
+    """
+
+    def __init__(self) -> None:
+        self._page = mmap.mmap(-1, 1)  # MAP_SHARED | MAP_ANONYMOUS: one page, both sides
+
+    def set(self) -> None:
+        """Set the flag (idempotent)."""
+        self._page[0] = 1
+
+    def is_set(self) -> bool:
+        """True once any process sharing the page set it."""
+        return self._page[0] == 1
 
 
 def beside(work: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> Beside[T]:

@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.factories import make_result_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,6 +27,19 @@ COUNTING = """
 import json, os, sys
 forks = []
 sys.addaudithook(lambda event, args: forks.append(1) if event == "os.fork" else None)
+if os.environ.get("EARLY_SERVES"):
+    # the early parse serves this many dirs whatever the command's readiness (it waits for
+    # them), and each side says how many runs went across
+    import analysis.run_analysis as ra
+    serve_early, parse_dirs = ra.serve_early, ra.parse_dirs
+    def early(analyser, stop, asked=iter(range(int(os.environ["EARLY_SERVES"])))):
+        prepared = serve_early(analyser, lambda: next(asked, None) is None)
+        sys.stderr.write(f"EARLY {len(prepared.served[0])} {prepared.served[1]}\\n")
+        return prepared
+    def taking(*args, served=None, **kwargs):
+        sys.stderr.write(f"TAKEN {len(served[0]) if served else 0}\\n")
+        return parse_dirs(*args, served=served, **kwargs)
+    ra.serve_early, ra.parse_dirs = early, taking
 from analysis.__main__ import main
 code = main(sys.argv[1:])
 sys.stdout.flush()
@@ -35,16 +50,25 @@ OUTPUTS = ("kpis.parquet", "runs.parquet", "kpis.prom", "lts_payload.json", "reg
            "regression_summary.yaml")
 
 
-def _analysis(tree: Path, out: Path, *extra: str, beside: bool) -> tuple[int, str, int]:
-    """(exit code, stdout, forks) of one ``python -m analysis`` command."""
+def _analysis(tree: Path, out: Path, *extra: str, beside: bool, early: int | None = None
+              ) -> tuple[int, str, int]:
+    """(exit code, stdout, forks) of one ``python -m analysis`` command.
+
+    ``early``: the early parse serves that many dirs (see ``COUNTING``).
+    """
     env = {**os.environ, "PYTHONPATH": str(REPO), "TELLTALE_BESIDE": "1" if beside else "0"}
+    env.pop("EARLY_SERVES", None)
+    if early is not None:
+        env["EARLY_SERVES"] = str(early)
     proc = subprocess.run([sys.executable, "-c", COUNTING, str(tree), "--project",
                            "fine_tuning", "--out", str(out), "--quiet", *extra], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=600)
     forks = re.search(r"FORKS (\d+)", proc.stderr)
     assert forks or proc.returncode != 0, proc.stderr
-    return proc.returncode, proc.stdout + proc.stderr.split("FORKS")[0], \
-        int(forks.group(1)) if forks else -1
+    said = re.sub(r"(EARLY|TAKEN) .*\n", "", proc.stderr.split("FORKS")[0])
+    counts = re.findall(r"(EARLY|TAKEN) (\d+)(.*)\n", proc.stderr)
+    return proc.returncode, proc.stdout + said + "".join(
+        f"{kind} {n}{rest}\n" for kind, n, rest in counts), int(forks.group(1)) if forks else -1
 
 
 def _page(path: Path) -> str:
@@ -94,3 +118,42 @@ def test_an_error_in_the_childs_half_is_the_commands_error(tmp_path: Path) -> No
     assert "incomplete" in said_both and said_both.replace(
         str(tmp_path / "both"), "OUT") == said_one.replace(str(tmp_path / "one"), "OUT")
     assert not list((tmp_path / "both").glob(".lts_payload.spool*"))
+
+
+def _outputs_match(one: Path, both: Path) -> None:
+    for name in OUTPUTS:
+        assert (one / name).read_bytes() == (both / name).read_bytes(), name
+
+
+@pytest.mark.parametrize("early", [DIRS, 7])
+def test_runs_analysed_during_the_imports_are_the_runs_one_core_makes(
+        tmp_path: Path, early: int) -> None:
+    """All dirs served early, or 7 (the rest parsed in the window split), a cold one among
+    them (a worker parses it), a broken one, and a failed run further on."""
+    tree = _tree(tmp_path)
+    assert _analysis(tree, tmp_path / "cold", beside=False)[0] == 0
+    log = tree / "003__cell" / "001__fine_tuning__run_fine_tuning_job" / "artifacts" / \
+        "pod.log"
+    log.write_text(log.read_text() + "one more line\n")  # dir 3 is cold again
+    one = _analysis(tree, tmp_path / "one", beside=False)
+    log.write_text(log.read_text() + "and another\n")
+    both = _analysis(tree, tmp_path / "both", beside=True, early=early)
+    assert one[0] == both[0] == 0
+    assert f"EARLY {early - 1} [3]" in both[1]  # dir 3 was found cold, the others served
+    assert f"TAKEN {early - 1}" in both[1]  # and taken in: the analyses were alike
+    summary = both[1].split("EARLY")[0]
+    assert one[1].replace(str(tmp_path / "one"), "OUT") == \
+        summary.replace(str(tmp_path / "both"), "OUT")
+    _outputs_match(tmp_path / "one", tmp_path / "both")
+
+
+def test_an_error_met_early_is_the_commands_error_where_it_would_be(tmp_path: Path) -> None:
+    tree = _tree(tmp_path)  # cpt mode: the runs' payloads lack presets and config
+    assert _analysis(tree, tmp_path / "cold", beside=False)[0] == 0
+    code_one, said_one, _ = _analysis(tree, tmp_path / "one", "--strict", beside=False)
+    code_both, said_both, _ = _analysis(tree, tmp_path / "both", "--strict", beside=True,
+                                        early=DIRS)
+    assert "EARLY 0 []" in said_both  # the early parse stopped at the first
+    assert code_one == code_both == 2
+    assert "incomplete" in said_one and said_both.split("EARLY")[0].replace(
+        str(tmp_path / "both"), "OUT") == said_one.replace(str(tmp_path / "one"), "OUT")

@@ -194,3 +194,39 @@ def test_in_a_threaded_process_the_work_runs_at_once_with_its_error_kept() -> No
 
 def _raise(exc: Exception) -> None:
     raise exc
+
+
+FLAG = r'''
+import json, os, sys
+from core.forked import Flag, beside
+
+flag, go_read, go_write = Flag(), *os.pipe()
+
+def child_waits_then_reads() -> bool:
+    os.read(go_read, 1)  # the parent sets the flag, then writes this byte
+    return flag.is_set()
+
+before = flag.is_set()
+with beside(child_waits_then_reads) as late:
+    flag.set()
+    os.write(go_write, b"x")
+    seen_late = late.result()
+other = Flag()
+with beside(lambda: (other.set(), True)[1]) as job:
+    job.result()
+print(json.dumps({"before": before, "seen_late": seen_late, "set_by_child": other.is_set(),
+                  "forked": late.forked and job.forked}))
+'''
+
+
+def test_a_flag_set_on_either_side_of_a_fork_is_seen_on_the_other() -> None:
+    """`Flag`: set by the parent after the fork, seen by the child; set by a child, seen by
+    its parent (a copied page would show neither)."""
+    proc = subprocess.run([sys.executable, "-c", FLAG], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, check=True,
+                          env={**os.environ, "TELLTALE_BESIDE": "1"})
+    answer = json.loads(proc.stdout)
+    if not answer["forked"]:
+        pytest.skip("no fork here (one usable CPU)")
+    assert answer == {"before": False, "seen_late": True, "set_by_child": True,
+                      "forked": True}
