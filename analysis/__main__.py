@@ -388,61 +388,77 @@ def _answer_from_memo(out: Path, key: str, roots: list[Any]) -> dict[str, Any] |
 def _postprocess(args: argparse.Namespace, memo_at: _Memo | None) -> dict[str, Any]:
     """Post-process the tree as the arguments say; the summary the command prints."""
     from analysis import memo
-    from core.forked import Flag
+    from core.forked import Claims, Handoff
 
     if memo_at is None:
         return _analyse(args)
     out, _, roots = memo_at
     memo.forget(out)  # a run that fails or is stopped leaves no memo of older outputs
     # before anything is read (the code too); the trees' stamps are taken, then the tree
-    # discovered and its first warm dirs analysed, beside this process while it imports
-    # the pipeline, until it is ready for them
-    ready = Flag()
+    # discovered, then its warm dirs analysed from the first on, beside this process while
+    # it imports the pipeline (then while it analyses them from the last down)
+    claims, handoff = Claims(), Handoff()
     before = memo.Before(roots, exclude=[out], then=functools.partial(
-        _prepare, args, ready, os.getpid()))
+        _prepare, args, claims, handoff, os.getpid()))
+    prepared: list[Any] = []
 
-    def wait() -> None:
-        ready.set()
-        before.wait()
+    def ready() -> None:
+        given = handoff.take()
+        if given is None:  # the child ended before: its error (or how it died) is raised
+            before.wait()
+            raise RuntimeError("the tree's discovery was never handed over")
+        found, key, helping = given
+        helper = None
+        if helping:
+            from analysis.parsing import Helper
+
+            helper = Helper(claims, before.take)
+        from analysis.run_analysis import Prepared
+
+        prepared.append(Prepared(found, key, helper))
 
     try:
-        summary = _analyse(args, ready=wait, prepared=before.take,
+        summary = _analyse(args, ready=ready, prepared=lambda: prepared.pop(),
                            tree_read=before.recheck_trees)
         memo.record(out, memo_at[1], before, summary)
     finally:
+        handoff.close()
         before.close()
     return summary
 
 
-def _prepare(args: argparse.Namespace, ready: Any, parent: int) -> Any:
-    """The tree's discovery, then its warm dirs analysed from the first on until ``ready``.
+def _prepare(args: argparse.Namespace, claims: Any, handoff: Any, parent: int) -> Any:
+    """The tree's discovery, handed over; then its warm dirs analysed as ``claims`` says.
 
     Runs beside the command (`memo.Before`'s child) while it imports the pipeline (pandas,
-    pyarrow: ~0.4 s of a warm 1 000-dir run in which the other core had nothing to do): an
-    `analysis.run_analysis.Prepared`, its runs analysed as the command then analyses them
-    (the same `Analyser`, from the same settings: the pipeline takes them in only when the
-    keys match). Where no child could be forked, or above `BESIDE_MAX_RUNS` (the memory a
+    pyarrow: ~0.4 s of a warm 1 000-dir run in which the other core had nothing to do),
+    then while it serves the same dirs from the last down (`parse_dirs`' ``helper``). Its
+    runs are analysed as the command analyses them — the same `Analyser` from the same
+    settings: the handed-over key says which, and the pipeline takes them in only when it is
+    its own. Where no child could be forked, or above `BESIDE_MAX_RUNS` (the memory a
     child's answer holds), the discovery alone. Nothing here imports pandas.
     """
     from analysis.discovery import discover
     from analysis.parsing import BESIDE_MAX_RUNS
-    from analysis.run_analysis import Prepared
 
     found = discover(args.results_dir, project=args.project)
     if os.getpid() == parent or args.force or not found.results \
             or len(found.results) > BESIDE_MAX_RUNS:
-        return Prepared(found)
+        handoff.give((found, None, False))
+        return None
     from analysis.project import load_project
     from analysis.run_analysis import Analyser, serve_early
 
     hooks = load_project(args.project)
     if hooks.name != args.project:  # another name for it: the command discovers again
-        return Prepared(found)
+        handoff.give((found, None, False))
+        return None
     logging.disable(logging.WARNING)  # the command itself warns of unusable settings
     settings = _settings(hooks, args)
     logging.disable(logging.NOTSET)
-    return serve_early(Analyser(hooks, found, None, None, settings.validity, settings.mode),
-                       ready.is_set)
+    analyser = Analyser(hooks, found, None, None, settings.validity, settings.mode)
+    handoff.give((found, analyser.key, True))
+    return serve_early(analyser, claims)
 
 
 def _settings(hooks: Any, args: argparse.Namespace) -> Any:

@@ -32,6 +32,7 @@ import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
@@ -51,7 +52,7 @@ from analysis.file_reader import (
 from analysis.fingerprint import fingerprint_of
 from analysis.validity import MachineInputs, read_machine_inputs
 from core.environment import env_settings
-from core.forked import beside, can_fork
+from core.forked import Claims, beside, can_fork
 from core.safeio import RefusedInput, open_stream, write_bytes
 
 __all__ = [
@@ -65,6 +66,7 @@ __all__ = [
     "ParseProblem",
     "ParsedResult",
     "ResultParser",
+    "Helper",
     "Served",
     "engine_inputs",
     "parse_dirs",
@@ -314,28 +316,44 @@ def _parse_chunk(parser: ResultParser, results: list[ResultDir], use_cache: bool
 
 
 Served = tuple[list[tuple[int, Any]], list[int]]
-"""Warm dirs served ahead (`serve_until`): (index, what ``then`` made of it) for each warm
-one, then the indices of those found cold."""
+"""Warm dirs a helper served (`serve_claimed`): (index, what ``then`` made of it) for each
+warm one, then the indices of those found cold."""
 
 
-def serve_until(results: Sequence[ResultDir], parser: ResultParser,
-                then: Callable[[int, ParsedResult], Any], stop: Callable[[], bool], *,
-                apart: Sequence[str] = (), skip_before: int = 0) -> Served:
-    """Serve warm dirs from the first on, until ``stop()`` is true: `parse_dirs`' ``served``.
+@dataclass(frozen=True)
+class Helper:
+    """A forked child serving a tree's warm dirs from the first on: the early parse.
 
-    What the command line's early parse does beside its own imports (`analysis.__main__`).
-    ``stop`` is asked before each dir. A dir whose ``then`` raises ends the serving there:
-    it is left to `parse_dirs`, which raises the same error where a run's parse raises it.
+    The child serves with `serve_claimed` while `parse_dirs` serves from the last down.
+    ``finish`` gives the child's answer once the two ends met (or it stopped); None when it
+    served nothing.
+    """
+
+    claims: Claims
+    finish: Callable[[], Served | None]
+
+    def dismiss(self) -> None:
+        """Stop the child and drop whatever it served (made for another analysis)."""
+        self.claims.stop()
+        self.finish()
+
+
+def serve_claimed(results: Sequence[ResultDir], parser: ResultParser,
+                  then: Callable[[int, ParsedResult], Any], claim: Callable[[], int | None], *,
+                  apart: Sequence[str] = (), skip_before: int = 0) -> Served:
+    """Serve the warm dirs ``claim()`` gives, until it gives None: a `Helper`'s answer.
+
+    A dir whose ``then`` raises ends the serving there (it was claimed, not served):
+    `parse_dirs` serves it again and raises the same error where a run's parse raises it.
     Nothing is served when a forced parse was asked for (``TELLTALE_FORCE_REPARSE``).
     """
     served: list[tuple[int, Any]] = []
     missed: list[int] = []
     if _force_from_env():
         return served, missed
-    for index, result in enumerate(results):
-        if stop():
-            break
-        cached = _load_cached(result, parser, False, apart if index < skip_before else ())
+    while (index := claim()) is not None:
+        cached = _load_cached(results[index], parser, False,
+                              apart if index < skip_before else ())
         if cached is None:
             missed.append(index)
             continue
@@ -352,7 +370,7 @@ def parse_dirs(results: Sequence[ResultDir], parser: ResultParser, *, project: s
                then: Callable[[int, ParsedResult], Any] | None = None,
                after: Callable[[int, Any], Any] | None = None,
                apart: Sequence[str] = (), skip_before: int = 0,
-               served: Served | None = None) -> list[Any]:
+               helper: Helper | None = None) -> list[Any]:
     """Parse many result dirs, in parallel processes when there are enough of them.
 
     Args:
@@ -372,15 +390,17 @@ def parse_dirs(results: Sequence[ResultDir], parser: ResultParser, *, project: s
             `core.forked`): what it returns must pickle, and what it changes in memory
             stays there — keep that for ``after``.
         after: Called here with (index, what ``then`` made of it); its return value takes
-            that place. In index order within each share of a window (this process's,
-            then the child's).
+            that place. Once an index, in no set order (a helper's from the last down,
+            then each window's share, then the cold ones).
         apart: Bulky fields (the project's ``bulky``) the caches store apart (`parse_one`).
         skip_before: Results before this index may come without the ``apart`` fields
             (read from a cache that stores them apart, or parsed in a worker process: they
             keep their defaults).
-        served: Dirs served ahead by `serve_until` with this ``then`` (the caller
-            vouches for that): taken in first, never served again; its cold ones are
-            parsed with the others. Ignored when forced or without the caches.
+        helper: A child serving the warm dirs from the first on with this ``then`` (the
+            caller vouches for that): this process serves them from the last down until
+            the two meet, then takes the child's in (an index both served, once); the
+            cold ones are parsed with the others. Dismissed when forced or without the
+            caches.
 
     Returns:
         Results (or what ``then`` made of them) in the order of ``results``.
@@ -393,16 +413,32 @@ def parse_dirs(results: Sequence[ResultDir], parser: ResultParser, *, project: s
     parsed: dict[int, Any] = {}
     cold: list[int] = []
     todo: Sequence[int] = range(len(results))
-    if served is not None and use_cache and not force:
-        for index, value in served[0]:
-            parsed[index] = arrived(index, value)
-        cold.extend(served[1])
-        if parsed or cold:
-            done = {*parsed, *cold}
-            todo = [i for i in todo if i not in done]
 
     def skip(index: int) -> Sequence[str]:
         return apart if index < skip_before else ()
+
+    if helper is not None and (force or not use_cache):
+        helper.dismiss()
+    elif helper is not None:
+        while (index := helper.claims.back(len(results))) is not None:
+            cached = _load_cached(results[index], parser, trust_cache, skip(index))
+            if cached is None:
+                cold.append(index)
+                continue
+            try:
+                value = made(index, cached)
+            except Exception:  # noqa: BLE001 - raised again below, where one process
+                break  # serving in index order raises its first (the child stops as well)
+            parsed[index] = arrived(index, value)
+        theirs = helper.finish()
+        done = {*parsed, *cold}
+        for index, value in theirs[0] if theirs else ():
+            if index not in done:  # an index both claimed: this process's answer stands
+                parsed[index] = arrived(index, value)
+        cold.extend(i for i in (theirs[1] if theirs else ()) if i not in done)
+        done = {*parsed, *cold}
+        # what neither served (the child stopped at a dir whose analysis raised): below
+        todo = [i for i in todo if i not in done]
 
     if project is None or workers <= 1 or len(results) < _PARALLEL_MIN:
         for i in sorted([*cold, *todo]):

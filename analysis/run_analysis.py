@@ -11,7 +11,7 @@ import functools
 import hashlib
 import json
 import re
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,11 +24,19 @@ from analysis.discovery import Discovery, SkippedDir, discover
 from analysis.fingerprint import Fingerprint
 from analysis.kpi import Kpi, compute_kpis, label_strings
 from analysis.lts import LtsKpi, LtsMetadata, LtsPayload, require_complete
-from analysis.parsing import ParsedResult, Served, engine_inputs, parse_dirs, serve_until
+from analysis.parsing import (
+    Helper,
+    ParsedResult,
+    Served,
+    engine_inputs,
+    parse_dirs,
+    serve_claimed,
+)
 from analysis.project import AnalysisProject
 from analysis.settings import ValidityPolicy
 from analysis.validity import MachineInputs, Validity, judge_validity
 from core.errors import ResultsError
+from core.forked import Claims
 from core.progress import StageProgress
 from core.redact import redact
 
@@ -283,26 +291,25 @@ def encode_payload(payload: LtsPayload, mode: Literal["investigate", "cpt"]) -> 
 class Prepared:
     """What a caller made of a tree before post-processing asked for it.
 
-    Its discovery, and the warm dirs it served ahead (`serve_early`) with an `Analyser` of
-    ``key``.
+    Its discovery and, with a ``helper``, a child serving its warm dirs (`serve_early`)
+    with an `Analyser` of ``key``: taken in when the key is this analysis's, else dismissed.
     """
 
     discovery: Discovery
-    served: Served | None = None
     key: tuple[Any, ...] | None = None
+    helper: Helper | None = None
 
 
-def serve_early(analyser: Analyser, stop: Callable[[], bool]) -> Prepared:
-    """Serve the tree's warm dirs from the first on, until ``stop()``: a `Prepared`.
+def serve_early(analyser: Analyser, claims: Claims) -> Served:
+    """Serve the tree's warm dirs from the first on, as ``claims`` gives them: a `Helper`'s.
 
-    The command line does it beside its own imports (`analysis.__main__`); post-processing
-    takes the runs in and serves the rest (`postprocess`' ``prepared``).
+    The command line's child does it beside the command's imports (`analysis.__main__`),
+    then beside its serving from the last down (`parse_dirs`' ``helper``).
     """
     results = analyser.found.results
-    served = serve_until(results, analyser.hooks.parser, analyser, stop,
-                         apart=analyser.hooks.bulky,
-                         skip_before=len(results) - KEEP_BULKY)
-    return Prepared(analyser.found, served, analyser.key)
+    return serve_claimed(results, analyser.hooks.parser, analyser,
+                         functools.partial(claims.front, len(results)),
+                         apart=analyser.hooks.bulky, skip_before=len(results) - KEEP_BULKY)
 
 
 def _analyse_tree(results_dir: str | Path, hooks: AnalysisProject,
@@ -316,7 +323,7 @@ def _analyse_tree(results_dir: str | Path, hooks: AnalysisProject,
     ``keep`` sees each analysed run as it arrives (its payload encoded, before its bulky
     fields are dropped): post-processing spools the LTS payload to disk there.
     ``found``: the tree's discovery when the caller made it already; ``prepared``: that
-    and the warm dirs it served ahead, taken in when they were analysed as these are.
+    and a child serving the warm dirs (`Prepared`).
 
     Returns the discovery (its root and skipped dirs: the result dirs it found are the runs
     now, ~2 KB a dir with their settings), the analysed runs, the skipped dirs and (failed
@@ -339,8 +346,10 @@ def _analyse_tree(results_dir: str | Path, hooks: AnalysisProject,
     analyse = Analyser(hooks, found, tuple(presets) if presets is not None else None,
                        config_text, policy or ValidityPolicy(),
                        keep.mode if keep is not None else None)
-    served = prepared.served if prepared is not None and prepared.key == analyse.key \
-        else None
+    helper = prepared.helper if prepared is not None else None
+    if helper is not None and (prepared is None or prepared.key != analyse.key):
+        helper.dismiss()  # its runs were analysed otherwise
+        helper = None
 
     def arrived(index: int, analysed: _Analysed) -> RunAnalysis | SkippedDir:
         run, failed, problems, data = analysed
@@ -356,7 +365,7 @@ def _analyse_tree(results_dir: str | Path, hooks: AnalysisProject,
 
     analysed = parse_dirs(found.results, hooks.parser, project=hooks.name, force=force,
                           trust_cache=trust_cache, then=analyse, after=arrived,
-                          apart=hooks.bulky, skip_before=total - KEEP_BULKY, served=served)
+                          apart=hooks.bulky, skip_before=total - KEEP_BULKY, helper=helper)
     progress.finish()
     runs = [a for a in analysed if isinstance(a, RunAnalysis)]
     skipped = [*found.skipped, *(a for a in analysed if isinstance(a, SkippedDir))]

@@ -34,13 +34,15 @@ import mmap
 import os
 import pickle
 import signal
+import struct
 import sys
+import tempfile
 import threading
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Generic, ParamSpec, TypeVar
 
-__all__ = ["Beside", "ChildDied", "Flag", "at_once", "beside", "can_fork"]
+__all__ = ["Beside", "ChildDied", "Claims", "Handoff", "at_once", "beside", "can_fork"]
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -137,25 +139,128 @@ class Beside(Generic[T]):
             self._answer = self._collect()
 
 
-class Flag:
-    """A flag one process sets and its forked children see: a shared anonymous page.
+class Claims:
+    """The indices of ``n`` pieces of work, claimed from both ends by a process and its child.
 
-    Made before the fork; a child reads it between pieces of its work (the command line's
-    early parse stops after the dir it is on once the caller sets it, `analysis.__main__`).
-    Set once, never cleared. Where no child was forked, the caller reads its own flag:
-    the same answer.
+    A shared anonymous page, made before the fork. The child claims from the first index on
+    (`front`), the parent from the last down (`back`), until the two ends meet: each writes
+    only its own end and reads the other's. Both ends only move towards each other, so no
+    index is ever left unclaimed; two claims made at the same moment may take the same last
+    index (each read the other's end just before it moved), and the caller keeps one answer
+    for it. The parent's end starts open: the child may claim every index until the parent
+    starts. `stop` closes the child's side (the parent then does what it did not).
+    """
+
+    _OPEN = 2**31 - 1
+
+    def __init__(self) -> None:
+        self._page = mmap.mmap(-1, 8)  # MAP_SHARED | MAP_ANONYMOUS: both sides, one page
+        struct.pack_into("<ii", self._page, 0, 0, self._OPEN)
+
+    def front(self, n: int) -> int | None:
+        """The child's next index, claimed; None once the ends met (or `stop`)."""
+        first = struct.unpack_from("<i", self._page, 0)[0]
+        if first >= min(struct.unpack_from("<i", self._page, 4)[0], n):
+            return None
+        struct.pack_into("<i", self._page, 0, first + 1)
+        return first
+
+    def back(self, n: int) -> int | None:
+        """The parent's next index from the last down, claimed; None once the ends met."""
+        last = min(struct.unpack_from("<i", self._page, 4)[0], n) - 1
+        if last < struct.unpack_from("<i", self._page, 0)[0]:
+            return None
+        struct.pack_into("<i", self._page, 4, last)
+        return last
+
+    def stop(self) -> None:
+        """Let the child claim nothing more (nor the parent: it does the rest its own way)."""
+        struct.pack_into("<i", self._page, 4, -1)
+
+
+class Handoff:
+    """A value a forked child gives its parent while it works on, pickled, then announced.
+
+    Into an anonymous file (`os.memfd_create`, else a temporary file), announced on a pipe
+    (`Beside.result` gives the child's last answer); with neither, the pipe carries it (the
+    child then waits for its parent to take it). Made before the fork. `take` waits for the
+    announcement — or for the pipe's end, when the child ended without giving (then None).
+    Where no child was forked, the caller gave it already: the same answer.
     """
 
     def __init__(self) -> None:
-        self._page = mmap.mmap(-1, 1)  # MAP_SHARED | MAP_ANONYMOUS: one page, both sides
+        self._owner = os.getpid()
+        self._given: tuple[Any] | None = None
+        self._data: int | None = _anonymous_file()
+        self._read: int | None
+        self._write: int | None
+        self._read, self._write = os.pipe()
 
-    def set(self) -> None:
-        """Set the flag (idempotent)."""
-        self._page[0] = 1
+    def give(self, value: Any) -> None:
+        """Hand ``value`` over (once)."""
+        if os.getpid() == self._owner:  # no child was forked: kept as it is
+            self._given = (value,)
+            return
+        assert self._write is not None
+        data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        size = len(data).to_bytes(8, "little")
+        if self._data is not None:
+            os.pwrite(self._data, data, 0)  # at 0: the offset is shared with the parent
+            data = b""
+        view = memoryview(size + data)
+        while view:
+            view = view[os.write(self._write, view):]
 
-    def is_set(self) -> bool:
-        """True once any process sharing the page set it."""
-        return self._page[0] == 1
+    def take(self) -> Any:
+        """The value given; None when the child ended without giving one.
+
+        Waits on the pipe, never on a clock: its other end closes when the child ends.
+        """
+        if self._write is not None:  # this side's writer: else the pipe never ends
+            os.close(self._write)
+            self._write = None
+        if self._given is not None:
+            self.close()
+            return self._given[0]
+        try:
+            size = self._read_pipe(8)
+            if len(size) < 8:
+                return None
+            count = int.from_bytes(size, "little")
+            data = os.pread(self._data, count, 0) if self._data is not None \
+                else self._read_pipe(count)
+            return pickle.loads(data) if len(data) == count else None
+        finally:
+            self.close()
+
+    def _read_pipe(self, count: int) -> bytes:
+        assert self._read is not None
+        chunks: list[bytes] = []
+        left = count
+        while left and (chunk := os.read(self._read, min(left, 1 << 20))):
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+
+    def close(self) -> None:
+        """Close the pipe and the file (idempotent)."""
+        for end in (self._read, self._write, self._data):
+            if end is not None:
+                os.close(end)
+        self._read = self._write = self._data = None
+
+
+def _anonymous_file() -> int | None:
+    """A file descriptor of an anonymous file, or None where none can be made."""
+    try:
+        return os.memfd_create("telltale-handoff")
+    except (AttributeError, OSError):  # not Linux (or no memfd): a temporary file
+        pass
+    try:
+        with tempfile.TemporaryFile(prefix="telltale-handoff-") as spare:
+            return os.dup(spare.fileno())
+    except OSError:  # no usable temporary dir: the pipe carries the value
+        return None
 
 
 def beside(work: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> Beside[T]:

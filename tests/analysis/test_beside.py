@@ -28,18 +28,39 @@ import json, os, sys
 forks = []
 sys.addaudithook(lambda event, args: forks.append(1) if event == "os.fork" else None)
 if os.environ.get("EARLY_SERVES"):
-    # the early parse serves this many dirs whatever the command's readiness (it waits for
-    # them), and each side says how many runs went across
-    import analysis.run_analysis as ra
-    serve_early, parse_dirs = ra.serve_early, ra.parse_dirs
-    def early(analyser, stop, asked=iter(range(int(os.environ["EARLY_SERVES"])))):
-        prepared = serve_early(analyser, lambda: next(asked, None) is None)
-        sys.stderr.write(f"EARLY {len(prepared.served[0])} {prepared.served[1]}\\n")
-        return prepared
-    def taking(*args, served=None, **kwargs):
-        sys.stderr.write(f"TAKEN {len(served[0]) if served else 0}\\n")
-        return parse_dirs(*args, served=served, **kwargs)
-    ra.serve_early, ra.parse_dirs = early, taking
+    # the early parse's child claims this many dirs (no more), then the command's serving
+    # from the last down may start: a set share each side; each side says what it did
+    import analysis.parsing as pa, analysis.run_analysis as ra, core.forked as cf
+    limit, (gate_read, gate_write) = int(os.environ["EARLY_SERVES"]), os.pipe()
+    serve_early, back, parse_dirs = ra.serve_early, cf.Claims.back, ra.parse_dirs
+    class Limited:
+        def __init__(self, claims):
+            self.claims, self.left = claims, limit
+        def front(self, n):
+            self.left -= 1
+            return self.claims.front(n) if self.left >= 0 else None
+    def early(analyser, claims):
+        try:
+            served = serve_early(analyser, Limited(claims))
+        finally:
+            os.write(gate_write, b"x")
+        sys.stderr.write(f"EARLY {len(served[0])} {served[1]}\\n")
+        return served
+    def gated(self, n, opened=[]):
+        if not opened:  # this side's writer closed: a child that died ends the wait
+            os.close(gate_write)
+            os.read(gate_read, 1)
+            opened.append(1)
+        return back(self, n)
+    def taking(*args, helper=None, **kwargs):
+        if helper is not None:
+            def finish(finish=helper.finish):
+                served = finish()
+                sys.stderr.write(f"TAKEN {len(served[0]) if served else 0}\\n")
+                return served
+            helper = pa.Helper(helper.claims, finish)
+        return parse_dirs(*args, helper=helper, **kwargs)
+    ra.serve_early, cf.Claims.back, ra.parse_dirs = early, gated, taking
 from analysis.__main__ import main
 code = main(sys.argv[1:])
 sys.stdout.flush()
@@ -54,7 +75,8 @@ def _analysis(tree: Path, out: Path, *extra: str, beside: bool, early: int | Non
               ) -> tuple[int, str, int]:
     """(exit code, stdout, forks) of one ``python -m analysis`` command.
 
-    ``early``: the early parse serves that many dirs (see ``COUNTING``).
+    ``early``: the early parse's child claims that many dirs, the command the rest (see
+    ``COUNTING``).
     """
     env = {**os.environ, "PYTHONPATH": str(REPO), "TELLTALE_BESIDE": "1" if beside else "0"}
     env.pop("EARLY_SERVES", None)
@@ -128,8 +150,8 @@ def _outputs_match(one: Path, both: Path) -> None:
 @pytest.mark.parametrize("early", [DIRS, 7])
 def test_runs_analysed_during_the_imports_are_the_runs_one_core_makes(
         tmp_path: Path, early: int) -> None:
-    """All dirs served early, or 7 (the rest parsed in the window split), a cold one among
-    them (a worker parses it), a broken one, and a failed run further on."""
+    """The child claims every dir, or 7 (the command serves the rest from the last down), a
+    cold one among them (then parsed afresh), a broken one, and a failed run further on."""
     tree = _tree(tmp_path)
     assert _analysis(tree, tmp_path / "cold", beside=False)[0] == 0
     log = tree / "003__cell" / "001__fine_tuning__run_fine_tuning_job" / "artifacts" / \

@@ -1,11 +1,14 @@
 """The command line's early parse: warm dirs analysed beside its imports, then taken in.
 
-``python -m analysis`` analyses the first warm dirs in the memo's child while it imports
-pandas and pyarrow (`analysis.__main__._prepare`, `analysis.run_analysis.serve_early`); the
-pipeline takes them in when they were analysed as it analyses (`Prepared.key`) and serves
-the rest. The whole command against one core is `tests/analysis/test_beside.py`; here the
-pieces: what the early path imports, where `serve_until` stops, that a served run is taken
-in once and never served again, and that runs analysed otherwise are served again.
+``python -m analysis`` analyses warm dirs from the first on in the memo's child while it
+imports pandas and pyarrow, then while it serves them from the last down
+(`analysis.__main__._prepare`, `analysis.run_analysis.serve_early`, `parse_dirs`'
+``helper``); the pipeline takes the child's runs in when they were analysed as it analyses
+(`Prepared.key`), else dismisses the child. The whole command against one core is
+`tests/analysis/test_beside.py`; here the pieces, with the child's side played in this
+process: what the early path imports, what `serve_claimed` serves, that every dir is taken
+in once whichever side served it (both, for a race's last index), and that runs analysed
+otherwise are served again.
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ from typing import Any
 import pytest
 
 from analysis.discovery import discover
-from analysis.parsing import parse_dirs, serve_until
+from analysis.parsing import Helper, Served, parse_dirs, serve_claimed
 from analysis.project import load_project
 from analysis.run_analysis import Analyser, Prepared, _analyse_tree, serve_early
 from analysis.settings import ValidityPolicy
+from core.forked import Claims
 from tests.factories import make_result_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,7 +63,7 @@ def test_the_early_parse_imports_nothing_heavy() -> None:
         "import json, sys\n"
         "import analysis.__main__, analysis.memo, core.forked\n"
         "from analysis.discovery import available_projects, discover\n"
-        "from analysis.parsing import BESIDE_MAX_RUNS, serve_until\n"
+        "from analysis.parsing import BESIDE_MAX_RUNS, Helper, serve_claimed\n"
         "from analysis.project import load_project\n"
         "from analysis.run_analysis import Analyser, Prepared, serve_early\n"
         "from analysis.settings import settings_for\n"
@@ -72,22 +76,34 @@ def test_the_early_parse_imports_nothing_heavy() -> None:
     assert json.loads(proc.stdout) == []
 
 
-def test_serve_until_serves_from_the_first_and_stops_where_asked(tmp_path: Path) -> None:
+def _claims(indices: list[int]) -> Any:
+    """A claim function giving ``indices``, then None."""
+    given = iter(indices)
+    return lambda: next(given, None)
+
+
+def test_serve_claimed_serves_what_is_claimed_and_names_the_cold(tmp_path: Path) -> None:
     tree = _tree(tmp_path, 8)
     found = _warm(tree)
     _make_cold(found[2])
     parser = load_project("fine_tuning").parser
-    asked: list[int] = []
-
-    def stop() -> bool:
-        asked.append(1)
-        return len(asked) > 5  # asked before each dir: dirs 0-4, then stop
-
-    served, missed = serve_until(found, parser, lambda i, r: (i, r.rel_path), stop)
-    assert [i for i, _ in served] == [0, 1, 3, 4]
-    assert [value for _, value in served] == [(i, found[i].rel_path) for i in (0, 1, 3, 4)]
+    served, missed = serve_claimed(found, parser, lambda i, r: (i, r.rel_path),
+                                   _claims([0, 1, 2, 3, 4]))
+    assert served == [(i, (i, found[i].rel_path)) for i in (0, 1, 3, 4)]
     assert missed == [2]
-    assert serve_until(found, parser, lambda i, r: i, lambda: True) == ([], [])
+    assert serve_claimed(found, parser, lambda i, r: i, _claims([])) == ([], [])
+
+
+def test_claims_from_both_ends_cover_every_index_once() -> None:
+    claims = Claims()
+    assert [claims.front(6), claims.front(6)] == [0, 1]
+    assert [claims.back(6), claims.back(6), claims.back(6)] == [5, 4, 3]
+    assert claims.front(6) == 2
+    assert claims.front(6) is None and claims.back(6) is None
+    stopped = Claims()
+    assert stopped.front(3) == 0
+    stopped.stop()
+    assert stopped.front(3) is None and stopped.back(3) is None
 
 
 def test_a_dir_whose_analysis_fails_ends_the_serving_before_it(tmp_path: Path) -> None:
@@ -98,44 +114,83 @@ def test_a_dir_whose_analysis_fails_ends_the_serving_before_it(tmp_path: Path) -
             raise ValueError("bad run")
         return index
 
-    served, missed = serve_until(found, load_project("fine_tuning").parser, then,
-                                 lambda: False)
+    served, missed = serve_claimed(found, load_project("fine_tuning").parser, then,
+                                   _claims(list(range(5))))
     assert served == [(0, 0), (1, 1), (2, 2)] and missed == []
 
 
 def test_a_forced_parse_serves_nothing_ahead(tmp_path: Path, monkeypatch: Any) -> None:
     found = _warm(_tree(tmp_path, 3))
     monkeypatch.setenv("TELLTALE_FORCE_REPARSE", "1")
-    assert serve_until(found, load_project("fine_tuning").parser, lambda i, r: i,
-                       lambda: False) == ([], [])
+    assert serve_claimed(found, load_project("fine_tuning").parser, lambda i, r: i,
+                         _claims([0, 1, 2])) == ([], [])
+
+
+def _helped(found: list[Any], parser: Any, front: int, *, race: bool = False,
+            stop_at: int | None = None) -> tuple[Helper, Served]:
+    """A helper whose child served ``front`` dirs from the first on (played here).
+
+    ``race``: it also served the index the parse will claim last (both claimed it);
+    ``stop_at``: its analysis of that dir raised (claimed, never served).
+    """
+    claims = Claims()
+
+    def then(index: int, result: Any) -> Any:
+        if index == stop_at:
+            raise ValueError("bad run")
+        return ("early", index, result.rel_path)
+
+    count = iter(range(front))
+    served = serve_claimed(found, parser, then,
+                           lambda: claims.front(len(found)) if next(count, None) is not None
+                           else None)
+    if race:  # the parse's last claim is front's index: the child served it too
+        served[0].append((front, ("early", front, found[front].rel_path)))
+    return Helper(claims, lambda: served), served
 
 
 @pytest.mark.parametrize(("dirs", "project"), [(6, None), (40, "fine_tuning")])
-def test_served_dirs_are_taken_in_once_and_never_served_again(
-        tmp_path: Path, dirs: int, project: str | None) -> None:
+@pytest.mark.parametrize("race", [False, True])
+def test_every_dir_is_taken_in_once_whichever_side_served_it(
+        tmp_path: Path, dirs: int, project: str | None, race: bool) -> None:
     """On both paths of `parse_dirs`: one process, and warm windows with cold workers."""
     found = _warm(_tree(tmp_path, dirs))
     _make_cold(found[1])
     parser = load_project("fine_tuning").parser
-    count = iter(range(dirs // 2))
-    served = serve_until(found, parser, lambda i, r: ("early", i, r.rel_path),
-                         lambda: next(count, None) is None)
-    assert served[1] == [1] and len(served[0]) == dirs // 2 - 1
+    front = dirs // 2
+    helper, served = _helped(found, parser, front, race=race)
+    assert served[1] == [1] and len(served[0]) == front - 1 + race
     taken: list[int] = []
 
     def after(index: int, value: Any) -> Any:
         taken.append(index)
         return value
 
-    values = parse_dirs(found, parser, project=project, served=served, after=after,
+    values = parse_dirs(found, parser, project=project, helper=helper, after=after,
                         then=lambda i, r: ("late", i, r.rel_path))
     assert sorted(taken) == list(range(dirs))  # each index once
-    assert values == [("early" if i < dirs // 2 and i != 1 else "late", i, found[i].rel_path)
-                      for i in range(dirs)]
-    # forced: nothing served ahead is taken
-    values = parse_dirs(found, parser, project=project, served=served, force=True,
+    assert values == [("early" if i < front and i != 1 else "late", i, found[i].rel_path)
+                      for i in range(dirs)]  # this side's answer where both served
+
+
+def test_a_dir_the_child_left_is_served_here_and_raises_here(tmp_path: Path) -> None:
+    found = _warm(_tree(tmp_path, 6))
+    parser = load_project("fine_tuning").parser
+    helper, served = _helped(found, parser, 4, stop_at=2)
+    assert [i for i, _ in served[0]] == [0, 1]  # dir 2 claimed, not served; 3 never claimed
+    values = parse_dirs(found, parser, helper=helper, then=lambda i, r: ("late", i))
+    assert values[:2] == [("early", 0, found[0].rel_path), ("early", 1, found[1].rel_path)]
+    assert values[2:] == [("late", i) for i in range(2, 6)]
+
+
+def test_a_forced_parse_dismisses_the_helper(tmp_path: Path) -> None:
+    found = _warm(_tree(tmp_path, 4))
+    parser = load_project("fine_tuning").parser
+    helper, _ = _helped(found, parser, 2)
+    values = parse_dirs(found, parser, helper=helper, force=True,
                         then=lambda i, r: ("late", i))
-    assert values == [("late", i) for i in range(dirs)]
+    assert values == [("late", i) for i in range(4)]
+    assert helper.claims.front(4) is None  # stopped
 
 
 def test_prepared_runs_are_taken_in_only_when_analysed_alike(tmp_path: Path) -> None:
@@ -143,22 +198,46 @@ def test_prepared_runs_are_taken_in_only_when_analysed_alike(tmp_path: Path) -> 
     _warm(tree)
     hooks = load_project("fine_tuning")
     found = discover(tree, project="fine_tuning")
-    alike = serve_early(Analyser(hooks, found, None, None, ValidityPolicy()), lambda: False)
-    assert len(alike.served[0]) == 4 and alike.key is not None
+
+    def prepared(policy: ValidityPolicy) -> tuple[Prepared, Served]:
+        """The child's side played here: it serves every dir before the parse starts."""
+        analyser = Analyser(hooks, found, None, None, policy)
+        claims = Claims()
+        served = serve_early(analyser, claims)
+        return Prepared(found, analyser.key, Helper(claims, lambda: served)), served
+
+    alike, served = prepared(ValidityPolicy())
+    assert len(served[0]) == 4
     _, runs, _, _ = _analyse_tree(tree, hooks, None, None, force=False, trust_cache=False,
                                   prepared=alike)
-    assert [r for r in runs] == [v[0] for _, v in alike.served[0]]
-    assert all(r is v[0] for r, (_, v) in zip(runs, alike.served[0], strict=True))
+    assert all(r is v[0] for r, (_, v) in zip(runs, served[0], strict=True))
     # analysed under another policy (every run too short): not this analysis's runs
-    strict = ValidityPolicy(min_window_s=86_400)
-    other = serve_early(Analyser(hooks, found, None, None, strict), lambda: False)
+    other, served = prepared(ValidityPolicy(min_window_s=86_400))
     assert other.key != alike.key
-    assert {v[0].validity.status for _, v in other.served[0]} == {"invalid"}
+    assert {v[0].validity.status for _, v in served[0]} == {"invalid"}
     _, runs, _, _ = _analyse_tree(tree, hooks, None, None, force=False, trust_cache=False,
                                   prepared=other)
     assert {r.validity.status for r in runs} == {"valid"}
-    assert not any(r is v[0] for r, (_, v) in zip(runs, other.served[0], strict=True))
+    assert not any(r is v[0] for r, (_, v) in zip(runs, served[0], strict=True))
     # the discovery alone is used as it is
     _, runs, _, _ = _analyse_tree(tmp_path / "nowhere", hooks, None, None, force=False,
                                   trust_cache=False, prepared=Prepared(found))
     assert len(runs) == 4
+
+
+def test_an_analysis_error_is_raised_where_one_process_raises_it(tmp_path: Path) -> None:
+    """The command serves from the last down: the first error it meets is not the first dir
+    that fails; one process serving in index order raises that one, and so does this."""
+    found = _warm(_tree(tmp_path, 8))
+    parser = load_project("fine_tuning").parser
+    helper, _ = _helped(found, parser, 2)
+
+    def then(index: int, result: Any) -> int:
+        if index in (4, 6):
+            raise ValueError(f"bad run {index}")
+        return index
+
+    with pytest.raises(ValueError, match="bad run 4"):
+        parse_dirs(found, parser, helper=helper, then=then)
+    with pytest.raises(ValueError, match="bad run 4"):
+        parse_dirs(found, parser, then=then)
