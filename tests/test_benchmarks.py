@@ -26,7 +26,7 @@ QUICK = {
     "regression/speed.py": ["--repeat", "1", "--lengths", "60,300"],
     "regression/long_probe.py": ["--count", "1"],
     "regression/ensemble.py": ["--count", "1"],
-    "regression/blas_threads.py": ["--repeat", "1", "--busy", "1"],
+    "regression/blas_threads.py": ["--repeat", "1", "--busy", "1", "--runs", "120"],
     "regression/run.py": ["--per-category", "1", "--seq-series", "1", "--no-anchors"],
     "regression/external_probe.py": [],  # exits 0 saying so when its data is not beside
     "curve_judge.py": ["--runs", "30", "--repeat", "1"],

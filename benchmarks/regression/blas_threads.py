@@ -1,6 +1,6 @@
 """The detector with numpy's BLAS on one thread against its default (a thread a core).
 
-    python benchmarks/regression/blas_threads.py [--repeat 3] [--busy 1]
+    python benchmarks/regression/blas_threads.py [--repeat 3] [--busy 1] [--runs 816]
 
 A smooth monthly series (816 runs: a growth whose rate wanders, a yearly pattern, small
 noise; the shape whose curve and walk fits make the most and largest QR calls: it is cut
@@ -55,11 +55,13 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--busy", type=int, default=2, help="busy processes beside it")
+    parser.add_argument("--runs", type=int, default=816,
+                        help="the series' length (816: the case the figures are read on)")
     args = parser.parse_args()
     if not numpy_blas_threads():
         print("numpy links no BLAS of its own here: nothing to compare")
         return 0
-    values = smooth_monthly()
+    values = smooth_monthly(args.runs)
     print(f"change points found: {len(change_points(values))}")
     default = max(2, len(__import__('os').sched_getaffinity(0)))
     quiet = {t: best(values, t, args.repeat) for t in (default, 1)}
