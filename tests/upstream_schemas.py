@@ -17,8 +17,8 @@ from typing import Any
 
 import jsonschema
 import kubernetes_validate
-import yaml
 
+from core.yamlio import load_documents
 from tests import schema_store
 
 OPENSHIFT_OPENAPI = "crds/upstream/openshift/openapi.json"
@@ -55,7 +55,7 @@ def crd_schemas() -> dict[tuple[str, str], dict[str, Any]]:
         if not (pin.path.startswith("crds/") and pin.path.endswith(".yaml")):
             continue
         path = schema_store.require(pin.path)
-        for crd in yaml.safe_load_all(path.read_text(encoding="utf-8")):
+        for crd in load_documents(path.read_text(encoding="utf-8")):
             if not crd or crd.get("kind") != "CustomResourceDefinition":
                 continue
             group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]

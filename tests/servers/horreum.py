@@ -31,8 +31,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 
-import yaml
-
+from core.yamlio import load_documents
 from tests import schema_store
 from tests.servers import serve
 
@@ -42,7 +41,7 @@ OPENAPI = "apis/horreum/openapi.yaml"
 @functools.cache
 def openapi() -> dict[str, Any]:
     """Horreum's published OpenAPI document (pinned, never copied; parsed once)."""
-    return yaml.safe_load(schema_store.require(OPENAPI).read_text(encoding="utf-8"))
+    return load_documents(schema_store.require(OPENAPI).read_text(encoding="utf-8"))[0]
 
 
 @dataclass
