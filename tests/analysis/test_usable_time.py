@@ -2,7 +2,8 @@
 
 `analysis.run_analysis._usable_time` reads the plain ISO 8601 forms with the standard
 library (the early parse analyses runs before pandas is imported) and hands everything else
-to pandas. Generated texts — ISO-like ones around every edge of the grammar and the
+to pandas (`_usable_by_pandas`: the reading as it was, every text through pandas). Generated
+texts — ISO-like ones around every edge of the grammar and the
 1970-2200 window, and any text at all — must get the pandas reading's answer.
 """
 
@@ -10,23 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from analysis.run_analysis import _usable_by_pandas as _by_pandas
 from analysis.run_analysis import _usable_time
-
-
-def _by_pandas(text: Any) -> Any:
-    """The reading before pandas was left out: the text when pandas reads it in range."""
-    try:
-        stamp = pd.Timestamp(text)
-    except (ValueError, TypeError, OverflowError):
-        return None
-    if stamp.tzinfo is None:
-        stamp = stamp.tz_localize("UTC")
-    return text if pd.Timestamp("1970-01-01", tz="UTC") <= stamp < \
-        pd.Timestamp("2200-01-01", tz="UTC") else None
 
 
 def _two(low: int, high: int) -> st.SearchStrategy[str]:

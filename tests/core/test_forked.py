@@ -230,16 +230,23 @@ print(json.dumps({"given": given, "forked": job.forked and gone.forked, "none": 
 '''
 
 
-def test_claims_and_a_handoff_work_across_a_fork() -> None:
-    """`Claims`: a child claiming from the front and its parent from the back cover every
-    index, only around where they meet twice; `Handoff`: a value given while the child works on is
-    taken before its end, and a child that ends without giving ends the wait."""
-    proc = subprocess.run([sys.executable, "-c", SHARED], cwd=REPO, capture_output=True,
+def _forking(script: str) -> Any:
+    """What ``script`` prints (JSON), run in a fresh single-threaded interpreter; skipped
+    where it could not fork (its ``forked`` is false)."""
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
                           text=True, timeout=120, check=True,
                           env={**os.environ, "TELLTALE_BESIDE": "1"})
     answer = json.loads(proc.stdout)
     if not answer["forked"]:
         pytest.skip("no fork here (one usable CPU)")
+    return answer
+
+
+def test_claims_and_a_handoff_work_across_a_fork() -> None:
+    """`Claims`: a child claiming from the front and its parent from the back cover every
+    index, twice only around where they meet; `Handoff`: a value given while the child
+    works on is taken before its end, and a child that ends without giving ends the wait."""
+    answer = _forking(SHARED)
     assert answer == {"given": {"found": [0, 1, 2]}, "forked": True, "none": None,
                       "covered": True, "twice": answer["twice"], "ours_from_the_end": True,
                       "theirs_from_the_start": True}
@@ -270,10 +277,4 @@ def test_a_handoff_in_one_process_or_through_the_pipe_alone() -> None:
     handoff = Handoff()
     handoff.give(big)
     assert handoff.take() == big
-    proc = subprocess.run([sys.executable, "-c", PIPE_ONLY], cwd=REPO, capture_output=True,
-                          text=True, timeout=120, check=True,
-                          env={**os.environ, "TELLTALE_BESIDE": "1"})
-    answer = json.loads(proc.stdout)
-    if not answer["forked"]:
-        pytest.skip("no fork here (one usable CPU)")
-    assert answer == {"forked": True, "same": True}
+    assert _forking(PIPE_ONLY) == {"forked": True, "same": True}
