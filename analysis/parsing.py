@@ -27,6 +27,7 @@ parsing them again (they were ~0.8 s of a warm 1 000-dir run).
 from __future__ import annotations
 
 import fnmatch
+import functools
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -340,27 +341,34 @@ class Helper:
 
 def serve_claimed(results: Sequence[ResultDir], parser: ResultParser,
                   then: Callable[[int, ParsedResult], Any], claim: Callable[[], int | None], *,
-                  apart: Sequence[str] = (), skip_before: int = 0) -> Served:
+                  apart: Sequence[str] = (), skip_before: int = 0, trust_cache: bool = False,
+                  take: Callable[[int, Any], None] | None = None) -> Served:
     """Serve the warm dirs ``claim()`` gives, until it gives None: a `Helper`'s answer.
 
-    A dir whose ``then`` raises ends the serving there (it was claimed, not served):
-    `parse_dirs` serves it again and raises the same error where a run's parse raises it.
-    Nothing is served when a forced parse was asked for (``TELLTALE_FORCE_REPARSE``).
+    Each warm dir's value is given to ``take`` as it is made (without it: returned). A dir
+    whose ``then`` raises ends the serving there (it was claimed, not served): `parse_dirs`
+    serves it again, in index order, and raises the same error where one process serving
+    every dir in order raises its first. Nothing is served when a forced parse was asked
+    for (``TELLTALE_FORCE_REPARSE``).
     """
     served: list[tuple[int, Any]] = []
     missed: list[int] = []
     if _force_from_env():
         return served, missed
     while (index := claim()) is not None:
-        cached = _load_cached(results[index], parser, False,
+        cached = _load_cached(results[index], parser, trust_cache,
                               apart if index < skip_before else ())
         if cached is None:
             missed.append(index)
             continue
         try:
-            served.append((index, then(index, cached)))
+            value = then(index, cached)
         except Exception:  # noqa: BLE001 - raised again where parse_dirs serves it
             break
+        if take is not None:
+            take(index, value)
+        else:
+            served.append((index, value))
     return served, missed
 
 
@@ -419,17 +427,15 @@ def parse_dirs(results: Sequence[ResultDir], parser: ResultParser, *, project: s
 
     if helper is not None and (force or not use_cache):
         helper.dismiss()
-    elif helper is not None:
-        while (index := helper.claims.back(len(results))) is not None:
-            cached = _load_cached(results[index], parser, trust_cache, skip(index))
-            if cached is None:
-                cold.append(index)
-                continue
-            try:
-                value = made(index, cached)
-            except Exception:  # noqa: BLE001 - raised again below, where one process
-                break  # serving in index order raises its first (the child stops as well)
+    elif helper is not None:  # this side serves from the last down (the child stops where
+        # an analysis raised here as well: claims meet)
+
+        def take_now(index: int, value: Any) -> None:
             parsed[index] = arrived(index, value)
+
+        cold.extend(serve_claimed(
+            results, parser, made, functools.partial(helper.claims.back, len(results)),
+            apart=apart, skip_before=skip_before, trust_cache=trust_cache, take=take_now)[1])
         theirs = helper.finish()
         done = {*parsed, *cold}
         for index, value in theirs[0] if theirs else ():
