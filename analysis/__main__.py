@@ -34,6 +34,10 @@ stderr; ``--quiet`` leaves them out.
 Exit codes: 0 parsing succeeded (failed runs still count as parsed), 1 the regression gate
 failed (``--fail-on-regression``), 2 a user error (bad path, unknown project, cpt-incomplete
 payload), with one line on stderr.
+
+Over 500 lines: each subcommand's arguments and their checks live here, where the command
+line is read, and so does the order of a memoised post-processing's work (the memo's child:
+stamps, discovery, the early parse; `_postprocess`), which the pipeline itself never sees.
 """
 
 from __future__ import annotations
