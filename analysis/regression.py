@@ -134,6 +134,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, Field
 
+from analysis.construct import constructor
 from analysis.correlated import noise_correlation
 from analysis.detector import (
     DEFAULTS,
@@ -473,15 +474,27 @@ def _too_short(latest: float | Sequence[float] | np.ndarray, used: int, since_ac
     given = [latest] if isinstance(latest, (int, float)) else list(latest)
     values = [float(x) for x in given if usable(x)]
     if not values:
-        return Verdict(kind="insufficient_history", magnitude=0.0, confidence=0.0,
-                       baseline=None, explanation="the newest run has no usable value (none "
-                       f"finite and within ±{MAX_ABS:g})")
-    return Verdict(kind="insufficient_history", magnitude=0.0, confidence=0.0,
-                   baseline=None, history_used=used,
-                   latest=_middle(values),
-                   explanation=f"{used} historical point(s)"
-                               f"{' since the accepted baseline' if since_accepted else ''}; "
-                               f"{s.min_history} needed")
+        return _insufficient(0, None, "the newest run has no usable value (none finite and "
+                                      f"within ±{MAX_ABS:g})")
+    return _insufficient(int(used), _middle(values),
+                         f"{used} historical point(s)"
+                         f"{' since the accepted baseline' if since_accepted else ''}; "
+                         f"{s.min_history} needed")
+
+
+_new_verdict = constructor(Verdict)
+
+
+def _insufficient(used: int, latest: float | None, explanation: str) -> Verdict:
+    """An ``insufficient_history`` verdict, constructed: every value is typed here.
+
+    A first post-processing of a tree judges every KPI of every run this way (5 000
+    verdicts for 1 000 runs): validating each was 60 ms of a 1 s command.
+    """
+    return _new_verdict(kind="insufficient_history", magnitude=0.0, confidence=0.0,
+                        baseline=None, latest=latest, history_used=used, suspect=False,
+                        start_runs=None, spread_before=None, spread_after=None, period=None,
+                        slope_pct=None, explanation=explanation)
 
 
 def _judge(shifts: list[_Shift], repeats: np.ndarray, value: float, direction: Direction,
