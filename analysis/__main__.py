@@ -411,15 +411,10 @@ def _postprocess(args: argparse.Namespace, memo_at: _Memo | None) -> dict[str, A
         if given is None:  # the child ended before: its error (or how it died) is raised
             before.wait()
             raise RuntimeError("the tree's discovery was never handed over")
-        found, key, helping = given
-        helper = None
-        if helping:
-            from analysis.parsing import Helper
-
-            helper = Helper(claims, before.take)
+        found, helping = given
         from analysis.run_analysis import Prepared
 
-        prepared.append(Prepared(found, key, helper))
+        prepared.append(Prepared(found, claims, before.take) if helping else Prepared(found))
 
     try:
         summary = _analyse(args, ready=ready, prepared=lambda: prepared.pop(),
@@ -436,33 +431,34 @@ def _prepare(args: argparse.Namespace, claims: Any, handoff: Any, parent: int) -
 
     Runs beside the command (`memo.Before`'s child) while it imports the pipeline (pandas,
     pyarrow: ~0.4 s of a warm 1 000-dir run in which the other core had nothing to do),
-    then while it serves the same dirs from the last down (`parse_dirs`' ``helper``). Its
-    runs are analysed as the command analyses them — the same `Analyser` from the same
-    settings: the handed-over key says which, and the pipeline takes them in only when it is
-    its own. Where no child could be forked, or above `BESIDE_MAX_RUNS` (the memory a
-    child's answer holds), the discovery alone. Nothing here imports pandas.
+    then while it serves the same dirs from the last down (`parse_dirs`' ``helper``). The
+    discovery is handed over first, before this child loads the project: the command need
+    not wait for that to start serving. Its runs are analysed as the command analyses them
+    — the same `Analyser` from the same settings: its key comes back with them, and the
+    pipeline takes them in only when it is its own. Where no child could be forked, or
+    above `BESIDE_MAX_RUNS` (the memory a child's answer holds), the discovery alone.
+    Nothing here imports pandas.
     """
     from analysis.discovery import discover
     from analysis.parsing import BESIDE_MAX_RUNS
 
     found = discover(args.results_dir, project=args.project)
-    if os.getpid() == parent or args.force or not found.results \
-            or len(found.results) > BESIDE_MAX_RUNS:
-        handoff.give((found, None, False))
+    helping = os.getpid() != parent and not args.force and bool(found.results) \
+        and len(found.results) <= BESIDE_MAX_RUNS
+    handoff.give((found, helping))
+    if not helping:
         return None
     from analysis.project import load_project
     from analysis.run_analysis import Analyser, serve_early
 
     hooks = load_project(args.project)
     if hooks.name != args.project:  # another name for it: the command discovers again
-        handoff.give((found, None, False))
-        return None
+        return None  # (nothing claimed: it would serve every dir itself)
     logging.disable(logging.WARNING)  # the command itself warns of unusable settings
     settings = _settings(hooks, args)
     logging.disable(logging.NOTSET)
-    analyser = Analyser(hooks, found, None, None, settings.validity, settings.mode)
-    handoff.give((found, analyser.key, True))
-    return serve_early(analyser, claims)
+    return serve_early(Analyser(hooks, found, None, None, settings.validity, settings.mode),
+                       claims)
 
 
 def _settings(hooks: Any, args: argparse.Namespace) -> Any:

@@ -11,7 +11,7 @@ import functools
 import hashlib
 import json
 import re
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -287,29 +287,47 @@ def encode_payload(payload: LtsPayload, mode: Literal["investigate", "cpt"]) -> 
     return payload.model_dump_json(exclude={"regression", "curve"}).encode()
 
 
+Keyed = tuple[tuple[Any, ...], Served]
+"""A child's early serving (`serve_early`): the key of the `Analyser` it used, what it served."""
+
+
+def _nothing() -> Keyed | None:
+    return None
+
+
 @dataclass(frozen=True)
 class Prepared:
     """What a caller made of a tree before post-processing asked for it.
 
-    Its discovery and, with a ``helper``, a child serving its warm dirs (`serve_early`)
-    with an `Analyser` of ``key``: taken in when the key is this analysis's, else dismissed.
+    Its discovery and, with ``claims``, a child serving its warm dirs from the first on
+    (`serve_early`) while this process serves them from the last down; ``answer`` waits for
+    what the child served. Its runs are taken in when its `Analyser`'s key is this
+    analysis's, else served again here: the key comes with the runs, so the child hands
+    the discovery over before it has loaded the project and read the settings.
     """
 
     discovery: Discovery
-    key: tuple[Any, ...] | None = None
-    helper: Helper | None = None
+    claims: Claims | None = None
+    answer: Callable[[], Keyed | None] = _nothing
 
 
-def serve_early(analyser: Analyser, claims: Claims) -> Served:
-    """Serve the tree's warm dirs from the first on, as ``claims`` gives them: a `Helper`'s.
+def serve_early(analyser: Analyser, claims: Claims) -> Keyed:
+    """Serve the tree's warm dirs from the first on, as ``claims`` gives them (a `Helper`'s).
 
     The command line's child does it beside the command's imports (`analysis.__main__`),
-    then beside its serving from the last down (`parse_dirs`' ``helper``).
+    then beside its serving from the last down (`parse_dirs`' ``helper``). Returns the
+    analyser's key with what was served.
     """
     results = analyser.found.results
-    return serve_claimed(results, analyser.hooks.parser, analyser,
-                         functools.partial(claims.front, len(results)),
-                         apart=analyser.hooks.bulky, skip_before=len(results) - KEEP_BULKY)
+    return analyser.key, serve_claimed(
+        results, analyser.hooks.parser, analyser, functools.partial(claims.front, len(results)),
+        apart=analyser.hooks.bulky, skip_before=len(results) - KEEP_BULKY)
+
+
+def _served_alike(answer: Callable[[], Keyed | None], key: tuple[Any, ...]) -> Served | None:
+    """What a child served early, when it analysed as ``key`` says; None: served again."""
+    given = answer()
+    return given[1] if given is not None and given[0] == key else None
 
 
 def _analyse_tree(results_dir: str | Path, hooks: AnalysisProject,
@@ -346,10 +364,10 @@ def _analyse_tree(results_dir: str | Path, hooks: AnalysisProject,
     analyse = Analyser(hooks, found, tuple(presets) if presets is not None else None,
                        config_text, policy or ValidityPolicy(),
                        keep.mode if keep is not None else None)
-    helper = prepared.helper if prepared is not None else None
-    if helper is not None and (prepared is None or prepared.key != analyse.key):
-        helper.dismiss()  # its runs were analysed otherwise
-        helper = None
+    helper = None
+    if prepared is not None and prepared.claims is not None:
+        helper = Helper(prepared.claims, functools.partial(_served_alike, prepared.answer,
+                                                           analyse.key))
 
     def arrived(index: int, analysed: _Analysed) -> RunAnalysis | SkippedDir:
         run, failed, problems, data = analysed

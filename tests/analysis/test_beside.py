@@ -41,11 +41,11 @@ if os.environ.get("EARLY_SERVES"):
             return self.claims.front(n) if self.left >= 0 else None
     def early(analyser, claims):
         try:
-            served = serve_early(analyser, Limited(claims))
+            key, served = serve_early(analyser, Limited(claims))
         finally:
             os.write(gate_write, b"x")
         sys.stderr.write(f"EARLY {len(served[0])} {served[1]}\\n")
-        return served
+        return key, served
     def gated(self, n, opened=[]):
         if not opened:  # this side's writer closed: a child that died ends the wait
             os.close(gate_write)

@@ -54,3 +54,23 @@ def test_a_model_with_aliases_gets_model_construct() -> None:
 
     made = constructor(Aliased)(v=3)
     assert made.value == 3 and made == Aliased.model_construct(v=3)
+
+
+@pytest.mark.parametrize(("history", "latest"), [
+    ([], 5.0), ([1.0, 2.0], [3.0, 4.0, 6.0]), ([1.0], [float("nan")]), ([], [float("inf")]),
+    ([1, 2], 7),
+])
+def test_a_constructed_insufficient_history_verdict_is_the_validated_one(
+        history: list[float], latest: float | list[float]) -> None:
+    """`regression.verdict` constructs the verdict of a short history: the same object,
+    field by field and as JSON, as validation makes of the same values."""
+    from analysis.regression import Verdict, verdict
+
+    made = verdict(history, latest, "higher_better")
+    assert made.kind == "insufficient_history"
+    validated = Verdict.model_validate(made.model_dump())
+    assert made == validated
+    assert made.model_dump_json() == validated.model_dump_json()
+    assert {type(v) for v in (made.magnitude, made.confidence)} == {float}
+    assert type(made.history_used) is int
+    assert made.latest is None or type(made.latest) is float

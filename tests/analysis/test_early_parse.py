@@ -4,7 +4,7 @@
 imports pandas and pyarrow, then while it serves them from the last down
 (`analysis.__main__._prepare`, `analysis.run_analysis.serve_early`, `parse_dirs`'
 ``helper``); the pipeline takes the child's runs in when they were analysed as it analyses
-(`Prepared.key`), else dismisses the child. The whole command against one core is
+(the key the child's runs come back with), else serves them again. The whole command against one core is
 `tests/analysis/test_beside.py`; here the pieces, with the child's side played in this
 process: what the early path imports, what `serve_claimed` serves, that every dir is taken
 in once whichever side served it (both, for a race's last index), and that runs analysed
@@ -203,8 +203,9 @@ def test_prepared_runs_are_taken_in_only_when_analysed_alike(tmp_path: Path) -> 
         """The child's side played here: it serves every dir before the parse starts."""
         analyser = Analyser(hooks, found, None, None, policy)
         claims = Claims()
-        served = serve_early(analyser, claims)
-        return Prepared(found, analyser.key, Helper(claims, lambda: served)), served
+        key, served = serve_early(analyser, claims)
+        assert key == analyser.key
+        return Prepared(found, claims, lambda: (key, served)), served
 
     alike, served = prepared(ValidityPolicy())
     assert len(served[0]) == 4
@@ -213,7 +214,7 @@ def test_prepared_runs_are_taken_in_only_when_analysed_alike(tmp_path: Path) -> 
     assert all(r is v[0] for r, (_, v) in zip(runs, served[0], strict=True))
     # analysed under another policy (every run too short): not this analysis's runs
     other, served = prepared(ValidityPolicy(min_window_s=86_400))
-    assert other.key != alike.key
+    assert other.answer()[0] != alike.answer()[0]  # type: ignore[index]
     assert {v[0].validity.status for _, v in served[0]} == {"invalid"}
     _, runs, _, _ = _analyse_tree(tree, hooks, None, None, force=False, trust_cache=False,
                                   prepared=other)
@@ -241,3 +242,61 @@ def test_an_analysis_error_is_raised_where_one_process_raises_it(tmp_path: Path)
         parse_dirs(found, parser, helper=helper, then=then)
     with pytest.raises(ValueError, match="bad run 4"):
         parse_dirs(found, parser, then=then)
+
+
+def test_the_child_hands_the_discovery_over_before_it_loads_the_project(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    """The command serves from the last down as soon as it has its imports: it never waits
+    for the child's project and settings; the key comes back with the child's runs."""
+    import argparse
+
+    import analysis.__main__ as cli
+    import analysis.project as project_module
+    from core.forked import Handoff
+
+    tree = _tree(tmp_path, 5)
+    _warm(tree)
+    args = argparse.Namespace(results_dir=str(tree), project="fine_tuning", force=False,
+                              strict=False, fail_on_regression=False)
+    claims, handoff = Claims(), Handoff()
+    loads = project_module.load_project
+    given_first: list[bool] = []
+
+    def load_project(name: str) -> Any:
+        given_first.append(handoff._given is not None)  # noqa: SLF001 - the order checked
+        return loads(name)
+
+    monkeypatch.setattr(project_module, "load_project", load_project)
+    # this process plays the child: its parent is another pid
+    key, (served, missed) = cli._prepare(args, claims, handoff, parent=-1)
+    assert given_first == [True]
+    found, helping = handoff.take()
+    assert helping and [r.rel_path for r in found.results] == \
+        [r.rel_path for r in discover(tree, project="fine_tuning").results]
+    assert [i for i, _ in served] == list(range(5)) and missed == []
+    hooks = load_project("fine_tuning")
+    settings = cli._settings(hooks, args)
+    assert key == Analyser(hooks, found, None, None, settings.validity, settings.mode).key
+    handoff.close()
+
+
+def test_runs_analysed_otherwise_are_served_again_though_the_child_claimed_them(
+        tmp_path: Path) -> None:
+    """A key that differs is known only once the child has served: what it claimed is
+    served here afterwards, each dir once."""
+    tree = _tree(tmp_path, 8)
+    found = _warm(tree)
+    hooks = load_project("fine_tuning")
+    discovery = discover(tree, project="fine_tuning")
+    claims = Claims()
+    other = Analyser(hooks, discovery, None, None, ValidityPolicy(min_window_s=86_400))
+    count = iter(range(3))
+    served = serve_claimed(found, hooks.parser, other,
+                           lambda: claims.front(len(found)) if next(count, None) is not None
+                           else None)
+    assert len(served[0]) == 3
+    _, runs, _, _ = _analyse_tree(tree, hooks, None, None, force=False, trust_cache=False,
+                                  prepared=Prepared(discovery, claims,
+                                                    lambda: (other.key, served)))
+    assert [r.validity.status for r in runs] == ["valid"] * 8
+    assert [r.result.rel_path for r in runs] == [r.rel_path for r in found]
