@@ -512,9 +512,10 @@ def test_a_run_beside_busy_loops_is_invalid_not_judged_and_exits_0(tmp_path: Pat
     """Two busy loops that are not the run's: the light preset records the cell invalid
     (busy machine), stores it marked so, judges nothing, and still exits 0 (record).
 
-    The loops start once the cell's dir exists (the cell's window is what validity reads)
-    and stop with the run: four loops for the whole run slowed the suite's other worker to a
-    third of the machine for ~90 s."""
+    The loops start once the cell's dir exists and stop once the cell has ended (its
+    ``exit_code``): the cell's window is what validity reads, and the run's post-processing,
+    report and export after it need no loop beside them (four loops for the whole run
+    slowed the suite's other worker to a third of the machine for ~90 s)."""
     run_dir = tmp_path / "run"
     out, err = (tmp_path / "cli.out").open("w"), (tmp_path / "cli.err").open("w")
     cli = subprocess.Popen([sys.executable, "-m", "flows.fine_tuning", "--preset", "light",
@@ -528,6 +529,10 @@ def test_a_run_beside_busy_loops_is_invalid_not_judged_and_exits_0(tmp_path: Pat
                    "the cell's dir", timeout_s=900)
         loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
                                   start_new_session=True) for _ in range(2)]
+        wait_until(lambda: cli.poll() is not None or any(run_dir.glob("*__cell/exit_code")),
+                   "the cell's end", timeout_s=1200)
+        for loop in loops:
+            loop.kill()
         cli.wait(timeout=1200)
     finally:
         for loop in loops:
