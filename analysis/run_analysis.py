@@ -319,9 +319,27 @@ def serve_early(analyser: Analyser, claims: Claims) -> Keyed:
     analyser's key with what was served.
     """
     results = analyser.found.results
+    served = [0]
+
+    def analysed(index: int, result: ParsedResult) -> _Analysed:
+        value = analyser(index, result)
+        served[0] += 1
+        return value
+
+    def claim() -> int | None:
+        # Its answer is pickled once it stops, while the command waits for it (~25 ms for
+        # 500 runs): it stops that much earlier, leaving the command a dir for every
+        # `_PICKLED_PER_DIR` it served, which the command serves meanwhile.
+        return claims.front(len(results), leave=served[0] // _PICKLED_PER_DIR)
+
     return analyser.key, serve_claimed(
-        results, analyser.hooks.parser, analyser, functools.partial(claims.front, len(results)),
-        apart=analyser.hooks.bulky, skip_before=len(results) - KEEP_BULKY)
+        results, analyser.hooks.parser, analysed, claim, apart=analyser.hooks.bulky,
+        skip_before=len(results) - KEEP_BULKY)
+
+
+_PICKLED_PER_DIR = 8
+"""Analysed runs the early child pickles in the time it analyses one warm dir (~0.05 ms
+against ~0.45 ms a run of the fine_tuning project)."""
 
 
 def _served_alike(answer: Callable[[], Keyed | None], key: tuple[Any, ...]) -> Served | None:

@@ -157,10 +157,15 @@ class Claims:
         self._page = mmap.mmap(-1, 8)  # MAP_SHARED | MAP_ANONYMOUS: both sides, one page
         struct.pack_into("<ii", self._page, 0, 0, self._OPEN)
 
-    def front(self, n: int) -> int | None:
-        """The child's next index, claimed; None once the ends met (or `stop`)."""
+    def front(self, n: int, leave: int = 0) -> int | None:
+        """The child's next index, claimed; None once the ends met (or `stop`).
+
+        ``leave``: None already while no more than that many are unclaimed — left to the
+        parent, which claims them from its end (a child stopping a little early sends its
+        answer while its parent still works).
+        """
         first = struct.unpack_from("<i", self._page, 0)[0]
-        if first >= min(struct.unpack_from("<i", self._page, 4)[0], n):
+        if first >= min(struct.unpack_from("<i", self._page, 4)[0], n) - max(leave, 0):
             return None
         struct.pack_into("<i", self._page, 0, first + 1)
         return first

@@ -36,7 +36,7 @@ if os.environ.get("EARLY_SERVES"):
     class Limited:
         def __init__(self, claims):
             self.claims, self.left = claims, limit
-        def front(self, n):
+        def front(self, n, leave=0):  # its own share: not the dirs the child leaves
             self.left -= 1
             return self.claims.front(n) if self.left >= 0 else None
     def early(analyser, claims):

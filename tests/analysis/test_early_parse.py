@@ -100,6 +100,9 @@ def test_claims_from_both_ends_cover_every_index_once() -> None:
     assert [claims.back(6), claims.back(6), claims.back(6)] == [5, 4, 3]
     assert claims.front(6) == 2
     assert claims.front(6) is None and claims.back(6) is None
+    leaving = Claims()  # the child leaves the last two to the parent
+    assert [leaving.front(6, leave=2) for _ in range(5)] == [0, 1, 2, 3, None]
+    assert [leaving.back(6), leaving.back(6), leaving.back(6)] == [5, 4, None]
     stopped = Claims()
     assert stopped.front(3) == 0
     stopped.stop()
@@ -300,3 +303,16 @@ def test_runs_analysed_otherwise_are_served_again_though_the_child_claimed_them(
                                                     lambda: (other.key, served)))
     assert [r.validity.status for r in runs] == ["valid"] * 8
     assert [r.result.rel_path for r in runs] == [r.rel_path for r in found]
+
+
+def test_the_child_leaves_the_command_a_dir_for_every_eight_it_served(tmp_path: Path) -> None:
+    """It stops that early: its answer is pickled while the command serves those."""
+    tree = _tree(tmp_path, 40)
+    _warm(tree)
+    hooks = load_project("fine_tuning")
+    found = discover(tree, project="fine_tuning")
+    claims = Claims()
+    _, (served, missed) = serve_early(Analyser(hooks, found, None, None, ValidityPolicy()),
+                                      claims)
+    assert [i for i, _ in served] == list(range(36)) and missed == []
+    assert [claims.back(40) for _ in range(5)] == [39, 38, 37, 36, None]
