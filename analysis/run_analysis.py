@@ -319,22 +319,19 @@ def serve_early(analyser: Analyser, claims: Claims) -> Keyed:
     analyser's key with what was served.
     """
     results = analyser.found.results
-    served = [0]
-
-    def analysed(index: int, result: ParsedResult) -> _Analysed:
-        value = analyser(index, result)
-        served[0] += 1
-        return value
+    served: list[tuple[int, _Analysed]] = []
 
     def claim() -> int | None:
         # Its answer is pickled once it stops, while the command waits for it (~25 ms for
         # 500 runs): it stops that much earlier, leaving the command a dir for every
         # `_PICKLED_PER_DIR` it served, which the command serves meanwhile.
-        return claims.front(len(results), leave=served[0] // _PICKLED_PER_DIR)
+        return claims.front(len(results), leave=len(served) // _PICKLED_PER_DIR)
 
-    return analyser.key, serve_claimed(
-        results, analyser.hooks.parser, analysed, claim, apart=analyser.hooks.bulky,
-        skip_before=len(results) - KEEP_BULKY)
+    _, missed = serve_claimed(
+        results, analyser.hooks.parser, analyser, claim, apart=analyser.hooks.bulky,
+        skip_before=len(results) - KEEP_BULKY,
+        take=lambda index, value: served.append((index, value)))
+    return analyser.key, (served, missed)
 
 
 _PICKLED_PER_DIR = 8
