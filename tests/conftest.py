@@ -112,6 +112,12 @@ def prefect_harness() -> Iterator[str]:
     under ``TELLTALE_PREFECT_API_HOME``), as a user of it: Prefect's own test harness started
     one more server per xdist worker (8-10 s each quiet; 74 s under load 9).
     """
+    # Prefect sets logging up (`logging.config.dictConfig`: the root logger's handlers
+    # replaced) when `prefect.main` is first imported — lazily, by the first `from prefect
+    # import flow`. Inside a test's call that removed pytest's capture handlers, and a test
+    # reading `caplog` saw nothing when it was the first of its worker to import a flow
+    # (run alone: tests/e2e/test_publish.py's retry lines). Done here, in a setup phase.
+    import prefect.main  # noqa: F401
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from flows.api_server import drain_prefect_workers
