@@ -395,6 +395,7 @@ def _draw_report(out_dir: Path, hooks: AnalysisProject, settings: AnalysisSettin
             ignored_labels=settings.comparison.ignored_labels,
             compared_label=settings.comparison.compared_label,
             detector=settings.regression.detector(), history_uri=history_uri,
-            target_mde_pct=settings.target_mde_pct, shared_dir=shared_dir, curves=curves))
+            target_mde_pct=settings.target_mde_pct, shared_dir=shared_dir, curves=curves,
+            split=len(runs) <= BESIDE_MAX_RUNS))
 
     return start(draw)
