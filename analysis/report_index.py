@@ -59,13 +59,17 @@ def _page_name(index: int, entry: dict[str, Any]) -> str:
     return f"{index:02d}_{entry['kind']}.html"
 
 
+def _page_title(entry: dict[str, Any]) -> str:
+    return str(entry.get("title", entry["kind"]))
+
+
 def _draw_pages(ctx: ReportContext, out_dir: Path, plots: Sequence[dict[str, Any]],
                 which: Sequence[int], progress: StageProgress | None = None) -> bool:
     """Draw and write the pages ``which`` of ``plots``; True if one of them needs plotly.js."""
     plotly_needed = False
     for index in which:
         entry = plots[index]
-        kind, title = entry["kind"], str(entry.get("title", entry["kind"]))
+        kind, title = entry["kind"], _page_title(entry)
         options = {k: v for k, v in entry.items() if k not in ("kind", "title")}
         drawn = REPORT_KINDS[kind](ctx, options)
         # a page drawn in parts is written as it is drawn, never held: it carries plotly.js
@@ -288,18 +292,17 @@ def render_report(out_dir: Path, project: AnalysisProject, runs: Sequence[Any],
                         target_mde_pct=target_mde_pct, curves=tuple(curves))
     plots = _load_plots(project)
     progress = StageProgress("report", len(plots), "page(s)")
-    beside_pages = [i for i, entry in enumerate(plots) if entry["kind"] not in _WITH_INDEX]
-    if not split or not beside_pages or len(beside_pages) == len(plots):
-        beside_pages = []  # nothing to share: one process draws every page
+    here = [i for i, entry in enumerate(plots) if entry["kind"] in _WITH_INDEX]
+    beside_pages = [i for i in range(len(plots)) if i not in here]
+    if not split or not here or not beside_pages:  # nothing to share: every page drawn here
+        here, beside_pages = list(range(len(plots))), []
     theirs = beside(_draw_pages, ctx, out_dir, plots, beside_pages) if beside_pages else None
     with theirs or nullcontext():
-        plotly_needed = _draw_pages(ctx, out_dir, plots, [i for i in range(len(plots))
-                                                 if i not in beside_pages], progress)
+        plotly_needed = _draw_pages(ctx, out_dir, plots, here, progress)
         if theirs is not None:
             plotly_needed = theirs.result() or plotly_needed
             progress.advance(len(beside_pages))
-    links = [(_page_name(i, entry), str(entry.get("title", entry["kind"])))
-             for i, entry in enumerate(plots)]
+    links = [(_page_name(i, entry), _page_title(entry)) for i, entry in enumerate(plots)]
     cards = verdict_cards(ctx)
     if plotly_needed or cards:
         _write_plotlyjs(out_dir / PLOTLY_FILE, shared_dir)
