@@ -17,7 +17,7 @@ Each run leaves a spare Prometheus, already scraping, that the next adopts
 (`tasks.observe.spare`); ``--no-spare`` sets ``TELLTALE_SPARE_PROMETHEUS_MINUTES=0``, and
 every run starts its own. The runs that adopted one are counted.
 
-Each run forks its trainer from the warm Python (`tasks.warm_python`, the default: torch and
+Each run forks its trainer from the warm Python (`core.warm_python`, the default: torch and
 transformers imported; the first run starts it ahead, later runs find it); ``--fresh`` sets
 ``TELLTALE_WARM_PYTHON_MINUTES=0``: every trainer a fresh interpreter. The runs whose
 trainer was forked are counted. The floor stays the trainer alone as a fresh process (what

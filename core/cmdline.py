@@ -1,6 +1,6 @@
 """This process's command line, as ``ps`` and ``/proc/PID/cmdline`` show it, set in place.
 
-A child forked from a warm Python (`tasks.warm_python`) is another program than the one its
+A child forked from a warm Python (`core.warm_python`) is another program than the one its
 command line names: it rewrites the command line's memory (the argv area the kernel reads,
 ``arg_start``..``arg_end`` in ``/proc/self/stat``) so that the process exporter, cleanup's
 pid checks and a user's ``ps`` see what it runs. The ``setproctitle`` library cannot title

@@ -83,7 +83,7 @@ class TelltaleEnv(BaseSettings):
     warm_python_minutes: float = Field(
         default=10.0, ge=0, le=7 * 24 * 60, allow_inf_nan=False, description="A local run's "
         "workload is forked from a warm Python (its heavy imports done: torch, transformers; "
-        "tasks.warm_python) that the run starts at its own start when none is there and "
+        "core.warm_python) that the run starts at its own start when none is there and "
         "leaves for the next; unused, it stops after this long. 0: every workload is a "
         "fresh interpreter. The launch is a label: forked and fresh runs are separate "
         "configurations (their resource KPIs differ).")

@@ -48,11 +48,12 @@ from core.environment import env_settings, local_services_home, prefect_home
 from core.errors import StepError
 from core.filelock import dir_lock
 from core.loopback import LOOPBACK_HOST, LOOPBACK_URL, loopback_url
+from core.pids import pid_alive
 from core.safeio import UnreadableInputError, open_append, read_bounded, write_text
 from core.terminal import say
+from core.warm_python import stop_warm_pythons, warm_base
 from tasks.observe.spare import spare_base, spares, stop_spares
-from tasks.process import free_port, pid_alive
-from tasks.warm_python import stop_warm_pythons, warm_base
+from tasks.process import free_port
 
 __all__ = ["ServerState", "api_home", "shared_api", "state_dir", "status", "stop",
            "warm_up"]

@@ -101,7 +101,7 @@ class LocalWorkload:
         files: Input files written before the start, path relative to the workdir → text.
         preload: For a ``PYTHON -m MODULE ...`` workload: the heavy modules a warm Python
             imports ahead, once, so that later runs fork the workload from it instead of
-            importing them again (`tasks.warm_python`; never the workload's own code).
+            importing them again (`core.warm_python`; never the workload's own code).
     """
 
     argv: Sequence[str]

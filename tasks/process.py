@@ -19,20 +19,7 @@ from core.loopback import LOOPBACK_HOST
 from core.safeio import open_append, write_text
 from tasks.runner import CMDLINE_FILE, PID_FILE, die_with_parent
 
-__all__ = ["ManagedProcess", "free_port", "log_tail", "pid_alive"]
-
-
-def pid_alive(pid: int) -> bool:
-    """The process runs (an exited child its parent has not reaped yet does not)."""
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, PermissionError):  # gone, or someone else's pid now
-        return False
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return True  # no /proc to ask: the signal's answer stands
+__all__ = ["ManagedProcess", "free_port", "log_tail"]
 
 
 def free_port() -> int:

@@ -37,7 +37,6 @@ __all__ = [
     "CommandTimeout",
     "die_with_parent",
     "run",
-    "set_parent_death_signal",
     "run_and_catch",
 ]
 
@@ -228,20 +227,6 @@ _PARENT_DEATH = (
     "    os.execvp(sys.argv[2], sys.argv[2:])\n"
     "sys.exit(143)\n"
 )
-
-
-def set_parent_death_signal(sig: int = signal.SIGTERM) -> bool:
-    """Ask Linux to send ``sig`` to this process when its parent dies (a forked worker).
-
-    Returns:
-        True when set (Linux), False where the call does not exist.
-    """
-    try:
-        import ctypes
-
-        return ctypes.CDLL(None, use_errno=True).prctl(1, int(sig)) == 0  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return False
 
 
 def die_with_parent(argv: Sequence[str]) -> list[str]:

@@ -15,9 +15,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from core.safeio import open_append
+from core.warm_child import WarmPythonGone, run_warm
+from core.warm_python import WarmPython
 from projects.library.runs import FORKED, FRESH
-from tasks.warm_child import WarmPythonGone, run_warm
-from tasks.warm_python import WarmPython
 
 __all__ = ["fork_or_fresh"]
 
@@ -30,7 +30,7 @@ def fork_or_fresh(warm: WarmPython | None, argv: Sequence[str], fresh: Callable[
     """Run ``argv`` forked from ``warm``, else (none, or not reached) by calling ``fresh``.
 
     Args:
-        warm: The warm Python to fork from (`tasks.warm_python.acquire`), or None.
+        warm: The warm Python to fork from (`core.warm_python.acquire`), or None.
         argv: The workload's command line (``PYTHON -m MODULE ARGS``).
         fresh: Starts it as a new process and returns its exit code.
         env: Its whole environment, when forked.

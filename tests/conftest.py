@@ -36,7 +36,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "240")
 os.environ.setdefault("PREFECT_LOGGING_TO_API_ENABLED", "false")
 os.environ.setdefault("TELLTALE_DATA_DIR", tempfile.mkdtemp(prefix="telltale-data-"))
-# The runs' warm Pythons (tasks.warm_python, ~375 MB each): the session's shared one serves
+# The runs' warm Pythons (core.warm_python, ~375 MB each): the session's shared one serves
 # test after test; one a test's own services home started is never asked again, so it goes
 # after 5 unused minutes instead of 10 (`pytest_sessionfinish` stops whatever is left).
 os.environ.setdefault("TELLTALE_WARM_PYTHON_MINUTES", "5")
@@ -211,9 +211,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     """
     if os.environ.get("PYTEST_XDIST_WORKER"):
         return
+    from core.warm_python import stop_warm_pythons
     from flows.local_api import stop
     from tasks.observe.spare import SPARES_DIR, stop_spares
-    from tasks.warm_python import stop_warm_pythons
 
     home = Path(os.environ["TELLTALE_PREFECT_API_HOME"])
     stop(home)
@@ -221,7 +221,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     basetemp = session.config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
     for base in _spare_bases_under(basetemp):
         stop_spares(base)
-    for root in (home, basetemp):  # the warm Pythons the runs left (tasks.warm_python)
+    for root in (home, basetemp):  # the warm Pythons the runs left (core.warm_python)
         stop_warm_pythons(root)
 
 

@@ -246,7 +246,7 @@ def _eventually(condition: Callable[[], bool], within_s: float) -> bool:
 
 def process_gone(pid: int, within_s: float = 600) -> bool:
     """Wait until ``pid`` has exited (a zombie counts as exited); False after ``within_s``."""
-    from tasks.process import pid_alive
+    from core.pids import pid_alive
 
     return _eventually(lambda: not pid_alive(pid), within_s)
 

@@ -41,7 +41,7 @@ __all__ = ["PROJECT", "WORKLOAD_MODULE"]
 
 WORKLOAD_MODULE = "projects.fine_tuning.workload.train_local"
 # What the trainer imports that takes seconds (torch, the Trainer and its integrations, the
-# Llama model, peft, tokenizers): a warm Python imports them once (tasks.warm_python).
+# Llama model, peft, tokenizers): a warm Python imports them once (core.warm_python).
 PRELOAD = ("torch", "transformers", "transformers.trainer", "transformers.data.data_collator",
            "transformers.models.llama.modeling_llama", "tokenizers", "peft")
 _LOCAL_EXTRA = ("torch", "transformers", "peft", "accelerate", "tokenizers")

@@ -27,7 +27,7 @@ REPEAT_FILE = ".repeat_of"
 FRESH = "fresh process"
 """A local workload's ``launch`` (its ``process.json``): started as a new interpreter."""
 FORKED = "forked from the warm python"
-"""The start of a forked local workload's ``launch`` (`tasks.warm_python`), then its pid."""
+"""The start of a forked local workload's ``launch`` (`core.warm_python`), then its pid."""
 
 
 MIXED = "mixed"

@@ -7,7 +7,7 @@ Registered under the ``telltale.projects`` entry point; the engine calls the hoo
   serves the same model and stops it in every outcome); `local_workload` is one cell's load
   (``workload/load.py``: /metrics, GuideLLM, /metrics) against it, on the serving venv's
   Python so that it forks from a warm Python of that venv with GuideLLM imported
-  (`tasks.warm_python`). The launch is recorded, not a label (`kpis.labels`): every KPI is
+  (`core.warm_python`). The launch is recorded, not a label (`kpis.labels`): every KPI is
   measured over GuideLLM's load window, which opens after its start-up either way;
 - kubernetes: `kube_workload` is KServe's vLLM ServingRuntime + InferenceService, then (once
   it is Ready) the load Job (`projects.llm_serving.manifests`).
@@ -193,7 +193,7 @@ def local_workload(ctx: CellContext) -> LocalWorkload:
 
     The load script runs on the serving venv's Python (it is standard library only; its
     GuideLLM is that venv's), as a module of this checkout, so a warm Python of that venv
-    with GuideLLM imported (`LOAD_PRELOAD`) can fork it (`tasks.warm_python`).
+    with GuideLLM imported (`LOAD_PRELOAD`) can fork it (`core.warm_python`).
     """
     out = USER_RESULT_DIR if ctx.test.multi_user.enabled else str(ctx.workdir / "artifacts")
     config = ctx.workdir / "src" / "load.json"

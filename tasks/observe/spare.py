@@ -53,11 +53,11 @@ from core.environment import local_services_home
 from core.errors import PermanentServiceError
 from core.filelock import dir_lock
 from core.loopback import LOOPBACK_URL
+from core.pids import pid_alive
 from core.safeio import UnreadableInputError, open_append, read_bounded, write_text
 from core.terminal import ArgumentParser, say
 from tasks.hostwatch import count_as_run, uncount
 from tasks.observe.prometheus import PrometheusServer, local_layout, relocate
-from tasks.process import pid_alive
 
 __all__ = ["ADOPTED_FILE", "SPARES_DIR", "SparePrometheus", "adopt", "offer", "spare_base",
            "spares", "stop_spares"]

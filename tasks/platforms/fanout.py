@@ -11,7 +11,7 @@ How a user runs:
 2. it sleeps its stagger, ``floor(index / batch_size) * sleep_factor`` seconds;
 3. it runs the scenario: ``COMMAND`` with ``{index}``, ``{users}`` and ``{dir}`` replaced (its
    output to ``user-<index>/pod.log``), or the built-in ``sleep:<seconds>`` scenario; with
-   ``--warm RECORD`` (a warm Python's record, `tasks.warm_python`) a ``PYTHON -m MODULE``
+   ``--warm RECORD`` (a warm Python's record, `core.warm_python`) a ``PYTHON -m MODULE``
    command is forked from that warm Python instead of started as a new interpreter (its
    imports done once for every user; not reached: a new interpreter, as without it);
 4. it writes ``user-<index>/exit_code`` and ``user-<index>/timings.json`` (``launch``: how
@@ -40,11 +40,12 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
+from core.pids import set_parent_death_signal
 from core.safeio import open_append, read_text_bounded, write_text
-from tasks.runner import die_with_parent, set_parent_death_signal
+from tasks.runner import die_with_parent
 
 if TYPE_CHECKING:  # imported when a warm Python is given: the launcher starts light
-    from tasks.warm_python import WarmPython
+    from core.warm_python import WarmPython
 
 __all__ = ["FanoutResult", "UserTimings", "run_local_fanout", "stagger_delay"]
 
@@ -207,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("a command (or sleep:<seconds>) is required after --")
     warm = None
     if args.warm:
-        from tasks.warm_python import WarmPython
+        from core.warm_python import WarmPython
 
         try:
             warm = WarmPython.from_record(json.loads(args.warm))

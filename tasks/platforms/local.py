@@ -39,6 +39,7 @@ from core.safeio import (
     write_text,
 )
 from core.timeline import mark
+from core.warm_python import WarmPython
 from projects.config import Config
 from projects.contract import (
     SCRATCH_DIR,
@@ -74,7 +75,6 @@ from tasks.platforms.service import SERVICE_FILE, RunningService, start_service
 from tasks.platforms.service_launch import offer_warm_service
 from tasks.progress import LogProgress, ProgressArtifact
 from tasks.runner import CMDLINE_FILE, PID_FILE, CommandTimeout, die_with_parent
-from tasks.warm_python import WarmPython
 
 __all__ = [
     "LocalPlatform",
@@ -133,7 +133,7 @@ def run_local_workload(run_ctx: RunContext, cell: Cell, timeout_minutes: int,
         cell: The cell.
         timeout_minutes: Deadline; the process group is killed past it.
         service: The record of the cell's running `LocalService`, if the project has one.
-        warm: The record of the run's warm Python (`tasks.warm_python`): the workload is
+        warm: The record of the run's warm Python (`core.warm_python`): the workload is
             forked from it when its key is the workload's.
 
     Returns:
@@ -342,7 +342,7 @@ class LocalPlatform:
         """Check the cells can run here; start Prometheus; find the run's warm Python.
 
         Prometheus: ``observe``; the warm Python its workload forks from:
-        `tasks.warm_python`.
+        `core.warm_python`.
         """
         self._start_prometheus(run_ctx)  # first: its 5 s until the first scrape overlaps
         wanted = wanted_warm(run_ctx, cells)
@@ -449,7 +449,7 @@ class LocalPlatform:
     def cleanup(self, run_ctx: RunContext) -> None:
         """Stop the server, Prometheus (snapshot first) and leftovers; remove scratch.
 
-        The run's warm Python stays for the next runs (`tasks.warm_python`).
+        The run's warm Python stays for the next runs (`core.warm_python`).
         """
         if self.warm is not None:
             uncount(self.warm.pid)

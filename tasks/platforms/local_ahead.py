@@ -1,6 +1,6 @@
 """What a command-line run on this machine starts before its flow, and leaves after it.
 
-The workload's warm Python (`tasks.warm_python`: it stays for the next runs), Prometheus (a
+The workload's warm Python (`core.warm_python`: it stays for the next runs), Prometheus (a
 spare the previous run left, already scraping, or one of its own) and the first cell's
 server start while Prefect is imported and its API found; the run takes them when it asks
 for the same ones (`tasks.platforms.local_warm.find_warm`,
@@ -113,7 +113,7 @@ def _service_ahead(hooks: Project, config: Config, artifact_dir: Path | None) ->
 
 
 def _warm_ahead(hooks: Project, config: Config) -> None:
-    """Start the workload's warm Python (`tasks.warm_python`) while Prefect starts.
+    """Start the workload's warm Python (`core.warm_python`) while Prefect starts.
 
     Its imports (torch, transformers: seconds) overlap the run's own start-up; the run's
     prepare waits for it and its first cell forks from it. Best effort: the run starts one

@@ -1,4 +1,4 @@
-"""The local platform's warm Python (`tasks.warm_python`, ``TELLTALE_WARM_PYTHON_MINUTES``).
+"""The local platform's warm Python (`core.warm_python`, ``TELLTALE_WARM_PYTHON_MINUTES``).
 
 Which one a run uses (started at the run's start when none is there; it stays for the next
 runs) and how a cell's workload is launched from it.
@@ -15,14 +15,14 @@ from core.environment import env_settings
 from core.errors import ConfigError
 from core.safeio import write_text
 from core.timeline import mark
+from core.warm_key import warm_key, workload_module
+from core.warm_python import WarmPython, acquire, offer
 from projects.contract import LocalWorkload
 from projects.matrix import Cell
 from tasks.hostwatch import count_as_run
 from tasks.platforms.base import RunContext
 from tasks.runner import PID_FILE, CommandTimeout, run
-from tasks.warm_key import warm_key, workload_module
 from tasks.warm_launch import fork_or_fresh
-from tasks.warm_python import WarmPython, acquire, offer
 
 __all__ = ["command_warm_key", "find_warm", "offer_command", "offer_warm", "run_process",
            "wanted_warm", "warm_for", "warm_key_of"]
@@ -105,7 +105,7 @@ def warm_for(warm: Mapping[str, object] | None, workload: LocalWorkload,
 
 
 def offer_warm(workload: LocalWorkload, key: str | None = None) -> bool:
-    """Start a warm Python for ``workload`` (`tasks.warm_python.offer`); never fails a run.
+    """Start a warm Python for ``workload`` (`core.warm_python.offer`); never fails a run.
 
     True when one was started now (False: one runs or starts already, or none is wanted).
     """

@@ -2,14 +2,14 @@
 
 A model server's start is mostly its imports (vLLM's API server: 8 s on a quiet 2-core
 machine, ~18 s beside a run's other start-up). A service that declares ``preload`` gets a
-warm Python of its own (`tasks.warm_python`), as a workload does: a run that finds none
+warm Python of its own (`core.warm_python`), as a workload does: a run that finds none
 starts it when it starts its server, and forks the server from it once its imports are
 done (`launch_server`: the imports the fresh server would have made, once); it stays for
 the next runs, which fork theirs at once. A run whose cells are done offers it again
 (`offer_warm_service`: one that expired or died mid-run is started beside the run's
 post-processing, never beside a measurement). With ``TELLTALE_WARM_PYTHON_MINUTES=0`` every
 server is a fresh process. What a forked server shares with a fresh one, and what it does
-not (its memory starts as the warm Python's pages), is `tasks.warm_python`'s; the server's
+not (its memory starts as the warm Python's pages), is `core.warm_python`'s; the server's
 record says which it was (``launch``), and a project makes it part of its runs' identity.
 
 A warm Python still importing when the server is asked for is waited for in a thread (the
@@ -31,14 +31,14 @@ from pathlib import Path
 
 from core.environment import env_settings
 from core.safeio import open_append, write_text
+from core.warm_child import WarmChild, WarmPythonGone, start_warm
+from core.warm_python import WarmPython, acquire, starting
 from projects.contract import LocalService
 from projects.library.runs import FORKED, FRESH
 from tasks.hostwatch import count_as_run, uncount
 from tasks.platforms.local_warm import command_warm_key, offer_command
 from tasks.process import ManagedProcess, log_tail
 from tasks.runner import CMDLINE_FILE, PID_FILE
-from tasks.warm_child import WarmChild, WarmPythonGone, start_warm
-from tasks.warm_python import WarmPython, acquire, starting
 
 __all__ = ["WarmServerProcess", "launch_server", "offer_warm_service", "service_warm_key"]
 
@@ -58,7 +58,7 @@ def service_warm_key(spec: LocalService) -> str | None:
 
 
 def offer_warm_service(spec: LocalService) -> bool:
-    """Leave a warm Python for ``spec``'s next start (`tasks.warm_python.offer`).
+    """Leave a warm Python for ``spec``'s next start (`core.warm_python.offer`).
 
     True when one was started now; never fails a run (False, the reason logged).
     """

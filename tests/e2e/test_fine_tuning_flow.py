@@ -155,10 +155,10 @@ def test_cli_light_preset_end_to_end(tmp_path: Path) -> None:
 
 def test_successive_runs_build_history_and_verdicts(tmp_path: Path, prefect_harness,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from core.warm_python import WARM_DIR, stop_warm_pythons
     from flows.fine_tuning.flow import fine_tuning
     from flows.orchestration import outcome_of
     from tasks.observe.spare import ADOPTED_FILE, SPARES_DIR, stop_spares
-    from tasks.warm_python import WARM_DIR, stop_warm_pythons
 
     # spares of their own (the suite's other worker takes the suite's): each run leaves one,
     # the next adopts it (tasks.observe.spare)

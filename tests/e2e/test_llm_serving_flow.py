@@ -89,7 +89,7 @@ def test_two_cells_share_one_real_server_and_a_failed_cell_leaves_nothing(
     # a cell with no load step failed before it (its server, Prometheus): say why
     assert None not in jobs, f"{_reasons(run_dir)}\n{output}"
     # each cell's load forked from the serving venv's warm Python, GuideLLM imported
-    # there once (tasks.warm_python; workload/load.py runs it in-process)
+    # there once (core.warm_python; workload/load.py runs it in-process)
     launches = [json.loads((j / "artifacts" / "process.json").read_text())["launch"]
                 for j in jobs]
     assert all(launch.startswith(FORKED) for launch in launches), launches

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from core.pids import pid_alive
 from flows.local_api import STATE_DIR, shared_api, status, stop
-from tasks.process import pid_alive
 from tests.factories import process_gone
 
 pytestmark = pytest.mark.slow

@@ -108,9 +108,9 @@ def test_a_server_forked_from_its_warm_python_forks_its_engine_core_which_keeps_
     is forked from the server itself, and titled as after a fresh start (setproctitle alone
     cannot find a forked child's command line: it showed ``python``)."""
     serving_venv_or_skip()
-    from tasks.warm_child import run_warm
-    from tasks.warm_key import warm_key
-    from tasks.warm_python import acquire, offer, stop_warm_pythons
+    from core.warm_child import run_warm
+    from core.warm_key import warm_key
+    from core.warm_python import acquire, offer, stop_warm_pythons
 
     python = str(install.venv_python(install.default_venv()))
     env = {**os.environ, "PYTHONPATH": str(REPO), "VLLM_NO_USAGE_STATS": "1",

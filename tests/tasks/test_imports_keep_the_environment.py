@@ -1,7 +1,7 @@
 """No import of Telltale's code changes the environment a run's children inherit.
 
 A run's workloads, servers and warm Pythons inherit its environment, and a warm Python's
-key is a digest of it (`tasks.warm_key`): a variable set by an import between the run's
+key is a digest of it (`core.warm_key`): a variable set by an import between the run's
 start (where the command line offers a warm Python) and its prepare (where the flow asks
 for one) made two keys for one workload, so every run started a second warm Python
 (threadpoolctl's ``KMP_DUPLICATE_LIB_OK``, through `analysis.blas`). Every module of the

@@ -13,7 +13,7 @@ Standard library only, so the same file runs in the load generator's image on a 
 
 GuideLLM spends ~9 s of its start importing torch, transformers and datasets. When this
 script runs in an interpreter that has GuideLLM's command line and benchmark modules imported
-already (a warm Python of the serving venv that forked it: `tasks.warm_python`, the local
+already (a warm Python of the serving venv that forked it: `core.warm_python`, the local
 platform) and the configured ``guidellm`` is that interpreter's own console script, GuideLLM
 runs in a child forked from this process instead of a new one (`_guidellm_in_process`): the
 same command line, the same code, without the imports. Anywhere else (a cluster's load Pod,

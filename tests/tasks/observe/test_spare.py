@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from core.pids import pid_alive
 from tasks.observe.promql import LOCAL_QUERIES, capture_window
 from tasks.observe.spare import ADOPTED_FILE, SPARES_DIR, adopt, offer, spares, stop_spares
-from tasks.process import pid_alive
 from tests.factories import process_gone, prometheus_required, wait_until
 
 pytestmark = pytest.mark.slow

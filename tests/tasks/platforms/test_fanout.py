@@ -97,9 +97,9 @@ def test_users_fork_from_a_warm_python_and_else_start_new_interpreters(
     """With the run's warm Python every user's workload is forked from it (its imports done
     once, not once a user) and says so in its timings; a warm Python that is gone leaves
     each user a new interpreter, as without one."""
+    from core.warm_key import warm_key
+    from core.warm_python import acquire, offer, stop_warm_pythons
     from projects.library.runs import FORKED, FRESH
-    from tasks.warm_key import warm_key
-    from tasks.warm_python import acquire, offer, stop_warm_pythons
     from tests.factories import process_gone
 
     work = tmp_path / "work"

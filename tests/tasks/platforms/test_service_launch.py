@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from core.pids import pid_alive
+from core.warm_python import acquire, starting, stop_warm_pythons, warm_base
 from projects.contract import LocalService
 from projects.library.runs import FORKED, FRESH
 from tasks import hostwatch
@@ -27,9 +29,7 @@ from tasks.platforms.service_launch import (
     offer_warm_service,
     service_warm_key,
 )
-from tasks.process import pid_alive
 from tasks.runner import PID_FILE
-from tasks.warm_python import acquire, starting, stop_warm_pythons, warm_base
 from tests.factories import group_gone, process_gone, wait_until
 
 GATE_MODULE = '''

@@ -2,7 +2,7 @@
 
 The local fine-tuning trainer spends ~5 s of a ~10 s process importing torch and transformers
 (`docs/performance.md`), every run, before its first step. A run on the local platform
-therefore leaves a *warm Python* behind (``python -m tasks.warm_python``): it imports the
+therefore leaves a *warm Python* behind (``python -m core.warm_python``): it imports the
 modules the workload declares (`projects.contract.LocalWorkload.preload`), then waits on a
 Unix socket. A later run asks it for the workload; it forks a child that becomes that
 workload exactly as ``python -m MODULE ARGS`` would have started it:
@@ -22,7 +22,7 @@ workload exactly as ``python -m MODULE ARGS`` would have started it:
 Only the heavy third-party modules are kept from the warm Python: the child drops
 Telltale's own modules the warm Python imported (itself, ``core``...) and imports the
 workload's module fresh, so an edited trainer runs as edited. A warm Python is
-used only by a request with the same key (`tasks.warm_key`: the interpreter, the modules, the
+used only by a request with the same key (`core.warm_key`: the interpreter, the modules, the
 working directory, this module's source and every environment variable that an import may
 read). It stops after ``TELLTALE_WARM_PYTHON_MINUTES`` with no child and no request, or on
 SIGTERM once its children are done.
@@ -42,9 +42,9 @@ Python's, shared by its children; the children's memory starts as the warm Pytho
 
 The interpreter is the path a workload names (a venv's ``bin/python``), not the base Python
 every venv links to: llm_serving's load script runs on the serving venv's Python, whose warm
-Python has GuideLLM imported (`tasks.warm_key`: stamps read in that venv).
+Python has GuideLLM imported (`core.warm_key`: stamps read in that venv).
 
-This module is the warm Python and how a run finds or starts one; `tasks.warm_child` is the
+This module is the warm Python and how a run finds or starts one; `core.warm_child` is the
 ordering side (a child ordered, its pid, its end), which reads the order's wire format and
 the socket's path from here.
 """
@@ -73,10 +73,10 @@ from core.cmdline import set_cmdline
 from core.environment import local_services_home
 from core.exit import exit_now
 from core.filelock import dir_lock
+from core.pids import pid_alive
 from core.safeio import UnreadableInputError, open_append, read_bounded, write_text
 from core.terminal import say
-from tasks.process import pid_alive
-from tasks.warm_key import interpreter, workload_module
+from core.warm_key import interpreter, workload_module
 
 __all__ = ["WARM_DIR", "Order", "WarmPython", "acquire", "offer", "socket_path", "starting",
            "stop_warm_pythons", "warm_base"]
@@ -162,7 +162,7 @@ def _is_warm_python(pid: int, directory: Path) -> bool:
                                follow_links=True).split(b"\0")
     except (UnreadableInputError, OSError):
         return False
-    return b"tasks.warm_python" in cmdline and str(directory).encode() in cmdline
+    return b"core.warm_python" in cmdline and str(directory).encode() in cmdline
 
 
 def acquire(key: str, *, wait_s: float = 180.0, base: Path | None = None,
@@ -222,7 +222,7 @@ def offer(key: str, python: str, modules: Sequence[str], cwd: str | Path,
         (directory / _SOCKET).unlink(missing_ok=True)
         with open_append(directory / "warm-python.log") as log:
             proc = subprocess.Popen(
-                [python, "-m", "tasks.warm_python", str(directory), key, str(minutes * 60),
+                [python, "-m", "core.warm_python", str(directory), key, str(minutes * 60),
                  ",".join(modules), " " * _CMDLINE_ROOM],
                 cwd=str(cwd), env=dict(env), stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True)
@@ -247,7 +247,7 @@ def stop_warm_pythons(under: Path) -> list[int]:
                                 follow_links=True).split(b"\0")
         except (UnreadableInputError, OSError):
             continue
-        if len(argv) > 3 and argv[1:3] == [b"-m", b"tasks.warm_python"] \
+        if len(argv) > 3 and argv[1:3] == [b"-m", b"core.warm_python"] \
                 and Path(os.fsdecode(argv[3])).is_relative_to(under):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(int(proc.name), signal.SIGTERM)
@@ -411,7 +411,7 @@ def _fork(server: _Server, conn: socket.socket, order: Order) -> Order | None:
 
 def _become(order: Order, warm_pid: int) -> int:
     """In the forked child: become the ordered workload, run it, return its exit code."""
-    from tasks.runner import set_parent_death_signal
+    from core.pids import set_parent_death_signal
 
     set_cmdline(order.argv)  # first: the process exporter may look at any moment
     os.setsid()
@@ -498,7 +498,7 @@ def _reseed() -> None:
 
 
 def main(argv: Sequence[str]) -> int:
-    """``python -m tasks.warm_python DIR KEY IDLE_S MODULES PADDING``."""
+    """``python -m core.warm_python DIR KEY IDLE_S MODULES PADDING``."""
     directory, key, idle_s, modules = Path(argv[0]), argv[1], float(argv[2]), argv[3]
     warm_pid = os.getpid()
     order = _serve(directory, key, idle_s, [m for m in modules.split(",") if m])

@@ -1,4 +1,4 @@
-"""The warm Python (`tasks.warm_python`): a workload forked from it is the process a fresh
+"""The warm Python (`core.warm_python`): a workload forked from it is the process a fresh
 ``python -m`` would have been, and it never outlives what it must not."""
 
 from __future__ import annotations
@@ -16,17 +16,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from projects.library.runs import FORKED, FRESH
-from tasks.process import pid_alive
-from tasks.warm_child import WarmPythonGone, run_warm
-from tasks.warm_key import installed_stamps, warm_key, workload_module
-from tasks.warm_launch import fork_or_fresh
-from tasks.warm_python import (
+from core.pids import pid_alive
+from core.warm_child import WarmPythonGone, run_warm
+from core.warm_key import installed_stamps, warm_key, workload_module
+from core.warm_python import (
     WarmPython,
     acquire,
     offer,
     stop_warm_pythons,
 )
+from projects.library.runs import FORKED, FRESH
+from tasks.warm_launch import fork_or_fresh
 from tests.factories import process_gone, wait_until
 
 # A workload that says what it is, then waits for its order (a FIFO), or exits with a code.
@@ -118,8 +118,8 @@ def test_a_requester_that_dies_takes_its_workload_with_it(warm) -> None:
     found, work = warm
     os.mkfifo(work / "never")
     script = (f"import sys, os\nsys.path.insert(0, {str(Path.cwd())!r})\n"
-              "from pathlib import Path\nfrom tasks.warm_python import WarmPython\n"
-              "from tasks.warm_child import run_warm\n"
+              "from pathlib import Path\nfrom core.warm_python import WarmPython\n"
+              "from core.warm_child import run_warm\n"
               f"w = WarmPython(pid={found.pid}, key={found.key!r}, "
               f"directory=Path({str(found.directory)!r}))\n"
               "run_warm(w, [sys.executable, '-m', 'wl_probe', 'wait', 'never'], "
@@ -367,7 +367,7 @@ def test_an_order_for_another_venvs_python_is_refused(warm, tmp_path: Path) -> N
 
 _LAZY = """
 import sys, types
-from tasks.warm_python import _forget_our_modules
+from core.warm_python import _forget_our_modules
 asked = []
 class Lazy(types.ModuleType):
     def __getattr__(self, name):  # what transformers' lazy modules do: import on a miss
@@ -393,7 +393,7 @@ def test_dropping_our_modules_never_wakes_a_lazy_module() -> None:
 # A requester: sends the order for argv[2:] to the warm Python in argv[1], then...
 _ORDER = """
 import os, socket, sys
-from tasks.warm_python import Order
+from core.warm_python import Order
 os.chdir(sys.argv[1])  # the warm Python's dir: its socket by a short relative path
 conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 conn.connect("sock")

@@ -1,6 +1,6 @@
 """One child of a warm Python, seen from the process that ordered it: its pid, its end.
 
-`tasks.warm_python` forks a child per order and writes two lines on the order's connection:
+`core.warm_python` forks a child per order and writes two lines on the order's connection:
 the child's pid once it runs, its exit code once it ends. A workload is waited for at once
 (`run_warm`); a server is ordered, then polled while it serves (`start_warm` →
 `WarmChild`). The connection is the child's lifeline: when the process that ordered it goes
@@ -19,7 +19,7 @@ import socket
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from tasks.warm_python import Order, WarmPython, socket_path
+from core.warm_python import Order, WarmPython, socket_path
 
 __all__ = ["WarmChild", "WarmPythonGone", "run_warm", "start_warm"]
 
@@ -121,7 +121,7 @@ def start_warm(warm: WarmPython, argv: Sequence[str], *, env: Mapping[str, str],
     """Order ``argv`` (``PYTHON -m MODULE ARGS``) from the warm Python; the running child.
 
     Args:
-        warm: From `tasks.warm_python.acquire`.
+        warm: From `core.warm_python.acquire`.
         argv: The command line a fresh process would have run.
         env: Its whole environment.
         output_file: Its stdout and stderr, appended (opened by the child when it starts).
@@ -155,7 +155,7 @@ def run_warm(warm: WarmPython, argv: Sequence[str], *, env: Mapping[str, str],
     """Run ``argv`` (``PYTHON -m MODULE ARGS``) as a child of the warm Python; its exit code.
 
     Args:
-        warm: From `tasks.warm_python.acquire`.
+        warm: From `core.warm_python.acquire`.
         argv: The workload's command line (what a fresh process would have run).
         env: Its whole environment.
         output_file: Its stdout and stderr, appended.

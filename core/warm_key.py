@@ -1,6 +1,6 @@
 """Which warm Python may serve a workload: its key, the interpreter, the installed stamps.
 
-`tasks.warm_python` serves only requests whose key is its own; the key is computed by the
+`core.warm_python` serves only requests whose key is its own; the key is computed by the
 run that asks (before it starts one) from what a forked workload would share with a fresh
 process: the interpreter (the path a workload names: a venv's ``bin/python``, never the
 base Python every venv links to), the modules imported ahead and where they are installed,
