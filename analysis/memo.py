@@ -41,7 +41,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import site
 import sys
 import tempfile
 import time
@@ -52,6 +51,7 @@ from typing import IO, Any
 from core.forked import Beside, beside
 from core.redact import redact_bytes
 from core.safeio import RefusedInput, atomic_open, open_stream
+from core.warm_key import code_locations
 
 __all__ = ["MEMO_FILE", "SETTLED_NS", "Before", "Root", "answer", "code_roots", "forget",
            "key_of", "record", "stamps_hold", "take_stamps"]
@@ -109,15 +109,8 @@ def key_of(parts: Mapping[str, Any]) -> str:
 
 
 def code_roots() -> list[Root]:
-    """The code a post-processing runs: this checkout's packages and the installed ones."""
-    here = Path(__file__).resolve().parent.parent
-    roots: list[Root] = [(f"code:{name}", here / name, True)
-                         for name in ("analysis", "core", "projects")]
-    # this checkout's installed metadata: its entry points name the registered projects
-    roots += [(f"code:{p.name}", p, True) for p in sorted(here.glob("*.egg-info"))]
-    folders = [*site.getsitepackages(), site.getusersitepackages()]
-    roots += [(f"site:{i}", Path(p), False) for i, p in enumerate(folders)]
-    return roots
+    """The code a post-processing runs: `core.warm_key.code_locations`."""
+    return code_locations()
 
 
 def _walk(root: Path, skip: frozenset[str], exclude: frozenset[str]

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 # No pandas here at import: the command line's early parse analyses runs with this module
-# beside its own import of pandas (`analysis.__main__`); only `runs_table` and the rare
+# beside its own import of pandas (`analysis.cli`); only `runs_table` and the rare
 # time `_usable_time` cannot read without it import it.
 
 
@@ -314,7 +314,7 @@ class Prepared:
 def serve_early(analyser: Analyser, claims: Claims) -> Keyed:
     """Serve the tree's warm dirs from the first on, as ``claims`` gives them (a `Helper`'s).
 
-    The command line's child does it beside the command's imports (`analysis.__main__`),
+    The command line's child does it beside the command's imports (`analysis.cli`),
     then beside its serving from the last down (`parse_dirs`' ``helper``). Returns the
     analyser's key with what was served.
     """

@@ -87,6 +87,13 @@ class TelltaleEnv(BaseSettings):
         "leaves for the next; unused, it stops after this long. 0: every workload is a "
         "fresh interpreter. The launch is a label: forked and fresh runs are separate "
         "configurations (their resource KPIs differ).")
+    warm_command_minutes: float = Field(
+        default=10.0, ge=0, le=7 * 24 * 60, allow_inf_nan=False, description="A command "
+        "line (`python -m analysis`) that ran in full leaves a warm Python with its imports "
+        "done (pandas, pyarrow, Telltale's own modules; core.warm_command), keyed by the "
+        "code's stamps and the whole environment, that serves the next command line with "
+        "the same key; unused, it stops after this long. 0: every command line is a fresh "
+        "interpreter.")
 
 
 def default_data_dir() -> Path:

@@ -4,45 +4,145 @@
 run that asks (before it starts one) from what a forked workload would share with a fresh
 process: the interpreter (the path a workload names: a venv's ``bin/python``, never the
 base Python every venv links to), the modules imported ahead and where they are installed,
-the working directory, the warm Python's own source and the environment.
+the working directory, the warm Python's own source and the environment. A command line's
+warm Python (`core.warm_command`), which keeps Telltale's own modules too, is also keyed by
+the stamps of that code (`code_stamps`) and by every variable.
+
+Standard library only: a command line computes a key before it imports anything heavy.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import site
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from core.safeio import read_bounded
+__all__ = ["WARM_DIR", "CodeRoot", "code_locations", "code_stamps", "installed_stamps",
+           "interpreter", "socket_path", "warm_key", "workload_module"]
 
-__all__ = ["installed_stamps", "interpreter", "warm_key", "workload_module"]
+WARM_DIR = "telltale-warm-python"
+"""The folder of a user's warm Pythons, one dir per key, beside the local services' state."""
+_SOCKET = "sock"
+_MAX_SOURCE = 1 << 20
 
 # The warm Python's code: a child forked from an older one is not what this code would run.
-_SOURCES = (Path(__file__).resolve(), Path(__file__).resolve().with_name("warm_python.py"))
+_SOURCES = tuple(Path(__file__).resolve().with_name(name) for name in
+                 ("warm_key.py", "warm_python.py", "warm_command.py"))
 # Variables no import reads: who runs it and where its records go (a test's, a run's own).
 _NOT_KEYED_PREFIXES = ("TELLTALE_", "PREFECT_", "PYTEST_", "COV_CORE_")
 _NOT_KEYED = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "COLUMNS", "LINES", "PYTHONUNBUFFERED"})
+# A terminal's and a shell's own bookkeeping: a command line's kept modules never read it
+_SHELL_BOOKKEEPING = frozenset({
+    "_", "OLDPWD", "PWD", "SHLVL", "COLUMNS", "LINES", "HISTFILE", "PS1", "PS2", "WINDOWID",
+    "TERM_SESSION_ID", "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "SSH_AUTH_SOCK", "TMUX",
+    "TMUX_PANE", "STY", "XDG_SESSION_ID", "XDG_VTNR", "DISPLAY", "WAYLAND_DISPLAY"})
+_SKIP_IN_CODE = frozenset({"__pycache__"})
+CodeRoot = tuple[str, Path, bool]
+"""A location of code: (name, path, walk): ``walk`` False stamps the path itself only."""
 
 
 def warm_key(python: str, modules: Sequence[str], cwd: str | Path,
-             env: Mapping[str, str]) -> str:
+             env: Mapping[str, str], *, code: Sequence[CodeRoot] | None = None) -> str:
     """What a warm Python must share with a request to serve it (a short digest).
 
     The interpreter, the modules imported ahead and where they are installed (their
     stamps: `installed_stamps`), the working directory (``python -m``'s ``sys.path[0]``),
     the warm Python's source, and the environment but for the variables no import reads
     (Telltale's and Prefect's own, the shell's bookkeeping).
+
+    With ``code`` (a warm Python that keeps Telltale's modules: `core.warm_command`), also
+    the stamps of that code (`code_stamps` of `code_locations`), and every variable but
+    the shell's bookkeeping: kept modules were imported under the warm Python's
+    environment, and an edited file must never run as it was.
     """
-    keyed = sorted((k, v) for k, v in env.items()
-                   if k not in _NOT_KEYED and not k.startswith(_NOT_KEYED_PREFIXES))
-    source = hashlib.sha256(b"".join(read_bounded(path, 1 << 20, what=path.name)
-                                     for path in _SOURCES)).hexdigest()
+    kept = code is not None
+    keyed = sorted((k, v) for k, v in env.items() if (
+        k not in _SHELL_BOOKKEEPING if kept else
+        k not in _NOT_KEYED and not k.startswith(_NOT_KEYED_PREFIXES)))
+    digest = hashlib.sha256()
+    for path in _SOURCES:
+        with open(path, "rb") as source:  # our own code, never a tree's file
+            digest.update(source.read(_MAX_SOURCE))
     text = json.dumps([interpreter(python), sorted(modules), str(Path(cwd).resolve()),
-                       keyed, source, installed_stamps(modules, python)])
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+                       keyed, digest.hexdigest(), installed_stamps(modules, python),
+                       code_stamps(code) if kept else None])
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+
+
+def code_locations() -> list[CodeRoot]:
+    """The code a Telltale command runs, as `CodeRoot` s.
+
+    This checkout's packages (``analysis``, ``core``, ``projects``), its installed metadata
+    (``*.egg-info``: its entry points name the registered projects), and each site-packages
+    dir itself (an install or a removal changes its stamp). What the post-processing memo
+    (`analysis.memo`) witnesses of the code, and what keys a command line's warm Python.
+    """
+    here = Path(__file__).resolve().parent.parent
+    roots: list[CodeRoot] = [(f"code:{name}", here / name, True)
+                                           for name in ("analysis", "core", "projects")]
+    roots += [(f"code:{p.name}", p, True) for p in sorted(here.glob("*.egg-info"))]
+    folders = [*site.getsitepackages(), site.getusersitepackages()]
+    roots += [(f"site:{i}", Path(p), False) for i, p in enumerate(folders)]
+    return roots
+
+
+def code_stamps(roots: Sequence[CodeRoot]) -> str:
+    """A digest of the stamps of every file and dir under ``roots``.
+
+    A stamp: mode, size, mtime and inode. ``__pycache__`` aside; a root not walked, a file
+    or absent: its own stamp.
+    """
+    digest = hashlib.sha256()
+    for _, top, walk in roots:
+        pending = [str(top)]
+        while pending:
+            folder = pending.pop()
+            try:
+                st = os.lstat(folder)
+            except OSError:
+                digest.update(f"{folder}\0-\n".encode("utf-8", "surrogateescape"))
+                continue
+            digest.update(f"{folder}\0{st.st_mode}\0{st.st_size}\0{st.st_mtime_ns}\0"
+                          f"{st.st_ino}\n".encode("utf-8", "surrogateescape"))
+            if not walk or not os.path.isdir(folder) or os.path.islink(folder):
+                continue
+            try:
+                with os.scandir(folder) as entries:
+                    found = sorted(entries, key=lambda e: e.name)
+            except OSError:
+                continue
+            for entry in found:
+                if entry.name in _SKIP_IN_CODE:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(entry.path)
+                    continue
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                digest.update(f"{entry.path}\0{st.st_mode}\0{st.st_size}\0"
+                              f"{st.st_mtime_ns}\0{st.st_ino}\n".encode(
+                                  "utf-8", "surrogateescape"))
+    return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def socket_path(directory: Path) -> Iterator[str]:
+    """A short path to ``directory``'s socket, through an open fd (``/proc/self/fd/N/``).
+
+    A Unix socket's path holds at most 107 bytes; a user's home can be longer.
+    """
+    fd = os.open(directory, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield f"/proc/self/fd/{fd}/{_SOCKET}"
+    finally:
+        os.close(fd)
 
 
 def interpreter(python: str | os.PathLike[str]) -> str:

@@ -63,7 +63,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -76,14 +76,12 @@ from core.filelock import dir_lock
 from core.pids import pid_alive
 from core.safeio import UnreadableInputError, open_append, read_bounded, write_text
 from core.terminal import say
-from core.warm_key import interpreter, workload_module
+from core.warm_key import WARM_DIR, interpreter, socket_path, workload_module
 
 __all__ = ["WARM_DIR", "Order", "WarmPython", "acquire", "offer", "socket_path", "starting",
            "stop_warm_pythons", "warm_base"]
 
-WARM_DIR = "telltale-warm-python"
 _RECORD = "warm.json"
-_SOCKET = "sock"
 _LOCK = "lock"
 _CMDLINE_ROOM = 8192  # bytes of command line a child can take (the warm Python's own padding)
 _MAX_ORDER = 1 << 20
@@ -100,12 +98,19 @@ class WarmRecord(BaseModel):
 
 
 class Order(BaseModel):
-    """What a run asks the warm Python for: one workload process."""
+    """What a run (or a command line) asks the warm Python for: one process.
+
+    ``output_file`` None: the order came with the requester's stdin, stdout and stderr
+    (three file descriptors over the socket: `core.warm_command`), which the child takes.
+    ``keep_modules``: the child keeps Telltale's own modules the warm Python imported (a
+    command line's warm Python, keyed by the code's stamps), else it imports them afresh.
+    """
 
     argv: list[str] = Field(min_length=3, max_length=1024)
     env: dict[str, str]
     cwd: str
-    output_file: str
+    output_file: str | None = None
+    keep_modules: bool = False
 
 
 @dataclass
@@ -125,19 +130,6 @@ class WarmPython:
         """The inverse of `as_record`."""
         return cls(pid=int(str(record["pid"])), key=str(record["key"]),
                    directory=Path(str(record["directory"])))
-
-
-@contextlib.contextmanager
-def socket_path(directory: Path) -> Iterator[str]:
-    """A short path to ``directory``'s socket, through an open fd (``/proc/self/fd/N/``).
-
-    A Unix socket's path holds at most 107 bytes; a user's home can be longer.
-    """
-    fd = os.open(directory, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        yield f"/proc/self/fd/{fd}/{_SOCKET}"
-    finally:
-        os.close(fd)
 
 
 def warm_base() -> Path:
@@ -219,7 +211,7 @@ def offer(key: str, python: str, modules: Sequence[str], cwd: str | Path,
         if starting(key, base=root):
             return False
         (directory / _RECORD).unlink(missing_ok=True)
-        (directory / _SOCKET).unlink(missing_ok=True)
+        (directory / "sock").unlink(missing_ok=True)
         with open_append(directory / "warm-python.log") as log:
             proc = subprocess.Popen(
                 [python, "-m", "core.warm_python", str(directory), key, str(minutes * 60),
@@ -276,7 +268,11 @@ class _Server:
     stopping: bool = False
 
 
-def _serve(directory: Path, key: str, idle_s: float, modules: Sequence[str]) -> Order | None:
+_Ordered = tuple[Order, list[int]]  # an order and the file descriptors it came with
+
+
+def _serve(directory: Path, key: str, idle_s: float, modules: Sequence[str]
+           ) -> _Ordered | None:
     """Import ``modules``, then fork a child per order until idle; in a child, its order."""
     began, server_pid = time.monotonic(), os.getpid()
     for name in modules:
@@ -299,16 +295,46 @@ def _serve(directory: Path, key: str, idle_s: float, modules: Sequence[str]) -> 
             elif server.stopping or time.monotonic() - idle_since > idle_s:
                 return None
             for selected, _ in server.selector.select(timeout=1.0):
-                order = _handle(server, selected)
-                if order is not None:
-                    return order  # the child: it becomes the workload
+                ordered = _handle(server, selected)
+                if ordered is not None:
+                    return ordered  # the child: it becomes the ordered process
     finally:
         if os.getpid() == server_pid:  # the warm Python ends (never a child leaving it)
-            for name in (_RECORD, _SOCKET, "pid"):
+            for name in (_RECORD, "sock", "pid"):
                 (directory / name).unlink(missing_ok=True)
 
 
-def _handle(server: _Server, selected: selectors.SelectorKey) -> Order | None:
+def _read_order(conn: socket.socket) -> _Ordered:
+    """One order line and the file descriptors sent with it (a command line's stdio).
+
+    Raises:
+        ValueError: No whole line, one over `_MAX_ORDER`, or descriptors that do not fit
+            the order (three with no ``output_file``, none with one); any received is
+            closed.
+    """
+    data, fds = b"", []
+    try:
+        while b"\n" not in data:
+            chunk, received, _, _ = socket.recv_fds(conn, 1 << 16, 3)
+            fds += received
+            if not chunk:
+                raise ValueError("the connection closed before a whole order")
+            data += chunk
+            if len(data) > _MAX_ORDER:
+                raise ValueError(f"an order over {_MAX_ORDER} bytes")
+        order = Order.model_validate_json(data.split(b"\n", 1)[0])
+        if len(fds) != (3 if order.output_file is None else 0):
+            raise ValueError(f"{len(fds)} file descriptor(s) sent with an order "
+                             f"{'without' if order.output_file is None else 'with'} an "
+                             "output file")
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return order, fds
+
+
+def _handle(server: _Server, selected: selectors.SelectorKey) -> _Ordered | None:
     """One ready socket or pidfd; returns an order only in a newly forked child."""
     tag = selected.data
     if tag == "accept":
@@ -318,7 +344,7 @@ def _handle(server: _Server, selected: selectors.SelectorKey) -> Order | None:
             return None
         try:
             conn.settimeout(10)
-            order = Order.model_validate_json(conn.makefile("rb").readline(_MAX_ORDER))
+            order, fds = _read_order(conn)
         except (OSError, ValidationError, ValueError) as exc:
             say(f"warm python: a bad order: {exc}", error=True)
             conn.close()
@@ -328,8 +354,10 @@ def _handle(server: _Server, selected: selectors.SelectorKey) -> Order | None:
             say(f"warm python: refused an order for another interpreter or not `python -m`: "
                 f"{order.argv[:3]}", error=True)
             conn.close()  # the run starts a fresh process
+            for fd in fds:
+                os.close(fd)
             return None
-        return _fork(server, conn, order)
+        return _fork(server, conn, order, fds)
     child: _Child = tag
     if server.children.get(child.pid) is not child:
         # A stale event of one select batch: the child's exit and its requester's hang-up
@@ -378,7 +406,8 @@ def _stop_child(pid: int) -> None:
         pass
 
 
-def _fork(server: _Server, conn: socket.socket, order: Order) -> Order | None:
+def _fork(server: _Server, conn: socket.socket, order: Order, fds: list[int]
+          ) -> _Ordered | None:
     sys.stdout.flush()
     sys.stderr.flush()
     # SIGTERM is held in the child until it is a workload (its own session, a fresh
@@ -395,7 +424,9 @@ def _fork(server: _Server, conn: socket.socket, order: Order) -> Order | None:
             other.conn.close()
             os.close(other.pidfd)
         conn.close()
-        return order
+        return order, fds
+    for fd in fds:  # the child's now
+        os.close(fd)
     pidfd = os.pidfd_open(pid)
     child = _Child(pid=pid, conn=conn, pidfd=pidfd)
     server.children[pid] = child
@@ -406,11 +437,13 @@ def _fork(server: _Server, conn: socket.socket, order: Order) -> Order | None:
         _stop_child(pid)
     server.selector.register(pidfd, selectors.EVENT_READ, child)
     server.selector.register(conn, selectors.EVENT_READ, child)
+    # the module only: a command's arguments may name what its log should not hold
+    say(f"warm python: child {pid} runs python -m {order.argv[2]}", error=True)
     return None
 
 
-def _become(order: Order, warm_pid: int) -> int:
-    """In the forked child: become the ordered workload, run it, return its exit code."""
+def _become(order: Order, fds: Sequence[int], warm_pid: int) -> int:
+    """In the forked child: become the ordered process, run it, return its exit code."""
     from core.pids import set_parent_death_signal
 
     set_cmdline(order.argv)  # first: the process exporter may look at any moment
@@ -427,27 +460,17 @@ def _become(order: Order, warm_pid: int) -> int:
     os.chdir(order.cwd)
     os.environ.clear()
     os.environ.update(order.env)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-    with open_append(order.output_file) as out:  # never through a link, as the runner's
-        os.dup2(out.fileno(), 1)
-        os.dup2(out.fileno(), 2)
-    # the streams a fresh interpreter would open on these files (PYTHONUNBUFFERED: no
-    # buffer under stdout; stderr's text layer always writes through)
-    unbuffered = bool(order.env.get("PYTHONUNBUFFERED"))
-    sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)),
-                                 encoding="utf-8")
-    out_raw = io.FileIO(1, "w", closefd=False)
-    sys.stdout = io.TextIOWrapper(out_raw if unbuffered else io.BufferedWriter(out_raw),
-                                  encoding="utf-8", write_through=unbuffered)
-    err_raw = io.FileIO(2, "w", closefd=False)
-    sys.stderr = io.TextIOWrapper(err_raw if unbuffered else io.BufferedWriter(err_raw),
-                                  encoding="utf-8", errors="backslashreplace",
-                                  write_through=True)
-    sys.__stdout__, sys.__stderr__ = sys.stdout, sys.stderr
+    if order.output_file is None:
+        _take_stdio(fds)
+    else:
+        _take_output_file(order.output_file, unbuffered=bool(order.env.get("PYTHONUNBUFFERED")))
     _reseed()
-    _forget_our_modules()
+    if not order.keep_modules:
+        _forget_our_modules()
+    else:  # the command line's own module checks this before it asks a warm Python
+        from core import warm_command
+
+        warm_command.IN_WARM_CHILD = True
     target = workload_module(order.argv)
     assert target is not None  # checked before the fork (`_handle`)
     module, args = target
@@ -465,6 +488,51 @@ def _become(order: Order, warm_pid: int) -> int:
         say(code, error=True)  # what Python prints for sys.exit("message")
         return 1
     return 0
+
+
+def _take_stdio(fds: Sequence[int]) -> None:
+    """Take the requester's stdin, stdout and stderr, as a fresh interpreter opens them.
+
+    The encoding is the warm Python's own (the same environment, keyed: the same locale
+    and ``PYTHONIOENCODING``); stdout is line-buffered on a terminal, stderr always.
+    """
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+    for fd in fds:
+        if fd > 2:
+            os.close(fd)
+    encoding, errors = sys.__stdout__.encoding, sys.__stdout__.errors  # type: ignore[union-attr]
+    sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)),
+                                 encoding=encoding, errors=errors)
+    sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)),
+                                  encoding=encoding, errors=errors,
+                                  line_buffering=os.isatty(1))
+    sys.stderr = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
+                                  encoding=encoding, errors="backslashreplace",
+                                  line_buffering=True)
+    sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
+
+
+def _take_output_file(output_file: str, *, unbuffered: bool) -> None:
+    """Read /dev/null, write stdout and stderr to the end of ``output_file`` (a workload)."""
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    with open_append(output_file) as out:  # never through a link, as the runner's
+        os.dup2(out.fileno(), 1)
+        os.dup2(out.fileno(), 2)
+    # the streams a fresh interpreter would open on these files (PYTHONUNBUFFERED: no
+    # buffer under stdout; stderr's text layer always writes through)
+    sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)),
+                                 encoding="utf-8")
+    out_raw = io.FileIO(1, "w", closefd=False)
+    sys.stdout = io.TextIOWrapper(out_raw if unbuffered else io.BufferedWriter(out_raw),
+                                  encoding="utf-8", write_through=unbuffered)
+    err_raw = io.FileIO(2, "w", closefd=False)
+    sys.stderr = io.TextIOWrapper(err_raw if unbuffered else io.BufferedWriter(err_raw),
+                                  encoding="utf-8", errors="backslashreplace",
+                                  write_through=True)
+    sys.__stdout__, sys.__stderr__ = sys.stdout, sys.stderr
 
 
 def _forget_our_modules() -> None:
@@ -501,10 +569,10 @@ def main(argv: Sequence[str]) -> int:
     """``python -m core.warm_python DIR KEY IDLE_S MODULES PADDING``."""
     directory, key, idle_s, modules = Path(argv[0]), argv[1], float(argv[2]), argv[3]
     warm_pid = os.getpid()
-    order = _serve(directory, key, idle_s, [m for m in modules.split(",") if m])
-    if order is None:
+    ordered = _serve(directory, key, idle_s, [m for m in modules.split(",") if m])
+    if ordered is None:
         return 0
-    exit_now(_become(order, warm_pid))  # the workload's end: no teardown of the preloads
+    exit_now(_become(*ordered, warm_pid))  # the workload's end: no teardown of the preloads
 
 
 if __name__ == "__main__":

@@ -40,6 +40,10 @@ os.environ.setdefault("TELLTALE_DATA_DIR", tempfile.mkdtemp(prefix="telltale-dat
 # test after test; one a test's own services home started is never asked again, so it goes
 # after 5 unused minutes instead of 10 (`pytest_sessionfinish` stops whatever is left).
 os.environ.setdefault("TELLTALE_WARM_PYTHON_MINUTES", "5")
+# A command line's warm Python (core.warm_command) is keyed by the whole environment, and
+# the suite's command lines differ in theirs (a test's dirs, its variables): each would leave
+# one more idle interpreter. They run fresh, but in tests/analysis/test_warm_cli.py.
+os.environ.setdefault("TELLTALE_WARM_COMMAND_MINUTES", "0")
 # The suite runs four workers on two cores, so the trainers and vLLM servers it starts (every
 # child inherits this) always share the CPU. libgomp's default lets an idle OpenMP thread spin
 # for a while before it sleeps: on a quiet machine that is the fastest (the light trainer's 60

@@ -61,7 +61,7 @@ if os.environ.get("EARLY_SERVES"):
             helper = pa.Helper(helper.claims, finish)
         return parse_dirs(*args, helper=helper, **kwargs)
     ra.serve_early, cf.Claims.back, ra.parse_dirs = early, gated, taking
-from analysis.__main__ import main
+from analysis.cli import main
 code = main(sys.argv[1:])
 sys.stdout.flush()
 sys.stderr.write("FORKS " + json.dumps(len(forks)) + "\\n")

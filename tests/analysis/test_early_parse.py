@@ -2,7 +2,7 @@
 
 ``python -m analysis`` analyses warm dirs from the first on in the memo's child while it
 imports pandas and pyarrow, then while it serves them from the last down
-(`analysis.__main__._prepare`, `analysis.run_analysis.serve_early`, `parse_dirs`'
+(`analysis.cli._prepare`, `analysis.run_analysis.serve_early`, `parse_dirs`'
 ``helper``); the pipeline takes the child's runs in when they were analysed as it analyses
 (the key the child's runs come back with), else serves them again. The whole command against one core is
 `tests/analysis/test_beside.py`; here the pieces, with the child's side played in this
@@ -61,7 +61,7 @@ def test_the_early_parse_imports_nothing_heavy() -> None:
     """
     script = (
         "import json, sys\n"
-        "import analysis.__main__, analysis.memo, core.forked\n"
+        "import analysis.cli, analysis.memo, core.forked\n"
         "from analysis.discovery import available_projects, discover\n"
         "from analysis.parsing import BESIDE_MAX_RUNS, Helper, serve_claimed\n"
         "from analysis.project import load_project\n"
@@ -253,7 +253,7 @@ def test_the_child_hands_the_discovery_over_before_it_loads_the_project(
     for the child's project and settings; the key comes back with the child's runs."""
     import argparse
 
-    import analysis.__main__ as cli
+    import analysis.cli as cli
     import analysis.project as project_module
     from core.forked import Handoff
 

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from analysis import memo
-from analysis.__main__ import main
+from analysis.cli import main
 from tests.factories import make_result_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -345,7 +345,7 @@ def test_an_answer_imports_neither_pandas_nor_pyarrow(tree: Path, tmp_path: Path
 import sys
 from analysis import memo
 memo.SETTLED_NS = 0
-from analysis.__main__ import main
+from analysis.cli import main
 from tests.analysis.test_memo import tick_past
 from pathlib import Path
 argv = [{str(tree)!r}, "--project", "fine_tuning", "--out", {str(tmp_path / 'out')!r}, "--quiet"]
@@ -388,7 +388,7 @@ def hook(event, args):
 sys.addaudithook(hook)
 if os.environ["AUDIT_ALSO_READ"]:  # the audit's own check: a read it must see
     open(os.environ["AUDIT_ALSO_READ"]).close()
-from analysis.__main__ import main
+from analysis.cli import main
 code = main(sys.argv[1:])
 with open(os.environ["AUDIT_OUT"], "w") as stream:
     json.dump([code, events, sys.path], stream)
