@@ -427,7 +427,8 @@ def _postprocess(args: argparse.Namespace, memo_at: _Memo | None) -> dict[str, A
     return summary
 
 
-def _prepare(args: argparse.Namespace, claims: Any, handoff: Any, parent: int) -> Any:
+def _prepare(args: argparse.Namespace, claims: Any, handoff: Any, parent: int,
+             listed: Any) -> Any:
     """The tree's discovery, handed over; then its warm dirs analysed as ``claims`` says.
 
     Runs beside the command (`memo.Before`'s child) while it imports the pipeline (pandas,
@@ -438,12 +439,13 @@ def _prepare(args: argparse.Namespace, claims: Any, handoff: Any, parent: int) -
     — the same `Analyser` from the same settings: its key comes back with them, and the
     pipeline takes them in only when it is its own. Where no child could be forked, or
     above `BESIDE_MAX_RUNS` (the memory a child's answer holds), the discovery alone.
-    Nothing here imports pandas.
+    Nothing here imports pandas. ``listed``: the tree's dirs as the memo's walk listed them
+    (`memo.Listings`), which the discovery reads instead of listing them again.
     """
     from analysis.discovery import discover
     from analysis.parsing import BESIDE_MAX_RUNS
 
-    found = discover(args.results_dir, project=args.project)
+    found = discover(args.results_dir, project=args.project, listed=listed)
     helping = os.getpid() != parent and not args.force and bool(found.results) \
         and len(found.results) <= BESIDE_MAX_RUNS
     handoff.give((found, helping))

@@ -26,7 +26,7 @@ import importlib.util
 import json
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
@@ -238,7 +238,8 @@ def _owner(cell: Mapping[str, Any], names: set[str], projects: set[str]) -> str 
 
 
 def discover(root: str | Path, project: str | None = None,
-             known_projects: set[str] | None = None) -> Discovery:
+             known_projects: set[str] | None = None,
+             listed: Mapping[str, Sequence[tuple[str, bool]]] | None = None) -> Discovery:
     """Walk ``root`` and return its result dirs, in sorted path order.
 
     Args:
@@ -246,6 +247,10 @@ def discover(root: str | Path, project: str | None = None,
         project: Keep only this project's result dirs (others are skipped, named).
         known_projects: The project names step dirs may carry (default: the registered
             ones and ``project``).
+        listed: Dirs already listed, by real path: sorted ``(name, is a dir and not a
+            link)``; the walk reads these instead of listing them (the post-processing
+            memo's walk has just listed the whole tree: `analysis.memo.Listings`). A dir
+            not among them is listed here.
 
     Returns:
         The `Discovery`: usable result dirs and skipped ones with reasons.
@@ -272,12 +277,15 @@ def discover(root: str | Path, project: str | None = None,
     stack: list[tuple[str, str, dict[str, Any]]] = [(str(base), ".", {})]
     while stack:
         directory, rel, inherited = stack.pop()
-        try:
-            with os.scandir(directory) as listing:
-                entries = sorted((e.name, e) for e in listing)
-        except OSError as exc:
-            found.skipped.append(SkippedDir(path=directory, reason=f"unreadable: {exc}"))
-            continue
+        entries = listed.get(directory) if listed else None
+        if entries is None:
+            try:
+                with os.scandir(directory) as listing:
+                    entries = sorted((e.name, e.is_dir(follow_symlinks=False))
+                                     for e in listing)
+            except OSError as exc:
+                found.skipped.append(SkippedDir(path=directory, reason=f"unreadable: {exc}"))
+                continue
         settings = inherited
         names = {name for name, _ in entries}
         if SETTINGS_FILE in names:
@@ -299,9 +307,9 @@ def discover(root: str | Path, project: str | None = None,
                             cell=_cell_name(cell)))
                     else:
                         found.skipped.append(SkippedDir(path=directory, reason=code))
-        stack.extend((entry.path, name if rel == "." else f"{rel}/{name}", settings)
-                     for name, entry in reversed(entries)
-                     if not name.startswith(".") and entry.is_dir(follow_symlinks=False))
+        prefix = "" if rel == "." else f"{rel}/"
+        stack.extend((os.path.join(directory, name), prefix + name, settings)
+                     for name, is_dir in reversed(entries) if is_dir and name[:1] != ".")
     index.save()
     return found
 

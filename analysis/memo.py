@@ -53,8 +53,8 @@ from core.redact import redact_bytes
 from core.safeio import RefusedInput, atomic_open, open_stream
 from core.warm_key import code_locations
 
-__all__ = ["MEMO_FILE", "SETTLED_NS", "Before", "Root", "answer", "code_roots", "forget",
-           "key_of", "record", "stamps_hold", "take_stamps"]
+__all__ = ["MEMO_FILE", "SETTLED_NS", "Before", "Listings", "Root", "answer", "code_roots",
+           "forget", "key_of", "record", "stamps_hold", "take_stamps"]
 
 MEMO_FILE = ".telltale_memo"
 SETTLED_NS = 1_000_000_000
@@ -113,44 +113,61 @@ def code_roots() -> list[Root]:
     return code_locations()
 
 
-def _walk(root: Path, skip: frozenset[str], exclude: frozenset[str]
-          ) -> Iterator[tuple[str, Stamp | None]]:
-    """Every entry under ``root`` (itself first), relative, with its stamp; links unfollowed."""
+Listings = dict[str, list[tuple[str, bool]]]
+"""Each walked dir's entries as the stamps' walk listed them: real path -> sorted (name,
+is a dir and not a link); what the tree's discovery reads instead of listing it again."""
+
+
+def _walk(root: Path, skip: frozenset[str], exclude: frozenset[str],
+          listings: Listings | None = None) -> Iterator[tuple[str, Stamp | None]]:
+    """Every entry under ``root`` (itself first), relative, with its stamp; links unfollowed.
+
+    ``listings``, given, receives each dir's entries (skipped and excluded ones too).
+    """
     top = str(root)
     yield "", _stamp(top)
     pending = [""]
     while pending:
         rel = pending.pop()
+        here = os.path.join(top, rel) if rel else top
         try:
-            with os.scandir(os.path.join(top, rel) if rel else top) as entries:
+            with os.scandir(here) as entries:
                 found = list(entries)
         except OSError:
             continue  # its own stamp says what it is (gone, a file, unreadable)
+        listed = []
         for entry in found:
-            if entry.name in skip:
+            name = entry.name
+            is_dir = entry.is_dir(follow_symlinks=False)
+            listed.append((name, is_dir))
+            if name in skip or entry.path in exclude:
                 continue
-            child = f"{rel}/{entry.name}" if rel else entry.name
-            if entry.path in exclude:
-                continue
+            child = f"{rel}/{name}" if rel else name
             try:
                 stamp: Stamp | None = _stamp_of(entry.stat(follow_symlinks=False))
             except OSError:
                 stamp = None
             yield child, stamp
-            if entry.is_dir(follow_symlinks=False):
+            if is_dir:
                 pending.append(child)
+        if listings is not None:
+            listed.sort()
+            listings[here] = listed
 
 
-def take_stamps(roots: Sequence[Root], exclude: Sequence[Path] = ()
-                ) -> Iterator[tuple[int, str, Stamp | None]]:
-    """Every witnessed entry: (root index, path relative to it, stamp or None if absent)."""
+def take_stamps(roots: Sequence[Root], exclude: Sequence[Path] = (),
+                listings: Listings | None = None) -> Iterator[tuple[int, str, Stamp | None]]:
+    """Every witnessed entry: (root index, path relative to it, stamp or None if absent).
+
+    ``listings``, given, receives the walked dirs' entries (`Listings`).
+    """
     left_out = frozenset(str(p) for p in exclude)
     for index, (name, path, walk) in enumerate(roots):
         if not walk:
             yield index, "", _stamp(str(path))
             continue
         skip = _SKIP_IN_CODE if name.startswith("code:") else frozenset()
-        for rel, stamp in _walk(path, skip, left_out):
+        for rel, stamp in _walk(path, skip, left_out, listings):
             yield index, rel, stamp
 
 
@@ -228,15 +245,16 @@ class Before:
     results, a read-only history: ~15 000 entries at 1 000 result dirs, 0.1 s) in a child
     beside the caller (`core.forked`) while it imports pandas and pyarrow, and that child
     goes on with ``then`` (the command line's discovery of the tree: it may read the
-    tree once the stamps are taken). `wait` returns once both are done (the caller asks
-    before it reads a tree); `take` hands ``then``'s answer over.
+    tree once the stamps are taken), given the trees' dirs as the stamps' walk listed them
+    (`Listings`: the discovery need not list them again). `wait` returns once both are
+    done (the caller asks before it reads a tree); `take` hands ``then``'s answer over.
 
     `recheck_trees`, called once the trees have been read for the last time, checks their
     stamps beside the caller while it writes its outputs; `held` checks the rest.
     """
 
     def __init__(self, roots: Sequence[Root], exclude: Sequence[Path] = (),
-                 then: Callable[[], Any] | None = None) -> None:
+                 then: Callable[[Listings], Any] | None = None) -> None:
         self.roots = list(roots)
         settled_before = time.time_ns() - SETTLED_NS
         self._settled = True
@@ -320,24 +338,28 @@ class Before:
             self._spool.close()
 
 
-def _then_of(then: Callable[[], Any] | None) -> tuple[bool, Any]:
-    return False, then() if then is not None else None
+def _then_of(then: Callable[[Listings], Any] | None) -> tuple[bool, Any]:
+    return False, then({}) if then is not None else None
 
 
 def _stamps_then(spool: IO[bytes], roots: Sequence[Root], indices: Sequence[int],
                  exclude: Sequence[Path], settled_before: int,
-                 then: Callable[[], Any] | None) -> tuple[bool, Any]:
-    """`_write_stamps`, then ``then``: (settled, its answer)."""
-    settled = _write_stamps(spool, roots, indices, exclude, settled_before)
-    return settled, then() if then is not None else None
+                 then: Callable[[Listings], Any] | None) -> tuple[bool, Any]:
+    """`_write_stamps`, then ``then`` with the dirs the walk listed: (settled, its answer)."""
+    listings: Listings = {}
+    settled = _write_stamps(spool, roots, indices, exclude, settled_before, listings)
+    return settled, then(listings) if then is not None else None
 
 
 _CODE = ("code:", "site:")  # the roots `code_roots` names
 
 
 def _write_stamps(spool: IO[bytes], roots: Sequence[Root], indices: Sequence[int],
-                  exclude: Sequence[Path], settled_before: int) -> bool:
+                  exclude: Sequence[Path], settled_before: int,
+                  listings: Listings | None = None) -> bool:
     """Write the stamps of ``roots[i]`` for each of ``indices`` into ``spool``, flushed.
+
+    ``listings``, given, receives the walked dirs' entries (`Listings`).
 
     Returns:
         True when every stamp is older than ``settled_before`` (git's "racy" rule, with a
@@ -346,7 +368,7 @@ def _write_stamps(spool: IO[bytes], roots: Sequence[Root], indices: Sequence[int
     """
     settled = True
     chosen = [roots[i] for i in indices]
-    for position, rel, stamp in take_stamps(chosen, exclude):
+    for position, rel, stamp in take_stamps(chosen, exclude, listings):
         if stamp is not None and max(stamp[2], stamp[3]) >= settled_before:
             settled = False
         spool.write(_line(indices[position], rel, stamp))

@@ -3,7 +3,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from analysis import memo
 from analysis.discovery import discover
 from core.errors import ResultsError
 
@@ -137,3 +140,43 @@ def test_a_cell_is_named_as_its_flow_named_it(tmp_path: Path, written: object,
     (result,) = discover(tmp_path).results
     assert result.cell == name
     assert result.name == (name or "run/001__cell")
+
+
+_NAMES = st.sampled_from(["a", "b", "c", ".hidden", "skip", "cell", "001__fine_tuning__x",
+                          "zz", "link"])
+
+
+@settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(shape=st.lists(st.tuples(st.lists(_NAMES, min_size=1, max_size=3),
+                                st.sampled_from(["result", "matrix", "skip", "failed",
+                                                 "plain", "link"])),
+                      min_size=1, max_size=12))
+def test_the_memo_walks_listings_discover_what_a_walk_of_its_own_does(
+        tmp_path_factory: pytest.TempPathFactory,
+        shape: list[tuple[list[str], str]]) -> None:
+    """The command line's discovery reads the tree's dirs as the memo's stamps walk listed
+    them (`analysis.memo.Listings`): the same result dirs, settings, skips and order as
+    a discovery that lists every dir itself — hidden dirs, skip files, links and the
+    ``--out`` dir the stamps leave out included."""
+    root = tmp_path_factory.mktemp("tree")
+    out = root / "zz"  # an --out inside the tree: not stamped, still discovered
+    for names, kind in shape:
+        path = root.joinpath(*names)
+        if kind == "link":
+            if not path.exists() and path.parent.is_dir():
+                path.symlink_to(root)
+            continue
+        path.mkdir(parents=True, exist_ok=True)
+        if kind in ("result", "matrix", "skip", "failed"):
+            (path / "settings.yaml").write_text(f"depth: {len(names)}\n")
+        if kind in ("result", "skip", "failed"):
+            (path / "exit_code").write_text("1" if kind == "failed" else "0")
+        if kind == "skip":
+            (path / "skip").write_text("")
+    listings: memo.Listings = {}
+    for _ in memo.take_stamps([("tree", root.resolve(), True)], exclude=[out.resolve()],
+                              listings=listings):
+        pass
+    mine = discover(root, project="fine_tuning", listed=listings)
+    theirs = discover(root, project="fine_tuning")
+    assert mine.model_dump() == theirs.model_dump()

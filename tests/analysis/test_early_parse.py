@@ -271,7 +271,7 @@ def test_the_child_hands_the_discovery_over_before_it_loads_the_project(
 
     monkeypatch.setattr(project_module, "load_project", load_project)
     # this process plays the child: its parent is another pid
-    key, (served, missed) = cli._prepare(args, claims, handoff, parent=-1)
+    key, (served, missed) = cli._prepare(args, claims, handoff, parent=-1, listed=None)
     assert given_first == [True]
     found, helping = handoff.take()
     assert helping and [r.rel_path for r in found.results] == \

@@ -145,10 +145,10 @@ def test_the_work_after_the_stamps_is_handed_over_once_and_not_held(tmp_path: Pa
     is given once and not kept (~20 MB at 10 000 dirs); its error is raised by `wait`."""
     _build(tmp_path / "t", {"a": b"1"})
     answer = {"found": ["a"]}
-    before = memo.Before([("tree", tmp_path / "t", True)], then=lambda: answer)
+    before = memo.Before([("tree", tmp_path / "t", True)], then=lambda listed: answer)
     assert before.take() == answer and before.take() is None
     before.close()
-    failing = memo.Before([("tree", tmp_path / "t", True)], then=lambda: 1 // 0)
+    failing = memo.Before([("tree", tmp_path / "t", True)], then=lambda listed: 1 // 0)
     with pytest.raises(ZeroDivisionError):
         failing.wait()
     failing.close()
