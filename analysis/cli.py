@@ -403,8 +403,11 @@ def _postprocess(args: argparse.Namespace, memo_at: _Memo | None) -> dict[str, A
     # discovered, then its warm dirs analysed from the first on, beside this process while
     # it imports the pipeline (then while it analyses them from the last down)
     claims, handoff = Claims(), Handoff()
+    # with the pipeline imported already (a warm Python's child: core.warm_command) this
+    # process has nothing to do while the trees are stamped: it stamps half of them
     before = memo.Before(roots, exclude=[out], then=functools.partial(
-        _prepare, args, claims, handoff, os.getpid()))
+        _prepare, args, claims, handoff, os.getpid()),
+        share="analysis.pipeline" in sys.modules)
     prepared: list[Any] = []
 
     def ready() -> None:

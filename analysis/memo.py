@@ -39,6 +39,7 @@ hooks on and fails when it opens or lists anything outside what this memo witnes
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import sys
@@ -48,7 +49,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from core.forked import Beside, beside
+from core.forked import Beside, Handoff, beside, can_fork
 from core.redact import redact_bytes
 from core.safeio import RefusedInput, atomic_open, open_stream
 from core.warm_key import code_locations
@@ -119,14 +120,21 @@ is a dir and not a link); what the tree's discovery reads instead of listing it 
 
 
 def _walk(root: Path, skip: frozenset[str], exclude: frozenset[str],
-          listings: Listings | None = None) -> Iterator[tuple[str, Stamp | None]]:
+          listings: Listings | None = None, part: Sequence[os.DirEntry[str]] | None = None
+          ) -> Iterator[tuple[str, Stamp | None]]:
     """Every entry under ``root`` (itself first), relative, with its stamp; links unfollowed.
 
     ``listings``, given, receives each dir's entries (skipped and excluded ones too).
+    ``part``: only these entries of ``root`` and what lies under them (``root`` itself, its
+    stamp and its listing, are the caller's: `Before` shares one tree between two walkers).
     """
     top = str(root)
-    yield "", _stamp(top)
-    pending = [""]
+    pending: list[str] = []
+    if part is not None:
+        yield from _entries(top, "", part, skip, exclude, pending)
+    else:
+        yield "", _stamp(top)
+        pending.append("")
     while pending:
         rel = pending.pop()
         here = os.path.join(top, rel) if rel else top
@@ -135,31 +143,42 @@ def _walk(root: Path, skip: frozenset[str], exclude: frozenset[str],
                 found = list(entries)
         except OSError:
             continue  # its own stamp says what it is (gone, a file, unreadable)
-        listed = []
-        for entry in found:
-            name = entry.name
-            is_dir = entry.is_dir(follow_symlinks=False)
-            listed.append((name, is_dir))
-            if name in skip or entry.path in exclude:
-                continue
-            child = f"{rel}/{name}" if rel else name
-            try:
-                stamp: Stamp | None = _stamp_of(entry.stat(follow_symlinks=False))
-            except OSError:
-                stamp = None
-            yield child, stamp
-            if is_dir:
-                pending.append(child)
+        yield from _entries(top, rel, found, skip, exclude, pending)
         if listings is not None:
-            listed.sort()
-            listings[here] = listed
+            listings[here] = _listing(found)
+
+
+def _entries(top: str, rel: str, found: Sequence[os.DirEntry[str]], skip: frozenset[str],
+             exclude: frozenset[str], pending: list[str]
+             ) -> Iterator[tuple[str, Stamp | None]]:
+    """The stamps of one dir's entries (``found``); its subdirs go onto ``pending``."""
+    for entry in found:
+        name = entry.name
+        if name in skip or entry.path in exclude:
+            continue
+        child = f"{rel}/{name}" if rel else name
+        try:
+            stamp: Stamp | None = _stamp_of(entry.stat(follow_symlinks=False))
+        except OSError:
+            stamp = None
+        yield child, stamp
+        if entry.is_dir(follow_symlinks=False):
+            pending.append(child)
+
+
+def _listing(found: Sequence[os.DirEntry[str]]) -> list[tuple[str, bool]]:
+    """A dir's entries as `Listings` holds them."""
+    return sorted((entry.name, entry.is_dir(follow_symlinks=False)) for entry in found)
 
 
 def take_stamps(roots: Sequence[Root], exclude: Sequence[Path] = (),
-                listings: Listings | None = None) -> Iterator[tuple[int, str, Stamp | None]]:
+                listings: Listings | None = None,
+                parts: Mapping[int, Sequence[os.DirEntry[str]]] | None = None
+                ) -> Iterator[tuple[int, str, Stamp | None]]:
     """Every witnessed entry: (root index, path relative to it, stamp or None if absent).
 
-    ``listings``, given, receives the walked dirs' entries (`Listings`).
+    ``listings``, given, receives the walked dirs' entries (`Listings`). ``parts``: for a
+    root's index, only those of its entries are walked (`_walk`'s ``part``).
     """
     left_out = frozenset(str(p) for p in exclude)
     for index, (name, path, walk) in enumerate(roots):
@@ -167,7 +186,8 @@ def take_stamps(roots: Sequence[Root], exclude: Sequence[Path] = (),
             yield index, "", _stamp(str(path))
             continue
         skip = _SKIP_IN_CODE if name.startswith("code:") else frozenset()
-        for rel, stamp in _walk(path, skip, left_out, listings):
+        part = parts.get(index) if parts else None
+        for rel, stamp in _walk(path, skip, left_out, listings, part):
             yield index, rel, stamp
 
 
@@ -249,18 +269,25 @@ class Before:
     (`Listings`: the discovery need not list them again). `wait` returns once both are
     done (the caller asks before it reads a tree); `take` hands ``then``'s answer over.
 
+    ``share``: the caller has nothing else to do meanwhile (its imports are done: a warm
+    Python's child, `core.warm_command`), so it stamps the second half of the first tree's
+    entries itself, into a spool of its own, while the child stamps the first half; the
+    child waits for that half (and its listings) before ``then``.
+
     `recheck_trees`, called once the trees have been read for the last time, checks their
     stamps beside the caller while it writes its outputs; `held` checks the rest.
     """
 
     def __init__(self, roots: Sequence[Root], exclude: Sequence[Path] = (),
-                 then: Callable[[Listings], Any] | None = None) -> None:
+                 then: Callable[[Listings], Any] | None = None, *,
+                 share: bool = False) -> None:
         self.roots = list(roots)
         settled_before = time.time_ns() - SETTLED_NS
         self._settled = True
         self._then: Any = None
         self._recheck: Beside[bool] | None = None
         self._trees: Beside[tuple[bool, Any]] | None = None
+        self._own: IO[bytes] | None = None  # this process's half of a shared tree
         code = [i for i, (name, _, _) in enumerate(self.roots) if name.startswith(_CODE)]
         self._tree_roots = [i for i in range(len(self.roots)) if i not in code]
         try:
@@ -270,8 +297,41 @@ class Before:
             self._trees = beside(_then_of, then)
             return
         self._settled = _write_stamps(self._spool, self.roots, code, exclude, settled_before)
+        if share and self._tree_roots and can_fork():
+            self._share(self._tree_roots[0], exclude, settled_before, then)
+            return
         self._trees = beside(_stamps_then, self._spool, self.roots, self._tree_roots,
                              exclude, settled_before, then)
+
+    def _share(self, first: int, exclude: Sequence[Path], settled_before: int,
+               then: Callable[[Listings], Any] | None) -> None:
+        """Stamp the first tree's entries in two halves: the first beside, the second here.
+
+        The tree's own stamp is taken before it is listed, here: an entry added after that
+        changes it (no memo), and every entry listed is in one half or the other.
+        """
+        top = str(self.roots[first][1])
+        stamp = _stamp(top)
+        try:
+            with os.scandir(top) as entries:
+                found = sorted(entries, key=lambda entry: entry.name)
+        except OSError:  # the usual walk says what it is (gone, a file, unreadable)
+            found = []
+        half = len(found) // 2
+        given = Handoff(to_child=True)
+        try:
+            self._own = tempfile.TemporaryFile(prefix="telltale-memo-")
+            self._trees = beside(_stamps_then, self._spool, self.roots, self._tree_roots,
+                                 exclude, settled_before, then, (first, found[:half], given))
+            listings: Listings = {top: _listing(found)}
+            self._own.write(_line(first, "", stamp))
+            settled = stamp is not None and max(stamp[2], stamp[3]) < settled_before
+            settled = _write_stamps(self._own, self.roots, [first], exclude, settled_before,
+                                    listings, {first: found[half:]}) and settled
+            given.give(listings)
+        finally:
+            given.close()  # given, or never will be: the child then lists that half again
+        self._settled = self._settled and settled
 
     def wait(self) -> None:
         """Return once every stamp is taken and ``then`` has answered.
@@ -302,10 +362,10 @@ class Before:
     def lines(self, roots: Sequence[int] | None = None) -> Iterator[bytes]:
         """The recorded lines, from the first (only those of ``roots``, given)."""
         self.wait()
-        if self._spool is None:
-            return iter(())
-        self._spool.seek(0)
-        every = iter(self._spool.readline, b"")
+        spools = [spool for spool in (self._spool, self._own) if spool is not None]
+        for spool in spools:
+            spool.seek(0)
+        every = itertools.chain.from_iterable(iter(spool.readline, b"") for spool in spools)
         if roots is None:
             return every
         chosen = {b"%d" % i for i in roots}
@@ -334,8 +394,9 @@ class Before:
             if job is not None:
                 job.close()
         self._trees = self._recheck = None
-        if self._spool is not None:
-            self._spool.close()
+        for spool in (self._spool, self._own):
+            if spool is not None:
+                spool.close()
 
 
 def _then_of(then: Callable[[Listings], Any] | None) -> tuple[bool, Any]:
@@ -344,10 +405,19 @@ def _then_of(then: Callable[[Listings], Any] | None) -> tuple[bool, Any]:
 
 def _stamps_then(spool: IO[bytes], roots: Sequence[Root], indices: Sequence[int],
                  exclude: Sequence[Path], settled_before: int,
-                 then: Callable[[Listings], Any] | None) -> tuple[bool, Any]:
-    """`_write_stamps`, then ``then`` with the dirs the walk listed: (settled, its answer)."""
+                 then: Callable[[Listings], Any] | None,
+                 shared: tuple[int, Sequence[os.DirEntry[str]], Handoff] | None = None
+                 ) -> tuple[bool, Any]:
+    """`_write_stamps`, then ``then`` with the dirs the walk listed: (settled, its answer).
+
+    ``shared``: (a tree's index, the entries of it walked here, the parent's listings of
+    the rest, taken before ``then``: `Before._share`).
+    """
     listings: Listings = {}
-    settled = _write_stamps(spool, roots, indices, exclude, settled_before, listings)
+    parts = {shared[0]: shared[1]} if shared is not None else None
+    settled = _write_stamps(spool, roots, indices, exclude, settled_before, listings, parts)
+    if shared is not None:
+        listings.update(shared[2].take() or {})
     return settled, then(listings) if then is not None else None
 
 
@@ -356,10 +426,12 @@ _CODE = ("code:", "site:")  # the roots `code_roots` names
 
 def _write_stamps(spool: IO[bytes], roots: Sequence[Root], indices: Sequence[int],
                   exclude: Sequence[Path], settled_before: int,
-                  listings: Listings | None = None) -> bool:
+                  listings: Listings | None = None,
+                  parts: Mapping[int, Sequence[os.DirEntry[str]]] | None = None) -> bool:
     """Write the stamps of ``roots[i]`` for each of ``indices`` into ``spool``, flushed.
 
-    ``listings``, given, receives the walked dirs' entries (`Listings`).
+    ``listings``, given, receives the walked dirs' entries (`Listings`); ``parts``: a
+    root's entries walked alone, by the root's index (`take_stamps`).
 
     Returns:
         True when every stamp is older than ``settled_before`` (git's "racy" rule, with a
@@ -368,7 +440,8 @@ def _write_stamps(spool: IO[bytes], roots: Sequence[Root], indices: Sequence[int
     """
     settled = True
     chosen = [roots[i] for i in indices]
-    for position, rel, stamp in take_stamps(chosen, exclude, listings):
+    by_position = {indices.index(i): part for i, part in parts.items()} if parts else None
+    for position, rel, stamp in take_stamps(chosen, exclude, listings, by_position):
         if stamp is not None and max(stamp[2], stamp[3]) >= settled_before:
             settled = False
         spool.write(_line(indices[position], rel, stamp))

@@ -191,10 +191,14 @@ class Handoff:
     child then waits for its parent to take it). Made before the fork. `take` waits for the
     announcement — or for the pipe's end, when the child ended without giving (then None).
     Where no child was forked, the caller gave it already: the same answer.
+
+    ``to_child``: the other way, the parent gives and the child takes (only where a child
+    is forked: `can_fork`); the parent closes it once given, or to say it never will.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, to_child: bool = False) -> None:
         self._owner = os.getpid()
+        self._to_child = to_child
         self._given: tuple[Any] | None = None
         self._data: int | None = _anonymous_file()
         self._read: int | None
@@ -203,7 +207,7 @@ class Handoff:
 
     def give(self, value: Any) -> None:
         """Hand ``value`` over (once)."""
-        if os.getpid() == self._owner:  # no child was forked: kept as it is
+        if os.getpid() == self._owner and not self._to_child:  # no child was forked: kept
             self._given = (value,)
             return
         assert self._write is not None

@@ -142,8 +142,8 @@ def test_a_cell_is_named_as_its_flow_named_it(tmp_path: Path, written: object,
     assert result.name == (name or "run/001__cell")
 
 
-_NAMES = st.sampled_from(["a", "b", "c", ".hidden", "skip", "cell", "001__fine_tuning__x",
-                          "zz", "link"])
+_NAMES = st.sampled_from(["a", "b", "c", ".hidden", "cell", "001__fine_tuning__x", "zz",
+                          "link"])  # never a file's name: settings.yaml, exit_code, skip
 
 
 @settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
