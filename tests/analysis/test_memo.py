@@ -448,3 +448,19 @@ def test_everything_a_post_processing_reads_is_witnessed(tmp_path: Path) -> None
 
 def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def test_a_tree_stamped_by_two_processes_is_witnessed_as_by_one(tmp_path: Path) -> None:
+    """A warm Python's child stamps half of the tree itself (`memo.Before`'s ``share``):
+    the same lines as one process writes, every dir listed for the discovery, and every
+    kind of change seen in either half. Run in a fresh interpreter
+    (`tests.analysis.memo_share_probe`): a test process has threads and never forks."""
+    proc = subprocess.run([sys.executable, "-m", "tests.analysis.memo_share_probe",
+                           str(tmp_path)], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    if not out["can_fork"]:
+        pytest.skip("one usable core (or TELLTALE_BESIDE=0): the tree is stamped by one "
+                    "process")
+    assert out["failed"] == []
