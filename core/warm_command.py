@@ -78,7 +78,7 @@ def served_warm(key: str, module: str, args: Sequence[str]) -> int | None:
     conn = _connect(directory)
     if conn is None:
         return None
-    with conn:
+    with conn, _forwarding() as child:
         order = {"argv": [sys.executable, "-m", module, *args], "env": dict(os.environ),
                  "cwd": os.getcwd(), "output_file": None, "keep_modules": True}
         try:
@@ -87,20 +87,19 @@ def served_warm(key: str, module: str, args: Sequence[str]) -> int | None:
             sent = socket.send_fds(conn, [data], [0, 1, 2])
             conn.sendall(data[sent:])
             lines = _lines(conn)
-            pid = int(json.loads(next(lines))["pid"])
+            child.append(int(json.loads(next(lines))["pid"]))
         except (OSError, ValueError, KeyError, TypeError, StopIteration, UnicodeError):
             return None  # no answer: a warm Python stopping takes no more orders
         conn.settimeout(None)
-        with _forwarding(pid):
-            try:
-                code = int(json.loads(next(lines))["exit"])
-            except (OSError, ValueError, KeyError, TypeError, StopIteration):
-                from core.terminal import say  # only now: its redaction imports pydantic
+        try:
+            code = int(json.loads(next(lines))["exit"])
+        except (OSError, ValueError, KeyError, TypeError, StopIteration):
+            from core.terminal import say  # only now: its redaction imports pydantic
 
-                # the warm Python ended under its child (which dies with it)
-                say("error: the warm Python serving this command ended; run it again",
-                    error=True)
-                return 1
+            # the warm Python ended under its child (which dies with it)
+            say("error: the warm Python serving this command ended; run it again",
+                error=True)
+            return 1
     return code if code >= 0 else 128 - code  # killed by a signal: as a shell reports it
 
 
@@ -146,16 +145,45 @@ def _lines(conn: socket.socket) -> Iterator[bytes]:
         yield line
 
 
-@contextlib.contextmanager
-def _forwarding(pid: int) -> Iterator[None]:
-    """Pass `FORWARDED` signals on to the child's process group while it runs."""
-    def forward(signum: int, _frame: object) -> None:
+def _forward(pid: int, signum: int) -> None:
+    """Send ``signum`` to the child's group; to the child while it has none yet.
+
+    The child makes its own session a moment after the fork.
+    """
+    try:
+        os.killpg(pid, signum)
+    except ProcessLookupError:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signum)
+            os.kill(pid, signum)
+    except PermissionError:
+        pass
+
+
+@contextlib.contextmanager
+def _forwarding() -> Iterator[list[int]]:
+    """Pass `FORWARDED` signals on to the child's process group while it runs.
+
+    Yields a list the caller puts the child's pid in once it knows it: a signal that came
+    before (the order sent, no answer yet) is passed on then, or, with no child, raised
+    here once the handlers are restored.
+    """
+    child: list[int] = []
+    early: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        if child:
+            _forward(child[0], signum)
+        else:
+            early.append(signum)
 
     before = {sig: signal.signal(sig, forward) for sig in FORWARDED}
     try:
-        yield
+        yield child
     finally:
+        if child:
+            for signum in early:
+                _forward(child[0], signum)
         for sig, handler in before.items():
             signal.signal(sig, handler)
+    if early and not child:  # no child took it: this process takes it, as it would have
+        signal.raise_signal(early[0])

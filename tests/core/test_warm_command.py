@@ -25,16 +25,16 @@ PRELOAD = ("json",)
 PROBE = '''
 import json, os, signal, sys, time
 mode = sys.argv[1]
-print(json.dumps({"argv": sys.argv[1:], "cwd": os.getcwd(), "ppid": os.getppid(),
-                  "pid": os.getpid(), "wx": os.environ.get("WX"), "name": __name__,
-                  "stdin": sys.stdin.readline() if mode == "echo" else None}), flush=True)
-sys.stderr.write("a line on stderr\\n")
-if mode == "wait":
-    try:
+try:  # a Ctrl-C may come as soon as the first line is out
+    print(json.dumps({"argv": sys.argv[1:], "cwd": os.getcwd(), "ppid": os.getppid(),
+                      "pid": os.getpid(), "wx": os.environ.get("WX"), "name": __name__,
+                      "stdin": sys.stdin.readline() if mode == "echo" else None}), flush=True)
+    sys.stderr.write("a line on stderr\\n")
+    if mode == "wait":
         time.sleep(600)
-    except KeyboardInterrupt:
-        print("interrupted", flush=True)
-        sys.exit(130)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    sys.exit(130)
 sys.exit(int(mode) if mode.isdigit() else 0)
 '''
 # The client, as a command's __main__ calls it: served, else says so (exit 99)
@@ -195,3 +195,28 @@ def test_every_variable_keys_a_kept_modules_warm_python(name: str, value: str) -
                             code=code) != key
     assert warm_key(sys.executable, PRELOAD, "/tmp", {**env, "OLDPWD": value, "SHLVL": "3"},
                     code=code) == key
+
+
+def test_a_signal_before_the_child_is_known_is_passed_on_or_taken_here() -> None:
+    """The order is sent, the child's pid not yet read back: a Ctrl-C then reaches the child
+    once its pid is known; with no child at all, this process takes it as it would have."""
+    from core.warm_command import _forwarding
+
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                               start_new_session=True)
+    try:
+        with _forwarding() as child:
+            signal.raise_signal(signal.SIGTERM)  # held: no child yet
+            assert sleeper.poll() is None
+            child.append(sleeper.pid)
+        assert sleeper.wait(timeout=600) == -signal.SIGTERM
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    # a test worker may run with SIGINT ignored: the handler this process would have
+    held = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt), _forwarding():
+            signal.raise_signal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, held)
