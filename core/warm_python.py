@@ -86,6 +86,11 @@ _RECORD = "warm.json"
 _LOCK = "lock"
 _CMDLINE_ROOM = 8192  # bytes of command line a child can take (the warm Python's own padding)
 _MAX_ORDER = 1 << 20
+# Held in a child from the fork until it has a fresh interpreter's dispositions: SIGTERM
+# (its requester gone at once), and what a command line's client passes on (Ctrl-C...),
+# which the warm Python's own disposition (SIGINT ignored, when it was started by a
+# process that ignores it) would otherwise drop
+_HELD = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT})
 _SOURCE = Path(__file__).resolve()
 _REPO = _SOURCE.parents[1]  # Telltale's own code: never kept from the warm Python
 class WarmRecord(BaseModel):
@@ -415,10 +420,11 @@ def _fork(server: _Server, conn: socket.socket, order: Order, fds: list[int]
           ) -> _Ordered | None:
     sys.stdout.flush()
     sys.stderr.flush()
-    # SIGTERM is held in the child until it is a workload (its own session, a fresh
-    # interpreter's disposition, `_become`): one sent before (its requester gone at once)
-    # waits there instead of reaching the warm Python's handler or a group not made yet
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    # `_HELD` signals wait in the child until it is a workload (its own session, a fresh
+    # interpreter's dispositions, `_become`): one sent before (its requester gone at once,
+    # a Ctrl-C passed on) waits there instead of reaching the warm Python's handler or
+    # disposition, or a group not made yet
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
     pid = os.fork()
     if pid != 0:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
@@ -461,7 +467,7 @@ def _become(order: Order, fds: Sequence[int], warm_pid: int) -> int:
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # held since the fork
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)  # held since the fork
     os.chdir(order.cwd)
     os.environ.clear()
     os.environ.update(order.env)
