@@ -55,9 +55,12 @@ def analyse(results: Path, out: Path, extra: list[str]) -> tuple[float, float, i
     """Run ``python -m analysis`` once; (seconds, peak RSS in MB, exit code)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     t0 = time.perf_counter()
+    # a fresh interpreter each time: a command served by a warm Python (core.warm_command)
+    # runs in the warm Python's child, not in a child of this process, whose peak is read
     proc = subprocess.run([sys.executable, "-m", "analysis", str(results), "--project",
                            "fine_tuning", "--out", str(out), *extra], cwd=REPO,
-                          capture_output=True, text=True, check=False)
+                          capture_output=True, text=True, check=False,
+                          env={**os.environ, "TELLTALE_WARM_COMMAND_MINUTES": "0"})
     seconds = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     if proc.returncode not in (0, 1):
