@@ -70,6 +70,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError
 
+from core import warm_command
 from core.cmdline import set_cmdline
 from core.environment import local_services_home
 from core.exit import exit_now
@@ -77,6 +78,7 @@ from core.filelock import dir_lock
 from core.pids import pid_alive
 from core.safeio import UnreadableInputError, open_append, read_bounded, write_text
 from core.terminal import say
+from core.warm_command import FORWARDED
 from core.warm_key import WARM_DIR, interpreter, socket_path, workload_module
 
 __all__ = ["WARM_DIR", "Order", "WarmPython", "acquire", "offer", "socket_path", "starting",
@@ -90,7 +92,7 @@ _MAX_ORDER = 1 << 20
 # (its requester gone at once), and what a command line's client passes on (Ctrl-C...),
 # which the warm Python's own disposition (SIGINT ignored, when it was started by a
 # process that ignores it) would otherwise drop
-_HELD = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT})
+_HELD = frozenset({signal.SIGTERM, *FORWARDED})
 _SOURCE = Path(__file__).resolve()
 _REPO = _SOURCE.parents[1]  # Telltale's own code: never kept from the warm Python
 class WarmRecord(BaseModel):
@@ -479,8 +481,6 @@ def _become(order: Order, fds: Sequence[int], warm_pid: int) -> int:
     if not order.keep_modules:
         _forget_our_modules()
     else:  # the command line's own module checks this before it asks a warm Python
-        from core import warm_command
-
         warm_command.IN_WARM_CHILD = True
     target = workload_module(order.argv)
     assert target is not None  # checked before the fork (`_handle`)
