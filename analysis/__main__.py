@@ -13,14 +13,14 @@ import os
 import sys
 
 from core.exit import exit_now
-from core.warm_command import IN_WARM_CHILD, command_key, served_warm
+from core.warm_command import IN_WARM_CHILD, command_key, plain_command, served_warm
 
 PRELOAD = ("analysis.warm",)
 """What a command line's warm Python imports ahead (`analysis.warm`)."""
 
 if __name__ == "__main__":
-    key = None  # in a warm Python's child: the command itself, here
-    if not IN_WARM_CHILD:
+    key = None  # in a warm Python's child, or with interpreter options: here, none left
+    if not IN_WARM_CHILD and plain_command("analysis"):
         key = command_key(PRELOAD)
         code = served_warm(key, "analysis", sys.argv[1:])
         if code is not None:

@@ -52,7 +52,7 @@ from typing import IO, Any
 from core.forked import Beside, Handoff, beside, can_fork
 from core.redact import redact_bytes
 from core.safeio import RefusedInput, atomic_open, open_stream
-from core.warm_key import code_locations
+from core.warm_key import SHELL_BOOKKEEPING, code_locations
 
 __all__ = ["MEMO_FILE", "SETTLED_NS", "Before", "Listings", "Root", "answer", "code_roots",
            "forget", "key_of", "record", "stamps_hold", "take_stamps"]
@@ -68,14 +68,6 @@ Root = tuple[str, Path, bool]
 """A witnessed root: (name, path, walk): ``walk`` False stamps the path itself only."""
 
 _SKIP_IN_CODE = frozenset({"__pycache__"})
-_SHELL_BOOKKEEPING = frozenset({
-    "_", "OLDPWD", "PWD", "SHLVL", "COLUMNS", "LINES", "HISTFILE", "PS1", "PS2", "WINDOWID",
-    "TERM_SESSION_ID", "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "SSH_AUTH_SOCK", "TMUX",
-    "TMUX_PANE", "STY", "XDG_SESSION_ID", "XDG_VTNR", "DISPLAY", "WAYLAND_DISPLAY"})
-"""Variables a shell or terminal sets for itself (relative paths are keyed as given and
-made absolute), never read by a post-processing."""
-
-
 def _stamp_of(st: os.stat_result) -> Stamp:
     return st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino
 
@@ -103,7 +95,7 @@ def key_of(parts: Mapping[str, Any]) -> str:
     # written anywhere); only the shell's and terminal's own bookkeeping is left out, so the
     # same command from another terminal or directory still matches
     for name, value in sorted(os.environ.items()):
-        if name in _SHELL_BOOKKEEPING:
+        if name in SHELL_BOOKKEEPING:
             continue
         digest.update(f"\0{name}\0{value}".encode("utf-8", "surrogateescape"))
     return digest.hexdigest()

@@ -16,7 +16,8 @@ Kept modules must never be stale: the key (`core.warm_key.warm_key` with ``code`
 the stamps of Telltale's code and of the installed packages, the interpreter, the working
 directory and every environment variable but the shell's bookkeeping. An edited file, a
 ``pip install``, another variable: another key, a fresh interpreter (which then leaves a
-warm Python for the new key); the old warm Python stops after its idle time.
+warm Python for the new key); the old warm Python stops after its idle time. A command
+line with interpreter options (``python -O -m ...``: `plain_command`) is never served.
 
 Where the warm Pythons live: ``TELLTALE_PREFECT_API_HOME``, else ``PREFECT_HOME``, else
 ``~/.prefect`` (as `core.environment.local_services_home` reads them, here read raw: this
@@ -45,7 +46,8 @@ from pathlib import Path
 
 from core.warm_key import WARM_DIR, code_locations, socket_path, warm_key
 
-__all__ = ["FORWARDED", "IN_WARM_CHILD", "command_base", "command_key", "served_warm"]
+__all__ = ["FORWARDED", "IN_WARM_CHILD", "command_base", "command_key", "plain_command",
+           "served_warm"]
 
 IN_WARM_CHILD = False
 """True in a warm Python's child serving a command line (set by `core.warm_python`): the
@@ -61,6 +63,16 @@ def command_base() -> Path:
     home = os.environ.get("TELLTALE_PREFECT_API_HOME") or os.environ.get("PREFECT_HOME") \
         or "~/.prefect"
     return Path(home).expanduser() / WARM_DIR
+
+
+def plain_command(module: str) -> bool:
+    """This process was started as ``python -m module ...``, with no interpreter option.
+
+    ``-O``, ``-W error``, ``-X dev``, ``-u``, ``-I``...: a warm Python, started without
+    them, would run the command otherwise (its flags come from its environment alone), so
+    such a command line is never served warm, nor leaves a warm Python.
+    """
+    return sys.orig_argv[1:3] == ["-m", module]
 
 
 def command_key(preload: Sequence[str]) -> str:
@@ -85,11 +97,15 @@ def served_warm(key: str, module: str, args: Sequence[str]) -> int | None:
             conn.settimeout(30)
             data = json.dumps(order).encode("utf-8", "surrogateescape") + b"\n"
             sent = socket.send_fds(conn, [data], [0, 1, 2])
-            conn.sendall(data[sent:])
+            if sent < len(data):  # never an empty send: a child that ran and ended at once
+                conn.sendall(data[sent:])  # has had its connection closed (EPIPE)
             lines = _lines(conn)
+            # the warm Python sends the pid first thing after the fork: no pid line, no
+            # child (an order refused, a warm Python stopping), and the caller may run the
+            # command itself; once the pid came, the command ran here, whatever follows
             child.append(int(json.loads(next(lines))["pid"]))
         except (OSError, ValueError, KeyError, TypeError, StopIteration, UnicodeError):
-            return None  # no answer: a warm Python stopping takes no more orders
+            return None
         conn.settimeout(None)
         try:
             code = int(json.loads(next(lines))["exit"])

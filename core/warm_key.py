@@ -22,8 +22,8 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["WARM_DIR", "CodeRoot", "code_locations", "code_stamps", "installed_stamps",
-           "interpreter", "socket_path", "warm_key", "workload_module"]
+__all__ = ["SHELL_BOOKKEEPING", "WARM_DIR", "CodeRoot", "code_locations", "code_stamps",
+           "installed_stamps", "interpreter", "socket_path", "warm_key", "workload_module"]
 
 WARM_DIR = "telltale-warm-python"
 """The folder of a user's warm Pythons, one dir per key, beside the local services' state."""
@@ -36,11 +36,14 @@ _SOURCES = tuple(Path(__file__).resolve().with_name(name) for name in
 # Variables no import reads: who runs it and where its records go (a test's, a run's own).
 _NOT_KEYED_PREFIXES = ("TELLTALE_", "PREFECT_", "PYTEST_", "COV_CORE_")
 _NOT_KEYED = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "COLUMNS", "LINES", "PYTHONUNBUFFERED"})
-# A terminal's and a shell's own bookkeeping: a command line's kept modules never read it
-_SHELL_BOOKKEEPING = frozenset({
+SHELL_BOOKKEEPING = frozenset({
     "_", "OLDPWD", "PWD", "SHLVL", "COLUMNS", "LINES", "HISTFILE", "PS1", "PS2", "WINDOWID",
     "TERM_SESSION_ID", "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "SSH_AUTH_SOCK", "TMUX",
     "TMUX_PANE", "STY", "XDG_SESSION_ID", "XDG_VTNR", "DISPLAY", "WAYLAND_DISPLAY"})
+"""Variables a shell or terminal sets for itself, never read by Telltale's code or an import
+(relative paths are keyed as given and made absolute): left out of the keys of whatever
+depends on the whole environment (a post-processing's memo, a command line's warm Python),
+so that the same command from another terminal or directory still matches."""
 _SKIP_IN_CODE = frozenset({"__pycache__"})
 CodeRoot = tuple[str, Path, bool]
 """A location of code: (name, path, walk): ``walk`` False stamps the path itself only."""
@@ -62,7 +65,7 @@ def warm_key(python: str, modules: Sequence[str], cwd: str | Path,
     """
     kept = code is not None
     keyed = sorted((k, v) for k, v in env.items() if (
-        k not in _SHELL_BOOKKEEPING if kept else
+        k not in SHELL_BOOKKEEPING if kept else
         k not in _NOT_KEYED and not k.startswith(_NOT_KEYED_PREFIXES)))
     digest = hashlib.sha256()
     for path in _SOURCES:

@@ -56,6 +56,13 @@ def test_the_second_command_line_is_served_warm_and_does_what_a_fresh_one_does(
         usage = _analysis(env, str(tree), "--project", "nope", "--out", str(tmp_path / "x"))
         assert usage.returncode == 2 and "unknown project 'nope'" in usage.stderr
         assert log.read_text().count("runs python -m analysis") == 2
+        # an interpreter option (-W, -O, -X...): never served (the warm Python has none)
+        flagged = subprocess.run([sys.executable, "-B", "-m",
+                                  "analysis", *args, "--out", str(tmp_path / "flagged")],
+                                 cwd=REPO, env=env, capture_output=True, text=True,
+                                 timeout=600)
+        assert flagged.returncode == 0, flagged.stderr
+        assert log.read_text().count("runs python -m analysis") == 2
         # TELLTALE_WARM_COMMAND_MINUTES=0: another key; a fresh interpreter, none left
         alone = {**env, "TELLTALE_WARM_COMMAND_MINUTES": "0"}
         assert _analysis(alone, *args, "--out", str(tmp_path / "alone")).returncode == 0
