@@ -31,6 +31,10 @@ says what is witnessed and when a run leaves no memo. ``--force`` analyses again
 Progress lines (``parse: 4,000/10,000 run(s) (40 %), 1,250/s``, judging, the report) go to
 stderr; ``--quiet`` leaves them out.
 
+After its first run a command line is served by a warm Python that run left, its imports
+done (``analysis/__main__.py``, `core.warm_command`; ``TELLTALE_WARM_COMMAND_MINUTES=0``:
+never): the same command, in a forked child; `run_here` runs it in this process.
+
 Exit codes: 0 parsing succeeded (failed runs still count as parsed), 1 the regression gate
 failed (``--fail-on-regression``), 2 a user error (bad path, unknown project, cpt-incomplete
 payload), with one line on stderr.
