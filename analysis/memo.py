@@ -317,7 +317,8 @@ class Before:
                                  exclude, settled_before, then, (first, found[:half], given))
             listings: Listings = {top: _listing(found)}
             self._own.write(_line(first, "", stamp))
-            settled = stamp is not None and max(stamp[2], stamp[3]) < settled_before
+            # as `_write_stamps` reads a stamp: an absent root is no change to settle
+            settled = stamp is None or max(stamp[2], stamp[3]) < settled_before
             settled = _write_stamps(self._own, self.roots, [first], exclude, settled_before,
                                     listings, {first: found[half:]}) and settled
             given.give(listings)
