@@ -46,7 +46,12 @@ Python has GuideLLM imported (`core.warm_key`: stamps read in that venv).
 
 This module is the warm Python and how a run finds or starts one; `core.warm_child` is the
 ordering side (a child ordered, its pid, its end), which reads the order's wire format and
-the socket's path from here.
+the socket's path from here; `core.warm_command` is a command line's side (its stdio sent
+with the order).
+
+Over 500 lines: the server's loop, the fork and the child's becoming the ordered process
+(a workload's output file or a command line's stdio) share the order, the signals held
+across the fork and the record; split, each half would re-read the other's invariants.
 """
 
 from __future__ import annotations
