@@ -41,7 +41,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from core.warm_key import WARM_DIR, code_locations, socket_path, warm_key
@@ -103,7 +103,7 @@ def served_warm(key: str, module: str, args: Sequence[str]) -> int | None:
             # the warm Python sends the pid first thing after the fork: no pid line, no
             # child (an order refused, a warm Python stopping), and the caller may run the
             # command itself; once the pid came, the command ran here, whatever follows
-            child.append(int(json.loads(next(lines))["pid"]))
+            child(int(json.loads(next(lines))["pid"]))
         except (OSError, ValueError, KeyError, TypeError, StopIteration, UnicodeError):
             return None
         conn.settimeout(None)
@@ -176,12 +176,13 @@ def _forward(pid: int, signum: int) -> None:
 
 
 @contextlib.contextmanager
-def _forwarding() -> Iterator[list[int]]:
+def _forwarding() -> Iterator[Callable[[int], None]]:
     """Pass `FORWARDED` signals on to the child's process group while it runs.
 
-    Yields a list the caller puts the child's pid in once it knows it: a signal that came
-    before (the order sent, no answer yet) is passed on then, or, with no child, raised
-    here once the handlers are restored.
+    Yields the call that names the child once its pid came: a signal that came before
+    (the order sent, no answer yet) is passed on at that call, not later (a command that
+    waits would never end: CI saw a Ctrl-C held for 600 s); with no child named, it is
+    raised here once the handlers are restored.
     """
     child: list[int] = []
     early: list[int] = []
@@ -192,13 +193,15 @@ def _forwarding() -> Iterator[list[int]]:
         else:
             early.append(signum)
 
+    def known(pid: int) -> None:
+        child.append(pid)  # from here on the handler forwards itself; a signal it takes
+        while early:  # between these lines finds the child named and never waits in early
+            _forward(pid, early.pop(0))
+
     before = {sig: signal.signal(sig, forward) for sig in FORWARDED}
     try:
-        yield child
+        yield known
     finally:
-        if child:
-            for signum in early:
-                _forward(child[0], signum)
         for sig, handler in before.items():
             signal.signal(sig, handler)
     if early and not child:  # no child took it: this process takes it, as it would have

@@ -216,17 +216,19 @@ def test_every_variable_keys_a_kept_modules_warm_python(name: str, value: str) -
 
 def test_a_signal_before_the_child_is_known_is_passed_on_or_taken_here() -> None:
     """The order is sent, the child's pid not yet read back: a Ctrl-C then reaches the child
-    once its pid is known; with no child at all, this process takes it as it would have."""
+    as its pid comes, not when the command ends (one that waits never would: the race CI
+    lost once, the command printing before its client read the pid); with no child at
+    all, this process takes it as it would have."""
     from core.warm_command import _forwarding
 
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
                                start_new_session=True)
     try:
-        with _forwarding() as child:
+        with _forwarding() as known:
             signal.raise_signal(signal.SIGTERM)  # held: no child yet
             assert sleeper.poll() is None
-            child.append(sleeper.pid)
-        assert sleeper.wait(timeout=600) == -signal.SIGTERM
+            known(sleeper.pid)
+            assert sleeper.wait(timeout=600) == -signal.SIGTERM
     finally:
         sleeper.kill()
         sleeper.wait()
