@@ -148,8 +148,15 @@ class RaplMeter:
             except (OSError, ValueError, UnreadableInputError):
                 continue
             last = self._last.get(label)
-            if last is not None and raw < last:  # the counter wrapped since the last sample
-                self._offset[label] = self._offset.get(label, 0.0) + wrap
+            if last is not None and raw < last:
+                if last - raw < wrap / 2:
+                    # Not a wrap: one would drop by nearly the whole range (half of it in a
+                    # sample is megawatts). A counter read backwards is a bad sample, left
+                    # out rather than counted as a whole range of joules.
+                    logger.debug("RAPL %s read backwards (%s after %s): sample left out",
+                                 label, raw, last)
+                    continue
+                self._offset[label] = self._offset.get(label, 0.0) + wrap  # it wrapped
             self._last[label] = raw
             joules = (raw + self._offset.get(label, 0.0)) * 1e-6
             out.append(Reading("cpu_energy_joules", {"zone": label}, joules))

@@ -34,7 +34,10 @@ JUDGED = {**FAST, "analysis.validity.mode": "off",
 
 class _Package:
     """A CPU package's RAPL zone (``intel-rapl:0``) drawing ``watts``: its counter advances
-    with the clock, written atomically, until stopped (this machine's own is not readable)."""
+    with the clock until stopped (this machine's own is not readable). As in sysfs, one
+    file whose content changes: a file replaced at each step would be refused by a reader
+    that caught it between its ``lstat`` and its ``open`` (`core.safeio.open_regular`), as
+    CI's once was, and the cell would have had no meter at all."""
 
     def __init__(self, root: Path, watts: float) -> None:
         self.zone = root / "intel-rapl:0"
@@ -42,14 +45,15 @@ class _Package:
         (self.zone / "name").write_text("package-0\n")
         (self.zone / "max_energy_range_uj").write_text(f"{2**40}\n")
         self.watts, self.began, self.done = watts, time.monotonic(), threading.Event()
+        self.fd = os.open(self.zone / "energy_uj", os.O_WRONLY | os.O_CREAT, 0o644)
         self._write()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _write(self) -> None:
-        tmp = self.zone / "energy_uj.tmp"
-        tmp.write_text(f"{int((time.monotonic() - self.began) * self.watts * 1e6)}\n")
-        tmp.replace(self.zone / "energy_uj")
+        # one write of a fixed width at offset 0: never a shorter or an empty read
+        value = int((time.monotonic() - self.began) * self.watts * 1e6)
+        os.pwrite(self.fd, f"{value:020d}\n".encode(), 0)
 
     def _run(self) -> None:
         while not self.done.wait(0.02):
@@ -58,6 +62,7 @@ class _Package:
     def stop(self) -> None:
         self.done.set()
         self.thread.join()
+        os.close(self.fd)
 
 
 def test_cli_light_preset_end_to_end(tmp_path: Path) -> None:

@@ -40,6 +40,11 @@ def test_rapl_counters_are_read_in_joules_and_unwrapped(tmp_path: Path) -> None:
     assert meter.read()[0].value == pytest.approx(1002.0)
     (package / "energy_uj").write_text("5000000\n")
     assert meter.read()[0].value == pytest.approx(1005.0)
+    # read backwards by less than half the range: a bad sample, never a wrap of 1 000 J
+    (package / "energy_uj").write_text("4000000\n")
+    assert meter.read() == []
+    (package / "energy_uj").write_text("6000000\n")
+    assert meter.read()[0].value == pytest.approx(1006.0)
 
 
 def test_rapl_absent_or_unreadable_means_no_meter(tmp_path: Path) -> None:
