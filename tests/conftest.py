@@ -55,6 +55,13 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 for name in list(os.environ):
     if name.startswith("TELLTALE__"):
         del os.environ[name]
+# pytest rewrites each test module's asserts and keeps the result beside it, unless
+# PYTHONDONTWRITEBYTECODE=1 (CI machines and many containers set it): then every worker
+# parsed and rewrote all 113 again, every run — a collection of 7.3-9.8 CPU-s instead of
+# 4.0-4.4 s, 13-22 core-seconds of a suite run (docs/performance.md, session 45).
+# As `./telltale` writes the project's own bytecode ahead, the suite writes this cache (in
+# this process only: its children keep the variable). An unwritable tree is no error.
+sys.dont_write_bytecode = False
 
 REPO = Path(__file__).resolve().parent.parent
 
