@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,7 @@ import boto3  # noqa: E402
 from analysis.lts import LtsKpi, LtsMetadata, LtsPayload  # noqa: E402
 from blocks.opensearch import OpenSearchInstance  # noqa: E402
 from blocks.s3 import S3Target  # noqa: E402
+from tasks.process import free_port  # noqa: E402
 from tasks.publish.opensearch import export_payloads  # noqa: E402
 from tasks.publish.s3 import iter_files, upload_dir  # noqa: E402
 from tests.servers.opensearch import opensearch_server  # noqa: E402
@@ -59,9 +59,7 @@ def main() -> int:
                       AWS_DEFAULT_REGION="us-east-1")
     # The S3 server runs in its own process, as a real one would: in-process it would share
     # the GIL with the client being measured.
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
                                str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     endpoint = f"http://127.0.0.1:{port}"

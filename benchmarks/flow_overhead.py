@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,9 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tasks.process import free_port  # noqa: E402
 
 
 def workload_seconds(run_dir: Path) -> float:
@@ -41,12 +43,6 @@ def report(name: str, wall: float, work: float) -> None:
     overhead = wall - work
     print(f"{name:<9} wall {wall:7.1f} s  workload {work:7.1f} s  overhead {overhead:6.1f} s "
           f"= {overhead / wall:6.1%}")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def run_cli(tmp: Path, env: dict[str, str]) -> None:

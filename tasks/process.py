@@ -8,6 +8,7 @@ the janitor know, so another process can stop it and never a recycled pid.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -19,14 +20,29 @@ from core.loopback import LOOPBACK_HOST
 from core.safeio import open_append, write_text
 from tasks.runner import CMDLINE_FILE, PID_FILE, die_with_parent
 
-__all__ = ["ManagedProcess", "free_port", "log_tail"]
+__all__ = ["ManagedProcess", "free_port", "free_ports", "log_tail"]
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports free on 127.0.0.1 now (children bind them a moment later).
+
+    The one way Telltale picks a port for a child. All are held open until all are chosen:
+    picked one after the other, each socket closed before the next ``bind(0)``, the kernel
+    may hand the same port out twice (a random start in the range each time: about 1 in
+    14 000 a pair), and a Prometheus that got its node exporter's port never started (a
+    spare's keeper gone at once, seen once in a suite run).
+    """
+    with contextlib.ExitStack() as held:
+        socks = [held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                 for _ in range(count)]
+        for sock in socks:
+            sock.bind((LOOPBACK_HOST, 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
 
 
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (the child binds it a moment later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK_HOST, 0))
-        return int(sock.getsockname()[1])
+    """One port of `free_ports` (a child that needs several asks for them together)."""
+    return free_ports(1)[0]
 
 
 class ManagedProcess:

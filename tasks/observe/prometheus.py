@@ -33,7 +33,7 @@ from core.errors import ConfigError, PermanentServiceError, TransientServiceErro
 from core.loopback import loopback_address, loopback_url
 from core.safeio import write_text
 from tasks.observe.promql import MAX_ANSWER, MAX_POINTS, QueryResult, Series, duration
-from tasks.process import ManagedProcess, free_port
+from tasks.process import ManagedProcess, free_port, free_ports
 
 __all__ = ["PrometheusServer", "find_binaries", "keep_ahead", "local_layout", "local_wanted",
            "relocate", "start_ahead", "stop_ahead", "take_ahead"]
@@ -129,7 +129,7 @@ class PrometheusServer:
                               key="observe.prometheus.mode")
         server_bin, exporter_bin = found
         home.mkdir(parents=True, exist_ok=True)
-        exporter_port, server_port = free_port(), free_port()
+        exporter_port, server_port, process_port = free_ports(3)  # distinct: held together
         exporter = ManagedProcess("node-exporter", [
             exporter_bin, f"--web.listen-address={loopback_address(exporter_port)}",
             *_NODE_FLAGS],
@@ -138,13 +138,12 @@ class PrometheusServer:
         targets = {"node": loopback_address(exporter_port)}
         process_bin = _process_exporter()
         if process_bin:  # optional: the workload's own processes, apart from the machine
-            port = free_port()
             write_text(home / "process-exporter.yml", json.dumps(_PROCESS_GROUPS))
             processes.append(ManagedProcess("process-exporter", [
-                process_bin, f"-web.listen-address={loopback_address(port)}",
+                process_bin, f"-web.listen-address={loopback_address(process_port)}",
                 f"-config.path={home / 'process-exporter.yml'}", "-threads=false"],
                 home / "process-exporter"))
-            targets["process"] = loopback_address(port)
+            targets["process"] = loopback_address(process_port)
         interval = duration(max(scrape_interval_s, 0.2))
         targets.update(extra_targets or {})
         config = {"global": {"scrape_interval": interval, "evaluation_interval": interval},

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,15 +18,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tasks.process import free_port
+
 T = TypeVar("T")
 
 __all__ = ["api_call", "clean_env", "prefect_server", "wait_for"]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def clean_env(home: Path, **extra: str) -> dict[str, str]:
@@ -90,7 +85,7 @@ def prefect_server(home: Path, *, startup_s: float = 240.0,
     The start-up deadline is generous (a loaded 2-core machine); the wait is on the server's
     own health answer, not on a sleep.
     """
-    port = _free_port()
+    port = free_port()
     env = clean_env(home, PREFECT_UI_ENABLED="false", PREFECT_SERVER_API_HOST="127.0.0.1",
                     PREFECT_SERVER_API_PORT=str(port))
     out = open(log or home / "server.log", "ab")  # noqa: SIM115 - closed below
