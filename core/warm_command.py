@@ -90,7 +90,7 @@ def served_warm(key: str, module: str, args: Sequence[str]) -> int | None:
     conn = _connect(directory)
     if conn is None:
         return None
-    with conn, _forwarding() as child:
+    with conn, _forwarding() as name_child:
         order = {"argv": [sys.executable, "-m", module, *args], "env": dict(os.environ),
                  "cwd": os.getcwd(), "output_file": None, "keep_modules": True}
         try:
@@ -103,7 +103,7 @@ def served_warm(key: str, module: str, args: Sequence[str]) -> int | None:
             # the warm Python sends the pid first thing after the fork: no pid line, no
             # child (an order refused, a warm Python stopping), and the caller may run the
             # command itself; once the pid came, the command ran here, whatever follows
-            child(int(json.loads(next(lines))["pid"]))
+            name_child(int(json.loads(next(lines))["pid"]))
         except (OSError, ValueError, KeyError, TypeError, StopIteration, UnicodeError):
             return None
         conn.settimeout(None)
