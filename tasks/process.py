@@ -29,8 +29,8 @@ def free_ports(count: int) -> list[int]:
     The one way Telltale picks a port for a child. All are held open until all are chosen:
     picked one after the other, each socket closed before the next ``bind(0)``, the kernel
     may hand the same port out twice (a random start in the range each time: about 1 in
-    14 000 a pair), and a Prometheus that got its node exporter's port never started (a
-    spare's keeper gone at once, seen once in a suite run).
+    14 000 a pair), and a Prometheus given its node exporter's port never starts (the
+    likeliest cause of a spare's keeper gone at once, seen once in a suite run).
     """
     with contextlib.ExitStack() as held:
         socks = [held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
