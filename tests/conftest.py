@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -10,15 +12,28 @@ from pathlib import Path
 
 import pytest
 
+# The temporary dirs the session's controller makes here go when its process exits, after
+# `pytest_sessionfinish` stopped what used them (a run left three under /tmp, ~700 after a
+# day's runs). A dir the environment already names is the caller's (CI's, `./telltale
+# test`'s): used, never made nor removed. The xdist workers inherit the controller's.
+
+
+def _made_dir(prefix: str) -> str:
+    """A new temporary dir that goes when this process exits."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
 # Must be set before Prefect is imported anywhere in the session.
-_PREFECT_HOME = tempfile.mkdtemp(prefix="telltale-prefect-home-")
-os.environ.setdefault("PREFECT_HOME", _PREFECT_HOME)
+if not os.environ.get("PREFECT_HOME"):
+    os.environ["PREFECT_HOME"] = _made_dir("telltale-prefect-home-")
 # Every command-line run of the session (both xdist workers: set before they start) shares
 # one local Prefect API (flows.local_api) instead of starting its own (~7 s each, far more
 # under load); `pytest_sessionfinish` stops it. Tests of the temporary API ask for it.
 # Never the user's own: the suite stops it at the end.
 if not os.environ.get("PYTEST_XDIST_WORKER"):
-    os.environ["TELLTALE_PREFECT_API_HOME"] = tempfile.mkdtemp(prefix="telltale-prefect-api-")
+    os.environ["TELLTALE_PREFECT_API_HOME"] = _made_dir("telltale-prefect-api-")
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 if _WORKER:
     # pytest-xdist runs the suite in several processes: each gets its own Prefect home (its
@@ -35,7 +50,8 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 # CLI run's temporary Prefect API beside busy loops once took over 60 s to answer
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "240")
 os.environ.setdefault("PREFECT_LOGGING_TO_API_ENABLED", "false")
-os.environ.setdefault("TELLTALE_DATA_DIR", tempfile.mkdtemp(prefix="telltale-data-"))
+if not os.environ.get("TELLTALE_DATA_DIR"):
+    os.environ["TELLTALE_DATA_DIR"] = _made_dir("telltale-data-")
 # The runs' warm Pythons (core.warm_python, ~375 MB each): the session's shared one serves
 # test after test; one a test's own services home started is never asked again, so it goes
 # after 5 unused minutes instead of 10 (`pytest_sessionfinish` stops whatever is left).

@@ -33,8 +33,8 @@ def _venv(tmp_path: Path, python_body: str) -> Path:
     return venv
 
 
-def _run(venv: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "TELLTALE_VENV": str(venv)}
+def _run(venv: Path, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "TELLTALE_VENV": str(venv), **extra}
     return subprocess.run([str(SCRIPT), *args], env=env, capture_output=True, text=True,
                           timeout=1200, check=False)
 
@@ -192,10 +192,12 @@ def test_the_test_command_builds_the_serving_venv_beside_the_suite(tmp_path: Pat
 
     venv, release, record = _test_command_venv(tmp_path, build_exit=0)
     err = tmp_path / "stderr"
+    scratch = tmp_path / "tmp"  # its temporary dirs and the build's log
+    scratch.mkdir()
     with err.open("w") as stream:
         command = subprocess.Popen([str(SCRIPT), "test", "-q"], env={
-            **os.environ, "TELLTALE_VENV": str(venv)}, stdout=subprocess.DEVNULL,
-            stderr=stream, text=True)
+            **os.environ, "TELLTALE_VENV": str(venv), "TMPDIR": str(scratch)},
+            stdout=subprocess.DEVNULL, stderr=stream, text=True)
         try:
             wait_until(lambda: record.exists() or command.poll() is not None,
                        "pytest started")
@@ -209,15 +211,21 @@ def test_the_test_command_builds_the_serving_venv_beside_the_suite(tmp_path: Pat
             command.wait(timeout=600)
     assert command.returncode == 0, err.read_text()
     assert "building the serving venv failed" not in err.read_text()
+    assert list(scratch.iterdir()) == []  # nothing of the session's is left behind
 
 
 def test_a_failed_serving_build_fails_the_test_command_with_its_log(tmp_path: Path) -> None:
     venv, release, _ = _test_command_venv(tmp_path, build_exit=4)
     release.touch()
-    done = _run(venv, "test", "-q")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    done = _run(venv, "test", "-q", TMPDIR=str(scratch))
     assert done.returncode == 1, done.stderr  # pytest passed; the build did not
     assert "building the serving venv failed (exit 4)" in done.stderr
     assert "pip: a broken wheel" in done.stderr
+    # the failed build's log is kept, and named; the session's dirs are gone
+    (log,) = scratch.iterdir()
+    assert log.name.startswith("telltale-serving-build.") and str(log) in done.stderr
 
 
 @pytest.mark.parametrize(("signal_name", "status"), [("SIGINT", 130), ("SIGTERM", 143)])
@@ -233,7 +241,10 @@ def test_an_interrupted_test_command_stops_the_serving_build(
     (tmp_path / "stop").unlink()  # pytest runs until interrupted
     # like a terminal's job: a suite run in a CI's background shell ignores SIGINT, and so
     # would the command (a shell cannot trap what it was started ignoring)
-    command = terminal_job([str(SCRIPT), "test"], {**os.environ, "TELLTALE_VENV": str(venv)})
+    scratch = tmp_path / "tmp"  # its temporary dirs and the build's log
+    scratch.mkdir()
+    command = terminal_job([str(SCRIPT), "test"], {**os.environ, "TELLTALE_VENV": str(venv),
+                                                   "TMPDIR": str(scratch)})
     try:
         wait_until(lambda: record.exists() or command.poll() is not None, "pytest started")
         build = int(record.read_text().split()[1])
@@ -241,6 +252,7 @@ def test_an_interrupted_test_command_stops_the_serving_build(
         command.communicate(timeout=600)
         assert command.returncode == status
         assert process_gone(build), "the serving build outlived the interrupted test command"
+        assert list(scratch.iterdir()) == []  # its dirs and the cut build's log went too
     finally:
         release.touch()  # a fake build left behind by a failure ends too
         (tmp_path / "stop").touch()
