@@ -31,6 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from core.prefect_seed import seed  # noqa: E402
 from tasks.process import free_port  # noqa: E402
 
 
@@ -56,6 +57,7 @@ def run_cli(tmp: Path, env: dict[str, str]) -> None:
 
 def run_with_server(tmp: Path, env: dict[str, str], cells: int) -> None:
     port = free_port()
+    seed(tmp / "prefect-home" / "prefect.db")  # when `cli` did not make it (core.prefect_seed)
     server = subprocess.Popen(["prefect", "server", "start", "--host", "127.0.0.1", "--port",
                                str(port)], env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, cwd=tmp)

@@ -49,14 +49,15 @@ from core.errors import StepError
 from core.filelock import dir_lock
 from core.loopback import LOOPBACK_HOST, LOOPBACK_URL, loopback_url
 from core.pids import pid_alive
+from core.prefect_seed import database_file, keep, seed
 from core.safeio import UnreadableInputError, open_append, read_bounded, write_text
 from core.terminal import say
 from core.warm_python import stop_warm_pythons, warm_base
 from tasks.observe.spare import spare_base, spares, stop_spares
 from tasks.process import free_port
 
-__all__ = ["ServerState", "api_home", "shared_api", "state_dir", "status", "stop",
-           "warm_up"]
+__all__ = ["ServerState", "api_home", "server_database", "shared_api", "state_dir", "status",
+           "stop", "warm_up"]
 
 STATE_DIR = "telltale-api"
 _CHECK_S = 2.0  # how often the server looks at its idle timer and its users
@@ -295,6 +296,20 @@ def stop(home: Path | None = None, timeout_s: float = 30.0) -> bool:
         return True
 
 
+def server_database() -> Path | None:
+    """The SQLite file a Prefect server started with the current settings would migrate.
+
+    None when they name another database or do not migrate on start (`core.prefect_seed`
+    then seeds nothing).
+    """
+    from prefect.settings import get_current_settings
+
+    database = get_current_settings().server.database
+    if not database.migrate_on_start:
+        return None
+    return database_file(database.connection_url.get_secret_value())
+
+
 def _serve(directory: Path, port: int, idle_s: float) -> int:
     """The server process: Prefect's app (API and UI, no background services) under uvicorn.
 
@@ -308,6 +323,9 @@ def _serve(directory: Path, port: int, idle_s: float) -> int:
     os.environ["PREFECT__SERVER_WEBSERVER_ONLY"] = "1"  # API and UI; no scheduler & co
     from prefect.server.api.server import create_app
 
+    # a new home's database from the migrated copy a first server kept (core.prefect_seed)
+    database = server_database()
+    fresh = not seed(database) and database is not None and not database.exists()
     last = [time.monotonic()]
     app = create_app()
 
@@ -324,6 +342,8 @@ def _serve(directory: Path, port: int, idle_s: float) -> int:
         while not server.started and not server.should_exit:
             time.sleep(0.05)
         if server.started:
+            if fresh:  # migrated here, and no client knows the address yet
+                keep(database)
             write_text(directory / "state.json", ServerState(
                 pid=os.getpid(), url=f"{url}/api", ui_url=url, python=sys.executable,
                 prefect_version=_prefect_version(), started=time.time()).model_dump_json())

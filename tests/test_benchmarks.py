@@ -43,6 +43,8 @@ NOT_RUN_HERE = {
     "main_job.py": "whole command lines (the e2e CLI tests)",
     "openmp_wait.py": "a whole command line, then trainers beside busy loops",
     "prometheus_overhead.py": "whole command lines with and without Prometheus",
+    "prefect_api_start.py": "real Prefect servers, two a run (tests/flows/test_local_api.py "
+                            "starts the same two, a migrated and a seeded one)",
     "regression/families_run.py": "its tuning grid takes ~30 s even at one series a family",
     "regression/anchors.py": "a helper the regression benchmark calls with arguments",
     "regression/families.py": "the families' generator (imported by the scripts above)",

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+from core.prefect_seed import database_file, seed
 from tasks.process import free_port
 
 T = TypeVar("T")
@@ -87,7 +88,13 @@ def prefect_server(home: Path, *, startup_s: float = 240.0,
     """
     port = free_port()
     env = clean_env(home, PREFECT_UI_ENABLED="false", PREFECT_SERVER_API_HOST="127.0.0.1",
-                    PREFECT_SERVER_API_PORT=str(port))
+                    PREFECT_SERVER_API_PORT=str(port),
+                    # Prefect's default, named: the file seeded below is the one it opens
+                    PREFECT_API_DATABASE_CONNECTION_URL="sqlite+aiosqlite:///"
+                    f"{home / '.prefect' / 'prefect.db'}")
+    # its new database from the migrated copy a local API kept (core.prefect_seed); a server
+    # with every service on keeps none: its services may have written by the time it answers
+    seed(database_file(env["PREFECT_API_DATABASE_CONNECTION_URL"]))
     out = open(log or home / "server.log", "ab")  # noqa: SIM115 - closed below
     server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host",
                                "127.0.0.1", "--port", str(port)], env=env,
