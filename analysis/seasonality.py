@@ -37,7 +37,8 @@ history. Of the candidates that pass, the wave is the one with the smaller BIC p
 over those `SPAN` runs (a period is one more parameter for a sine; a whole period near a
 real one is told apart by the older runs, where it drifts out of phase).
 
-Pure numpy; about 4 ms for 1 000 points (the newest 256 are tested).
+Pure numpy; about 1.1 ms for 1 000 points (the newest 256 are tested; every period's pattern
+test in one pass, `_scan`).
 """
 
 from __future__ import annotations
@@ -199,14 +200,16 @@ def _pattern(y: np.ndarray, max_period: int, z_threshold: float) -> Seasonality 
     # Of the periods whose test passes, the one with the smallest BIC: a multiple of the
     # true period passes too (with a larger score), but explains nothing more for its
     # extra phases.
-    best: tuple[float, int, np.ndarray, float] | None = None
-    for p in range(2, min(max_period, len(y) // MIN_CYCLES) + 1):
-        z, means, bic, residuals = _test(y, p)
-        if residuals is not None and z >= z_threshold and (best is None or bic < best[3]):
-            best = (z, p, means, bic)
-    if best is None:
+    periods = np.arange(2, min(max_period, len(y) // MIN_CYCLES) + 1)
+    if not len(periods):
         return None
-    z, p, means, _ = best
+    scores, bics = _scan(y, periods)
+    passed = np.flatnonzero(scores >= z_threshold)
+    if not len(passed):
+        return None
+    p = int(periods[passed[np.argmin(bics[passed])]])  # the first of equal BICs, as before
+    # the chosen period's own test: its phase means (and score) exactly as `_test` has them
+    z, means, _, _ = _test(y, p)
     # Autocorrelated noise has more power at low frequencies, where a long period's pattern
     # lives: its phase means differ more than white noise's would (an AR(1) noise of phi 0.5
     # was called periodic in 6 % of series). The period must also stand out in the series
@@ -399,6 +402,65 @@ def _test(y: np.ndarray, p: int, start: int = 0
         return 0.0, np.zeros(p), math.inf, None
     z, means, bic = _score(residuals, (np.arange(len(residuals)) + offset + start) % p, p)
     return z, means, bic, residuals
+
+
+def _scan(y: np.ndarray, periods: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`_test`'s score and BIC of each of ``periods`` at once (``start`` 0).
+
+    A period with too few runs scores ``-inf``. The same arithmetic as `_test` on a matrix,
+    one row a period (padded past each row's own residuals), instead of ~15 small numpy
+    calls a period: a series' 2-48 periods cost ~1 ms that way, a fifth of a verdict.
+    Sums run in another order, so a score may differ from `_test`'s in its last bits.
+    """
+    n = len(y)
+    centred = y - np.add.reduce(y) / n
+    cums = np.concatenate([[0.0], np.cumsum(centred)])
+    p = periods[:, None]
+    even = p % 2 == 0
+    offset = p // 2
+    lengths = n + 1 - periods - (periods % 2 == 0)  # the trend's: `_centred_average`
+    j = np.arange(n)[None, :]
+    valid = j < lengths[:, None]
+    # plain[k] = mean of runs k .. k + p - 1; a 2 x p average for an even p
+    ends = np.minimum(j + p, n)
+    plain = (cums[ends] - cums[j]) / p
+    plain_next = (cums[np.minimum(ends + 1, n)] - cums[np.minimum(j + 1, n)]) / p
+    trend = np.where(even, (plain + plain_next) / 2, plain)
+    residuals = np.where(valid, centred[np.minimum(j + offset, n - 1)] - trend, np.nan)
+    # winsorised at each row's own 5-95 % quantiles (`_winsorised`)
+    ordered = np.sort(residuals, axis=1)  # the padding (NaN) sorts last
+    rows = np.arange(len(periods))
+    low = ordered[rows, (0.05 * (lengths - 1)).astype(int)][:, None]
+    high = ordered[rows, np.ceil(0.95 * (lengths - 1)).astype(int)][:, None]
+    r = np.where(valid, np.clip(residuals, low, high), 0.0)
+    # phase means by one bincount over (row, phase)
+    width = int(periods.max())
+    cells = (rows[:, None] * width + (j + offset) % p)[valid]
+    counts = np.bincount(cells, minlength=len(periods) * width).reshape(-1, width)
+    sums = np.bincount(cells, weights=r[valid],
+                       minlength=len(periods) * width).reshape(-1, width)
+    means = sums / np.maximum(counts, 1)
+    explained = (counts * means ** 2).sum(axis=1)
+    total = r.sum(axis=1)
+    size = lengths.astype(float)
+    between = explained - total * total / size
+    within = (r * r).sum(axis=1) - explained
+    dof_within = size - periods
+    with np.errstate(divide="ignore", invalid="ignore"):
+        bics = size * np.log(np.maximum(within, 1e-300) / size) + periods * np.log(size)
+        f = (between / (periods - 1)) / (within / dof_within)
+        scores = _normal_scores(f, periods - 1, dof_within)
+    scores = np.where((between <= 0) | (dof_within <= 0), 0.0,
+                      np.where(within <= 0, np.inf, scores))
+    scores[lengths < 2 * periods] = -np.inf  # too few runs: never a period
+    return scores, bics
+
+
+def _normal_scores(f: np.ndarray, k: np.ndarray, dof_within: np.ndarray) -> np.ndarray:
+    """`_normal_score` of each F statistic (non-finite where it is undefined)."""
+    a, b = 2 / (9 * k), 2 / (9 * dof_within)
+    cube = np.cbrt(f)
+    return ((1 - b) * cube - (1 - a)) / np.sqrt(a + b * cube * cube)
 
 
 def _lag_one(y: np.ndarray, p: int, means: np.ndarray) -> float:
