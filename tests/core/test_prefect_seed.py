@@ -1,7 +1,8 @@
 """A new Prefect home's database seeded from a kept, migrated copy (core.prefect_seed).
 
-Real SQLite files here; the real Prefect server on a seeded home is
-tests/flows/test_local_api.py's. The audit: every place that starts a Prefect server seeds.
+Real SQLite files, and real local Prefect APIs (flows.local_api) on new homes: the first
+keeps its database, the next starts on it. The audit: every place that starts a Prefect
+server seeds.
 """
 
 from __future__ import annotations
@@ -126,6 +127,43 @@ def test_the_template_is_keyed_by_prefect_and_sqlite() -> None:
     assert template is not None and template.parent == Path("/cache")
     assert f"prefect-{importlib.metadata.version('prefect')}-sqlite-{sqlite3.sqlite_version}-" \
         in template.name
+
+
+@pytest.mark.slow
+def test_a_new_home_is_seeded_with_the_database_the_first_server_kept(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first server on a new home migrates its database and keeps a copy before any
+    client knows it (core.prefect_seed); the next new home starts on that copy — the same
+    block types, ids and all, where a migration would have made new ones — and serves."""
+    from flows.local_api import shared_api, stop
+    from tests.servers.prefect_server import api_call
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # its own templates
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+
+    def rows(db: Path, query: str) -> list[tuple[str, ...]]:
+        with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as opened:
+            return list(opened.execute(query))
+
+    block_types = "SELECT id, slug FROM block_type ORDER BY slug"
+    template = template_path(tmp_path / "cache" / "telltale" / "prefect-db")
+    assert template is not None
+    first, second = tmp_path / "first", tmp_path / "second"
+    try:
+        monkeypatch.setenv("TELLTALE_PREFECT_API_HOME", str(first))
+        with shared_api() as used:
+            assert api_call(used.url, "POST", "/flows/", {"name": "on-the-first"})["id"]
+        kept = rows(template, block_types)
+        assert len(kept) > 10, kept  # Prefect's own block types, registered at its start
+        assert rows(template, "SELECT name FROM flow") == []  # kept before any client
+        monkeypatch.setenv("TELLTALE_PREFECT_API_HOME", str(second))
+        with shared_api() as used:
+            assert rows(second / "prefect.db", block_types) == kept
+            flow = api_call(used.url, "POST", "/flows/", {"name": "on-the-second"})
+            assert api_call(used.url, "GET", f"/flows/{flow['id']}")["name"] == "on-the-second"
+    finally:
+        stop(first)
+        stop(second)
 
 
 # --- the audit ----------------------------------------------------------------------------

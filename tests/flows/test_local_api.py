@@ -102,45 +102,6 @@ def test_a_stale_server_record_is_never_used_and_stop_stops_the_live_one(
         stop(tmp_path)
 
 
-def test_a_new_home_is_seeded_with_the_database_the_first_server_kept(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The first server on a new home migrates its database and keeps a copy before any
-    client knows it (core.prefect_seed); the next new home starts on that copy — the same
-    block types, ids and all, where a migration would have made new ones — and serves."""
-    import sqlite3
-    from contextlib import closing
-
-    from core.prefect_seed import template_path
-    from tests.servers.prefect_server import api_call
-
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # its own templates
-    monkeypatch.delenv("PREFECT_API_URL", raising=False)
-
-    def rows(db: Path, query: str) -> list[tuple[str, ...]]:
-        with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as opened:
-            return list(opened.execute(query))
-
-    block_types = "SELECT id, slug FROM block_type ORDER BY slug"
-    template = template_path(tmp_path / "cache" / "telltale" / "prefect-db")
-    assert template is not None
-    first, second = tmp_path / "first", tmp_path / "second"
-    try:
-        monkeypatch.setenv("TELLTALE_PREFECT_API_HOME", str(first))
-        with shared_api() as used:
-            assert api_call(used.url, "POST", "/flows/", {"name": "on-the-first"})["id"]
-        kept = rows(template, block_types)
-        assert len(kept) > 10, kept  # Prefect's own block types, registered at its start
-        assert rows(template, "SELECT name FROM flow") == []  # kept before any client
-        monkeypatch.setenv("TELLTALE_PREFECT_API_HOME", str(second))
-        with shared_api() as used:
-            assert rows(second / "prefect.db", block_types) == kept
-            flow = api_call(used.url, "POST", "/flows/", {"name": "on-the-second"})
-            assert api_call(used.url, "GET", f"/flows/{flow['id']}")["name"] == "on-the-second"
-    finally:
-        stop(first)
-        stop(second)
-
-
 def test_a_warm_up_starts_it_without_waiting_and_the_run_then_uses_that_one(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from flows.local_api import _starting, warm_up
