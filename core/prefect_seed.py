@@ -39,6 +39,7 @@ import logging
 import os
 import sqlite3
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 from core.safeio import copy_file, make_dirs
@@ -107,6 +108,17 @@ def _sound(path: Path) -> bool:
     return check == ("ok",) and revision is not None
 
 
+@contextlib.contextmanager
+def _staged(target: Path) -> Iterator[Path]:
+    """A new name beside ``target`` to build a file under; whatever is left there goes."""
+    staged = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.staged")
+    try:
+        yield staged
+    finally:
+        with contextlib.suppress(OSError):
+            staged.unlink()
+
+
 def seed(db: Path | None, cache: Path | None = None) -> bool:
     """Put the template at ``db`` when there is no database there; True when it did.
 
@@ -118,18 +130,16 @@ def seed(db: Path | None, cache: Path | None = None) -> bool:
     template = template_path(cache)
     if template is None or not template.is_file() or not _sound(template):
         return False
-    staged = db.with_name(f".{db.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.seed")
-    try:
-        make_dirs(db.parent)
-        copy_file(template, staged)
-        os.link(staged, db)  # no clobber: a database that appeared meanwhile is kept
-    except Exception as exc:  # best effort: the server migrates as always
-        if not isinstance(exc, FileExistsError):
+    with _staged(db) as staged:
+        try:
+            make_dirs(db.parent)
+            copy_file(template, staged)
+            os.link(staged, db)  # no clobber: a database that appeared meanwhile is kept
+        except FileExistsError:
+            return False
+        except Exception as exc:  # best effort: the server migrates as always
             logger.warning("the Prefect database %s was not seeded: %s", db, exc)
-        return False
-    finally:
-        with contextlib.suppress(OSError):
-            staged.unlink()
+            return False
     return True
 
 
@@ -142,21 +152,18 @@ def keep(db: Path | None, cache: Path | None = None) -> bool:
     template = template_path(cache)
     if db is None or template is None or template.exists() or not db.is_file():
         return False
-    staged = template.with_name(f".{template.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
-    try:
-        make_dirs(template.parent)
-        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as source, \
-                contextlib.closing(sqlite3.connect(staged)) as copy:
-            source.backup(copy)  # a consistent copy of a database in use (its WAL too)
-        if not _sound(staged):
-            logger.warning("the copy of %s failed its check: not kept", db)
+    with _staged(template) as staged:
+        try:
+            make_dirs(template.parent)
+            with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as source, \
+                    contextlib.closing(sqlite3.connect(staged)) as copy:
+                source.backup(copy)  # a consistent copy of a database in use (its WAL too)
+            if not _sound(staged):
+                logger.warning("the copy of %s failed its check: not kept", db)
+                return False
+            # safeio-exempt: SQLite wrote the copy (its backup API), checked; renamed into place
+            os.replace(staged, template)
+        except Exception as exc:  # best effort: nothing depends on it
+            logger.warning("the Prefect database %s was not kept as a template: %s", db, exc)
             return False
-        # safeio-exempt: SQLite wrote the copy (its backup API), checked; renamed into place
-        os.replace(staged, template)
-    except Exception as exc:  # best effort: nothing depends on it
-        logger.warning("the Prefect database %s was not kept as a template: %s", db, exc)
-        return False
-    finally:
-        with contextlib.suppress(OSError):
-            staged.unlink()
     return True
