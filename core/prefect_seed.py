@@ -6,7 +6,8 @@ fresh ``prefect server start`` takes on this project's 2-core machine
 (`benchmarks/prefect_api_start.py`). The result is the same file for every home of one
 Prefect version. So the first server of a version that started on no database *keeps* a copy
 of it, made the moment it answers and before any client knows its address (`keep`: SQLite's
-own backup, checked, renamed into place), and every later server that would start on no
+own backup, checked to hold nothing but the migrations and the block types, renamed into
+place), and every later server that would start on no
 database is *seeded* with that copy first (`seed`); its start then finds the schema at head
 and the blocks registered.
 
@@ -108,6 +109,25 @@ def _sound(path: Path) -> bool:
     return check == ("ok",) and revision is not None
 
 
+_STARTUP_TABLES = frozenset({"alembic_version", "block_type", "block_schema",
+                             "block_schema_reference"})
+"""The tables a new server fills before it answers: its migrations' and its block types'."""
+
+
+def _used_tables(path: Path) -> list[str]:
+    """The tables of the database ``path`` that hold rows but are none of `_STARTUP_TABLES`.
+
+    A copy must be a new database, not one a client already used (its runs would be in
+    every home seeded with it): what is kept is checked, not only when it is taken.
+    """
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro&immutable=1",
+                                            uri=True)) as db:
+        names = [row[0] for row in db.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")]
+        return sorted(name for name in names if name not in _STARTUP_TABLES and db.execute(
+            f'SELECT 1 FROM "{name}" LIMIT 1').fetchone() is not None)
+
+
 @contextlib.contextmanager
 def _staged(target: Path) -> Iterator[Path]:
     """A new name beside ``target`` to build a file under; whatever is left there goes."""
@@ -160,6 +180,11 @@ def keep(db: Path | None, cache: Path | None = None) -> bool:
                 source.backup(copy)  # a consistent copy of a database in use (its WAL too)
             if not _sound(staged):
                 logger.warning("the copy of %s failed its check: not kept", db)
+                return False
+            used = _used_tables(staged)
+            if used:  # a client was faster (two servers on one new home): not a new database
+                logger.warning("%s already holds rows in %s: not kept as a template", db,
+                               ", ".join(used[:5]))
                 return False
             # safeio-exempt: SQLite wrote the copy (its backup API), checked; renamed into place
             os.replace(staged, template)

@@ -79,6 +79,22 @@ def test_the_first_new_database_is_kept_and_the_next_new_home_seeded_with_it(
     assert _rows(template) == _rows(first)
 
 
+def test_a_database_a_client_already_used_is_never_kept(tmp_path: Path) -> None:
+    """Two servers on one new home: the second's client may write before the first keeps
+    its copy. Rows beyond the migrations' and the block types' mean it is not new."""
+    used = _database(tmp_path / "home" / "prefect.db")
+    with closing(sqlite3.connect(used)) as db:
+        db.execute("CREATE TABLE flow_run (id TEXT)")
+        db.execute("CREATE TABLE log (id TEXT)")  # empty: no objection
+        db.execute("INSERT INTO flow_run VALUES ('a run')")
+        db.commit()
+    cache = tmp_path / "cache"
+    assert not keep(used, cache)
+    template = template_path(cache)
+    assert template is not None and not template.exists()
+    assert not any(template.parent.iterdir())  # nothing staged left either
+
+
 def test_a_database_that_exists_is_never_touched(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     assert keep(_database(tmp_path / "a" / "prefect.db"), cache)
