@@ -70,6 +70,16 @@ def _offer_the_servers_warm_python() -> None:
     offer_warm_service(_light_server())
 
 
+def _assert_private_temporary_dir_gone(server_log: str) -> None:
+    """The server's own temporary dir (vLLM's sockets and stores: vllm_server.py) was
+    used, and went with the server."""
+    import re
+
+    private = re.search(r"temporary files under (\S+), removed at exit", server_log)
+    assert private is not None, server_log[-2000:]
+    assert not Path(private.group(1)).exists(), f"{private.group(1)} outlived the server"
+
+
 def test_two_cells_share_one_real_server_and_a_failed_cell_leaves_nothing(
         tmp_path: Path) -> None:
     """The server forked from its warm Python, still importing when the run asks for it (a
@@ -105,6 +115,7 @@ def test_two_cells_share_one_real_server_and_a_failed_cell_leaves_nothing(
     assert records[0]["engine_core_start"] == "forked"
     server_log = (services[0] / "server.log").read_text()
     assert "telltale: the engine core is forked from the API server" in server_log
+    _assert_private_temporary_dir_gone(server_log)
     assert group_gone(records[0]["pid"]), "a process of the vLLM server outlived the run"
     assert not list(run_dir.rglob("workload.pid"))
     assert "stopped_at" in json.loads((services[0] / "service.json").read_text())
@@ -190,6 +201,7 @@ def test_a_nightly_serving_run_that_stays_invalid_exits_3_never_1(tmp_path: Path
     assert record["launch"] == FRESH and record["engine_core_start"] == "forkserver", record
     server_log = next(run_dir.glob("services/*/server.log")).read_text()
     assert "telltale: the engine core is forked from a fork server" in server_log
+    _assert_private_temporary_dir_gone(server_log)
     assert group_gone(record["pid"]), "a process of the vLLM server outlived the run"
     launches = {json.loads(p.read_text())["launch"]
                 for p in run_dir.glob("*__cell*/*__run_llm_serving_load/artifacts/process.json")}

@@ -11,6 +11,13 @@ def write_env(path: str, name: str) -> None:
     Path(path).write_text(os.environ.get(name, "-"))
 
 
+def write_tempdir(path: str) -> None:
+    """Write the temporary dir this process's `tempfile` uses into ``path``."""
+    import tempfile
+
+    Path(path).write_text(tempfile.gettempdir())
+
+
 def write_vllm_title(path: str, *, cmdline: bool = False) -> None:
     """Title this process as vLLM titles its engine core (``vllm.utils.system_utils.
     set_process_title``: setproctitle, ``VLLM::EngineCore``), then write what ``ps`` shows:

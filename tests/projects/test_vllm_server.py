@@ -51,6 +51,67 @@ def test_a_child_of_the_fork_server_runs_with_its_parents_environment_as_spawned
     assert seen["carrying.TT_GONE"] == "-"
 
 
+# What vLLM's processes do with the temporary dir: the engine core (a fork server's child)
+# and the worker (spawned) each ask for it, and files are left in it.
+_PRIVATE = """
+import multiprocessing, multiprocessing.forkserver, os, subprocess, sys, tempfile
+from projects.llm_serving.workload import vllm_server
+from tests.projects import env_probe
+private = vllm_server.private_temporary_dir()
+print(private)
+print(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+multiprocessing.set_forkserver_preload(["tests.projects.env_probe"])
+multiprocessing.forkserver.ensure_running()
+child = vllm_server.forkserver_context().Process(
+    target=env_probe.write_tempdir, args=(os.path.join(sys.argv[1], "engine-core"),))
+child.start()
+child.join()
+print(subprocess.run([sys.executable, "-c", "import tempfile; print(tempfile.gettempdir())"],
+                     capture_output=True, text=True, check=True).stdout.strip())
+for name in ("vllm_dist_0123", "9ee75a1b-210a-457e-a67e-df73d5b7d7a4"):
+    open(os.path.join(tempfile.gettempdir(), name), "w").close()
+"""
+
+
+def test_the_server_s_temporary_files_go_with_it(tmp_path: Path) -> None:
+    """vLLM left 8 files in /tmp a light run (ZMQ sockets, the distributed init's store):
+    the server and every process it starts use a dir of their own, removed at its exit;
+    torch's compile cache keeps its place under the temporary dir."""
+    import getpass
+    import shutil
+    import tempfile
+
+    # a short temporary dir, as /tmp is: sockets are made two dirs below it
+    base, seen = Path(tempfile.mkdtemp(prefix="tt-")), tmp_path / "seen"
+    seen.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(base)}
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    try:
+        done = subprocess.run([sys.executable, "-c", _PRIVATE, str(seen)], env=env,
+                              capture_output=True, text=True, timeout=300)
+        left = list(base.iterdir())
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    private, compiled, spawned = done.stdout.split()
+    assert Path(private).parent == base and Path(private).name.startswith("telltale-vllm-")
+    assert compiled == str(base / f"torchinductor_{getpass.getuser()}")
+    assert (seen / "engine-core").read_text() == private  # a fork server's child
+    assert spawned == private  # a spawned process (vLLM's worker)
+    assert left == []  # its files went with it
+
+
+def test_a_long_temporary_dir_is_used_as_it_is(tmp_path: Path) -> None:
+    """One dir deeper, a socket's path would pass the 107 bytes a Unix socket may have."""
+    deep = tmp_path / ("d" * 60)
+    deep.mkdir()
+    done = subprocess.run([sys.executable, "-c", "from projects.llm_serving.workload import "
+                           "vllm_server; print(vllm_server.private_temporary_dir())"],
+                          env={**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(deep)},
+                          capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == str(deep) and list(deep.iterdir()) == []
+
+
 def test_without_vllm_the_hook_says_the_server_starts_as_vllm_starts_it() -> None:
     """Where vLLM (or its hook point) is missing, nothing is changed and the log says so."""
     if "vllm" in sys.modules:  # pragma: no cover - the dev venv has no vLLM

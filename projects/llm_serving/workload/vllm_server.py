@@ -4,6 +4,8 @@
 
 Run by the serving venv's Python (the local platform's `LocalService`; a cluster runs vLLM's
 own image and never this). Standard library, vLLM and `core.cmdline` (standard library) only.
+The server and its children use a temporary dir of their own, removed when it exits
+(`private_temporary_dir`: vLLM's sockets and stores left 8 files in /tmp a run).
 
 Why: vLLM's CPU platform starts three processes one after the other — the API server, the
 engine core it starts, the worker the engine core starts — with the ``spawn`` method, so each
@@ -38,16 +40,20 @@ it, and the log says so.
 
 from __future__ import annotations
 
+import atexit
+import getpass
 import multiprocessing
 import multiprocessing.context
 import multiprocessing.forkserver
 import os
 import runpy
+import shutil
 import sys
+import tempfile
 from typing import Any
 
 __all__ = ["ENGINE_CORE_MODULES", "SERVER_PRELOAD", "EnvCarryingProcess", "forkserver_context",
-           "install_engine_core_hook", "main", "preloaded"]
+           "install_engine_core_hook", "main", "preloaded", "private_temporary_dir"]
 
 _THIS = "projects.llm_serving.workload.vllm_server"
 _API_SERVER = "vllm.entrypoints.openai.api_server"
@@ -86,6 +92,7 @@ class EnvCarryingProcess(multiprocessing.context.ForkServerProcess):
         for name, value in wanted.items():
             if os.environ.get(name) != value:
                 os.environ[name] = value
+        tempfile.tempdir = None  # the parent's temporary dir (`private_temporary_dir`)
         super().run()
 
 
@@ -147,9 +154,48 @@ def _title_in_place() -> None:
     setproctitle.setproctitle = set_title
 
 
+_SOCKET_PATH_MAX = 107  # sun_path's 108 bytes, less the terminating NUL
+_PRIVATE_PATH_SPACE = 1 + 22 + 1 + 44  # "/telltale-vllm-XXXXXXXX", then the longest name
+# below it: multiprocessing's fork server socket "pymp-XXXXXXXX/listener-XXXXXXXX" (32) or
+# vLLM's "<uuid4>" (36), with room to spare
+
+
+def private_temporary_dir() -> str:
+    """Give this server and its children a temporary dir of their own, removed at exit.
+
+    vLLM leaves files in the temporary dir at every start: a ZMQ socket a process pair
+    (``VLLM_RPC_BASE_PATH``, default the temporary dir) and the ``vllm_dist_*`` store of
+    torch.distributed's init — 8 under /tmp a light run, for good. Here they go under one
+    dir (``TMPDIR``, which the fork server, the engine core and the spawned worker all
+    read) that goes when the server exits. Torch's compile cache, which is also under the
+    temporary dir by default, keeps its place (``TORCHINDUCTOR_CACHE_DIR``): it serves
+    the next start. A temporary dir whose path leaves no room for a socket's name one dir
+    deeper is used as it is. Returns the dir.
+    """
+    base = tempfile.gettempdir()
+    if len(os.fsencode(base)) + _PRIVATE_PATH_SPACE > _SOCKET_PATH_MAX:
+        return base  # sockets under one more dir would not fit a Unix socket's path
+    try:
+        private = tempfile.mkdtemp(prefix="telltale-vllm-", dir=base)
+    except OSError:  # an unwritable temporary dir: vLLM fails there as it would have
+        return base
+    try:  # torch's own default, named before the temporary dir changes
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
+                              os.path.join(base, f"torchinductor_{getpass.getuser()}"))
+    except (KeyError, OSError):  # no user name (an arbitrary container uid): torch's choice
+        pass
+    os.environ["TMPDIR"] = private
+    tempfile.tempdir = private
+    atexit.register(shutil.rmtree, private, ignore_errors=True)
+    return private
+
+
 def main(argv: list[str] | None = None) -> None:
     """Start the fork server (unless `preloaded`), then run vLLM's OpenAI server."""
     args = sys.argv[1:] if argv is None else argv
+    private = private_temporary_dir()  # first: every process below takes it
+    print(f"telltale: temporary files under {private}, removed at exit", file=sys.stderr,
+          flush=True)
     warm = preloaded()
     if not warm:
         # The fork server imports the engine core's modules now, beside the API server's
