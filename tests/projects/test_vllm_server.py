@@ -101,6 +101,31 @@ def test_the_server_s_temporary_files_go_with_it(tmp_path: Path) -> None:
     assert left == []  # its files went with it
 
 
+def test_a_dir_a_killed_server_left_goes_at_the_next_start() -> None:
+    """SIGKILLed, a server runs no exit handler: the next server's start removes its dir,
+    and only the dirs of servers that are gone."""
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="tt-"))
+    dead = subprocess.Popen(["true"])  # its pid: no process holds it once it is reaped
+    dead.wait()
+    try:
+        left = base / f"telltale-vllm-{dead.pid}-abc12345"
+        alive = base / f"telltale-vllm-{os.getpid()}-def67890"  # this test's own process
+        other = base / "telltale-vllm-notapid-x"
+        for path in (left, alive, other):
+            path.mkdir()
+            (path / "9ee75a1b-210a-457e-a67e-df73d5b7d7a4").touch()
+        subprocess.run([sys.executable, "-c", "from projects.llm_serving.workload import "
+                        "vllm_server; vllm_server.private_temporary_dir()"],
+                       env={**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(base)},
+                       capture_output=True, text=True, timeout=120, check=True)
+        assert sorted(p.name for p in base.iterdir()) == sorted([alive.name, other.name])
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def test_a_long_temporary_dir_is_used_as_it_is(tmp_path: Path) -> None:
     """One dir deeper, a socket's path would pass the 107 bytes a Unix socket may have."""
     deep = tmp_path / ("d" * 60)

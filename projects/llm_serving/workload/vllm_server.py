@@ -155,9 +155,38 @@ def _title_in_place() -> None:
 
 
 _SOCKET_PATH_MAX = 107  # sun_path's 108 bytes, less the terminating NUL
-_PRIVATE_PATH_SPACE = 1 + 22 + 1 + 44  # "/telltale-vllm-XXXXXXXX", then the longest name
+_PRIVATE_PATH_SPACE = 1 + 30 + 1 + 44  # "/telltale-vllm-PID-XXXXXXXX", then the longest name
 # below it: multiprocessing's fork server socket "pymp-XXXXXXXX/listener-XXXXXXXX" (32) or
 # vLLM's "<uuid4>" (36), with room to spare
+
+
+_PRIVATE_PREFIX = "telltale-vllm-"
+
+
+def _sweep(base: str) -> None:
+    """Remove the private dirs of servers that are gone without removing theirs.
+
+    A server killed outright (SIGKILL after its grace) runs no exit handler: its dir is
+    left, and the next server's start takes it away. The dir's name holds its server's pid;
+    one whose process still runs, or that another user owns, stays.
+    """
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
+        if not name.startswith(_PRIVATE_PREFIX):
+            continue
+        pid = name[len(_PRIVATE_PREFIX):].split("-", 1)[0]
+        path = os.path.join(base, name)
+        try:
+            if not pid.isdigit() or os.lstat(path).st_uid != os.getuid():
+                continue
+            os.kill(int(pid), 0)  # alive (or another user's process): kept
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            continue
 
 
 def private_temporary_dir() -> str:
@@ -169,14 +198,16 @@ def private_temporary_dir() -> str:
     dir (``TMPDIR``, which the fork server, the engine core and the spawned worker all
     read) that goes when the server exits. Torch's compile cache, which is also under the
     temporary dir by default, keeps its place (``TORCHINDUCTOR_CACHE_DIR``): it serves
-    the next start. A temporary dir whose path leaves no room for a socket's name one dir
-    deeper is used as it is. Returns the dir.
+    the next start. A dir a killed server left is removed by the next start (`_sweep`). A
+    temporary dir whose path leaves no room for a socket's name one dir deeper is used as
+    it is. Returns the dir.
     """
     base = tempfile.gettempdir()
     if len(os.fsencode(base)) + _PRIVATE_PATH_SPACE > _SOCKET_PATH_MAX:
         return base  # sockets under one more dir would not fit a Unix socket's path
+    _sweep(base)
     try:
-        private = tempfile.mkdtemp(prefix="telltale-vllm-", dir=base)
+        private = tempfile.mkdtemp(prefix=f"{_PRIVATE_PREFIX}{os.getpid()}-", dir=base)
     except OSError:  # an unwritable temporary dir: vLLM fails there as it would have
         return base
     try:  # torch's own default, named before the temporary dir changes
