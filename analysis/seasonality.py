@@ -209,12 +209,12 @@ def _pattern(y: np.ndarray, max_period: int, z_threshold: float) -> Seasonality 
         return None
     p = int(periods[passed[np.argmin(bics[passed])]])  # the first of equal BICs, as before
     # the chosen period's own test: its phase means (and score) exactly as `_test` has them
-    z, means, _, _ = _test(y, p)
+    z, means, _, residuals = _test(y, p)
     # Autocorrelated noise has more power at low frequencies, where a long period's pattern
     # lives: its phase means differ more than white noise's would (an AR(1) noise of phi 0.5
     # was called periodic in 6 % of series). The period must also stand out in the series
     # whitened by the lag-1 autocorrelation left once the pattern is removed.
-    phi = _lag_one(y, p, means)
+    phi = _lag_one(residuals, p, means)
     if phi > 0.05:
         z = min(z, _test(y[1:] - phi * y[:-1], p, start=1)[0])
         if z < z_threshold:
@@ -463,9 +463,11 @@ def _normal_scores(f: np.ndarray, k: np.ndarray, dof_within: np.ndarray) -> np.n
     return ((1 - b) * cube - (1 - a)) / np.sqrt(a + b * cube * cube)
 
 
-def _lag_one(y: np.ndarray, p: int, means: np.ndarray) -> float:
-    """Lag-1 autocorrelation of ``y`` less its trend and its pattern of period ``p``."""
-    residuals = _test(y, p)[3]
+def _lag_one(residuals: np.ndarray | None, p: int, means: np.ndarray) -> float:
+    """Lag-1 autocorrelation of a series less its trend and its pattern of period ``p``.
+
+    ``residuals``: the series less its trend, as `_test` gave them with ``means``.
+    """
     if residuals is None or len(residuals) < 3:
         return 0.0
     offset = p // 2  # `_centred_average`'s, for odd and even periods
