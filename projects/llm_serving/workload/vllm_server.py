@@ -158,8 +158,6 @@ _SOCKET_PATH_MAX = 107  # sun_path's 108 bytes, less the terminating NUL
 _PRIVATE_PATH_SPACE = 1 + 30 + 1 + 44  # "/telltale-vllm-PID-XXXXXXXX", then the longest name
 # below it: multiprocessing's fork server socket "pymp-XXXXXXXX/listener-XXXXXXXX" (32) or
 # vLLM's "<uuid4>" (36), with room to spare
-
-
 _PRIVATE_PREFIX = "telltale-vllm-"
 
 
