@@ -3,6 +3,7 @@ query client against a Prometheus-API server that misbehaves."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -61,6 +62,7 @@ def test_capture_of_a_busy_window_parses_offline(local_prometheus: PrometheusSer
     summary = capture_window(local_prometheus, LOCAL_QUERIES, start, datetime.now(UTC),
                              cell / "003__observe__capture_prometheus" / "prometheus")
     assert summary["errors"] == {} and summary["queries"]["cpu_cores_used"]["rows"] > 0
+    assert "warning" not in summary  # three scrapes at least
     series = pd.read_parquet(cell / "003__observe__capture_prometheus" / "prometheus"
                              / "series.parquet")
     # the machine's series; the workload's ones are empty here: no cell runs
@@ -77,6 +79,19 @@ def test_capture_of_a_busy_window_parses_offline(local_prometheus: PrometheusSer
     assert usage.gpu_util_mean is None and usage.samples == len(timeline) >= 3
     assert all(math.isfinite(v) for v in timeline.t_s)
 
+
+
+def test_a_window_shorter_than_two_scrapes_says_so(local_prometheus: PrometheusServer,
+                                                   tmp_path: Path) -> None:
+    # a workload's series begins in its window: one scrape in it gives no rate, and the
+    # capture says why (the light preset's trainer lacked its CPU this way at 2 s)
+    end = datetime.now(UTC)
+    summary = capture_window(local_prometheus, LOCAL_QUERIES, end - timedelta(seconds=0.6),
+                             end, tmp_path / "prometheus")
+    assert "0.6-s window holds fewer than two scrapes every 0.5 s" in summary["warning"]
+    assert "observe.prometheus.scrape_interval_s" in summary["warning"]
+    assert json.loads((tmp_path / "prometheus" / "capture.json").read_text())["warning"] \
+        == summary["warning"]
 
 def test_snapshot_and_stop_leave_a_tsdb_and_no_process(tmp_path: Path) -> None:
     if not prometheus_required():
