@@ -78,6 +78,55 @@ def _process_exporter() -> str | None:
     return shutil.which("prometheus-process-exporter") or shutil.which("process-exporter")
 
 
+# The workload group's series must be there before any workload: process-exporter makes a
+# group at the first scan that finds one of its processes, and a rate needs a sample before
+# it. A fresh exporter's group began at the trainer's first scrape, and a ~3-s trainer
+# scraped every 2 s (the light preset) had no CPU rate one run in two, where a spare that
+# had seen earlier runs' workloads had one. A primer whose command line matches the group,
+# seen by the exporter once and gone before Prometheus scrapes it, makes every exporter as
+# a spare is: the group there from the start, its count of the primer's milliseconds
+# constant, its memory 0 once the primer has gone.
+_PRIMER_DIR = "000__cell/000__telltale__process_group"
+_PRIMED = 'namedprocess_namegroup_num_procs{groupname="workload"}'
+
+
+def _prime_workload_group(exporter: ManagedProcess, port: int, home: Path,
+                          timeout_s: float) -> None:
+    """Have the process exporter on ``port`` make its workload group now (see above).
+
+    The primer is a Python that reads its stdin to the end: it exits when it is closed,
+    here or by this process's death. Best effort: without it the group begins at the
+    workload's first scrape, as before (warned).
+    """
+    import subprocess
+    import sys
+
+    import httpx
+
+    marker = f"{home / _PRIMER_DIR}/"  # not a dir: only its name is read, by the exporter
+    primer = subprocess.Popen([sys.executable, "-S", "-c", "import sys; sys.stdin.read()",
+                               marker], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + timeout_s
+        with httpx.Client(timeout=10.0) as client:
+            while True:  # the exporter scans /proc at each request: the first that answers
+                try:
+                    if _PRIMED in client.get(f"{loopback_url(port)}/metrics").text:
+                        return
+                except httpx.HTTPError:
+                    pass  # not listening yet
+                if exporter.proc.poll() is not None:
+                    return  # it exited: the server's start says so, with its log
+                if time.monotonic() > deadline:
+                    logger.warning("process exporter: no workload group after %.0f s: a "
+                                   "workload scraped once will have no CPU rate", timeout_s)
+                    return
+                time.sleep(0.05)
+    finally:
+        primer.communicate()  # closes its stdin: it exits
+
+
 def local_layout() -> str:
     """A digest of what `PrometheusServer.start_local` would start now.
 
@@ -85,7 +134,7 @@ def local_layout() -> str:
     is not the same server.
     """
     parts = [find_binaries(), _process_exporter(), _NODE_FLAGS, _SERVER_FLAGS,
-             _PROCESS_FLAGS, _PROCESS_GROUPS]
+             _PROCESS_FLAGS, _PROCESS_GROUPS, _PRIMER_DIR]
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -149,6 +198,7 @@ class PrometheusServer:
                 f"-config.path={home / 'process-exporter.yml'}", *_PROCESS_FLAGS],
                 home / "process-exporter"))
             targets["process"] = loopback_address(process_port)
+            _prime_workload_group(processes[-1], process_port, home, ready_timeout_s)
         interval = duration(max(scrape_interval_s, 0.2))
         targets.update(extra_targets or {})
         config = {"global": {"scrape_interval": interval, "evaluation_interval": interval},

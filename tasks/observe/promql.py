@@ -144,14 +144,13 @@ def capture_window(prometheus: QueryTarget, queries: Mapping[str, str], start: d
     summary: dict[str, Any] = {"url": prometheus.url, "start": start.isoformat(),
                                "end": end.isoformat(), "queries": {}, "errors": {}}
     span = (end - start).total_seconds()
-    if prometheus.local and span < 2 * prometheus.scrape_interval_s:
-        # a series that begins in the window (the process exporter's group of a workload
-        # started in it) has a rate only when scraped twice in it: the workload's CPU of a
-        # 3-s cell scraped every 2 s was there in one run of two
+    if prometheus.local and span < prometheus.scrape_interval_s:
+        # what starts in the window (the process exporter's group of its workload) is seen
+        # only by a scrape in it: a window shorter than the interval may hold none
         summary["warning"] = (
-            f"a {span:.1f}-s window holds fewer than two scrapes every "
-            f"{prometheus.scrape_interval_s:g} s: rates of what starts in it (the workload's "
-            "CPU) may be missing; lower observe.prometheus.scrape_interval_s")
+            f"a {span:.1f}-s window is shorter than the {prometheus.scrape_interval_s:g}-s "
+            "scrape interval: what starts in it (the workload's own processes) may not be "
+            "measured; lower observe.prometheus.scrape_interval_s")
         logger.warning("prometheus: %s", summary["warning"])
     for name, query in queries.items():
         text = query.replace("{window}", window)

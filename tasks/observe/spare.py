@@ -160,14 +160,19 @@ def _sweep(base: Path) -> None:
 def offer(base: Path, *, scrape_interval_s: float, minutes: float) -> Path | None:
     """Leave a spare for the next run (started, not waited for); its dir, or None.
 
-    None when ``minutes`` is 0 or an unclaimed spare already waits (one at a time).
+    None when ``minutes`` is 0 or an unclaimed spare the next such run could adopt already
+    waits (one at a time). One it could not (another interval, or started by other code or
+    binaries: `local_layout`) is no reason: it had kept every run of this layout from a
+    spare until it expired (10 minutes), each run waiting ~5 s for its own first scrape.
     """
     if minutes <= 0:
         return None
     base.mkdir(mode=0o700, parents=True, exist_ok=True)
+    layout = local_layout()
     with dir_lock(base, _LOCK, mode=0o600):
         _sweep(base)
-        if any(_claim(d) is None for d in spares(base)):
+        if any(_claim(d) is None and _suits(_record(d), scrape_interval_s, layout)
+               for d in spares(base)):
             return None
         directory = Path(tempfile.mkdtemp(prefix="spare-", dir=base))
         with open_append(directory / "keeper.log") as log:
@@ -253,8 +258,7 @@ def adopt(base: Path, *, scrape_interval_s: float,
         for directory in spares(base):
             record = _record(directory) or _await_record(directory, starting_wait_s)
             if record is None or _claim(directory) is not None \
-                    or record.scrape_interval_s != scrape_interval_s \
-                    or record.layout != layout:
+                    or not _suits(record, scrape_interval_s, layout):
                 continue
             server = SparePrometheus(directory, record)
             try:
@@ -269,6 +273,15 @@ def adopt(base: Path, *, scrape_interval_s: float,
                 {**record.model_dump(), "adopted": time.time()}, indent=2) + "\n")
             return server
     return None
+
+
+def _suits(record: SpareRecord | None, scrape_interval_s: float, layout: str) -> bool:
+    """Whether a spare of this record suits a run of this interval and layout.
+
+    A spare still starting (no record yet) is taken to.
+    """
+    return record is None or (record.scrape_interval_s == scrape_interval_s
+                              and record.layout == layout)
 
 
 def _await_record(directory: Path, timeout_s: float) -> SpareRecord | None:

@@ -47,6 +47,10 @@ def test_a_spare_is_adopted_once_queried_as_the_runs_own_and_moved_into_the_run(
     assert offer(base, scrape_interval_s=0.5, minutes=10) is None  # one unclaimed at a time
     keeper = _ready(directory)
     assert adopt(base, scrape_interval_s=1.0) is None  # another interval: not this one
+    # nor does it keep a run of another interval from leaving its own (it kept every such
+    # run from a spare until it expired); one of each at a time
+    other = offer(base, scrape_interval_s=1.0, minutes=10)
+    assert other is not None and offer(base, scrape_interval_s=1.0, minutes=10) is None
     server = adopt(base, scrape_interval_s=0.5)
     assert server is not None and server.local
     assert adopt(base, scrape_interval_s=0.5) is None  # claimed: never adopted twice
@@ -60,8 +64,9 @@ def test_a_spare_is_adopted_once_queried_as_the_runs_own_and_moved_into_the_run(
         summary = capture_window(server, LOCAL_QUERIES, start, datetime.now(UTC),
                                  tmp_path / "cell")
         assert summary["queries"]["load1"]["rows"] >= 2
-        # a claimed spare is the run's: stop_spares leaves it, and offer leaves another
-        assert stop_spares(base) == 0 and server.alive()
+        # a claimed spare is the run's: stop_spares leaves it (it stops the other
+        # interval's), and offer leaves another
+        assert stop_spares(base) == 1 and server.alive() and not other.exists()
         second = offer(base, scrape_interval_s=0.5, minutes=10)
         assert second is not None and second != directory
     finally:
