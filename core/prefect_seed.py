@@ -40,12 +40,12 @@ import logging
 import os
 import sqlite3
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from core.safeio import copy_file, make_dirs
 
-__all__ = ["database_file", "keep", "seed", "template_path"]
+__all__ = ["database_file", "keep", "seed", "seed_for_start", "template_path"]
 
 logger = logging.getLogger("telltale.prefect_seed")
 
@@ -192,3 +192,13 @@ def keep(db: Path | None, cache: Path | None = None) -> bool:
             logger.warning("the Prefect database %s was not kept as a template: %s", db, exc)
             return False
     return True
+
+
+def seed_for_start(db: Path | None, cache: Path | None = None) -> Callable[[], bool]:
+    """Seed ``db`` before a server starts on it; returns what to call once it answers.
+
+    That call keeps ``db`` as the template (`keep`) when this server migrates a new
+    database itself (there was no template to seed it with), and does nothing otherwise.
+    """
+    fresh = not seed(db, cache) and db is not None and not db.exists()
+    return (lambda: keep(db, cache)) if fresh else (lambda: False)

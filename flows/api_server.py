@@ -26,7 +26,7 @@ from pathlib import Path
 from core.environment import env_settings
 from core.errors import StepError
 from core.loopback import LOOPBACK_HOST, loopback_url
-from core.prefect_seed import keep, seed
+from core.prefect_seed import seed_for_start
 from core.safeio import open_append
 from core.timeline import mark
 from flows.local_api import healthy, server_database
@@ -103,8 +103,7 @@ def prefect_api(log_file: Path | None = None) -> Iterator[str | None]:
                             "--port", str(port), "--log-level", "error", "--lifespan", "on"])
     out = open_append(log_file) if log_file is not None else subprocess.DEVNULL
     # a new home's database from the migrated copy a first server kept (core.prefect_seed)
-    database = server_database()
-    fresh = not seed(database) and database is not None and not database.exists()
+    keep_template = seed_for_start(server_database())
     server = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out,
                               stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -118,8 +117,7 @@ def prefect_api(log_file: Path | None = None) -> Iterator[str | None]:
                 raise StepError(f"the temporary Prefect API did not answer within {limit:.0f}"
                                 " s (PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)")
             time.sleep(0.2)
-        if fresh:  # migrated by this server, which no client has used yet
-            keep(database)
+        keep_template()  # answering, and no client has used it yet
         # no UI link: Prefect's "View at http://127.0.0.1:<port>/runs/..." would point at an
         # API that is gone when the command ends (and this server serves no UI)
         with temporary_settings(updates={PREFECT_API_URL: url, PREFECT_UI_URL: ""}):

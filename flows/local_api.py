@@ -49,7 +49,7 @@ from core.errors import StepError
 from core.filelock import dir_lock
 from core.loopback import LOOPBACK_HOST, LOOPBACK_URL, loopback_url
 from core.pids import pid_alive
-from core.prefect_seed import database_file, keep, seed
+from core.prefect_seed import database_file, seed_for_start
 from core.safeio import UnreadableInputError, open_append, read_bounded, write_text
 from core.terminal import say
 from core.warm_python import stop_warm_pythons, warm_base
@@ -324,8 +324,7 @@ def _serve(directory: Path, port: int, idle_s: float) -> int:
     from prefect.server.api.server import create_app
 
     # a new home's database from the migrated copy a first server kept (core.prefect_seed)
-    database = server_database()
-    fresh = not seed(database) and database is not None and not database.exists()
+    keep_template = seed_for_start(server_database())
     last = [time.monotonic()]
     app = create_app()
 
@@ -342,8 +341,7 @@ def _serve(directory: Path, port: int, idle_s: float) -> int:
         while not server.started and not server.should_exit:
             time.sleep(0.05)
         if server.started:
-            if fresh:  # migrated here, and no client knows the address yet
-                keep(database)
+            keep_template()  # answering, and no client knows the address yet
             write_text(directory / "state.json", ServerState(
                 pid=os.getpid(), url=f"{url}/api", ui_url=url, python=sys.executable,
                 prefect_version=_prefect_version(), started=time.time()).model_dump_json())

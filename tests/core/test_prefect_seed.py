@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from core.prefect_seed import database_file, keep, seed, template_path
+from core.prefect_seed import database_file, keep, seed, seed_for_start, template_path
 from tests.code_tree import REPO, python_files
 
 
@@ -78,6 +78,21 @@ def test_the_first_new_database_is_kept_and_the_next_new_home_seeded_with_it(
     assert not keep(_database(tmp_path / "home-c" / "prefect.db", rows=7), cache)
     assert _rows(template) == _rows(first)
 
+
+def test_a_server_start_keeps_what_it_migrated_and_only_that(tmp_path: Path) -> None:
+    """`seed_for_start`: before the server starts, then once it answers."""
+    cache = tmp_path / "cache"
+    first = tmp_path / "home-a" / "prefect.db"
+    keep_template = seed_for_start(first, cache)  # no template: this server migrates
+    _database(first)  # ... as it does while it starts
+    assert keep_template() and _rows(template_path(cache)) == _rows(first)
+    second = tmp_path / "home-b" / "prefect.db"
+    keep_template = seed_for_start(second, cache)
+    assert _rows(second) == _rows(first)  # seeded before the server started
+    assert not keep_template()  # a seeded database is not kept again
+    existing = _database(tmp_path / "home-c" / "prefect.db", rows=5)
+    assert not seed_for_start(existing, cache)() and _rows(existing) != _rows(first)
+    assert not seed_for_start(None, cache)()  # another database: nothing, either side
 
 def test_a_database_a_client_already_used_is_never_kept(tmp_path: Path) -> None:
     """Two servers on one new home: the second's client may write before the first keeps
@@ -201,7 +216,8 @@ def _starts_a_server(tree: ast.AST) -> bool:
 
 
 def _seeds(tree: ast.AST) -> bool:
-    return any(isinstance(node, ast.Call) and getattr(node.func, "id", "") == "seed"
+    return any(isinstance(node, ast.Call)
+               and getattr(node.func, "id", "") in ("seed", "seed_for_start")
                for node in ast.walk(tree))
 
 
@@ -233,3 +249,4 @@ def test_the_audit_sees_each_kind_of_start() -> None:
         assert not _seeds(ast.parse(source))
     assert not _starts_a_server(ast.parse('run(["prefect", "worker", "start"])'))
     assert _seeds(ast.parse("seed(db)\napp = create_app()"))
+    assert _seeds(ast.parse("keep_template = seed_for_start(db)\napp = create_app()"))

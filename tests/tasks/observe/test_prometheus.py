@@ -316,7 +316,7 @@ def test_the_workload_group_is_there_before_any_workload_so_one_scrape_gives_a_r
     two; the primer makes the group at the exporter's start, gone before Prometheus scrapes."""
     import re
 
-    from tasks.observe.prometheus import _PROCESS_GROUPS, _PRIMER_DIR
+    from tasks.observe.prometheus import _PRIMER_DIR, _PROCESS_GROUPS
 
     if not prometheus_required() or not shutil.which("prometheus-process-exporter"):
         pytest.skip("prometheus, its node exporter and process exporter not installed")
