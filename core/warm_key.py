@@ -33,8 +33,11 @@ _MAX_SOURCE = 1 << 20
 # The warm Python's code: a child forked from an older one is not what this code would run.
 _SOURCES = tuple(Path(__file__).resolve().with_name(name) for name in
                  ("warm_key.py", "warm_python.py", "warm_command.py"))
-# Variables no import reads: who runs it and where its records go (a test's, a run's own).
-_NOT_KEYED_PREFIXES = ("TELLTALE_", "PREFECT_", "PYTEST_", "COV_CORE_")
+# Variables no import reads: who runs it and where its records go (a test's, a run's own),
+# and AWS's, which boto and botocore read when a session or client is made — at run time, in
+# the child, which has the run's own environment. Keyed, a rotated session token or another
+# endpoint was another warm Python (the suite's S3 tests: three more, ~5 CPU-s each).
+_NOT_KEYED_PREFIXES = ("TELLTALE_", "PREFECT_", "PYTEST_", "COV_CORE_", "AWS_")
 _NOT_KEYED = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "COLUMNS", "LINES", "PYTHONUNBUFFERED"})
 SHELL_BOOKKEEPING = frozenset({
     "_", "OLDPWD", "PWD", "SHLVL", "COLUMNS", "LINES", "HISTFILE", "PS1", "PS2", "WINDOWID",
@@ -56,7 +59,7 @@ def warm_key(python: str, modules: Sequence[str], cwd: str | Path,
     The interpreter, the modules imported ahead and where they are installed (their
     stamps: `installed_stamps`), the working directory (``python -m``'s ``sys.path[0]``),
     the warm Python's source, and the environment but for the variables no import reads
-    (Telltale's and Prefect's own, the shell's bookkeeping).
+    (Telltale's and Prefect's own, AWS's, the shell's bookkeeping).
 
     With ``code`` (a warm Python that keeps Telltale's modules: `core.warm_command`), also
     the stamps of that code (`code_stamps` of `code_locations`), and every variable but

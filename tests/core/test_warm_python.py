@@ -283,15 +283,17 @@ _NAME = st.from_regex(r"[A-Z][A-Z0-9_]{0,12}", fullmatch=True)
 @given(name=_NAME, value=st.text(st.characters(codec="utf-8", exclude_characters="\0"),
                                  max_size=8))
 def test_the_key_holds_every_variable_an_import_may_read(name: str, value: str) -> None:
-    """Any variable but Telltale's, Prefect's, pytest's and the shell's bookkeeping changes
-    the key (an import may read it: OMP_NUM_THREADS, HF_HOME, LD_PRELOAD...)."""
+    """Any variable but Telltale's, Prefect's, pytest's, AWS's (read when a client is made,
+    in the child) and the shell's bookkeeping changes the key (an import may read it:
+    OMP_NUM_THREADS, HF_HOME, LD_PRELOAD...)."""
     env = {"HOME": "/home/x", "PATH": "/usr/bin"}
     key = warm_key(sys.executable, ["json"], "/tmp", env)
     changed = warm_key(sys.executable, ["json"], "/tmp", {**env, name: value + "!"})
-    ignored = name.startswith(("TELLTALE_", "PREFECT_", "PYTEST_", "COV_CORE_")) or name in {
+    ignored = name.startswith(("TELLTALE_", "PREFECT_", "PYTEST_", "COV_CORE_", "AWS_")) or name in {
         "PWD", "OLDPWD", "SHLVL", "_", "COLUMNS", "LINES", "PYTHONUNBUFFERED"}
     assert (changed == key) == ignored
     assert warm_key(sys.executable, ["json"], "/tmp", {**env, f"TELLTALE_{name}": value}) == key
+    assert warm_key(sys.executable, ["json"], "/tmp", {**env, f"AWS_{name}": value}) == key
     assert warm_key(sys.executable, ["json"], "/srv", env) != key
     assert warm_key(sys.executable, ["json", "csv"], "/tmp", env) != key
 
