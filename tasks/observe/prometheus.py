@@ -198,7 +198,12 @@ class PrometheusServer:
                 f"-config.path={home / 'process-exporter.yml'}", *_PROCESS_FLAGS],
                 home / "process-exporter"))
             targets["process"] = loopback_address(process_port)
-            _prime_workload_group(processes[-1], process_port, home, ready_timeout_s)
+            try:
+                _prime_workload_group(processes[-1], process_port, home, ready_timeout_s)
+            except BaseException:  # a Ctrl-C while it waits: nothing started is left
+                for process in processes:
+                    process.stop()
+                raise
         interval = duration(max(scrape_interval_s, 0.2))
         targets.update(extra_targets or {})
         config = {"global": {"scrape_interval": interval, "evaluation_interval": interval},

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pandas as pd
@@ -372,3 +373,36 @@ def _wait_until(done: Callable[[], bool]) -> None:
     while not done():
         assert time.monotonic() < deadline, "no sample of the workload in 600 s"
         time.sleep(0.1)
+
+
+def test_a_ctrl_c_while_the_group_is_primed_leaves_no_exporter(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Interrupted while it waits for the exporter's answer, the start stops what it
+    started (the exporters) and no primer is left."""
+    import tasks.observe.prometheus as prometheus
+    from tasks.observe.prometheus import _PRIMER_DIR
+    from tests.factories import process_gone
+
+    if not prometheus_required() or not shutil.which("prometheus-process-exporter"):
+        pytest.skip("prometheus, its node exporter and process exporter not installed")
+    started: list[int] = []
+
+    class Recorded(prometheus.ManagedProcess):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            started.append(self.proc.pid)
+
+    def interrupted(_: float) -> None:
+        raise KeyboardInterrupt
+
+    # this module's names only: the exporter asked where nothing listens, so the wait goes
+    # on, and its first pause is a Ctrl-C
+    monkeypatch.setattr(prometheus, "ManagedProcess", Recorded)
+    monkeypatch.setattr(prometheus, "loopback_url", lambda port: "http://127.0.0.1:9")
+    monkeypatch.setattr(prometheus, "time", SimpleNamespace(monotonic=time.monotonic,
+                                                            sleep=interrupted))
+    with pytest.raises(KeyboardInterrupt):
+        PrometheusServer.start_local(tmp_path / "prometheus", scrape_interval_s=0.5)
+    assert len(started) == 2 and all(process_gone(pid, 60) for pid in started)
+    assert not [p for p in Path("/proc").glob("[0-9]*/cmdline")
+                if str(tmp_path / "prometheus" / _PRIMER_DIR).encode() in _read(p)]
