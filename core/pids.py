@@ -9,7 +9,22 @@ from __future__ import annotations
 import os
 import signal
 
-__all__ = ["pid_alive", "set_parent_death_signal"]
+__all__ = ["kill_leftovers", "pid_alive", "set_parent_death_signal"]
+
+
+def kill_leftovers(leader: int) -> None:
+    """SIGKILL what is left of the session ``leader`` led, once the leader has ended.
+
+    A workload ran in its own session; whatever in it outlived the leader is the workload's
+    and nobody's to wait for: GuideLLM's worker processes outlived a finished load by
+    minutes (one of them a torch data-loader worker whose own check of its parent never
+    fired), and a later cleanup no longer knows them (its pid file names the leader).
+    Called right after the leader was reaped, as `tasks.process.ManagedProcess.stop` does.
+    """
+    try:
+        os.killpg(leader, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def pid_alive(pid: int) -> bool:

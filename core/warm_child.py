@@ -19,6 +19,7 @@ import socket
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from core.pids import kill_leftovers
 from core.warm_python import Order, WarmPython, socket_path
 
 __all__ = ["WarmChild", "WarmPythonGone", "run_warm", "start_warm"]
@@ -171,7 +172,9 @@ def run_warm(warm: WarmPython, argv: Sequence[str], *, env: Mapping[str, str],
     try:
         if on_start is not None:
             on_start(child.pid)
-        return child.wait(timeout)
+        code = child.wait(timeout)
+        kill_leftovers(child.pid)  # its session's processes that outlived it
+        return code
     except BaseException:  # Ctrl-C, cancellation, a deadline: never leave the child running
         child.signal_group(signal.SIGKILL)
         raise

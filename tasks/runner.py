@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import StepError
+from core.pids import kill_leftovers
 from core.safeio import open_append, write_text
 from tasks.artifacts import ARTIFACT_DIR
 
@@ -189,6 +190,8 @@ def run(
         except BaseException:  # Ctrl-C, cancellation: never leave the child running
             _stop(proc, group=pid_file is not None)
             raise
+        if pid_file is not None:  # its own session: what outlived it goes with it
+            kill_leftovers(proc.pid)
     def _decode(data: bytes | None) -> str:
         return data.decode("utf-8", errors="replace") if data else ""
 

@@ -325,6 +325,18 @@ def serving_cell(cell: Path, *, concurrency: int, latency: float = 1.0,
     return cell
 
 
+def running_in(directory: Path) -> list[int]:
+    """Pids of the live processes whose command line names ``directory`` (a run's)."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(directory).encode() in entry.read_bytes():
+                found.append(int(entry.parent.name))
+        except OSError:  # gone meanwhile
+            continue
+    return found
+
+
 def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 600.0) -> None:
     """Wait on a condition (never a fixed sleep); fail the test after a generous deadline."""
     import pytest

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import StepError
+from core.pids import kill_leftovers
 from core.safeio import (
     UnreadableInputError,
     open_append,
@@ -244,6 +245,7 @@ def run_local_users(run_ctx: RunContext, cell: Cell, timeout_minutes: int,
             if process.poll() is None:  # deadline, Ctrl-C: the users go with the launcher
                 _stop_group(process.pid)
                 process.wait()
+            kill_leftovers(process.pid)  # and what outlived it (a user's own children)
             (here / PID_FILE).unlink(missing_ok=True)
     progress.show(count_users(root, users))
     return read_users(root, users)

@@ -43,6 +43,11 @@ print(json.dumps(me))
 sys.stderr.write("a line on stderr\\n")
 if sys.argv[1] == "wait":
     open(sys.argv[2]).read()  # blocks until the test (never) writes
+if sys.argv[1] == "leave":  # a child left behind, deaf to SIGTERM (as GuideLLM's workers)
+    import subprocess
+    left = subprocess.Popen([sys.executable, "-c", "import signal, time; "
+                             "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
+    print(json.dumps({"left": left.pid}), flush=True)
 sys.exit(int(sys.argv[1]) if sys.argv[1].isdigit() else 0)
 '''
 
@@ -78,6 +83,25 @@ def _run(found: WarmPython, work: Path, *args: str, timeout: float | None = 600,
     lines = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
     return code, lines, text, started
 
+
+@pytest.mark.parametrize("launch", ["forked", "fresh"])
+def test_what_a_workload_leaves_in_its_session_goes_with_it(warm, launch: str) -> None:
+    """A finished workload's session is emptied: a child it left (GuideLLM's workers
+    outlived a load by minutes) is killed, forked or fresh (`core.pids.kill_leftovers`)."""
+    from tasks.runner import run
+
+    found, work = warm
+    if launch == "forked":
+        code, lines, _, _ = _run(found, work, "leave")
+    else:
+        log = work / "out.log"
+        code = run([sys.executable, "-m", "wl_probe", "leave"], check=False, timeout=600,
+                   output_file=log, pid_file=work / "workload.pid").returncode
+        lines = [json.loads(line) for line in log.read_text().splitlines()
+                 if line.startswith("{")]
+    left = lines[-1]["left"]
+    assert code == 0 and left != lines[0]["pid"]
+    assert process_gone(left, 60)
 
 def test_a_forked_workload_is_what_a_fresh_python_m_would_be(warm) -> None:
     found, work = warm

@@ -25,8 +25,10 @@ from tests.factories import (
     cli_env,
     group_gone,
     process_gone,
+    running_in,
     serving_venv_or_skip,
     terminal_job,
+    wait_until,
 )
 
 # one_worker: each test starts a real vLLM server, which takes both cores; two at once
@@ -118,6 +120,9 @@ def test_two_cells_share_one_real_server_and_a_failed_cell_leaves_nothing(
     _assert_private_temporary_dir_gone(server_log)
     assert group_gone(records[0]["pid"]), "a process of the vLLM server outlived the run"
     assert not list(run_dir.rglob("workload.pid"))
+    # nothing a load started outlived it (GuideLLM's workers had, by minutes: a torch
+    # data-loader worker has its load's command line)
+    wait_until(lambda: not running_in(run_dir), "the loads' leftovers gone", timeout_s=60)
     assert "stopped_at" in json.loads((services[0] / "service.json").read_text())
     # the failed cell: the load step's own words in the outcome
     outcome = json.loads((run_dir / "outcome.json").read_text())

@@ -329,12 +329,12 @@ def test_the_workload_group_is_there_before_any_workload_so_one_scrape_gives_a_r
                    if _PRIMER_DIR.encode() in _read(p)]
         assert primers == []  # gone before Prometheus started
         server.wait_scraped()
-        # the group's series, before any workload: no process in it, nothing resident
-        for query, value in (('namedprocess_namegroup_num_procs{groupname="workload"}', 0.0),
-                             ('sum(namedprocess_namegroup_memory_bytes{groupname="workload",'
-                              'memtype="resident"})', 0.0)):
-            found = server._client.get("/api/v1/query", params={"query": query}).json()
-            assert [float(r["value"][1]) for r in found["data"]["result"]] == [value], query
+        # the group's series, before this test's workload (its value is not asserted: the
+        # group is every cell's workload on this machine, and the suite's other tests run
+        # theirs meanwhile)
+        query = 'namedprocess_namegroup_num_procs{groupname="workload"}'
+        found = server._client.get("/api/v1/query", params={"query": query}).json()
+        assert len(found["data"]["result"]) == 1, found
         # a busy workload in a cell's step dir, until Prometheus has seen it once
         start = datetime.now(UTC)
         busy = subprocess.Popen([sys.executable, "-c", "while True: pass",
