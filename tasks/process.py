@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from core.loopback import LOOPBACK_HOST
+from core.pids import kill_leftovers
 from core.safeio import open_append, write_text
 from tasks.runner import CMDLINE_FILE, PID_FILE, die_with_parent
 
@@ -116,7 +117,7 @@ class ManagedProcess:
             except subprocess.TimeoutExpired:
                 self._signal(signal.SIGKILL)
                 self.proc.wait()
-        self._signal(signal.SIGKILL)  # children that outlived the leader
+        kill_leftovers(self.proc.pid)  # children that outlived the leader
         (self.home / PID_FILE).unlink(missing_ok=True)
 
     def _signal(self, sig: signal.Signals) -> None:
