@@ -31,6 +31,7 @@ QUICK = {
     "regression/external_probe.py": [],  # exits 0 saying so when its data is not beside
     "curve_judge.py": ["--runs", "30", "--repeat", "1"],
     "energy_sampler.py": ["--samples", "50"],
+    "gpu_local.py": ["--preset", "light", "--max-steps", "1"],  # its CPU leg only, here
     "fanout.py": ["--users", "2", "--scenario-s", "0.05", "--repeat", "1"],
     "analysis_parse.py": ["--dirs", "20", "--log-mb", "0.01", "--rows", "1000", "--repeat", "1"],
 }
