@@ -14,6 +14,13 @@ is read from ``getrusage(RUSAGE_CHILDREN)`` (the same figure ``/usr/bin/time -v`
 Goals: peak RSS <= 500 MB for both (#20), <= 300 MB for 10 000 dirs with the report (#43);
 time linear in the number of dirs (the script also runs a tenth of the dirs and prints the
 ratio of seconds per dir).
+
+Beside it, the largest anonymous part (``RssAnon``) any process of the command reached,
+polled from ``/proc`` every 10 ms: what the command allocated. The rest of a peak RSS is the
+shared libraries' pages mapped into it, and that count moves with the kernel's page cache,
+not with the command: on a 6.x kernel that keeps libraries in large folios, a fault maps a
+whole folio (session 48: the same command's peak read 320 MB on a machine's first run, 273
+MB after the page cache was dropped, its anonymous part ~200 MB throughout).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -51,23 +59,64 @@ def build_tree(root: Path, dirs: int) -> None:
                         start=start + timedelta(hours=6 * i), seed=i)
 
 
-def analyse(results: Path, out: Path, extra: list[str]) -> tuple[float, float, int]:
-    """Run ``python -m analysis`` once; (seconds, peak RSS in MB, exit code)."""
+def _status_kb(pid: int, field: str) -> int:
+    """A ``/proc/PID/status`` field in kB (0 when the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return next((int(line.split()[1]) for line in status
+                         if line.startswith(field)), 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (``/proc/PID/task/*/children``)."""
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        try:
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children") as children:
+                    todo.extend(int(child) for child in children.read().split())
+        except (OSError, ValueError):
+            pass
+    return found
+
+
+def _watch_anonymous(pid: int, done: threading.Event, peak: list[int]) -> None:
+    """Keep in ``peak[0]`` the largest ``RssAnon`` of any process of ``pid``'s tree."""
+    while not done.wait(0.01):
+        for member in _tree(pid):
+            peak[0] = max(peak[0], _status_kb(member, "RssAnon:"))
+
+
+def analyse(results: Path, out: Path, extra: list[str]) -> tuple[float, float, int, float]:
+    """Run ``python -m analysis`` once; (seconds, peak RSS in MB, exit code, the largest
+    anonymous RSS of any of its processes in MB)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     t0 = time.perf_counter()
     # a fresh interpreter each time: a command served by a warm Python (core.warm_command)
     # runs in the warm Python's child, not in a child of this process, whose peak is read
-    proc = subprocess.run([sys.executable, "-m", "analysis", str(results), "--project",
-                           "fine_tuning", "--out", str(out), *extra], cwd=REPO,
-                          capture_output=True, text=True, check=False,
-                          env={**os.environ, "TELLTALE_WARM_COMMAND_MINUTES": "0"})
+    proc = subprocess.Popen([sys.executable, "-m", "analysis", str(results), "--project",
+                             "fine_tuning", "--out", str(out), *extra], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "TELLTALE_WARM_COMMAND_MINUTES": "0"})
+    done, anonymous = threading.Event(), [0]
+    watcher = threading.Thread(target=_watch_anonymous, args=(proc.pid, done, anonymous))
+    watcher.start()
+    try:
+        _, stderr = proc.communicate()
+    finally:
+        done.set()
+        watcher.join()
     seconds = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     if proc.returncode not in (0, 1):
-        print(proc.stderr[-2000:], file=sys.stderr)
+        print(stderr[-2000:], file=sys.stderr)
     # ru_maxrss of children is the largest child so far: each call's own peak shows only
     # when it is the largest yet, so the measured process runs are ordered small to large
-    return seconds, max(peak, before) / 1024, proc.returncode
+    return seconds, max(peak, before) / 1024, proc.returncode, anonymous[0] / 1024
 
 
 def bench_log(tmp: Path, gib: float) -> None:
@@ -79,9 +128,9 @@ def bench_log(tmp: Path, gib: float) -> None:
     with open(log, "wb") as stream:
         for _ in range(int(gib * 1024)):
             stream.write(block)
-    seconds, peak, code = analyse(results, tmp / "bigline-out", ["--no-report"])
+    seconds, peak, code, anonymous = analyse(results, tmp / "bigline-out", ["--no-report"])
     print(f"newline-free log {gib:.1f} GiB : {seconds:6.1f} s, peak RSS {peak:6.0f} MB "
-          f"(goal <= {GOAL_MB}), exit {code}", flush=True)
+          f"(goal <= {GOAL_MB}; anonymous {anonymous:.0f} MB), exit {code}", flush=True)
     shutil.rmtree(results)
 
 
@@ -104,10 +153,11 @@ def bench_tree(tmp: Path, dirs: int, report: bool) -> None:
                                                [*extra, "--history", str(history),
                                                 "--no-append"])))
         goal = TREE_GOAL_MB if count >= 10_000 and report else GOAL_MB
-        for name, (seconds, peak, code) in measured:
+        for name, (seconds, peak, code, anonymous) in measured:
             print(f"{count:6d} dirs {name:6s}: {seconds:6.1f} s = "
                   f"{seconds / count * 1000:5.2f} ms/dir, peak RSS {peak:6.0f} MB "
-                  f"(goal <= {goal}: {peak / goal:.2f}x), exit {code}", flush=True)
+                  f"(goal <= {goal}: {peak / goal:.2f}x; anonymous {anonymous:4.0f} MB), "
+                  f"exit {code}", flush=True)
         shutil.rmtree(results)
 
 
