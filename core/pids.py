@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 
-__all__ = ["kill_leftovers", "pid_alive", "set_parent_death_signal"]
+__all__ = ["kill_leftovers", "pid_alive", "set_parent_death_signal", "stop_session"]
 
 
 def kill_leftovers(leader: int) -> None:
@@ -23,6 +24,30 @@ def kill_leftovers(leader: int) -> None:
     """
     try:
         os.killpg(leader, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop_session(proc: subprocess.Popen[bytes] | subprocess.Popen[str],
+                 grace_s: float) -> None:
+    """End the session ``proc`` leads: SIGTERM, SIGKILL after ``grace_s``, then the rest.
+
+    ``proc`` was started with ``start_new_session=True``; the rest is what outlived the
+    leader (`kill_leftovers`). One already ended only has its leftovers killed.
+    """
+    if proc.poll() is None:
+        _signal_group(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            _signal_group(proc.pid, signal.SIGKILL)
+            proc.wait()
+    kill_leftovers(proc.pid)
+
+
+def _signal_group(leader: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(leader, sig)
     except (ProcessLookupError, PermissionError):
         pass
 

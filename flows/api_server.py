@@ -26,7 +26,7 @@ from pathlib import Path
 from core.environment import env_settings
 from core.errors import StepError
 from core.loopback import LOOPBACK_HOST, loopback_url
-from core.pids import kill_leftovers
+from core.pids import stop_session
 from core.prefect_seed import seed_for_start
 from core.safeio import open_append
 from core.timeline import mark
@@ -126,12 +126,6 @@ def prefect_api(log_file: Path | None = None) -> Iterator[str | None]:
             yield url
     finally:
         drain_prefect_workers()
-        server.terminate()
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        kill_leftovers(server.pid)  # whatever the server started in its session goes with it
+        stop_session(server, 10)  # and whatever it started in its session
         if out is not subprocess.DEVNULL:
             out.close()

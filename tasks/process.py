@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import socket
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from core.loopback import LOOPBACK_HOST
-from core.pids import kill_leftovers
+from core.pids import stop_session
 from core.safeio import open_append, write_text
 from tasks.runner import CMDLINE_FILE, PID_FILE, die_with_parent
 
@@ -110,21 +109,8 @@ class ManagedProcess:
 
         The session, not only the leader: a model server's engine runs in a child process.
         """
-        if self.proc.poll() is None:
-            self._signal(signal.SIGTERM)
-            try:
-                self.proc.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                self._signal(signal.SIGKILL)
-                self.proc.wait()
-        kill_leftovers(self.proc.pid)  # children that outlived the leader
+        stop_session(self.proc, grace_s)  # children that outlived the leader too
         (self.home / PID_FILE).unlink(missing_ok=True)
-
-    def _signal(self, sig: signal.Signals) -> None:
-        try:
-            os.killpg(self.proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
 
     def tail(self, size: int = 2000) -> str:
         """The end of its log."""

@@ -5,7 +5,8 @@ A child started with ``start_new_session=True`` (or a forked child that calls
 leader started and left (GuideLLM's spawned workers, a torch data-loader worker, a resource
 tracker: session 47) outlived it by minutes, and a process exporter then counted one of them
 as a workload in every later window on the machine. `core.pids.kill_leftovers` is the one
-mechanism that empties a reaped leader's session; this audit (AST, not grep) fails on a
+mechanism that empties a reaped leader's session (`core.pids.stop_session` ends a leader
+and then calls it); this audit (AST, not grep) fails on a
 module that makes a session and never calls it, unless the module is listed below as one
 whose process is detached on purpose and ends its own children itself.
 """
@@ -44,10 +45,14 @@ def _makes_a_session(tree: ast.AST) -> list[int]:
     return lines
 
 
+# the mechanism: `kill_leftovers` once the leader is reaped, or `stop_session`, which ends
+# the leader and then calls it
+_EMPTIERS = {"kill_leftovers", "stop_session"}
+
+
 def _empties_sessions(tree: ast.AST) -> bool:
-    return any(isinstance(node, ast.Name | ast.Attribute)
-               and (getattr(node, "id", None) == "kill_leftovers"
-                    or getattr(node, "attr", None) == "kill_leftovers")
+    return any((isinstance(node, ast.Name) and node.id in _EMPTIERS)
+               or (isinstance(node, ast.Attribute) and node.attr in _EMPTIERS)
                for node in ast.walk(tree))
 
 
@@ -80,6 +85,7 @@ def test_the_audit_sees_each_way_of_making_a_session(tmp_path: Path) -> None:
     cleaned = ast.parse("p = subprocess.Popen(a, start_new_session=True)\np.wait()\n"
                         "pids.kill_leftovers(p.pid)\n")
     assert _empties_sessions(cleaned)
+    assert _empties_sessions(ast.parse("stop_session(p, 10)\n"))
 
 
 def test_every_detached_module_still_starts_a_session() -> None:
