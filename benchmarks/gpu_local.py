@@ -8,7 +8,11 @@ local spec and the project's dataset), then runs the trainer as a fresh process
 (``python -m projects.fine_tuning.workload.train_local``) on the CPU (``gpu: 0``) and, when
 torch sees a CUDA device, on it (the cell's ``gpu``); prints each one's device line and
 ``train_tokens_per_second`` (the median of ``--repeat`` runs), and the ratio of the
-accelerator's to the CPU's.
+accelerator's to the CPU's. On the accelerator, NVML is sampled around each run as a cell's
+window is (`tasks.observe.energy.EnergyRecorder`) and the training steps' energy, energy
+per token, mean power and mean utilisation are printed, integrated over the trainer's own
+``train_start``..``train_end`` (`projects.library.energy.energy_in_window`, the KPIs'
+code), and the peak memory in use.
 
 #43 measured its floor on one H100 and 16 cores with this model (hidden 1024, 8 layers,
 sequence 512, batch 16): 1 379 tokens/s on the CPU, 11 202 on the GPU (8.1x). Throughput is
@@ -30,7 +34,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -41,6 +47,7 @@ from projects.fine_tuning.project import DATASET_KEY  # noqa: E402
 from projects.fine_tuning.trainer import trainer_config  # noqa: E402
 from projects.library.data import data_file  # noqa: E402
 from projects.plan import cells_of  # noqa: E402
+from tasks.observe.energy import EnergyRecorder, meters  # noqa: E402
 
 ISSUE_FLOOR = "#43, one H100 + 16 cores: 1 379 tokens/s CPU, 11 202 GPU (8.1x)"
 
@@ -62,8 +69,8 @@ def _config(preset: str, gpus: int, max_steps: int, tmp: Path) -> Path:
     return path
 
 
-def _train(config: Path) -> tuple[str, float, float]:
-    """Run the trainer once: (its device line, train_tokens_per_second, wall seconds)."""
+def _train(config: Path) -> tuple[str, dict[str, Any], float]:
+    """Run the trainer once: (its device line, its final summary, wall seconds)."""
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "projects.fine_tuning.workload.train_local",
                            str(config)], cwd=REPO, capture_output=True, text=True,
@@ -75,7 +82,42 @@ def _train(config: Path) -> tuple[str, float, float]:
     device = next((line.split(":", 1)[1].strip() for line in lines
                    if line.startswith("device:")), "?")
     summary = ast.literal_eval(next(line for line in reversed(lines) if line.startswith("{")))
-    return device, float(summary["train_tokens_per_second"]), wall
+    return device, summary, wall
+
+
+def gpu_figures(rows: list[dict[str, Any]], summary: dict[str, Any]) -> dict[str, float]:
+    """The accelerator's figures over the training steps, from NVML rows (the recorder's).
+
+    ``energy_j`` and ``joules_per_token`` as the KPIs compute them (absent when NVML gave
+    no energy over the window), ``power_w_mean``, ``util_pct_mean`` over the samples inside
+    the window, ``memory_gib_max`` over the whole run.
+    """
+    import pandas as pd
+
+    from projects.library.energy import energy_in_window
+
+    frame = pd.DataFrame(rows, columns=["query", "labels", "timestamp", "value"])
+    figures: dict[str, float] = {}
+    start, end = summary.get("train_start"), summary.get("train_end")
+    if frame.empty or start is None or end is None:
+        return figures
+    window = (datetime.fromtimestamp(float(start), UTC), datetime.fromtimestamp(float(end), UTC))
+    used = energy_in_window(frame, *window)
+    tokens = float(summary.get("train_tokens_per_second") or 0) * float(
+        summary.get("train_runtime") or 0)
+    if used is not None and used.gpu_energy_joules is not None:
+        figures["energy_j"] = used.gpu_energy_joules
+        figures["power_w_mean"] = used.gpu_energy_joules / used.window_s
+        if tokens:
+            figures["joules_per_token"] = used.gpu_energy_joules / tokens
+    inside = frame[(frame["timestamp"] >= window[0]) & (frame["timestamp"] <= window[1])]
+    util = inside.loc[inside["query"] == "gpu_util_percent", "value"]
+    if len(util):
+        figures["util_pct_mean"] = float(util.mean())
+    memory = frame.loc[frame["query"] == "gpu_memory_used_bytes", "value"]
+    if len(memory):
+        figures["memory_gib_max"] = float(memory.max()) / 2**30
+    return figures
 
 
 def _accelerators() -> int:
@@ -101,10 +143,18 @@ def main() -> int:
         for name, gpus in legs:
             config = _config(args.preset, gpus, args.max_steps, tmp)
             for _ in range(args.repeat):
-                device, rate, wall = _train(config)
+                # NVML around the accelerator's runs, as around a cell asking for GPUs
+                recorder = EnergyRecorder(meters(gpu=True)).start() if gpus else None
+                try:
+                    device, summary, wall = _train(config)
+                finally:
+                    rows = recorder.stop() if recorder is not None else []
+                rate = float(summary["train_tokens_per_second"])
                 rates.setdefault(name, []).append(rate)
+                figures = gpu_figures(rows, summary) if gpus else {}
+                shown = "".join(f", {key} {value:.4g}" for key, value in figures.items())
                 print(f"{name:12s} device {device}: {rate:10.1f} tokens/s "
-                      f"({wall:.1f} s, the process)", flush=True)
+                      f"({wall:.1f} s, the process{shown})", flush=True)
     cpu = statistics.median(rates["cpu"])
     print(f"preset {args.preset}, {args.max_steps} step(s), {os.cpu_count()} CPU(s)")
     print(f"cpu          median {cpu:10.1f} tokens/s")

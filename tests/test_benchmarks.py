@@ -68,3 +68,38 @@ def test_a_benchmark_runs_in_its_smallest_mode(script: str, tmp_path: Path) -> N
                           env={**os.environ, "TMPDIR": str(tmp_path)})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert proc.stdout.strip(), f"{script} printed no figure"
+
+
+def test_the_accelerator_figures_are_the_training_steps_own() -> None:
+    """`gpu_local.py`'s accelerator leg cannot run here (no CUDA device): its NVML figures
+    are checked on rows in the recorder's form — a board using 300 W at 50 % from t0 to
+    t0 + 10 s, training from t0 + 2 to t0 + 8 at 1 000 tokens/s — whose window is the
+    trainer's, not the process's."""
+    import importlib.util
+    import json
+    from datetime import UTC, datetime, timedelta
+
+    spec = importlib.util.spec_from_file_location("gpu_local", REPO / "benchmarks" /
+                                                  "gpu_local.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    t0 = datetime(2026, 12, 8, tzinfo=UTC)
+    labels = json.dumps({"gpu": "0", "name": "H100"}, sort_keys=True)
+    rows = []
+    for i in range(41):  # every 0.25 s, as the recorder samples
+        at = t0 + timedelta(seconds=i * 0.25)
+        rows += [{"query": "gpu_energy_joules", "labels": labels, "timestamp": at,
+                  "value": 5000.0 + 300.0 * i * 0.25},
+                 {"query": "gpu_util_percent", "labels": labels, "timestamp": at,
+                  "value": 50.0 if 2 <= i * 0.25 <= 8 else 0.0},
+                 {"query": "gpu_memory_used_bytes", "labels": labels, "timestamp": at,
+                  "value": float(2 * 2**30 if 2 <= i * 0.25 <= 8 else 2**28)}]
+    summary = {"train_start": (t0 + timedelta(seconds=2)).timestamp(),
+               "train_end": (t0 + timedelta(seconds=8)).timestamp(),
+               "train_runtime": 6.0, "train_tokens_per_second": 1000.0}
+    figures = module.gpu_figures(rows, summary)
+    assert figures == pytest.approx({"energy_j": 1800.0, "power_w_mean": 300.0,
+                                     "joules_per_token": 0.3, "util_pct_mean": 50.0,
+                                     "memory_gib_max": 2.0})
+    assert module.gpu_figures([], summary) == {}
