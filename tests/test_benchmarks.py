@@ -103,3 +103,24 @@ def test_the_accelerator_figures_are_the_training_steps_own() -> None:
                                      "joules_per_token": 0.3, "util_pct_mean": 50.0,
                                      "memory_gib_max": 2.0})
     assert module.gpu_figures([], summary) == {}
+
+
+def test_the_device_script_carries_the_locks_own_versions() -> None:
+    """`gpu_device.sh` (run on a lent GPU machine) fetches each wheel at the version
+    requirements.lock pins: a name the lock no longer holds would stop its `fetch`."""
+    import re
+
+    text = (REPO / "benchmarks" / "gpu_device.sh").read_text()
+    names = re.search(r"WHEELS=\(([^)]*)\)", text)
+    assert names is not None
+    def norm(name: str) -> str:
+        return name.replace("_", "-").lower()
+
+    pinned = {norm(line.split("==")[0]) for line in
+              (REPO / "requirements.lock").read_text().splitlines() if "==" in line}
+    wanted = {norm(name) for name in names.group(1).split()}
+    assert wanted and wanted <= pinned, sorted(wanted - pinned)
+    assert {"pydantic", "transformers", "peft"} <= wanted  # the config's and trainer's own
+    done = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_device.sh")],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 2 and "fetch" in done.stderr and "run" in done.stderr
