@@ -1,7 +1,9 @@
-"""A process's life seen from another: is it running, and dying with its parent.
+"""A process's life seen from another: running, dying with its parent, ending its session.
 
-Shared by the warm Pythons (`core.warm_python`) and the run's long-lived children
-(`tasks.process`, `tasks.runner`): the part of it that needs nothing of a run.
+Shared by the warm Pythons (`core.warm_python`), the run's long-lived children
+(`tasks.process`, `tasks.runner`) and the temporary Prefect API (`flows.api_server`): the
+part of it that needs nothing of a run. `tests/core/test_session_audit.py` holds every
+module that starts a session to `kill_leftovers` or `stop_session`.
 """
 
 from __future__ import annotations
