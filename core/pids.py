@@ -24,10 +24,7 @@ def kill_leftovers(leader: int) -> None:
     fired), and a later cleanup no longer knows them (its pid file names the leader).
     Called right after the leader was reaped, as `tasks.process.ManagedProcess.stop` does.
     """
-    try:
-        os.killpg(leader, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    _signal_group(leader, signal.SIGKILL)
 
 
 def stop_session(proc: subprocess.Popen[bytes] | subprocess.Popen[str],
