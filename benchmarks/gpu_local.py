@@ -41,6 +41,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from pydantic import ValidationError  # noqa: E402
+
+from core.errors import ConfigError  # noqa: E402
 from projects.config import resolve  # noqa: E402
 from projects.fine_tuning.models import TestSettings  # noqa: E402
 from projects.fine_tuning.project import DATASET_KEY  # noqa: E402
@@ -128,20 +131,34 @@ def _accelerators() -> int:
     return int(done.stdout.strip() or 0) if done.returncode == 0 else 0
 
 
+def _at_least_one(text: str) -> int:
+    """An argparse type: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is below 1")
+    return value
+
+
 def main() -> int:
-    """Measure and print; returns 0."""
+    """Measure and print; returns 0 (2: a wrong argument, said in one line)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="gpu_local")
-    parser.add_argument("--max-steps", type=int, default=10)
-    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--max-steps", type=_at_least_one, default=10)
+    parser.add_argument("--repeat", type=_at_least_one, default=1)
     args = parser.parse_args()
-    seen = _accelerators()
     rates: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="telltale-gpu-local-") as scratch:
         tmp = Path(scratch)
-        legs = [("cpu", 0)] + ([("accelerator", 1)] if seen else [])
+        try:  # the configs before torch is asked or anything runs: a wrong preset fails first
+            configs = {gpus: _config(args.preset, gpus, args.max_steps, tmp) for gpus in (0, 1)}
+        except (ConfigError, ValidationError) as exc:
+            parser.error(str(exc).splitlines()[0])
+        legs = [("cpu", 0)] + ([("accelerator", 1)] if _accelerators() else [])
         for name, gpus in legs:
-            config = _config(args.preset, gpus, args.max_steps, tmp)
+            config = configs[gpus]
             for _ in range(args.repeat):
                 # NVML around the accelerator's runs, as around a cell asking for GPUs
                 recorder = EnergyRecorder(meters(gpu=True)).start() if gpus else None

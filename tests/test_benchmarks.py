@@ -124,3 +124,15 @@ def test_the_device_script_carries_the_locks_own_versions() -> None:
     done = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_device.sh")],
                           capture_output=True, text=True, check=False)
     assert done.returncode == 2 and "fetch" in done.stderr and "run" in done.stderr
+
+
+@pytest.mark.parametrize("args", [["--preset", "no-such-preset"], ["--repeat", "0"],
+                                  ["--max-steps", "-3"], ["--max-steps", "nan"]])
+def test_the_accelerator_benchmark_refuses_a_wrong_argument_in_one_line(args: list[str]
+                                                                        ) -> None:
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_local.py"), *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and done.stderr.strip().splitlines()[-1].startswith(
+        "gpu_local.py: error:"), done.stderr[-2000:]
+    assert done.stdout == ""  # nothing measured
